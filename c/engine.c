@@ -1,0 +1,382 @@
+#include "engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "container.h"
+#include "kv_persist.h"
+#include "protocol.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static long rss_mb(void) {
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+        fclose(f);
+    }
+    return rss * (sysconf(_SC_PAGESIZE) / 1024) / 1024;
+}
+
+static int opt_int(const char *flag, const char *v, int lo, int hi, int *out, char *err, size_t errlen) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || end == v || *end || x < lo || x > hi) {
+        snprintf(err, errlen, "%s needs an integer between %d and %d", flag, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *err, size_t errlen) {
+    for (; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--model")) { if (!v) { snprintf(err, errlen, "--model needs a directory"); return -1; } o->model_dir = v; i++; }
+        else if (!strcmp(a, "--ctx")) { rc = opt_int(a, v, 1, 1 << 24, &o->ctx, err, errlen); i++; }
+        else if (!strcmp(a, "--kv-slots")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->kv_slots, err, errlen); i++; }
+        else if (!strcmp(a, "--threads")) { rc = opt_int(a, v, 1, 1024, &o->threads, err, errlen); i++; }
+        else if (!strcmp(a, "--batch")) { rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen); i++; }
+        else if (!strcmp(a, "--portable")) o->portable = 1;
+        else if (!strcmp(a, "--kv-dir")) { if (!v) { snprintf(err, errlen, "--kv-dir needs a directory"); return -1; } o->kv_dir = v; i++; }
+        else return i;
+        if (rc) return -1;
+    }
+    return i;
+}
+
+static void restore_slots(Engine *e, const char *dir);
+
+int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
+    memset(e, 0, sizeof(*e));
+    if (!o->model_dir) { snprintf(err, errlen, "no model directory given (--model DIR)"); return -1; }
+    kernels_init(o->portable);
+    if (o->threads) omp_set_num_threads(o->threads);
+    if (o->batch) forward_max_batch = o->batch;
+    if (model_load(&e->model, o->model_dir, err, errlen)) return -1;
+    const Arch *a = &e->model.a;
+    e->ctx = o->ctx ? o->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
+    if (e->ctx > a->max_pos) {
+        snprintf(err, errlen, "--ctx %d exceeds the model's max_position_embeddings %d", e->ctx, a->max_pos);
+        model_free(&e->model);
+        return -1;
+    }
+    e->n_slots = o->kv_slots ? o->kv_slots : 1;
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    if (!o->skip_tokenizer && stat(path, &st) == 0) {
+        e->tok = tok_load(path, err, errlen);
+        if (!e->tok) { model_free(&e->model); return -1; }
+    }
+    if (o->kv_dir) restore_slots(e, o->kv_dir);
+    return 0;
+}
+
+static void slot_path(const Engine *e, int slot, char *out, size_t n) {
+    if (slot == 0) snprintf(out, n, "%s/.coli_kv", e->kv_dir);
+    else snprintf(out, n, "%s/.coli_kv.%d", e->kv_dir, slot);
+}
+
+/* Warm start: every slot saved by an earlier run of this model comes back. */
+static void restore_slots(Engine *e, const char *dir) {
+    e->kv_dir = dir;
+    e->fingerprint = kv_fingerprint(e->model.ct->dir);
+    for (int i = 0; i < e->n_slots; i++) {
+        char path[4200], err[512];
+        slot_path(e, i, path, sizeof path);
+        if (access(path, R_OK) != 0) continue;
+        if (kv_init(&e->slots[i], &e->model.a, e->ctx)) { fprintf(stderr, "colibri: no memory to restore %s\n", path); continue; }
+        if (kv_restore(&e->slots[i], &e->model.a, e->fingerprint, path, err, sizeof err) < 0) fprintf(stderr, "colibri: %s\n", err);
+        else fprintf(stderr, "colibri: restored KV slot %d (%d positions) from %s\n", i, e->slots[i].n, path);
+    }
+}
+
+static void persist_slot(Engine *e, int slot) {
+    if (!e->kv_dir) return;
+    char path[4200], err[512];
+    slot_path(e, slot, path, sizeof path);
+    if (kv_save(&e->slots[slot], &e->model.a, e->fingerprint, path, err, sizeof err)) fprintf(stderr, "colibri: %s\n", err);
+}
+
+void engine_close(Engine *e) {
+    for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].k) kv_free(&e->slots[i]);
+    if (e->tok) tok_free(e->tok);
+    model_free(&e->model);
+}
+
+int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t errlen) {
+    size_t cap = 16, cnt = 0;
+    int32_t *out = malloc(cap * sizeof(int32_t));
+    const char *p = s;
+    while (out && *p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= vocab) {
+            snprintf(err, errlen, "token id list: '%.20s' is not an id in [0, %d)", p, vocab);
+            free(out);
+            return -1;
+        }
+        if (cnt == cap) {
+            int32_t *nb = realloc(out, (cap *= 2) * sizeof(int32_t));
+            if (!nb) break;
+            out = nb;
+        }
+        out[cnt++] = (int32_t)v;
+        p = end;
+        if (*p == ',') p++;
+        else if (*p && *p != '\n') { snprintf(err, errlen, "token id list: expected ',' at '%.20s'", p); free(out); return -1; }
+        else if (*p) p++;
+    }
+    if (!out) { snprintf(err, errlen, "out of memory"); return -1; }
+    *ids = out;
+    *n = (int)cnt;
+    return 0;
+}
+
+/* Pending control frames that arrive while a generation runs. */
+typedef struct {
+    FrameReader *in;
+    Frame *queue;
+    char **payloads;
+    int n, cap;
+} Inbox;
+
+static void inbox_push(Inbox *b, const Frame *f, char *payload) {
+    if (b->n == b->cap) {
+        b->cap = b->cap ? b->cap * 2 : 8;
+        b->queue = realloc(b->queue, sizeof(Frame) * (size_t)b->cap);
+        b->payloads = realloc(b->payloads, sizeof(char *) * (size_t)b->cap);
+    }
+    b->queue[b->n] = *f;
+    b->payloads[b->n++] = payload;
+}
+
+/* Drains available input; returns 1 if STOP, 2 if CANCEL arrived for id. */
+static int poll_control(Inbox *b, const char *id) {
+    int verdict = 0;
+    reader_fill(b->in, 0);
+    for (;;) {
+        Frame f;
+        char *payload, err[256];
+        int rc = reader_next(b->in, &f, &payload, err, sizeof err);
+        if (rc == 0) break;
+        if (rc < 0) { emit_error(f.id, "bad_request", err); continue; }
+        if (f.kind == FR_SUBMIT) { inbox_push(b, &f, payload); continue; }
+        free(payload);
+        if (strcmp(f.id, id) == 0) verdict = f.kind == FR_STOP ? 1 : 2;
+        /* STOP/CANCEL for an id not running: it already ended or is queued; handled when dequeued */
+        else for (int i = 0; i < b->n; i++)
+            if (strcmp(b->queue[i].id, f.id) == 0) b->queue[i].max_tokens = -2; /* mark cancelled */
+    }
+    return verdict;
+}
+
+static int lcp(const int32_t *a, int na, const int32_t *b, int nb) {
+    int i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+/* A teacher-forced pass runs in a cache of its own: it must not disturb any slot's conversation. */
+static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
+    const int V = e->model.a.vocab;
+    float *logits = malloc(sizeof(float) * (size_t)n * V);
+    KvCache own;
+    if (!logits || kv_init(&own, &e->model.a, n)) {
+        free(logits);
+        emit_error(f->id, "out_of_memory", "cannot hold the requested logits");
+        return;
+    }
+    KvCache *kv = &own;
+    emit_line("ACCEPT %s %d 0", f->id, n);
+    double t0 = now_ms();
+    forward(&e->model, kv, ids, n, logits, 1);
+    char head[128];
+    snprintf(head, sizeof head, "LOGITS %s %d %d %zu\n", f->id, n, V, sizeof(float) * (size_t)n * V);
+    emit_blob(head, logits, sizeof(float) * (size_t)n * V);
+    double ms = now_ms() - t0;
+    emit_line("END %s prompt_tokens=%d completion_tokens=0 reused_tokens=0 ttft_ms=%.1f prefill_tok_s=%.1f "
+              "decode_tok_s=0.0 finish=logits hit_rate=1.000 bytes_read=0 rss_mb=%ld",
+              f->id, n, ms, n / (ms / 1e3 + 1e-9), rss_mb());
+    kv_free(&own);
+    free(logits);
+}
+
+/* LOGPROB <id> <token> <logprob> <hex> <k> <tok>:<lp>:<hex>... (log-softmax of the raw logits). */
+static void emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k) {
+    const int V = e->model.a.vocab;
+    float mx = logits[0];
+    for (int i = 1; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
+    const double lse = mx + log(sum);
+    int best[20];
+    int nb = 0;
+    for (int i = 0; i < V && k > 0; i++) { /* insertion into a sorted top-k; k is at most 20 */
+        int j;
+        if (nb < k) j = nb++;
+        else if (logits[i] > logits[best[k - 1]]) j = k - 1;
+        else continue;
+        while (j > 0 && logits[i] > logits[best[j - 1]]) { best[j] = best[j - 1]; j--; }
+        best[j] = i;
+    }
+    char *line = malloc(64 + (size_t)(k + 1) * (48 + 2 * (e->tok ? tok_max_token_bytes(e->tok) : 0)));
+    if (!line) return;
+    size_t n = (size_t)sprintf(line, "LOGPROB %s", id);
+    for (int j = -1; j < nb; j++) {
+        int t = j < 0 ? tok : best[j];
+        size_t len = 0;
+        const char *bytes = e->tok ? tok_token_bytes(e->tok, t, &len) : NULL;
+        n += (size_t)sprintf(line + n, j < 0 ? " %d %.6f " : " %d:%.6f:", t, (double)logits[t] - lse);
+        if (!bytes || !len) line[n++] = '-';
+        for (size_t b = 0; bytes && b < len; b++) n += (size_t)sprintf(line + n, "%02x", (unsigned char)bytes[b]);
+        if (j < 0) n += (size_t)sprintf(line + n, " %d", nb);
+    }
+    line[n] = 0;
+    emit_line("%s", line);
+    free(line);
+}
+
+static int is_eos(const Arch *a, int tok) {
+    for (int i = 0; i < a->n_eos; i++)
+        if (a->eos[i] == tok) return 1;
+    return 0;
+}
+
+static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
+    const Arch *a = &e->model.a;
+    char err[512];
+    int32_t *ids = NULL;
+    int n = 0;
+    if (f->max_tokens == -2) { emit_error(f->id, "cancelled", "cancelled before it started"); return; }
+    if (f->slot >= e->n_slots) {
+        snprintf(err, sizeof err, "slot %d out of range: the engine has %d KV slots", f->slot, e->n_slots);
+        emit_error(f->id, "bad_request", err);
+        return;
+    }
+    if (f->ids) {
+        if (parse_ids(payload, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return; }
+    } else {
+        if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return; }
+        size_t nn = 0;
+        if (tok_encode(e->tok, payload, f->payload_len, f->parse_special, f->add_special, &ids, &nn, err, sizeof err)) {
+            emit_error(f->id, "bad_request", err);
+            return;
+        }
+        n = (int)nn;
+    }
+    if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return; }
+    if (n >= e->ctx) {
+        snprintf(err, sizeof err, "prompt has %d tokens; the context holds %d (one must stay free for output)", n, e->ctx);
+        emit_error(f->id, "context_exceeded", err);
+        free(ids);
+        return;
+    }
+    if (f->logits) { run_logits(e, f, ids, n); free(ids); return; }
+    KvCache *kv = &e->slots[f->slot];
+    if (!kv->k && kv_init(kv, a, e->ctx)) { emit_error(f->id, "out_of_memory", "cannot allocate the KV cache"); free(ids); return; }
+    /* Reuse the common prefix; at least one prompt token is recomputed to get fresh logits. */
+    int reuse = lcp(kv->tokens, kv->n, ids, n);
+    if (reuse >= n) reuse = n - 1;
+    kv->n = reuse;
+    emit_line("ACCEPT %s %d %d", f->id, n, reuse);
+    SamplerParams sp = f->sp;
+    if (!f->has_seed) sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    Sampler smp;
+    float *logits = malloc(sizeof(float) * (size_t)a->vocab);
+    if (!logits || sampler_init(&smp, &sp, a->vocab)) { emit_error(f->id, "out_of_memory", "sampler"); free(ids); free(logits); return; }
+    double t0 = now_ms();
+    forward(&e->model, kv, ids + reuse, n - reuse, logits, 0);
+    double t_prefill = now_ms() - t0, t_first = 0;
+    TokStream ts;
+    tok_stream_init(&ts);
+    size_t piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
+    char *piece = malloc(piece_cap);
+    int produced = 0, verdict = 0;
+    const char *finish = "length";
+    for (;;) {
+        if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
+        if (kv->n >= e->ctx) { finish = "length"; break; } /* prompt + output never exceed the context */
+        int tok = sampler_sample(&smp, logits);
+        if (!produced) t_first = now_ms() - t0;
+        if (is_eos(a, tok)) { finish = "stop"; break; }
+        size_t len = e->tok ? tok_stream_push(e->tok, &ts, tok, f->render_special, piece, piece_cap) : 0;
+        emit_data(f->id, tok, piece, len);
+        if (f->logprobs) emit_logprob(e, f->id, logits, tok, f->top_logprobs);
+        produced++;
+        verdict = poll_control(box, f->id);
+        if (verdict) break;
+        if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
+        int32_t next = tok;
+        forward(&e->model, kv, &next, 1, logits, 0);
+    }
+    size_t rest = e->tok ? tok_stream_flush(&ts, piece, piece_cap) : 0;
+    if (rest) emit_data(f->id, -1, piece, rest);
+    if (verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
+    else {
+        if (verdict == 1) finish = "stop";
+        double total = now_ms() - t0, decode = total - t_first;
+        emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
+                  "decode_tok_s=%.1f finish=%s hit_rate=1.000 bytes_read=0 rss_mb=%ld",
+                  f->id, n, produced, reuse, t_first, (n - reuse) / (t_prefill / 1e3 + 1e-9),
+                  produced > 1 ? (produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish, rss_mb());
+    }
+    persist_slot(e, f->slot); /* after END: the client never waits for the disk */
+    sampler_free(&smp);
+    free(piece);
+    free(logits);
+    free(ids);
+}
+
+int engine_serve(Engine *e) {
+    FrameReader in;
+    reader_init(&in, 0);
+    Inbox box = {&in, NULL, NULL, 0, 0};
+    const Arch *a = &e->model.a;
+    emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d", a->family,
+              a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name, omp_get_max_threads(), e->tok != NULL);
+    for (;;) {
+        Frame f;
+        char *payload = NULL, err[256];
+        if (box.n) {
+            f = box.queue[0];
+            payload = box.payloads[0];
+            memmove(box.queue, box.queue + 1, sizeof(Frame) * (size_t)(box.n - 1));
+            memmove(box.payloads, box.payloads + 1, sizeof(char *) * (size_t)(box.n - 1));
+            box.n--;
+        } else {
+            int rc = reader_next(&in, &f, &payload, err, sizeof err);
+            if (rc == 0) {
+                if (in.eof) break;
+                reader_fill(&in, -1);
+                continue;
+            }
+            if (rc < 0) { emit_error(f.id, "bad_request", err); continue; }
+        }
+        if (f.kind == FR_SUBMIT) run_request(e, &box, &f, payload);
+        /* a STOP/CANCEL with nothing running has nothing to stop */
+        free(payload);
+    }
+    free(box.queue);
+    free(box.payloads);
+    reader_free(&in);
+    return 0;
+}

@@ -1,0 +1,98 @@
+/* colibri engine entry point: the protocol loop by default, plus one-shot tools the launcher
+ * calls (logits, convert-jobs, tokenize, detokenize). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "model.h"
+#include "quant.h"
+#ifndef COLI_VERSION
+#define COLI_VERSION "unknown"
+#endif
+
+int convert_jobs_main(int argc, char **argv);
+int tokenize_cli_main(int argc, char **argv);
+int detokenize_cli_main(int argc, char **argv);
+
+static const char *USAGE =
+    "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--portable]\n"
+    "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
+    "       colibri convert-jobs JOBFILE\n"
+    "       colibri tokenize --model DIR [--ids-only] TEXT\n"
+    "       colibri detokenize --model DIR 1,2,3\n"
+    "       colibri families   (the model families this engine implements)\n"
+    "       colibri version\n";
+
+static int logits_main(int argc, char **argv) {
+    EngineOptions o = {0};
+    o.skip_tokenizer = 1;
+    const char *ids_arg = NULL, *out = NULL;
+    char err[1024];
+    for (int i = 2; i < argc;) {
+        if (!strcmp(argv[i], "--ids") && i + 1 < argc) { ids_arg = argv[i + 1]; i += 2; continue; }
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) { out = argv[i + 1]; i += 2; continue; }
+        int next = engine_parse_options(argc, argv, i, &o, err, sizeof err);
+        if (next < 0) { fprintf(stderr, "colibri logits: %s\n", err); return 2; }
+        if (next == i) { fprintf(stderr, "colibri logits: unknown argument '%s'\n%s", argv[i], USAGE); return 2; }
+        i = next;
+    }
+    if (!ids_arg || !out) { fprintf(stderr, "colibri logits: --ids and --out are required\n"); return 2; }
+    Engine e;
+    if (engine_open(&e, &o, err, sizeof err)) { fprintf(stderr, "colibri: %s\n", err); return 1; }
+    int32_t *ids;
+    int n;
+    if (parse_ids(ids_arg, e.model.a.vocab, &ids, &n, err, sizeof err) || n == 0) {
+        fprintf(stderr, "colibri logits: %s\n", n == 0 ? "--ids is empty" : err);
+        engine_close(&e);
+        return 2;
+    }
+    if (n > e.model.a.max_pos) {
+        fprintf(stderr, "colibri logits: %d ids exceed the model's %d positions\n", n, e.model.a.max_pos);
+        engine_close(&e);
+        return 2;
+    }
+    KvCache kv;
+    size_t bytes = sizeof(float) * (size_t)n * e.model.a.vocab;
+    float *logits = malloc(bytes);
+    if (!logits || kv_init(&kv, &e.model.a, n)) { fprintf(stderr, "colibri logits: out of memory\n"); return 1; }
+    forward(&e.model, &kv, ids, n, logits, 1);
+    FILE *f = fopen(out, "wb");
+    int rc = !f || fwrite(logits, 1, bytes, f) != bytes;
+    if (f && fclose(f)) rc = 1;
+    if (rc) fprintf(stderr, "colibri logits: cannot write %s\n", out);
+    kv_free(&kv);
+    free(logits);
+    free(ids);
+    engine_close(&e);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    const char *cmd = argc > 1 && argv[1][0] != '-' ? argv[1] : "serve";
+    if (!strcmp(cmd, "logits")) return logits_main(argc, argv);
+    if (!strcmp(cmd, "convert-jobs")) return convert_jobs_main(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return tokenize_cli_main(argc, argv);
+    if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc, argv);
+    if (!strcmp(cmd, "version")) { printf("colibri %s\n", COLI_VERSION); return 0; }
+    if (!strcmp(cmd, "families")) {
+        for (int i = 0; ENGINE_FAMILIES[i]; i++) puts(ENGINE_FAMILIES[i]);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))) {
+        fputs(USAGE, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "serve") != 0) { fprintf(stderr, "colibri: unknown command '%s'\n%s", cmd, USAGE); return 2; }
+    EngineOptions o = {0};
+    char err[1024];
+    int start = argc > 1 && !strcmp(argv[1], "serve") ? 2 : 1;
+    int next = engine_parse_options(argc, argv, start, &o, err, sizeof err);
+    if (next < 0) { fprintf(stderr, "colibri: %s\n", err); return 2; }
+    if (next < argc) { fprintf(stderr, "colibri: unknown argument '%s'\n%s", argv[next], USAGE); return 2; }
+    Engine e;
+    if (engine_open(&e, &o, err, sizeof err)) { fprintf(stderr, "colibri: %s\n", err); return 1; }
+    int rc = engine_serve(&e);
+    engine_close(&e);
+    return rc;
+}

@@ -1,0 +1,16 @@
+/* Shared math ops every family is built from. */
+#ifndef COLI_OPS_H
+#define COLI_OPS_H
+#include "model.h"
+
+/* y[T][rows] = x[T][cols] . W^T (+ bias); parallel over rows, several positions per weight pass. */
+void matmul(float *y, const float *x, int T, const QMat *w, const float *bias);
+/* y[T][rows] = x[T][cols] . W^T for a plain f32 matrix (router). */
+void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int cols);
+void rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+void softmax(float *x, int n);
+float silu(float x);
+/* Thread-local scratch that grows on demand; valid until the next call with the same slot. */
+float *scratch(int slot, size_t n);
+
+#endif

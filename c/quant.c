@@ -1,0 +1,203 @@
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+Kernels kern;
+
+static const char *QT_NAMES[QT_COUNT] = {"f32", "bf16", "f16", "q8", "q4"};
+
+const char *qtype_name(QType q) { return (unsigned)q < QT_COUNT ? QT_NAMES[q] : "?"; }
+
+int qtype_from_name(const char *name, QType *out) {
+    for (int i = 0; i < QT_COUNT; i++)
+        if (strcmp(name, QT_NAMES[i]) == 0) { *out = (QType)i; return 0; }
+    return -1;
+}
+
+size_t qtype_row_bytes(QType q, int cols) {
+    size_t blocks = ((size_t)cols + QBLOCK - 1) / QBLOCK;
+    switch (q) {
+    case QT_F32: return (size_t)cols * 4;
+    case QT_BF16:
+    case QT_F16: return (size_t)cols * 2;
+    case QT_Q8: return blocks * 34;
+    case QT_Q4: return blocks * 20;
+    default: return 0;
+    }
+}
+
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7F800000 | (man << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    int32_t exp = (int32_t)((x >> 23) & 0xFF) - 127 + 15;
+    uint32_t man = x & 0x7FFFFF;
+    if (((x >> 23) & 0xFF) == 0xFF) return (uint16_t)(sign | 0x7C00 | (man ? 0x200 : 0));
+    if (exp >= 31) return (uint16_t)(sign | 0x7C00);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t h = sign | ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1FFF;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* may carry into exponent: correct */
+    return (uint16_t)h;
+}
+
+float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
+    x += 0x7FFF + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+static void store_f16(unsigned char *p, float v) { uint16_t h = f32_to_f16(v); memcpy(p, &h, 2); }
+static float load_f16(const unsigned char *p) { uint16_t h; memcpy(&h, p, 2); return f16_to_f32(h); }
+
+/* Copies block b of x into a 32-wide buffer, zero-padding past cols. */
+static void load_block(const float *x, int cols, int b, float out[QBLOCK]) {
+    for (int j = 0; j < QBLOCK; j++) {
+        int i = b * QBLOCK + j;
+        out[j] = i < cols ? x[i] : 0.0f;
+    }
+}
+
+void quantize_row(QType q, const float *x, int cols, void *dst) {
+    unsigned char *o = dst;
+    int blocks = (cols + QBLOCK - 1) / QBLOCK;
+    float v[QBLOCK];
+    switch (q) {
+    case QT_F32: memcpy(dst, x, (size_t)cols * 4); return;
+    case QT_BF16:
+        for (int i = 0; i < cols; i++) { uint16_t h = f32_to_bf16(x[i]); memcpy(o + 2 * i, &h, 2); }
+        return;
+    case QT_F16:
+        for (int i = 0; i < cols; i++) store_f16(o + 2 * i, x[i]);
+        return;
+    case QT_Q8:
+        for (int b = 0; b < blocks; b++, o += 34) {
+            load_block(x, cols, b, v);
+            float amax = 0;
+            for (int j = 0; j < QBLOCK; j++) amax = fmaxf(amax, fabsf(v[j]));
+            store_f16(o, amax / 127.0f);
+            float d = load_f16(o), id = d != 0 ? 1.0f / d : 0.0f;
+            for (int j = 0; j < QBLOCK; j++) {
+                float r = roundf(v[j] * id);
+                r = r > 127 ? 127 : (r < -127 ? -127 : r);
+                o[2 + j] = (unsigned char)(int8_t)r;
+            }
+        }
+        return;
+    case QT_Q4:
+        for (int b = 0; b < blocks; b++, o += 20) {
+            load_block(x, cols, b, v);
+            /* the padded tail of a short last block must not widen the range */
+            int n = cols - b * QBLOCK < QBLOCK ? cols - b * QBLOCK : QBLOCK;
+            float lo = v[0], hi = v[0];
+            for (int j = 1; j < n; j++) { lo = fminf(lo, v[j]); hi = fmaxf(hi, v[j]); }
+            store_f16(o, (hi - lo) / 15.0f);
+            store_f16(o + 2, lo);
+            float d = load_f16(o), m = load_f16(o + 2), id = d != 0 ? 1.0f / d : 0.0f;
+            unsigned char qs[QBLOCK];
+            for (int j = 0; j < QBLOCK; j++) {
+                float r = j < n ? roundf((v[j] - m) * id) : 0;
+                qs[j] = (unsigned char)(r < 0 ? 0 : (r > 15 ? 15 : r));
+            }
+            for (int j = 0; j < 16; j++) o[4 + j] = (unsigned char)(qs[j] | (qs[j + 16] << 4));
+        }
+        return;
+    default: return;
+    }
+}
+
+static void dequant_row_portable(QType q, const void *src, int cols, float *dst) {
+    const unsigned char *s = src;
+    int blocks = (cols + QBLOCK - 1) / QBLOCK;
+    switch (q) {
+    case QT_F32: memcpy(dst, src, (size_t)cols * 4); return;
+    case QT_BF16:
+        for (int i = 0; i < cols; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); dst[i] = bf16_to_f32(h); }
+        return;
+    case QT_F16:
+        for (int i = 0; i < cols; i++) dst[i] = load_f16(s + 2 * i);
+        return;
+    case QT_Q8: /* writes whole blocks: dst must hold blocks*32 floats */
+        for (int b = 0; b < blocks; b++, s += 34) {
+            float d = load_f16(s);
+            for (int j = 0; j < QBLOCK; j++) dst[b * QBLOCK + j] = d * (float)(int8_t)s[2 + j];
+        }
+        return;
+    case QT_Q4:
+        for (int b = 0; b < blocks; b++, s += 20) {
+            float d = load_f16(s), m = load_f16(s + 2);
+            for (int j = 0; j < 16; j++) {
+                dst[b * QBLOCK + j] = d * (float)(s[4 + j] & 15) + m;
+                dst[b * QBLOCK + j + 16] = d * (float)(s[4 + j] >> 4) + m;
+            }
+        }
+        return;
+    default: return;
+    }
+}
+
+static float dot_portable(const float *a, const float *b, int n) {
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+    float s = 0;
+    for (; i < n; i++) s += a[i] * b[i];
+    return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+void dequant_row(QType q, const void *src, int cols, float *dst) { dequant_row_portable(q, src, cols, dst); }
+
+#if defined(__x86_64__) || defined(__i386__)
+void dequant_row_avx2(QType q, const void *src, int cols, float *dst);
+float dot_avx2(const float *a, const float *b, int n);
+#endif
+
+void kernels_init(int force_portable) {
+    kern.name = "portable";
+    kern.dequant_row = dequant_row_portable;
+    kern.dot = dot_portable;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        kern.name = "avx2";
+        kern.dequant_row = dequant_row_avx2;
+        kern.dot = dot_avx2;
+    }
+#else
+    (void)force_portable;
+#endif
+}

@@ -1,0 +1,26 @@
+/* Token sampling: greedy at temperature 0, otherwise temperature -> top-k -> top-p -> min-p
+ * (the order transformers applies them), with a seeded generator for reproducible runs. */
+#ifndef COLI_SAMPLER_H
+#define COLI_SAMPLER_H
+#include <stdint.h>
+
+typedef struct {
+    float temperature, top_p, min_p;
+    int top_k;
+    uint64_t seed;
+} SamplerParams;
+
+typedef struct {
+    SamplerParams p;
+    uint64_t state;
+    int n;
+    float *prob;
+    int *idx;
+} Sampler;
+
+int sampler_init(Sampler *s, const SamplerParams *p, int vocab);
+void sampler_free(Sampler *s);
+int sampler_sample(Sampler *s, const float *logits);
+int argmax(const float *x, int n);
+
+#endif

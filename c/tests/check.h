@@ -1,0 +1,24 @@
+/* A tiny test harness: CHECK records a failure and continues; main prints "N passed, N failed". */
+#ifndef COLI_CHECK_H
+#define COLI_CHECK_H
+#include <stdio.h>
+
+extern int checks_passed, checks_failed;
+#define CHECK(cond, ...)                                                    \
+    do {                                                                    \
+        if (cond) checks_passed++;                                          \
+        else {                                                              \
+            checks_failed++;                                                \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fputc('\n', stderr);                                            \
+        }                                                                   \
+    } while (0)
+
+void test_quant(void);
+void test_safetensors(void);
+void test_protocol(void);
+void test_json(void);
+void test_sampler(void);
+
+#endif

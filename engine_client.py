@@ -1,0 +1,189 @@
+"""Launcher side of the engine protocol (docs/protocol.md): spawn, wait for READY, submit,
+read frames. Shared by `coli` and the HTTP server; stdlib only."""
+import os
+import signal
+import subprocess
+import threading
+from collections import deque
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+ENGINE = ROOT / "build" / "colibri"
+
+
+class EngineError(RuntimeError):
+    """The engine refused a request (typed ERROR frame) or died."""
+
+    def __init__(self, kind, message):
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message = kind, message
+
+
+def ensure_built():
+    if not ENGINE.exists():
+        r = subprocess.run(["make", "-s", "-C", str(ROOT), "build/colibri"])
+        if r.returncode or not ENGINE.exists():
+            raise EngineError("not_built", "the engine is not built and `make` failed; run `make` in the colibri directory")
+    return ENGINE
+
+
+def describe_exit(code, stderr_tail):
+    """Explains an engine death: exit code, signal, the likely OOM killer for SIGKILL."""
+    if code is None:
+        return "the engine is still running"
+    if code < 0:
+        sig = -code
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        why = f"the engine was killed by {name}"
+        if sig == signal.SIGKILL:
+            why += " (most likely the kernel's out-of-memory killer: try a smaller --ctx or free some RAM)"
+    else:
+        why = f"the engine exited with code {code}"
+    tail = "\n".join(stderr_tail)
+    return f"{why}" + (f"; its last messages:\n{tail}" if tail else "")
+
+
+class Engine:
+    """One engine process. Frames are read by the caller's thread; stderr is kept in a tail."""
+
+    def __init__(self, model_dir, ctx=None, kv_slots=None, threads=None, batch=None, kv_dir=None, extra=()):
+        args = [str(ensure_built()), "serve", "--model", str(model_dir)]
+        for flag, val in (("--ctx", ctx), ("--kv-slots", kv_slots), ("--threads", threads), ("--batch", batch),
+                          ("--kv-dir", kv_dir)):
+            if val is not None:
+                args += [flag, str(val)]
+        args += list(extra)
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.stderr_tail = deque(maxlen=20)
+        self._err_thread = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._err_thread.start()
+        self.info = {}
+        self._next_id = 0
+        line = self.proc.stdout.readline().decode(errors="replace").rstrip("\n")
+        if not line.startswith("READY"):
+            self.proc.wait()
+            self._err_thread.join(timeout=2)
+            raise EngineError("load_failed", describe_exit(self.proc.returncode, self.stderr_tail))
+        for kv in line.split()[1:]:
+            k, _, v = kv.partition("=")
+            self.info[k] = v
+
+    def _drain_stderr(self):
+        for raw in self.proc.stderr:
+            self.stderr_tail.append(raw.decode(errors="replace").rstrip())
+
+    def _died(self):
+        self.proc.wait()
+        self._err_thread.join(timeout=2)
+        return EngineError("engine_died", describe_exit(self.proc.returncode, self.stderr_tail))
+
+    def new_id(self):
+        self._next_id += 1
+        return f"r{self._next_id}"
+
+    def submit(self, payload, rid=None, **opts):
+        """Sends a SUBMIT; payload is str (text) or a list of token ids (ids=1)."""
+        rid = rid or self.new_id()
+        if isinstance(payload, (list, tuple)):
+            opts["ids"] = 1
+            payload = ",".join(str(int(i)) for i in payload)
+        body = payload.encode() if isinstance(payload, str) else payload
+        head = " ".join(["SUBMIT", rid, str(len(body))] + [f"{k}={_fmt(v)}" for k, v in opts.items() if v is not None])
+        self._write(head.encode() + b"\n" + body)
+        return rid
+
+    def control(self, verb, rid):
+        self._write(f"{verb} {rid}\n".encode())
+
+    def _write(self, data):
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+
+    def read_frame(self):
+        """Returns (verb, fields, body). body is bytes for DATA/ERROR/LOGITS, else None."""
+        line = self.proc.stdout.readline()
+        if not line:
+            raise self._died()
+        parts = line.decode(errors="replace").rstrip("\n").split(" ")
+        verb = parts[0]
+        body = None
+        if verb == "DATA":
+            body = self._read_exact(int(parts[3]))
+        elif verb == "ERROR":
+            body = self._read_exact(int(parts[3]))
+        elif verb == "LOGITS":
+            body = self._read_exact(int(parts[4]))
+        return verb, parts[1:], body
+
+    def _read_exact(self, n):
+        data = self.proc.stdout.read(n) if n else b""
+        if len(data) != n:
+            raise self._died()
+        return data
+
+    def generate(self, payload, **opts):
+        """Yields ('accept', n_prompt, n_reused), ('data', token, bytes) ..., ('end', stats);
+        with logprobs=1 also ('logprob', token, logprob, bytes, alternatives) after each data."""
+        rid = self.submit(payload, **opts)
+        while True:
+            verb, f, body = self.read_frame()
+            if f and f[0] != rid and verb != "ERROR":
+                continue
+            if verb == "ACCEPT":
+                yield ("accept", int(f[1]), int(f[2]))
+            elif verb == "DATA":
+                yield ("data", int(f[1]), body)
+            elif verb == "LOGITS":
+                yield ("logits", (int(f[1]), int(f[2])), body)
+            elif verb == "LOGPROB":
+                yield ("logprob",) + parse_logprob(f)
+            elif verb == "END":
+                yield ("end", dict(kv.split("=", 1) for kv in f[1:]))
+                return
+            elif verb == "ERROR":
+                raise EngineError(f[1], body.decode(errors="replace"))
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _hex(h):
+    return b"" if h == "-" else bytes.fromhex(h)
+
+
+def parse_logprob(f):
+    """Fields of a LOGPROB line (after the verb) -> (token, logprob, bytes, [(token, logprob, bytes)])."""
+    alts = []
+    for item in f[5:5 + int(f[4])]:
+        tok, lp, hx = item.split(":")
+        alts.append((int(tok), float(lp), _hex(hx)))
+    return int(f[1]), float(f[2]), _hex(f[3]), alts
+
+
+def _fmt(v):
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def model_dir_from(args_model):
+    m = args_model or os.environ.get("COLI_MODEL")
+    return Path(m) if m else None

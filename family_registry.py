@@ -1,0 +1,201 @@
+"""Every fact about a model family in one table.
+
+The converter, the launcher and the tests ask this module; nothing else hard-codes a family.
+Each family maps an HF ``config.json`` to the normalized architecture the engine reads
+(``arch`` in colibri.json) and names the tensor classes the converter quantizes.
+"""
+import math
+
+# Families the engine implements. `engine_family` is the name written into colibri.json.
+FAMILIES = {
+    "llama": {
+        "display": "Llama",
+        "model_types": ["llama"],
+        "default_ctx": 4096,
+        "biases": "config",          # attention_bias / mlp_bias from config
+        "qk_norm": False,
+        "moe": False,
+        "default_tie": False,
+    },
+    "qwen2": {
+        "display": "Qwen2 / Qwen2.5",
+        "model_types": ["qwen2"],
+        "default_ctx": 4096,
+        "biases": "qkv",             # q/k/v always biased, o never
+        "qk_norm": False,
+        "moe": False,
+        "default_tie": False,
+    },
+    "qwen3": {
+        "display": "Qwen3 (dense)",
+        "model_types": ["qwen3"],
+        "default_ctx": 4096,
+        "biases": "attention_bias",
+        "qk_norm": True,
+        "moe": False,
+        "default_tie": False,
+    },
+    "qwen3_moe": {
+        "display": "Qwen3-MoE",
+        "model_types": ["qwen3_moe"],
+        "default_ctx": 4096,
+        "biases": "attention_bias",
+        "qk_norm": True,
+        "moe": True,
+        "default_tie": False,
+    },
+}
+
+SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedModel(ValueError):
+    """The checkpoint asks for something the engine does not implement."""
+
+
+def family_for_model_type(model_type):
+    for name, fam in FAMILIES.items():
+        if model_type in fam["model_types"]:
+            return name
+    known = ", ".join(sorted(t for f in FAMILIES.values() for t in f["model_types"]))
+    raise UnsupportedModel(f"model_type '{model_type}' is not supported (supported: {known})")
+
+
+def _rope_inv_freq(cfg, head_dim):
+    """inv_freq and cos/sin scale exactly as transformers' modeling_rope_utils computes them."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE:
+        raise UnsupportedModel(f"rope type '{rope_type}' is not supported (supported: {', '.join(SUPPORTED_ROPE)})")
+    base = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
+    dim = int(head_dim * partial)
+    inv = [1.0 / (base ** (i / dim)) for i in range(0, dim, 2)]
+    scale = 1.0
+    max_pos = cfg.get("max_position_embeddings")
+    orig = cfg.get("original_max_position_embeddings", params.get("original_max_position_embeddings", max_pos))
+    if rope_type == "linear":
+        inv = [f / float(params["factor"]) for f in inv]
+    elif rope_type == "llama3":
+        factor, lo, hi = float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        lo_wave, hi_wave = orig / lo, orig / hi
+        out = []
+        for f in inv:
+            wave = 2 * math.pi / f
+            if wave < hi_wave:
+                out.append(f)
+            elif wave > lo_wave:
+                out.append(f / factor)
+            else:
+                smooth = (orig / wave - lo) / (hi - lo)
+                out.append((1 - smooth) * f / factor + smooth * f)
+        inv = out
+    elif rope_type == "yarn":
+        factor = params.get("factor")
+        if factor is None:
+            factor = max_pos / orig
+        factor = float(factor)
+        att = params.get("attention_factor")
+        mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+
+        def get_mscale(s, m=1.0):
+            return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+        if att is None:
+            att = get_mscale(factor, mscale) / get_mscale(factor, mscale_all) if mscale and mscale_all else get_mscale(factor)
+        beta_fast = params.get("beta_fast") or 32
+        beta_slow = params.get("beta_slow") or 1
+
+        def corr_dim(rot):
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+        if params.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        out = []
+        for i, f in enumerate(inv):
+            ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+            extra = 1 - ramp
+            out.append((f / factor) * (1 - extra) + f * extra)
+        inv = out
+        scale = float(att)
+    return dim, inv, scale
+
+
+def _float32(x):
+    """Rounds to float32 so the engine sees the values transformers computes with."""
+    import struct
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def normalize_arch(cfg):
+    """HF config.json -> (family, arch dict for colibri.json). Raises UnsupportedModel."""
+    family = family_for_model_type(cfg.get("model_type"))
+    fam = FAMILIES[family]
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        layers = int(cfg["num_hidden_layers"])
+        vocab = int(cfg["vocab_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UnsupportedModel(f"config.json lacks a usable {e}") from None
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModel(f"hidden_act '{act}' is not supported (only silu)")
+    if cfg.get("use_sliding_window"):
+        raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not supported yet")
+    rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim)
+    if fam["biases"] == "config":
+        qkvo = bool(cfg.get("attention_bias", False))
+        bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": bool(cfg.get("mlp_bias", False))}
+    elif fam["biases"] == "qkv":
+        bias = {"q_bias": True, "k_bias": True, "v_bias": True, "o_bias": False, "mlp_bias": False}
+    else:
+        qkvo = bool(cfg.get("attention_bias", False))
+        bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": False}
+    arch = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "rotary_dim": rot_dim,
+        "rope_inv_freq": [_float32(f) for f in inv_freq],
+        "rope_attention_scaling": rope_scale,
+        "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+        "max_position_embeddings": int(cfg.get("max_position_embeddings", 4096)),
+        "hidden_act": act,
+        "qk_norm": fam["qk_norm"],
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", fam["default_tie"])),
+        "intermediate_size": int(cfg.get("intermediate_size") or 0),
+        "num_experts": 0,
+        "num_experts_per_tok": 0,
+        "moe_intermediate_size": 0,
+        "norm_topk_prob": False,
+        **bias,
+    }
+    kinds = ["dense"] * layers
+    if fam["moe"]:
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        if experts:
+            step = int(cfg.get("decoder_sparse_step", 1) or 1)
+            only_dense = set(cfg.get("mlp_only_layers") or [])
+            kinds = ["moe" if (l not in only_dense and (l + 1) % step == 0) else "dense" for l in range(layers)]
+            arch.update({
+                "num_experts": experts,
+                "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+                "moe_intermediate_size": int(cfg["moe_intermediate_size"]),
+                "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
+            })
+    arch["layer_mlp"] = kinds
+    return family, arch
+
+
+def supported_model_types():
+    return sorted(t for f in FAMILIES.values() for t in f["model_types"])

@@ -1,0 +1,64 @@
+"""family_registry: agrees with the engine, and resolves RoPE exactly as transformers does."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import family_registry  # noqa: E402
+
+
+def test_registry_matches_engine_families():
+    out = subprocess.run([str(ROOT / "build" / "colibri"), "families"], capture_output=True, text=True, check=True)
+    assert sorted(out.stdout.split()) == sorted(family_registry.FAMILIES)
+
+
+@pytest.mark.parametrize("variant", ["llama", "llama_llama3", "llama_linear", "llama_yarn", "llama_headdim", "qwen2"])
+def test_rope_matches_transformers(variant, oracle_root):
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    cfg_path = Path(oracle_root) / variant / "hf" / "config.json"
+    raw = json.loads(cfg_path.read_text())
+    hf_cfg = transformers.AutoConfig.from_pretrained(cfg_path.parent)
+    rope_type = hf_cfg.rope_parameters.get("rope_type", "default")
+    if rope_type == "default":
+        base = hf_cfg.rope_parameters["rope_theta"]
+        dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
+        inv, scale = 1.0 / (base ** (np.arange(0, dim, 2) / dim)), 1.0
+    else:
+        t, scale = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, "cpu")
+        inv = t.numpy()
+    _, arch = family_registry.normalize_arch(raw)
+    got = np.array(arch["rope_inv_freq"])
+    assert got.shape == inv.shape
+    np.testing.assert_allclose(got, inv, rtol=2e-6)
+    assert arch["rope_attention_scaling"] == pytest.approx(scale, rel=1e-6)
+
+
+def test_unsupported_configs_are_named():
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 10}
+    with pytest.raises(family_registry.UnsupportedModel, match="model_type 'gpt2'"):
+        family_registry.normalize_arch(dict(base, model_type="gpt2"))
+    with pytest.raises(family_registry.UnsupportedModel, match="rope type 'dynamic'"):
+        family_registry.normalize_arch(dict(base, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    with pytest.raises(family_registry.UnsupportedModel, match="hidden_act 'gelu'"):
+        family_registry.normalize_arch(dict(base, hidden_act="gelu"))
+    with pytest.raises(family_registry.UnsupportedModel, match="sliding-window"):
+        family_registry.normalize_arch(dict(base, model_type="qwen2", use_sliding_window=True))
+    with pytest.raises(family_registry.UnsupportedModel, match="vocab_size"):
+        family_registry.normalize_arch({k: v for k, v in base.items() if k != "vocab_size"})
+
+
+def test_moe_layer_kinds():
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 6,
+           "vocab_size": 10, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+           "intermediate_size": 96, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
+    _, arch = family_registry.normalize_arch(cfg)
+    assert arch["layer_mlp"] == ["dense", "moe", "dense", "dense", "dense", "moe"]
+    _, arch = family_registry.normalize_arch(dict(cfg, num_experts=None, num_local_experts=4, decoder_sparse_step=1,
+                                                  mlp_only_layers=[]))
+    assert arch["layer_mlp"] == ["moe"] * 6 and arch["num_experts"] == 4

@@ -1,0 +1,349 @@
+"""`coli convert`: HF safetensors checkpoint -> colibri container (stdlib only).
+
+Python plans: it reads the source headers, maps every source tensor to its output tensor and
+storage type, lays out the output shards and writes their headers. The engine binary
+(`colibri convert-jobs`) moves and re-encodes the bytes, one chunk of rows at a time, so peak
+memory stays near 3 x 32 MiB whatever the model size.
+
+Output shard k holds the tensors anchored in source shard k; each routed expert's gate, up and
+down projections are adjacent, so one read fetches the whole expert. A shard is written as
+NAME.partial and renamed when complete; `.coli_convert.json` records finished shards and the
+settings, so an interrupted conversion resumes and a conversion with other settings into the
+same directory is refused. colibri.json is written last: its presence means complete.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import family_registry  # noqa: E402
+from version import VERSION  # noqa: E402
+from safetensors_io import SafetensorsError, build_header, read_header  # noqa: E402
+
+FORMAT_VERSION = 1
+EXPERT_CHOICES = ("q4", "q8", "bf16", "f32")
+DENSE_CHOICES = ("q8", "bf16", "f32")
+SOURCE_DTYPES = ("F32", "F16", "BF16")
+COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                "special_tokens_map.json", "chat_template.jinja")
+STATE_FILE = ".coli_convert.json"
+# Source tensors that carry no weights the engine needs.
+IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+class ConvertError(RuntimeError):
+    pass
+
+
+def storage_dtype(qtype):
+    return {"f32": "F32", "bf16": "BF16", "f16": "F16"}.get(qtype, "U8")
+
+
+def row_bytes(qtype, cols):
+    blocks = (cols + 31) // 32
+    return {"f32": 4 * cols, "bf16": 2 * cols, "f16": 2 * cols, "q8": 34 * blocks, "q4": 20 * blocks}[qtype]
+
+
+def source_files(src):
+    """Returns the list of source safetensors files of a checkpoint directory."""
+    index = src / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConvertError(f"{index}: unreadable index ({e})") from None
+        names = sorted(set(weight_map.values()))
+        for n in names:
+            if "/" in n or not (src / n).exists():
+                raise ConvertError(f"{index} names shard '{n}', which is missing")
+        return [src / n for n in names]
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise ConvertError(f"{src}: no *.safetensors files (a GGUF file or a PyTorch .bin checkpoint? "
+                           "only safetensors checkpoints are supported)")
+    return files
+
+
+class Planner:
+    """Maps source tensors to output tensors for one architecture."""
+
+    def __init__(self, arch, experts_q, dense_q):
+        self.arch, self.experts_q, self.dense_q = arch, experts_q, dense_q
+        self.outputs = []   # dicts: name, qtype, rows, cols, parts[(file, offset, dtype, rows)], anchor, order
+        self.used = set()
+
+    def add(self, name, klass, rows, cols, parts, anchor, order):
+        qtype = {"expert": self.experts_q, "dense": self.dense_q, "f32": "f32"}[klass]
+        self.outputs.append(dict(name=name, qtype=qtype, rows=rows, cols=cols, parts=parts, anchor=anchor, order=order))
+
+
+def plan_tensors(arch, tensors, experts_q, dense_q):
+    """tensors: name -> dict(file, dtype, shape, offset). Returns the Planner with every output."""
+    p = Planner(arch, experts_q, dense_q)
+    H, V, L = arch["hidden_size"], arch["vocab_size"], arch["num_layers"]
+    hd, nh, nkv = arch["head_dim"], arch["num_heads"], arch["num_kv_heads"]
+
+    def take(name, shape):
+        t = tensors.get(name)
+        if t is None:
+            raise ConvertError(f"source checkpoint lacks tensor '{name}'")
+        if list(t["shape"]) != list(shape):
+            raise ConvertError(f"source tensor '{name}' has shape {t['shape']}, the config implies {list(shape)}")
+        if t["dtype"] not in SOURCE_DTYPES:
+            raise ConvertError(f"source tensor '{name}' is {t['dtype']}; supported source dtypes: {', '.join(SOURCE_DTYPES)}")
+        p.used.add(name)
+        return t
+
+    def whole(name, klass, shape, order):
+        t = take(name, shape)
+        rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
+        p.add(name, klass, rows, cols, [(t["file"], t["offset"], t["dtype"], rows)], t["file"], order)
+
+    whole("model.embed_tokens.weight", "dense", [V, H], (0,))
+    whole("model.norm.weight", "f32", [H], (0,))
+    if arch["tie_word_embeddings"]:
+        if "lm_head.weight" in tensors:
+            p.used.add("lm_head.weight")  # a tied checkpoint may still carry a copy
+    else:
+        whole("lm_head.weight", "dense", [V, H], (L + 1,))
+    for l in range(L):
+        pre = f"model.layers.{l}"
+        o = (l + 1,)
+        whole(f"{pre}.input_layernorm.weight", "f32", [H], o)
+        whole(f"{pre}.post_attention_layernorm.weight", "f32", [H], o)
+        for proj, rows, cols, bias_key in (("q", nh * hd, H, "q_bias"), ("k", nkv * hd, H, "k_bias"),
+                                           ("v", nkv * hd, H, "v_bias"), ("o", H, nh * hd, "o_bias")):
+            whole(f"{pre}.self_attn.{proj}_proj.weight", "dense", [rows, cols], o)
+            if arch[bias_key]:
+                whole(f"{pre}.self_attn.{proj}_proj.bias", "f32", [rows], o)
+        if arch["qk_norm"]:
+            whole(f"{pre}.self_attn.q_norm.weight", "f32", [hd], o)
+            whole(f"{pre}.self_attn.k_norm.weight", "f32", [hd], o)
+        if arch["layer_mlp"][l] == "dense":
+            I = arch["intermediate_size"]
+            for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
+                whole(f"{pre}.mlp.{proj}_proj.weight", "dense", shape, o)
+                if arch["mlp_bias"]:
+                    whole(f"{pre}.mlp.{proj}_proj.bias", "f32", [shape[0]], o)
+            continue
+        E, I = arch["num_experts"], arch["moe_intermediate_size"]
+        whole(f"{pre}.mlp.gate.weight", "f32", [E, H], o)
+        fused = f"{pre}.mlp.experts.gate_up_proj"
+        if fused in tensors:
+            gu = take(fused, [E, 2 * I, H])
+            dn = take(f"{pre}.mlp.experts.down_proj", [E, H, I])
+            gsz, dsz = {"F32": 4}.get(gu["dtype"], 2), {"F32": 4}.get(dn["dtype"], 2)
+        for e in range(E):
+            eo = (l + 1, e)
+            ep = f"{pre}.mlp.experts.{e}"
+            if fused in tensors:
+                # gate_up_proj[e] is [2I, H]: rows 0..I are gate, I..2I are up (chunk(2) order)
+                base = gu["offset"] + e * 2 * I * H * gsz
+                p.add(f"{ep}.gate_proj.weight", "expert", I, H, [(gu["file"], base, gu["dtype"], I)], gu["file"], eo)
+                p.add(f"{ep}.up_proj.weight", "expert", I, H, [(gu["file"], base + I * H * gsz, gu["dtype"], I)], gu["file"], eo)
+                p.add(f"{ep}.down_proj.weight", "expert", H, I,
+                      [(dn["file"], dn["offset"] + e * H * I * dsz, dn["dtype"], H)], gu["file"], eo)
+            else:
+                g = take(f"{ep}.gate_proj.weight", [I, H])
+                for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
+                    t = take(f"{ep}.{proj}_proj.weight", shape)
+                    p.add(f"{ep}.{proj}_proj.weight", "expert", shape[0], shape[1],
+                          [(t["file"], t["offset"], t["dtype"], shape[0])], g["file"], eo)
+    unused = [n for n in tensors if n not in p.used and not IGNORED.search(n)]
+    if unused:
+        more = f" (and {len(unused) - 5} more)" if len(unused) > 5 else ""
+        raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
+                           f"{', '.join(sorted(unused)[:5])}{more}; refusing to drop weights silently")
+    return p
+
+
+def layout_shards(planner, src_files):
+    """Groups outputs by anchor source file and orders each shard: f32, then 2-byte, then 1-byte
+    storage (keeps every tensor aligned to its element size), experts gate/up/down adjacent."""
+    size_rank = {"F32": 0, "BF16": 1, "F16": 1, "U8": 2}
+    kind_rank = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
+    shards = []
+    n = len(src_files)
+    for k, f in enumerate(src_files):
+        outs = [o for o in planner.outputs if o["anchor"] == f]
+        if not outs:
+            continue
+        outs.sort(key=lambda o: (size_rank[storage_dtype(o["qtype"])], o["order"],
+                                 kind_rank.get(o["name"].split(".")[-2], 9), o["name"]))
+        shards.append((f"model-{k + 1:05d}-of-{n:05d}.safetensors", outs))
+    return shards
+
+
+def sha256_file(path, progress=None):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def engine_binary():
+    exe = ROOT / "build" / "colibri"
+    if not exe.exists():
+        r = subprocess.run(["make", "-s", "-C", str(ROOT), "build/colibri"], stdout=sys.stderr)
+        if r.returncode or not exe.exists():
+            raise ConvertError("the engine is not built and `make` failed; run `make` in the colibri directory")
+    return exe
+
+
+def write_shard(out, fname, outs, log):
+    entries, infos = [], {}
+    for o in outs:
+        rb = row_bytes(o["qtype"], o["cols"])
+        dtype = storage_dtype(o["qtype"])
+        shape = [o["rows"], rb] if dtype == "U8" else ([o["cols"]] if o["rows"] == 1 else [o["rows"], o["cols"]])
+        entries.append((o["name"], dtype, shape, o["rows"] * rb))
+        infos[o["name"]] = [o["qtype"], o["rows"], o["cols"]]
+    metadata = {"format": "colibri", "colibri.tensors": json.dumps(infos, separators=(",", ":"))}
+    header, offsets, data_len = build_header(entries, metadata)
+    partial = out / (fname + ".partial")
+    with open(partial, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + data_len)
+    jobs = []
+    for o in outs:
+        dst = len(header) + offsets[o["name"]]
+        rb = row_bytes(o["qtype"], o["cols"])
+        for (src, off, dtype, rows) in o["parts"]:
+            jobs.append(f"{src}\t{off}\t{dtype}\t{rows}\t{o['cols']}\t{partial}\t{dst}\t{o['qtype']}\n")
+            dst += rows * rb
+    with tempfile.NamedTemporaryFile("w", suffix=".jobs", delete=False) as jf:
+        jf.writelines(jobs)
+    try:
+        proc = subprocess.Popen([str(engine_binary()), "convert-jobs", jf.name], stderr=subprocess.PIPE, text=True)
+        errors = []
+        for line in proc.stderr:
+            if line.startswith("PROGRESS "):
+                done, total = line.split()[1:3]
+                log(f"\r  {fname}: {done}/{total} tensors", end="")
+            else:
+                errors.append(line.rstrip())
+        rc = proc.wait()
+    finally:
+        os.unlink(jf.name)
+    log("")
+    if rc:
+        raise ConvertError(f"writing {fname} failed: {' '.join(errors) or f'engine exit code {rc}'}")
+    os.replace(partial, out / fname)
+
+
+def convert(src, out, experts="q4", dense="q8", log=print):
+    src, out = Path(src), Path(out)
+    if experts not in EXPERT_CHOICES:
+        raise ConvertError(f"--experts must be one of {', '.join(EXPERT_CHOICES)}")
+    if dense not in DENSE_CHOICES:
+        raise ConvertError(f"--dense must be one of {', '.join(DENSE_CHOICES)}")
+    if not (src / "config.json").is_file():
+        raise ConvertError(f"{src}: no config.json; give the directory of a Hugging Face checkpoint")
+    try:
+        cfg = json.loads((src / "config.json").read_text())
+        family, arch = family_registry.normalize_arch(cfg)
+    except ValueError as e:
+        raise ConvertError(f"{src / 'config.json'}: {e}") from None
+    files = source_files(src)
+    tensors = {}
+    for f in files:
+        try:
+            header, _ = read_header(f)
+        except SafetensorsError as e:
+            raise ConvertError(str(e)) from None
+        for name, t in header.items():
+            if name in tensors:
+                raise ConvertError(f"tensor '{name}' appears in two source shards")
+            tensors[name] = dict(t, file=str(f.resolve()))
+    arch["_family"] = family
+    planner = plan_tensors(arch, tensors, experts, dense)
+    del arch["_family"]
+    shards = layout_shards(planner, [str(f.resolve()) for f in files])
+    settings = {"converter_version": VERSION, "format_version": FORMAT_VERSION, "experts": experts, "dense": dense,
+                "source": {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in files}}
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / STATE_FILE
+    state = {"settings": settings, "done": []}
+    if state_path.exists():
+        prev = json.loads(state_path.read_text())
+        if prev.get("settings") != settings:
+            raise ConvertError(f"{out} holds a conversion with other settings ({describe(prev.get('settings'))}); "
+                               f"this one is ({describe(settings)}). Use another output directory or delete it.")
+        state = prev
+        if (out / "colibri.json").exists():
+            log(f"{out}: already converted with these settings")
+            return out
+        log(f"resuming: {len(state['done'])}/{len(shards)} shards already written")
+    elif (out / "colibri.json").exists() or any(out.glob("*.safetensors")):
+        raise ConvertError(f"{out} already holds a model not made by this conversion; use an empty directory")
+    state_path.write_text(json.dumps(state))
+    narrowed = sorted({f"{parts[0][2]} -> {o['qtype']}" for o in planner.outputs for parts in [o["parts"]]
+                       if o["qtype"] == "bf16" and parts[0][2] in ("F32", "F16")})
+    if narrowed:
+        log(f"note: bf16 storage rounds wider source weights ({', '.join(narrowed)}); use f32 to keep them exactly")
+    log(f"converting {family_registry.FAMILIES[family]['display']} ({len(tensors)} source tensors, "
+        f"{len(files)} shard(s)): experts {experts}, dense {dense}")
+    for fname, outs in shards:
+        if fname in state["done"] and (out / fname).exists():
+            continue
+        write_shard(out, fname, outs, log)
+        state["done"].append(fname)
+        state_path.write_text(json.dumps(state))
+    for name in COPIED_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+    log("checksumming sources")
+    manifest = {
+        "format": "colibri-container",
+        "format_version": FORMAT_VERSION,
+        "converter_version": VERSION,
+        "family": family,
+        "arch": arch,
+        "quant": {"experts": experts, "dense": dense, "embed": dense, "lm_head": dense,
+                  "norms": "f32", "router": "f32", "biases": "f32",
+                  "q8": "blocks of 32, f16 scale", "q4": "blocks of 32, f16 scale + f16 min"},
+        "bos_token_id": token_id(cfg, src, "bos_token_id"),
+        "eos_token_ids": eos_ids(cfg, src),
+        "shards": [fname for fname, _ in shards],
+        "source": {"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")},
+    }
+    tmp = out / "colibri.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / "colibri.json")
+    log(f"wrote {out}")
+    return out
+
+
+def describe(s):
+    if not s:
+        return "unknown"
+    return f"experts {s.get('experts')}, dense {s.get('dense')}, converter {s.get('converter_version')}"
+
+
+def _generation_config(src):
+    p = src / "generation_config.json"
+    try:
+        return json.loads(p.read_text()) if p.exists() else {}
+    except ValueError:
+        return {}
+
+
+def token_id(cfg, src, key):
+    v = _generation_config(src).get(key, cfg.get(key))
+    return v if isinstance(v, int) else -1
+
+
+def eos_ids(cfg, src):
+    v = _generation_config(src).get("eos_token_id", cfg.get("eos_token_id"))
+    if isinstance(v, int):
+        return [v]
+    return [x for x in v if isinstance(x, int)] if isinstance(v, list) else []

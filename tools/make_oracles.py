@@ -1,0 +1,383 @@
+#!/usr/bin/env python3
+"""Build tiny random-weight HF checkpoints and record transformers references.
+
+Layout per variant (under --out, default .cache/oracles):
+  <variant>/hf/             the checkpoint, as save_pretrained writes it
+  <variant>/ref_logits.f32  raw little-endian float32 [T, vocab], row i = logits after ids[0..i]
+  <variant>/ref.json        ids, greedy prompt + generated ids, per-position margins
+  <variant>/stamp.json      transformers/torch versions + generator hash (skip if unchanged)
+
+References are computed in float32 (eager attention, eager experts) from the saved checkpoint
+loaded back.  Usage: python tools/make_oracles.py [--out DIR] [--only NAME...]
+"""
+import argparse
+import copy
+import fcntl
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / ".cache" / "oracles"
+
+SEQ_LEN = 96        # teacher-forced reference sequence
+PROMPT_LEN = 8      # greedy prompt length
+NEW_TOKENS = 20     # greedy tokens recorded
+PROMPT_TRIES = 12   # candidate prompts; the most decisive, varied one is kept
+DECISIVE = 0.05     # greedy logit/router margin wanted at every recorded step
+ROUTER_TRIES = 6    # candidate router draws per MoE layer; the most decisive one is kept
+VOCAB = 320
+EOS = 0             # "<|endoftext|>", id 0 in the tiny tokenizer
+EMBED_STD = 0.3     # embeddings / lm_head (tied or not): logit std ~2.4
+OUT_GAIN = 0.25     # o_proj / down_proj / expert down_proj, relative to 1/sqrt(fan_in)
+TIED_GAIN = 3.0     # out gain for tied-embedding variants
+ROUTER_STD = 0.5    # router (mlp.gate) weights: router logit std ~4, decisive top-k
+
+# Shared small geometry; variants override.
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+            rms_norm_eps=1e-5, eos_token_id=EOS, bos_token_id=None, pad_token_id=None)
+MOE = dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=32, num_experts=8,
+           num_experts_per_tok=2, moe_intermediate_size=32, rms_norm_eps=1e-6,
+           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+
+# name -> family, seed, config overrides, save dtype, expert layout, shard size
+VARIANTS = {
+    "llama": dict(family="llama", seed=11, config={}),
+    # tied: logit(current token) ~ |e|^2 dominates unless the layers are louder (else greedy repeats)
+    "llama_tied": dict(family="llama", seed=12, out_gain=TIED_GAIN, config=dict(tie_word_embeddings=True)),
+    "llama_llama3": dict(family="llama", seed=13, config=dict(rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama_linear": dict(family="llama", seed=14, config=dict(rope_parameters={
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
+    "llama_yarn": dict(family="llama", seed=15, config=dict(rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 128})),
+    "llama_bias": dict(family="llama", seed=16, config=dict(attention_bias=True, mlp_bias=True)),
+    "llama_headdim": dict(family="llama", seed=17, config=dict(head_dim=32)),
+    "llama_gqa": dict(family="llama", seed=18, config=dict(num_attention_heads=8, num_key_value_heads=2,
+                                                           num_hidden_layers=3)),
+    "llama_f32": dict(family="llama", seed=19, dtype="float32",
+                      config=dict(num_key_value_heads=2)),
+    "qwen2": dict(family="qwen2", seed=21, config=dict(num_key_value_heads=2, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen2_tied": dict(family="qwen2", seed=22, out_gain=TIED_GAIN,
+                       config=dict(tie_word_embeddings=True, num_key_value_heads=2)),
+    "qwen2_f16": dict(family="qwen2", seed=23, dtype="float16", config=dict(num_key_value_heads=1)),
+    "qwen3_moe": dict(family="qwen3_moe", seed=31, config=dict(MOE, norm_topk_prob=True, mlp_only_layers=[0])),
+    "qwen3_moe_nonorm": dict(family="qwen3_moe", seed=32, config=dict(MOE, norm_topk_prob=False)),
+    "qwen3_moe_fused": dict(family="qwen3_moe", seed=33, layout="fused",
+                            config=dict(MOE, norm_topk_prob=True, mlp_only_layers=[0])),
+    "qwen3_moe_sparse": dict(family="qwen3_moe", seed=34, shard="48KB",
+                             config=dict(MOE, num_hidden_layers=4, decoder_sparse_step=2, norm_topk_prob=True)),
+}
+
+TOKENIZER_TEXT = (
+    "The quick brown fox jumps over the lazy dog. colibri streams experts from disk; "
+    "def main():\n    return 42\n\nHello, world! Bonjour le monde. 1234567890 "
+) * 8
+
+
+# Hash of the code as imported (a long-lived process must not stamp old code with a new hash).
+GENERATOR_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def _torch():
+    import torch
+    torch.set_num_threads(1)
+    return torch
+
+
+def model_class(family):
+    import transformers as tf
+    return {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+            "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+            "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM)}[family]
+
+
+def randomize(model, seed, out_gain):
+    """Non-trivial weights: fan-in scaled matrices, norms 1+0.1*N, biases 0.1*N."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name or name == "lm_head.weight":
+                p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
+            elif name.endswith("mlp.gate.weight"):
+                pass  # routers: see pick_routers
+            else:
+                # residual-branch outputs smaller, so no single layer dominates the stream
+                gain = out_gain if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")) else 1.0
+                p.copy_(gain * torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+
+
+def routers(model):
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+    return [m for m in model.modules() if isinstance(m, Qwen3MoeTopKRouter)]
+
+
+class RouterMargins:
+    """Hook every router; per position, min over MoE layers of logit[k-1] - logit[k] (sorted)."""
+
+    def __init__(self, model):
+        self.rs = routers(model)
+        self.per_layer = []
+        self.handles = [r.register_forward_hook(self._hook) for r in self.rs]
+
+    def _hook(self, mod, args, out):
+        logits = out[0].float()
+        s = logits.sort(dim=-1, descending=True).values
+        self.per_layer.append(s[:, mod.top_k - 1] - s[:, mod.top_k])
+
+    def take(self):
+        torch = _torch()
+        if not self.rs:
+            return None
+        m = torch.stack(self.per_layer).min(dim=0).values
+        self.per_layer = []
+        return m
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def forward_logits(model, ids):
+    torch = _torch()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def top_margins(logits):
+    s = logits.topk(2, dim=-1).values
+    return s[:, 0] - s[:, 1]
+
+
+def round_to(model, dtype):
+    """Round weights through the save dtype so margins are measured on what gets saved."""
+    torch = _torch()
+    dt = getattr(torch, dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(dt).float())
+
+
+def pick_routers(model, seed, ids, dtype):
+    """Draw router weights layer by layer; keep the draw with the largest min top-k margin."""
+    torch = _torch()
+    rs = routers(model)
+    if not rs:
+        return
+    g = torch.Generator().manual_seed(seed + 1000)
+    hook = RouterMargins(model)
+    try:
+        for i, r in enumerate(rs):
+            best, best_w = None, None
+            for _ in range(ROUTER_TRIES):
+                w = (ROUTER_STD * torch.randn(r.weight.shape, generator=g)).to(getattr(torch, dtype)).float()
+                with torch.no_grad():
+                    r.weight.copy_(w)
+                forward_logits(model, ids)
+                margin = hook.per_layer[i].min().item()
+                hook.per_layer = []
+                if best is None or margin > best:
+                    best, best_w = margin, w
+            with torch.no_grad():
+                r.weight.copy_(best_w)
+    finally:
+        hook.close()
+
+
+def greedy(model, prompt):
+    torch = _torch()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=EOS)
+    return out[0, len(prompt):].tolist()
+
+
+def gen_margins(model, prompt, gen):
+    """Teacher-forced margins of the logits that chose each generated token."""
+    hook = RouterMargins(model)
+    try:
+        logits = forward_logits(model, prompt + gen)
+        rm = hook.take()
+    finally:
+        hook.close()
+    sl = slice(len(prompt) - 1, len(prompt) - 1 + len(gen))
+    chosen = logits[sl].argmax(-1).tolist()
+    return top_margins(logits[sl]), (rm[sl] if rm is not None else None), chosen
+
+
+def pick_prompt(model, rng_seed):
+    """Among candidate prompts, keep the one whose greedy run is most decisive and eos-free."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(rng_seed + 2000)
+    best = None
+    for _ in range(PROMPT_TRIES):
+        prompt = torch.randint(1, VOCAB, (PROMPT_LEN,), generator=g).tolist()
+        gen = greedy(model, prompt)
+        lm, rm, _ = gen_margins(model, prompt, gen)
+        margin = lm.min().item()
+        if rm is not None:
+            margin = min(margin, rm.min().item())
+        # eos-free first, then decisive, then varied (not one token repeated), then margin
+        score = (len(gen) == NEW_TOKENS and EOS not in gen, margin >= DECISIVE,
+                 min(len(set(gen)), 8), margin)
+        if best is None or score > best[0]:
+            best = (score, prompt)
+    return best[1]
+
+
+def write_tokenizer(hf_dir):
+    """A tiny byte-level BPE tokenizer.json (+ tokenizer_config.json) matching VOCAB."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TOKENIZER_TEXT], trainer=trainer)
+    assert tok.token_to_id("<|endoftext|>") == EOS and tok.get_vocab_size() <= VOCAB
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(hf_dir)
+
+
+def build_variant(name, spec, vdir):
+    torch = _torch()
+    import transformers
+    family, seed = spec["family"], spec["seed"]
+    dtype = spec.get("dtype", "bfloat16")
+    layout = spec.get("layout", "hub")
+    cfg_cls, model_cls = model_class(family)
+    cfg = cfg_cls(**copy.deepcopy({**BASE, **spec["config"]}))  # configs mutate rope dicts
+    torch.manual_seed(seed)
+    model = model_cls(cfg).float().eval()
+    randomize(model, seed, spec.get("out_gain", OUT_GAIN))
+    round_to(model, dtype)
+    ids = torch.randint(1, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(seed + 3000)).tolist()
+    pick_routers(model, seed, ids, dtype)
+    prompt = pick_prompt(model, seed)
+    in_memory = forward_logits(model, ids)
+
+    hf = vdir / "hf"
+    hf.mkdir(parents=True)
+    save_kw = {"max_shard_size": spec["shard"]} if "shard" in spec else {}
+    if layout == "fused":
+        save_kw["save_original_format"] = False
+    model.to(getattr(torch, dtype)).save_pretrained(hf, **save_kw)
+    write_tokenizer(hf)
+    del model
+
+    # Reference: the saved checkpoint loaded back in float32, eager paths.
+    load_kw = dict(dtype=torch.float32, attn_implementation="eager")
+    if family == "qwen3_moe":
+        load_kw["experts_implementation"] = "eager"
+    ref = model_cls.from_pretrained(hf, **load_kw).eval()
+    hook = RouterMargins(ref)
+    try:
+        logits = forward_logits(ref, ids)
+        rmargin = hook.take()
+    finally:
+        hook.close()
+    drift = (logits - in_memory).abs().max().item()
+    assert drift <= 1e-4 * logits.abs().max().item(), f"{name}: save/load changed logits by {drift}"
+    gen = greedy(ref, prompt)
+    glm, grm, chosen = gen_margins(ref, prompt, gen)
+
+    vdir.joinpath("ref_logits.f32").write_bytes(logits.numpy().astype("<f4").tobytes())
+    keys = sorted(p.name for p in hf.iterdir())
+    out = {
+        "variant": name, "family": family, "model_type": ref.config.model_type,
+        "saved_dtype": dtype, "expert_layout": layout if family == "qwen3_moe" else None,
+        "sharded": (hf / "model.safetensors.index.json").exists(), "files": keys,
+        "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+        "vocab_size": cfg.vocab_size, "eos_token_id": EOS,
+        "ids": ids, "logits_shape": [len(ids), cfg.vocab_size],
+        "max_abs_logit": logits.abs().max().item(), "logit_std": logits.std().item(),
+        "top1": logits.argmax(-1).tolist(), "margin": top_margins(logits).tolist(),
+        "router_margin": rmargin.tolist() if rmargin is not None else None,
+        "prompt_ids": prompt, "generated_ids": gen,
+        "gen_margin": glm.tolist(), "gen_router_margin": grm.tolist() if grm is not None else None,
+        # teacher-forced argmax differs from generate() only at a near-tie
+        "gen_teacher_forced_agrees": chosen == gen,
+    }
+    vdir.joinpath("ref.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def stamp_for(name):
+    import torch
+    import transformers
+    return {"variant": name, "generator": GENERATOR_HASH,
+            "transformers": transformers.__version__, "torch": torch.__version__}
+
+
+def is_fresh(vdir, stamp):
+    need = [vdir / "stamp.json", vdir / "ref.json", vdir / "ref_logits.f32", vdir / "hf" / "config.json"]
+    if not all(p.exists() for p in need):
+        return False
+    try:
+        return json.loads((vdir / "stamp.json").read_text()) == stamp
+    except ValueError:
+        return False
+
+
+def generate(out=DEFAULT_OUT, only=None, quiet=False):
+    """Build every (or the named) variant that is missing or stale; return the root."""
+    out = Path(out)
+    names = list(only) if only else list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown oracle variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+    _torch()
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one generator at a time per output root
+        for name in names:
+            _build_one(out, name, quiet)
+    return out
+
+
+def _build_one(out, name, quiet):
+    vdir = out / name
+    stamp = stamp_for(name)
+    if is_fresh(vdir, stamp):
+        return
+    t0 = time.time()
+    tmp = out / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    info = build_variant(name, VARIANTS[name], tmp)
+    (tmp / "stamp.json").write_text(json.dumps(stamp))
+    shutil.rmtree(vdir, ignore_errors=True)
+    tmp.rename(vdir)
+    if not quiet:
+        rm = info["router_margin"]
+        print(f"{name:18s} {time.time() - t0:5.1f}s  max|logit| {info['max_abs_logit']:.2f}"
+              f"  std {info['logit_std']:.2f}  min margin {min(info['margin']):.3f}"
+              f"  gen min margin {min(info['gen_margin']):.3f}"
+              + (f"  router min margin {min(rm):.3f}" if rm else ""), flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="output root (default .cache/oracles)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants")
+    a = ap.parse_args(argv)
+    root = generate(a.out, a.only)
+    print(f"oracles ready under {root}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
