@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -30,6 +31,33 @@ static long rss_mb(void) {
         fclose(f);
     }
     return rss * (sysconf(_SC_PAGESIZE) / 1024) / 1024;
+}
+
+/* Physical cores among the CPUs this process may run on: SMT siblings share one core's
+ * SIMD units, so more threads than cores only adds contention. 0 when unknown. */
+static int physical_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set)) return 0;
+    long seen[1024];
+    int n = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE && n < 1024; cpu++) {
+        if (!CPU_ISSET(cpu, &set)) continue;
+        char path[128];
+        long core = -1, pkg = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/core_id", cpu);
+        FILE *f = fopen(path, "r");
+        if (!f) return 0;
+        if (fscanf(f, "%ld", &core) != 1) core = -1;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu);
+        if ((f = fopen(path, "r"))) { if (fscanf(f, "%ld", &pkg) != 1) pkg = 0; fclose(f); }
+        if (core < 0) return 0;
+        long key = pkg * 100000 + core;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= seen[i] == key;
+        if (!dup) seen[n++] = key;
+    }
+    return n;
 }
 
 static int opt_int(const char *flag, const char *v, int lo, int hi, int *out, char *err, size_t errlen) {
@@ -68,6 +96,7 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     if (!o->model_dir) { snprintf(err, errlen, "no model directory given (--model DIR)"); return -1; }
     kernels_init(o->portable);
     if (o->threads) omp_set_num_threads(o->threads);
+    else if (!getenv("OMP_NUM_THREADS") && physical_cores() > 0) omp_set_num_threads(physical_cores());
     if (o->batch) forward_max_batch = o->batch;
     if (model_load(&e->model, o->model_dir, err, errlen)) return -1;
     const Arch *a = &e->model.a;

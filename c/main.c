@@ -47,11 +47,9 @@ static int logits_main(int argc, char **argv) {
         engine_close(&e);
         return 2;
     }
-    if (n > e.model.a.max_pos) {
-        fprintf(stderr, "colibri logits: %d ids exceed the model's %d positions\n", n, e.model.a.max_pos);
-        engine_close(&e);
-        return 2;
-    }
+    if (n > e.model.a.max_pos) /* RoPE extends past it, as transformers does; quality may suffer */
+        fprintf(stderr, "colibri logits: warning: %d ids exceed the model's max_position_embeddings %d\n", n,
+                e.model.a.max_pos);
     KvCache kv;
     size_t bytes = sizeof(float) * (size_t)n * e.model.a.vocab;
     float *logits = malloc(bytes);

@@ -122,33 +122,35 @@ def read_frame(out):
     return head
 
 
-def test_stop_and_cancel_end_generation_promptly(model):
-    p = raw_engine(model)
-    assert p.stdout.readline().startswith(b"READY")
-    p.stdin.write(b"SUBMIT s1 5 ids=1\n1,2,3")
-    p.stdin.flush()
-    assert read_frame(p.stdout)[0] == "ACCEPT"
-    assert read_frame(p.stdout)[0] == "DATA"
-    p.stdin.write(b"STOP s1\n")
-    p.stdin.flush()
+def run_until_end(p):
     frames = []
     while True:
         f = read_frame(p.stdout)
         frames.append(f)
         if f[0] in ("END", "ERROR"):
-            break
-    assert frames[-1][0] == "END" and "finish=stop" in frames[-1]
-    assert len(frames) < 20, "STOP took too many tokens to act"
-    p.stdin.write(b"SUBMIT c1 5 ids=1\n1,2,3")
+            return frames
+
+
+def test_stop_and_cancel_end_generation_within_one_token(model):
+    """STOP/CANCEL written right behind the SUBMIT are seen after the first token."""
+    p = raw_engine(model)
+    assert p.stdout.readline().startswith(b"READY")
+    p.stdin.write(b"SUBMIT s1 5 ids=1\n1,2,3STOP s1\n")
     p.stdin.flush()
-    assert read_frame(p.stdout)[0] == "ACCEPT"
-    p.stdin.write(b"CANCEL c1\n")
+    frames = run_until_end(p)
+    assert frames[0][0] == "ACCEPT"
+    assert [f[0] for f in frames[1:-1] if f[0] == "DATA" and f[2] != "-1"] == ["DATA"]
+    assert frames[-1][0] == "END" and "finish=stop" in frames[-1] and "completion_tokens=1" in frames[-1]
+    p.stdin.write(b"SUBMIT c1 5 ids=1\n1,2,3CANCEL c1\n")
     p.stdin.flush()
-    while True:
-        f = read_frame(p.stdout)
-        if f[0] in ("END", "ERROR"):
-            break
-    assert f[:3] == ["ERROR", "c1", "cancelled"]
+    frames = run_until_end(p)
+    assert [f[0] for f in frames[1:-1] if f[0] == "DATA" and f[2] != "-1"] == ["DATA"]
+    assert frames[-1][:3] == ["ERROR", "c1", "cancelled"]
+    # a STOP for a request still queued behind a running one removes it before it starts
+    p.stdin.write(b"SUBMIT q1 5 ids=1 max_tokens=3\n1,2,3SUBMIT q2 5 ids=1\n4,5,6CANCEL q2\n")
+    p.stdin.flush()
+    assert run_until_end(p)[-1][0] == "END"
+    assert run_until_end(p)[-1][:3] == ["ERROR", "q2", "cancelled"]
     p.stdin.close()
     assert p.wait(timeout=10) == 0
 
