@@ -130,8 +130,8 @@ class Engine:
         rid = self.submit(payload, **opts)
         while True:
             verb, f, body = self.read_frame()
-            if f and f[0] != rid and verb != "ERROR":
-                continue
+            if f and f[0] != rid and not (verb == "ERROR" and f[0] == "-"):
+                continue  # another request's frame (the engine serves one at a time, in order)
             if verb == "ACCEPT":
                 yield ("accept", int(f[1]), int(f[2]))
             elif verb == "DATA":

@@ -1,0 +1,282 @@
+"""`coli serve`: an OpenAI-compatible (and Anthropic Messages) HTTP server around one engine.
+
+Stdlib only. The pieces, one job per module:
+  server_config     flags, environment, validation
+  server_http       HTTP plumbing and the security checks
+  server_engine     the engine process, admission queue, KV slot table
+  server_generate   one generation request from queue to last byte
+  server_openai / server_anthropic   request parsing and response shapes per dialect
+  server_text       stop sequences and <think> splitting on the text stream
+  server_metrics    /health counters and /metrics (Prometheus)
+"""
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+from urllib.parse import unquote, urlsplit
+
+import server_config
+from cli_common import UserError
+from server_anthropic import MessagesResponder, parse_messages
+from server_engine import Scheduler, ServedEngine, SlotTable
+from server_generate import Generation
+from server_http import BaseHandler, Server
+from server_metrics import Metrics
+from server_model import ModelInfo
+from server_openai import ChatResponder, CompletionResponder, parse_chat, parse_completion
+from server_params import ApiError, parse_json_object
+from version import VERSION
+
+HELP = "serve the model over HTTP: OpenAI-compatible and Anthropic Messages APIs"
+DESCRIPTION = ("Serve one model over HTTP with the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) "
+               "and the Anthropic Messages API (/v1/messages), plus /health and /metrics. Binds 127.0.0.1 by default.")
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+GENERATION = {  # path -> (dialect, parser, responder)
+    "/v1/chat/completions": ("openai", parse_chat, ChatResponder),
+    "/v1/completions": ("openai", parse_completion, CompletionResponder),
+    "/v1/messages": ("anthropic", parse_messages, MessagesResponder),
+}
+
+
+def add_arguments(parser):
+    server_config.add_arguments(parser)
+
+
+def make_log():
+    lock = threading.Lock()
+
+    def log(msg):
+        with lock:
+            print(f"{time.strftime('%H:%M:%S')} coli serve: {msg}", file=sys.stderr, flush=True)
+    return log
+
+
+class App:
+    def __init__(self, settings, log):
+        self.settings, self.log = settings, log
+        self.metrics = Metrics()
+        self.model = ModelInfo(settings.model_dir, settings.model_id, settings.chat_template, log)
+        slots_file = str(settings.kv_dir / "slots.json") if settings.kv_dir else None
+        self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint)
+        ServedEngine.log = log
+        extra = ["--kv-dir", str(settings.kv_dir)] if settings.kv_dir else []
+
+        def factory():
+            return ServedEngine(settings.model_dir, ctx=settings.ctx, kv_slots=settings.kv_slots,
+                                threads=settings.threads, batch=settings.batch, extra=extra)
+        self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log)
+        self.started = time.time()
+        self.host_names = self._host_names()
+
+    def _host_names(self):
+        """Names of this machine a LAN client may put in Host when the server listens beyond loopback."""
+        if server_config.is_loopback_host(self.settings.host):
+            return set()
+        names = {socket.gethostname().lower()}
+        try:
+            names.add(socket.getfqdn().lower())
+        except OSError:
+            pass
+        return names
+
+    def health(self):
+        st = self.sched.status()
+        counts = self.metrics.snapshot()
+        info = st["info"]
+        status = {"ready": "ok"}.get(st["state"], st["state"])
+        requests = {"active": st["active"], "queued": st["queued"], **counts}
+        body = {
+            "status": status,
+            "model": self.model.id,
+            "chat_template": self.model.template_origin,  # model | file | chatml-fallback
+            "version": VERSION,
+            "uptime_s": round(time.time() - self.started, 1),
+            "engine": {"state": st["state"], "pid": st["pid"], "restarts": st["restarts"],
+                       "last_error": st["last_error"], "family": info.get("family"),
+                       "ctx": int(info["ctx"]) if info.get("ctx", "").isdigit() else None,
+                       "threads": info.get("threads"), "kernels": info.get("kernels")},
+            "requests": requests,
+            **requests,  # also flat, for scripts that read health["queued"]
+            "queue": {"max": self.settings.max_queue, "timeout_s": self.settings.queue_timeout},
+            "kv_slots": {"total": self.settings.kv_slots, "used": st["slots_used"],
+                         "persistent": self.settings.kv_dir is not None, "slots": self.slots.occupancy()},
+            "experts": {**self.model.expert_summary(), "hit_rate": self.metrics.hit_rate,
+                        "bytes_read": self.metrics.bytes_read},
+            "last_cancel": self.metrics.last_cancel,
+        }
+        return (200 if st["state"] == "ready" else 503), body
+
+    def models(self):
+        st = self.sched.status()
+        ctx = st["info"].get("ctx")
+        return {"id": self.model.id, "object": "model", "created": self.model.created, "owned_by": "colibri",
+                "max_model_len": int(ctx) if ctx and ctx.isdigit() else None}
+
+
+class Handler(BaseHandler):
+    def do_GET(self):
+        self.dispatch("GET")
+
+    def do_POST(self):
+        self.dispatch("POST")
+
+    def do_HEAD(self):
+        self.dispatch("HEAD")
+
+    def do_OPTIONS(self):
+        self.headers_done()
+        origin = self.headers.get("Origin")
+        if not self.host_allowed() or not origin or not self.origin_allowed(origin):
+            self.close_connection = True
+            self.send_api_error(ApiError(403, "this origin may not call the server (start it with --cors-origin "
+                                              "ORIGIN to allow one)", code="origin_not_allowed"))
+            return
+        want = self.headers.get("Access-Control-Request-Headers", "")
+        allow = want if re.fullmatch(r"[A-Za-z0-9_, -]*", want) and want.strip() else \
+            "authorization, content-type, x-api-key, anthropic-version, x-request-id"
+        self.send_response(204)
+        self._common_headers({"Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                              "Access-Control-Allow-Headers": allow, "Access-Control-Max-Age": "600",
+                              "Content-Length": "0"})
+        self.end_headers()
+
+    def _method_not_allowed(self):
+        self.headers_done()
+        self.close_connection = True
+        self.send_api_error(ApiError(405, f"method {self.command} is not allowed here", code="method_not_allowed"))
+
+    do_PUT = do_DELETE = do_PATCH = _method_not_allowed
+
+    def dispatch(self, method):
+        self.headers_done()
+        app = self.server.app
+        path = unquote(urlsplit(self.path).path).rstrip("/") or "/"
+        self.dialect = "anthropic" if path.startswith("/v1/messages") else "openai"
+        rid = self.headers.get("x-request-id", "")
+        rid = rid if REQUEST_ID.match(rid) else uuid.uuid4().hex
+        self.extra_headers["x-request-id"] = rid
+        if self.dialect == "anthropic":
+            self.extra_headers["request-id"] = rid
+        gen = GENERATION.get(path)
+        outcome, status = None, None
+        try:
+            if not self.host_allowed():
+                raise ApiError(403, f"Host '{self.headers.get('Host')}' is not allowed (DNS-rebinding protection); "
+                                    f"start the server with --allowed-host NAME to accept it", code="host_not_allowed")
+            origin = self.headers.get("Origin")
+            if origin is not None and not self.origin_allowed(origin):
+                raise ApiError(403, f"origin '{origin}' may not call the server (add it with --cors-origin)",
+                               code="origin_not_allowed")
+            if gen and method == "POST":
+                self.extra_headers["x-colibri-queue-wait-ms"] = "0"
+                outcome = "invalid"
+                if not self.authorized():
+                    raise self._unauthorized()
+                outcome = self.generate(app, *gen)
+                return
+            self.route(app, method, path)
+        except ApiError as e:
+            status = e.status
+            if gen and outcome is not None:
+                outcome = "rejected" if e.status == 429 else ("failed" if e.status >= 500 else "invalid")
+            try:
+                self.send_api_error(e)
+            except OSError:
+                self.close_connection = True
+        except Exception as e:  # noqa: BLE001 - a bug must not kill the connection silently
+            app.log(f"internal error on {method} {path}:\n{traceback.format_exc()}")
+            outcome = "failed" if outcome is not None else None
+            status = 500
+            self.close_connection = True
+            if not self.response_started:
+                try:
+                    self.send_api_error(ApiError(500, f"internal server error ({type(e).__name__}); see the server log",
+                                                 code="internal_error"))
+                except OSError:
+                    pass
+        finally:
+            if gen and outcome is not None:
+                app.metrics.outcome(outcome, path, status or {"completed": 200, "cancelled": 499}.get(outcome, 200))
+
+    def _unauthorized(self):
+        present = "Authorization" in self.headers or "x-api-key" in self.headers
+        return ApiError(401, "Incorrect API key provided" if present else
+                        "Missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                        code="invalid_api_key")
+
+    def route(self, app, method, path):
+        if path == "/health":
+            if method not in ("GET", "HEAD"):
+                raise ApiError(405, "use GET /health", code="method_not_allowed")
+            code, body = app.health()
+            headers = {"Retry-After": "2"} if code == 503 else {}
+            self.send_json(code, body, headers)
+            return
+        known = path in ("/metrics", "/v1/models") or path.startswith("/v1/models/") or path in GENERATION
+        if not known:
+            raise ApiError(404, f"no such endpoint: {method} {path}", code="not_found")
+        if not self.authorized():
+            raise self._unauthorized()
+        if path in GENERATION or method not in ("GET", "HEAD"):
+            raise ApiError(405, f"method {method} is not allowed on {path}", code="method_not_allowed")
+        if path == "/metrics":
+            text = app.metrics.prometheus(app.sched, app.model.id).encode()
+            self.send_json(200, text, content_type="text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/v1/models":
+            self.send_json(200, {"object": "list", "data": [app.models()]})
+        else:
+            name = path[len("/v1/models/"):]
+            if name != app.model.id:
+                raise ApiError(404, f"The model '{name}' does not exist; this server serves '{app.model.id}'",
+                               code="model_not_found", param="model")
+            self.send_json(200, app.models())
+
+    def generate(self, app, dialect, parser, responder_cls):
+        body = parse_json_object(self.read_body())
+        spec = parser(body, app.model, app.settings.kv_slots)
+        return Generation(self, app, spec, responder_cls(spec, app.model.id)).run()
+
+
+def run(args):
+    settings = server_config.resolve(args)
+    log = make_log()
+    # The gateway shares the CPU with the engine; OpenMP threads that spin between parallel
+    # regions starve it (measured: 10-100x slower replies on a busy 2-core box). The user's
+    # own setting wins.
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    app = App(settings, log)
+    try:
+        server = Server(settings, Handler, app)
+    except OSError as e:
+        raise UserError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}") from None
+    host, port = server.server_address[:2]
+    shown = f"[{host}]" if ":" in str(host) else host
+    log(f"colibri {VERSION}: model '{app.model.id}' from {settings.model_dir}")
+    log(f"KV slots: {settings.kv_slots}, " + (f"persisted in {settings.kv_dir}" if settings.kv_dir else "not persisted"))
+    log(f"queue: {settings.max_queue} waiting at most, {settings.queue_timeout:g} s timeout; API key "
+        + ("required" if settings.api_key else "not required"))
+    if not server_config.is_loopback_host(settings.host) and not settings.api_key:
+        log("WARNING: listening beyond loopback without an API key (--allow-remote-without-key)")
+    app.sched.start()
+    log(f"listening on http://{shown}:{port} (the model is loading; GET /health says when it is ready)")
+
+    def stop(signum, frame):
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        log("shutting down")
+        server.server_close()
+        app.sched.close()
+    return 0

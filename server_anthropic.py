@@ -1,0 +1,146 @@
+"""The Anthropic Messages dialect: POST /v1/messages requests -> GenSpec, and the message /
+event-stream shapes the official `anthropic` client expects."""
+import json
+import uuid
+
+from server_openai import check_model, render_prompt
+from server_params import (GenSpec, bad, cache_slot, get_bool, get_int, get_stop, message_text,
+                           sampling_options, unsupported)
+
+
+def parse_messages(body, model, n_slots):
+    check_model(body, model)
+    if body.get("max_tokens") is None:
+        raise bad("max_tokens: Field required", param="max_tokens")
+    max_tokens = get_int(body, "max_tokens", 1)
+    if body.get("tools"):
+        raise unsupported("tool use ('tools') is not supported for this model yet", param="tools",
+                          code="tools_unsupported")
+    tc = body.get("tool_choice")
+    if tc is not None and not (isinstance(tc, dict) and tc.get("type") in ("none", "auto")):
+        raise unsupported("tool use ('tool_choice') is not supported for this model yet", param="tool_choice",
+                          code="tools_unsupported")
+    opts = sampling_options(body, model.defaults, temp_max=1.0)
+    opts["max_tokens"] = max_tokens
+    spec = GenSpec(payload=None, opts=opts, key_text="", stream=get_bool(body, "stream", False),
+                   stops=get_stop(body, "stop_sequences"), cache_slot=cache_slot(body, n_slots))
+
+    chat = []
+    system = body.get("system")
+    if system is not None:
+        text = message_text(system, "system")
+        if text:
+            chat.append({"role": "system", "content": text})
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages: must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise bad(f"messages.{i}.role: must be 'user' or 'assistant'", param=f"messages.{i}")
+        content = m.get("content")
+        if isinstance(content, list):  # earlier thinking blocks are not sent back to the model
+            content = [b for b in content if not (isinstance(b, dict) and b.get("type") in
+                                                  ("thinking", "redacted_thinking"))]
+        chat.append({"role": m["role"], "content": message_text(content, f"messages.{i}.content")})
+
+    kwargs = {}
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("enabled", "disabled", "adaptive", "between_tools"):
+            raise bad("thinking.type must be 'enabled', 'disabled', 'adaptive' or 'between_tools'", param="thinking")
+        kwargs["enable_thinking"] = kind != "disabled"
+    oc = body.get("output_config")
+    if oc is not None:
+        if not isinstance(oc, dict):
+            raise bad("output_config must be an object", param="output_config", code="invalid_type")
+        if oc.get("format") is not None:
+            raise unsupported("output_config.format (structured JSON output) is not supported by colibri yet",
+                              param="output_config.format")
+        effort = oc.get("effort")
+        if effort is not None:
+            if effort not in ("low", "medium", "high", "xhigh", "max"):
+                raise bad("output_config.effort must be low, medium, high, xhigh or max", param="output_config.effort")
+            kwargs["reasoning_effort"] = effort
+    if body.get("container") is not None:
+        raise unsupported("containers (server-side tools) are not supported by colibri", param="container")
+    # A final assistant message is a prefill: the answer continues it.
+    prefill = chat[-1]["role"] == "assistant"
+    render_prompt(spec, model, chat, kwargs, add_generation_prompt=not prefill, continue_final_message=prefill)
+    return spec
+
+
+def event(name, obj):
+    return f"event: {name}\ndata: ".encode() + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() \
+        + b"\n\n"
+
+
+def stop_reason(finish, stop_seq, usage, max_tokens):
+    if stop_seq is not None:
+        return "stop_sequence"
+    if finish != "length":
+        return "end_turn"
+    # `length` without reaching max_tokens means the context window filled up
+    return "max_tokens" if usage["completion"] >= max_tokens else "model_context_window_exceeded"
+
+
+def _usage(u):
+    return {"input_tokens": u["prompt"] - u["reused"], "cache_read_input_tokens": u["reused"],
+            "cache_creation_input_tokens": 0, "output_tokens": u["completion"]}
+
+
+class MessagesResponder:
+    def __init__(self, spec, model_id):
+        self.spec, self.model_id = spec, model_id
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.index, self.kind = -1, None
+
+    def _reason(self, finish, stop_seq, usage):
+        return stop_reason(finish, stop_seq, usage, self.spec.opts["max_tokens"])
+
+    def _message(self, content, usage, reason=None, stop_seq=None):
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model_id, "content": content,
+                "stop_reason": reason, "stop_sequence": stop_seq, "usage": _usage(usage)}
+
+    def stream_start(self, usage):
+        return [event("message_start", {"type": "message_start", "message": self._message([], usage)}),
+                event("ping", {"type": "ping"})]
+
+    def _close_block(self):
+        return [event("content_block_stop", {"type": "content_block_stop", "index": self.index})] \
+            if self.kind else []
+
+    def stream_piece(self, kind, text, entries):
+        out = []
+        if kind != self.kind:
+            out += self._close_block()
+            self.index, self.kind = self.index + 1, kind
+            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "reasoning" \
+                else {"type": "text", "text": ""}
+            out.append(event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                     "content_block": block}))
+        if text:
+            delta = {"type": "thinking_delta", "thinking": text} if kind == "reasoning" \
+                else {"type": "text_delta", "text": text}
+            out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                     "delta": delta}))
+        return out
+
+    def stream_end(self, finish, stop_seq, usage):
+        return self._close_block() + [
+            event("message_delta", {"type": "message_delta",
+                                    "delta": {"stop_reason": self._reason(finish, stop_seq, usage),
+                                              "stop_sequence": stop_seq},
+                                    "usage": _usage(usage)}),
+            event("message_stop", {"type": "message_stop"})]
+
+    def stream_error(self, err):
+        return [event("error", err.body("anthropic"))]
+
+    def body(self, content, reasoning, entries, finish, stop_seq, usage):
+        blocks = []
+        if reasoning:
+            blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+        blocks.append({"type": "text", "text": content})
+        return self._message(blocks, usage, self._reason(finish, stop_seq, usage), stop_seq)
+

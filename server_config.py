@@ -1,0 +1,213 @@
+"""`coli serve` settings: command-line flags, their environment fallbacks and validation.
+
+An explicit flag always wins over the environment; a value the server cannot honour is refused
+with the reason (cli_common.UserError), never clamped.
+"""
+import hashlib
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cli_common import UserError, model_arg, require_model
+
+MAX_KV_SLOTS = 16  # the engine's limit (docs/protocol.md: slot 0-15)
+
+
+@dataclass
+class Settings:
+    model_dir: Path
+    model_id: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str = None
+    kv_slots: int = 4
+    max_queue: int = 8
+    queue_timeout: float = 300.0
+    cors_origins: list = field(default_factory=list)
+    allowed_hosts: list = field(default_factory=list)
+    ctx: int = None
+    threads: int = None
+    batch: int = None
+    kv_dir: Path = None
+    chat_template: Path = None
+    max_body: int = 16 << 20
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    keepalive_timeout: float = 30.0
+    max_connections: int = 64
+    quiet: bool = False
+
+
+def add_arguments(p):
+    model_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", help="require this key (Authorization: Bearer K or x-api-key: K); default $COLI_API_KEY")
+    p.add_argument("--api-key-file", help="read the key from this file (keeps it out of the process list)")
+    p.add_argument("--allow-remote-without-key", action="store_true",
+                   help="allow a non-loopback --host without an API key (anyone who can reach the port can use it)")
+    p.add_argument("--kv-slots", type=int, help="independent KV caches, 1-16 (default 4; $COLI_KV_SLOTS)")
+    p.add_argument("--max-queue", type=int, help="requests that may wait behind the running one (default 8; $COLI_MAX_QUEUE)")
+    p.add_argument("--queue-timeout", type=float,
+                   help="seconds a request may wait in the queue before a 429 (default 300; $COLI_QUEUE_TIMEOUT)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser requests from this exact origin, e.g. https://app.example.com (repeatable); "
+                        "http://localhost and http://127.0.0.1 on any port are always allowed")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="accept this Host header name too (repeatable; IP literals and localhost always pass; "
+                        "'*' turns the DNS-rebinding check off)")
+    p.add_argument("--model-id", help="model name clients use (default: the model directory's name)")
+    p.add_argument("--chat-template", help="Jinja chat template file to use instead of the model's own")
+    p.add_argument("--kv-dir", help="directory where KV slots persist across restarts (default: .coli_serve in the "
+                                    "model directory if writable, else ~/.cache/colibri/serve/...)")
+    p.add_argument("--no-kv-persist", action="store_true", help="keep KV slots in memory only")
+    p.add_argument("--ctx", type=int, help="context length in tokens per slot (default min(model max, 4096))")
+    p.add_argument("--threads", type=int, help="compute threads (default: all cores)")
+    p.add_argument("--batch", type=int, help="positions per forward pass during prefill (default 128)")
+    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a client has to send its request headers (default 10)")
+    p.add_argument("--body-timeout", type=float, default=60.0, help="seconds a client has to send its body (default 60)")
+    p.add_argument("--keepalive-timeout", type=float, default=30.0, help="idle seconds before a kept-alive connection closes")
+    p.add_argument("--max-connections", type=int, default=64, help="simultaneous connections (default 64); more get a 503")
+    p.add_argument("--quiet", action="store_true", help="no access log")
+
+
+def _env_or(value, name, conv, what):
+    """The flag's value, else the environment variable's, converted; None when neither is set."""
+    if value is not None:
+        return value
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return conv(raw.strip())
+    except ValueError:
+        raise UserError(f"{name}={raw!r} is not {what}") from None
+
+
+def _check_range(name, v, lo, hi):
+    if v is not None and not (lo <= v <= hi):
+        raise UserError(f"{name} {v} is out of range: it must be between {lo} and {hi}")
+
+
+def is_loopback_host(host):
+    """True when every address `host` names is a loopback address."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        raise UserError(f"--host {host}: cannot resolve this name") from None
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def check_origin(origin):
+    """An exact origin: scheme://host[:port], no path, no wildcard."""
+    from urllib.parse import urlsplit
+    if origin == "*":
+        raise UserError("--cors-origin '*' is refused: list the exact origins that may call the server")
+    u = urlsplit(origin)
+    if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query or u.fragment:
+        raise UserError(f"--cors-origin {origin!r} is not an origin like https://app.example.com[:port]")
+    return origin.rstrip("/").lower()
+
+
+def default_kv_dir(model_dir):
+    """A state directory under the model if writable, else under ~/.cache/colibri/serve."""
+    d = model_dir / ".coli_serve"
+    try:
+        d.mkdir(exist_ok=True)
+        probe = d / ".probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return d
+    except OSError:
+        pass
+    tag = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:12]
+    d = Path.home() / ".cache" / "colibri" / "serve" / f"{model_dir.resolve().name}-{tag}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def resolve(args):
+    """argparse namespace -> Settings; raises UserError for anything the server cannot honour."""
+    model_dir = require_model(args)
+    s = Settings(model_dir=model_dir, model_id=args.model_id or model_dir.resolve().name)
+    if not s.model_id or any(c.isspace() for c in s.model_id):
+        raise UserError(f"--model-id {s.model_id!r} must be a non-empty name without spaces")
+    s.host, s.port = args.host, args.port
+    _check_range("--port", s.port, 0, 65535)
+
+    key = args.api_key
+    if args.api_key_file:
+        if key is not None:
+            raise UserError("give either --api-key or --api-key-file, not both")
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as e:
+            raise UserError(f"--api-key-file: {e}") from None
+        if not key:
+            raise UserError(f"--api-key-file {args.api_key_file} is empty")
+    if key is not None and not key:
+        raise UserError("--api-key is empty; give a key or leave the flag out")
+    s.api_key = key or os.environ.get("COLI_API_KEY") or None
+    if s.api_key is not None and (any(c.isspace() for c in s.api_key) or not s.api_key.isprintable()):
+        raise UserError("the API key must be printable and contain no spaces")
+    if not is_loopback_host(s.host) and not s.api_key and not args.allow_remote_without_key:
+        raise UserError(f"--host {s.host} is reachable from other machines and no API key is set: pass --api-key "
+                        f"(or COLI_API_KEY), or --allow-remote-without-key if that is really what you want")
+
+    s.kv_slots = _env_or(args.kv_slots, "COLI_KV_SLOTS", int, "an integer")
+    s.kv_slots = 4 if s.kv_slots is None else s.kv_slots
+    _check_range("--kv-slots", s.kv_slots, 1, MAX_KV_SLOTS)
+    mq = _env_or(args.max_queue, "COLI_MAX_QUEUE", int, "an integer")
+    s.max_queue = 8 if mq is None else mq
+    _check_range("--max-queue", s.max_queue, 0, 100000)
+    qt = _env_or(args.queue_timeout, "COLI_QUEUE_TIMEOUT", float, "a number of seconds")
+    s.queue_timeout = 300.0 if qt is None else qt
+    if not (0 < s.queue_timeout <= 86400):
+        raise UserError(f"--queue-timeout {s.queue_timeout} must be more than 0 and at most 86400 seconds")
+
+    s.cors_origins = [check_origin(o) for o in args.cors_origin]
+    s.allowed_hosts = [h.lower() for h in args.allowed_host]
+    s.ctx, s.threads, s.batch = args.ctx, args.threads, args.batch
+    _check_range("--ctx", s.ctx, 2, 1 << 24)
+    _check_range("--threads", s.threads, 1, 1024)
+    _check_range("--batch", s.batch, 1, 1 << 16)
+    if args.chat_template:
+        s.chat_template = Path(args.chat_template)
+        if not s.chat_template.is_file():
+            raise UserError(f"--chat-template {s.chat_template}: no such file")
+    if args.kv_dir and args.no_kv_persist:
+        raise UserError("give either --kv-dir or --no-kv-persist, not both")
+    if args.kv_dir:
+        s.kv_dir = Path(args.kv_dir)
+        try:
+            s.kv_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"--kv-dir {s.kv_dir}: {e.strerror}") from None
+        if not os.access(s.kv_dir, os.W_OK):
+            raise UserError(f"--kv-dir {s.kv_dir} is not writable")
+    elif not args.no_kv_persist:
+        try:
+            s.kv_dir = default_kv_dir(model_dir)
+        except OSError as e:
+            raise UserError(f"no writable place for KV state ({e}); pass --kv-dir DIR or --no-kv-persist") from None
+
+    if not (0 < args.max_body_mb <= 4096):
+        raise UserError(f"--max-body-mb {args.max_body_mb} must be more than 0 and at most 4096")
+    s.max_body = int(args.max_body_mb * (1 << 20))
+    for name in ("header_timeout", "body_timeout", "keepalive_timeout"):
+        v = getattr(args, name)
+        if not (0 < v <= 3600):
+            raise UserError(f"--{name.replace('_', '-')} {v} must be more than 0 and at most 3600 seconds")
+        setattr(s, name, v)
+    s.max_connections = args.max_connections
+    _check_range("--max-connections", s.max_connections, 2, 100000)
+    s.quiet = args.quiet
+    return s

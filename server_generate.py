@@ -1,0 +1,175 @@
+"""Drives one generation request: admission, waiting in the queue, the engine's events through
+the text pipeline, and the response (JSON or SSE) in the dialect of the endpoint.
+
+Nothing is sent to the client before the engine ACCEPTs the prompt, so a full queue, a queue
+timeout or a prompt that does not fit is a plain HTTP error, never a broken stream."""
+import time
+
+from server_engine import Job, QueueFull, Unavailable
+from server_params import ApiError
+from server_text import TextPipeline
+
+ENGINE_ERRORS = {
+    "context_exceeded": (400, "context_length_exceeded"),
+    "bad_request": (400, "invalid_request"),
+    "out_of_memory": (503, "out_of_memory"),
+    "engine_died": (500, "engine_crashed"),
+    "unavailable": (503, "engine_unavailable"),
+}
+
+
+def engine_error(kind, message):
+    status, code = ENGINE_ERRORS.get(kind, (500, kind))
+    if kind == "engine_died":
+        message = f"the engine stopped during this request ({message}); it is being restarted, retry the request"
+    headers = {"Retry-After": "2"} if status >= 500 else {}
+    return ApiError(status, message, code=code, headers=headers)
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Generation:
+    def __init__(self, handler, app, spec, responder):
+        self.h, self.app, self.spec, self.resp = handler, app, spec, responder
+        self.pipe = TextPipeline(spec.stops, spec.think, spec.in_reasoning)
+        self.content, self.reasoning = [], []
+        self.entries, self.pending_lp, self.held = [], [], []
+        self.tokens = 0
+        self.usage = {"prompt": 0, "completion": 0, "reused": 0}
+        self.stop_sent = False
+        self.streaming = False
+        self.finished = False   # the engine ended the job (END or ERROR seen), or it never entered the queue
+        self.job = None
+
+    def run(self):
+        """Returns the outcome (see server_metrics.OUTCOMES); raises ApiError before any header."""
+        spec = self.spec
+        self.job = job = Job(spec.payload, spec.opts, spec.cache_slot, spec.key_text)
+        try:
+            return self._run(job)
+        except ClientGone:
+            self.h.close_connection = True
+            return "cancelled"
+        finally:
+            if not self.finished:  # the client left, or an error: free the engine and the queue place
+                self.app.sched.cancel(job)
+            job.close()
+
+    def _run(self, job):
+        app, sched = self.app, self.app.sched
+        try:
+            sched.enqueue(job)
+        except QueueFull as e:
+            self.finished = True
+            raise ApiError(429, f"the server is busy: {app.settings.max_queue} requests are already waiting "
+                                f"(--max-queue); retry in {e.retry_after} s", code="queue_full",
+                           headers={"Retry-After": str(e.retry_after)}) from None
+        except Unavailable as e:
+            self.finished = True
+            raise ApiError(503, f"the engine is not available: {e}", code="engine_unavailable",
+                           headers={"Retry-After": "5"}) from None
+        deadline = job.enqueued_at + app.settings.queue_timeout
+        while True:
+            queued = job.state == "queued"
+            evs, gone = self.h.wait_job(job, deadline - time.monotonic() if queued else 5.0)
+            if gone:
+                raise ClientGone()
+            if not evs and job.state == "queued" and time.monotonic() >= deadline:
+                if sched.withdraw(job):
+                    self.finished = True
+                    app.metrics.count("timed_out")
+                    self.h.extra_headers["x-colibri-queue-wait-ms"] = str(int(app.settings.queue_timeout * 1000))
+                    raise ApiError(429, f"the request waited {app.settings.queue_timeout:g} s in the queue "
+                                        f"(--queue-timeout) without reaching the engine; retry later",
+                                   code="queue_timeout", headers={"Retry-After": str(sched.retry_after())})
+            for ev in evs:
+                outcome = self._event(ev)
+                if outcome:
+                    return outcome
+
+    def _event(self, ev):
+        kind = ev[0]
+        if kind == "start":
+            self.h.extra_headers["x-colibri-queue-wait-ms"] = str(int(ev[2] * 1000))
+            self.h.extra_headers["x-colibri-slot"] = str(ev[1])
+        elif kind == "accept":
+            self.usage["prompt"], self.usage["reused"] = ev[1], ev[2]
+            self.h.extra_headers["x-colibri-prompt-tokens"] = str(ev[1])
+            self.h.extra_headers["x-colibri-reused-tokens"] = str(ev[2])
+            if self.spec.stream:
+                self._write(lambda: self.h.begin_stream({}))
+                self.streaming = True
+                self._send(self.resp.stream_start(self.usage))
+        elif kind == "data":
+            if self.pipe.matched is None:
+                if ev[1] >= 0:
+                    self.tokens += 1
+                self.held += self.pipe.feed(ev[2])
+                if self.pipe.matched is not None and not self.stop_sent:
+                    self.stop_sent = True
+                    self.app.sched.stop(self.job)
+                if not self.spec.logprobs or ev[1] < 0:
+                    self._flush()
+        elif kind == "logprob":
+            if len(self.entries) < self.tokens:  # only tokens before the stop sequence ended the answer
+                self.entries.append(ev[1:])
+                self.pending_lp.append(ev[1:])
+            self._flush()
+        elif kind == "end":
+            return self._finish(ev[1])
+        elif kind == "error":
+            return self._error(ev[1], ev[2])
+        return None
+
+    def _flush(self):
+        pieces, self.held = self.held, []
+        for kind, text in pieces:
+            if self.streaming:
+                self._send(self.resp.stream_piece(kind, text, self.pending_lp))
+                self.pending_lp = []
+            else:
+                (self.reasoning if kind == "reasoning" else self.content).append(text)
+
+    def _finish(self, stats):
+        self.finished = True
+        self.held += self.pipe.finish()
+        self._flush()
+        matched = self.pipe.matched
+        finish = "stop" if matched is not None else stats.get("finish", "stop")
+        try:
+            self.usage["completion"] = self.tokens if matched is not None else int(stats["completion_tokens"])
+        except (KeyError, ValueError):
+            self.usage["completion"] = self.tokens
+        if self.streaming:
+            if self.pending_lp:
+                self._send(self.resp.stream_piece("content", "", self.pending_lp))
+            self._send(self.resp.stream_end(finish, matched, self.usage))
+            self._write(self.h.end_stream)
+        else:
+            body = self.resp.body("".join(self.content), "".join(self.reasoning), self.entries, finish, matched,
+                                  self.usage)
+            self._write(lambda: self.h.send_json(200, body))
+        return "completed"
+
+    def _error(self, kind, message):
+        self.finished = True
+        if kind == "cancelled":
+            raise ClientGone()
+        err = engine_error(kind, message)
+        if not self.streaming:
+            raise err
+        self._send(self.resp.stream_error(err))
+        self._write(self.h.end_stream)
+        self.h.close_connection = True
+        return "failed" if err.status >= 500 else "invalid"
+
+    def _send(self, events):
+        self._write(lambda: self.h.send_events(events))
+
+    def _write(self, fn):
+        try:
+            fn()
+        except OSError:  # broken pipe, reset, or a client that stopped reading past the socket timeout
+            raise ClientGone() from None

@@ -1,0 +1,78 @@
+"""What the server knows about the model it serves: identity, sampling defaults from
+generation_config.json, the chat template and whether the family thinks in <think> blocks."""
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import chat_template
+
+# Used when a checkpoint ships no chat template (like the tiny test models), so chat endpoints
+# still work; the start-up log and /health say so. --chat-template FILE gives the right one.
+CHATML = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+class ModelInfo:
+    def __init__(self, model_dir, model_id, template_file=None, log=print):
+        self.dir = Path(model_dir)
+        self.id = model_id
+        raw = (self.dir / "colibri.json").read_bytes()
+        self.manifest = json.loads(raw)
+        self.fingerprint = hashlib.sha256(raw).hexdigest()
+        self.created = int(os.path.getmtime(self.dir / "colibri.json"))
+        self.defaults = self._sampling_defaults()
+        self.special = chat_template.load_special_tokens(self.dir)
+        self.template, self.template_error, self.template_origin = None, None, "model"
+        try:
+            if template_file:
+                self.template, self.template_origin = Path(template_file).read_text(encoding="utf-8"), "file"
+            else:
+                self.template = chat_template.load_chat_template(self.dir)
+        except chat_template.TemplateError as e:
+            self.template, self.template_origin = CHATML, "chatml-fallback"
+            log(f"WARNING: {e}; chat requests use a generic ChatML template, which may not be what this model "
+                f"was trained on (pass --chat-template FILE)")
+        except (OSError, ValueError) as e:
+            self.template_error = str(e)
+            log(f"chat completions are disabled: cannot read the chat template ({e}); use /v1/completions")
+        self.thinks = self._has_think_tags()
+
+    def _sampling_defaults(self):
+        """The checkpoint's recommended sampling when it asks for sampling; else OpenAI's defaults."""
+        path = self.dir / "generation_config.json"
+        try:
+            gc = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError):
+            gc = {}
+        if not gc.get("do_sample"):
+            return {"temp": 1.0}
+        out = {"temp": float(gc.get("temperature", 1.0))}
+        for src, dst in (("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p")):
+            if gc.get(src) is not None:
+                out[dst] = gc[src]
+        return out
+
+    def _has_think_tags(self):
+        if self.template and "<think>" in self.template:
+            return True
+        try:
+            tok = json.loads((self.dir / "tokenizer.json").read_text(encoding="utf-8"))
+            return any(t.get("content") == "<think>" for t in tok.get("added_tokens", []))
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def render(self, messages, add_generation_prompt=True, continue_final_message=False, **kwargs):
+        """Messages -> prompt text with the model's own template; raises chat_template.TemplateError."""
+        if self.template is None:
+            raise chat_template.TemplateError(self.template_error or "the model has no chat template")
+        return chat_template.render_chat(self.template, messages, add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message,
+                                         **{**self.special, **kwargs})
+
+    def expert_summary(self):
+        a, q = self.manifest.get("arch", {}), self.manifest.get("quant", {})
+        return {"family": self.manifest.get("family"), "experts_per_layer": a.get("num_experts", 0),
+                "active_experts": a.get("num_experts_per_tok", 0),
+                "moe_layers": sum(1 for k in a.get("layer_mlp", []) if k == "moe"),
+                "quant": {"experts": q.get("experts"), "dense": q.get("dense")}}

@@ -1,0 +1,289 @@
+"""The OpenAI dialect: /v1/chat/completions and /v1/completions requests -> GenSpec, and the
+JSON / SSE chunk shapes the official clients expect."""
+import json
+import time
+import uuid
+
+import chat_template
+from server_params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_stop, get_str,
+                           message_text, refuse_nonzero, sampling_options, unsupported)
+from server_text import token_text
+from version import VERSION
+
+FINGERPRINT = f"colibri-{VERSION}"
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def check_model(body, model):
+    name = body.get("model")
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise bad("'model' must be a string", param="model", code="invalid_type")
+    if name != model.id:
+        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{model.id}'",
+                       code="model_not_found", param="model")
+
+
+def _common(body, model, n_slots):
+    check_model(body, model)
+    n = get_int(body, "n", 1, 128, 1)
+    if n != 1:
+        raise unsupported("'n' > 1 is not supported: colibri generates one choice per request", param="n",
+                          code="n_unsupported")
+    refuse_nonzero(body, ("presence_penalty", "frequency_penalty"))
+    refuse_nonzero(body, ("repetition_penalty",), neutral=1.0)
+    lb = body.get("logit_bias")
+    if lb not in (None, {}):
+        raise unsupported("'logit_bias' is not supported by colibri yet", param="logit_bias")
+    stream = get_bool(body, "stream", False)
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise bad("'stream_options' must be an object", param="stream_options", code="invalid_type")
+    include_usage = bool(stream and so and get_bool(so, "include_usage", False))
+    spec = GenSpec(payload=None, opts=sampling_options(body, model.defaults), key_text="", stream=stream,
+                   include_usage=include_usage, stops=get_stop(body, "stop"), cache_slot=cache_slot(body, n_slots))
+    return spec
+
+
+def parse_chat(body, model, n_slots):
+    spec = _common(body, model, n_slots)
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise unsupported(f"tool calling ('{name}') is not supported for this model yet", param=name,
+                              code="tools_unsupported")
+    tc = body.get("tool_choice", body.get("function_call"))
+    if tc not in (None, "none", "auto"):
+        raise unsupported("tool calling ('tool_choice') is not supported for this model yet", param="tool_choice",
+                          code="tools_unsupported")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise unsupported("'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not "
+                          "supported by colibri yet", param="response_format")
+    mods = body.get("modalities")
+    if mods is not None and mods != ["text"]:
+        raise unsupported("only the text modality is supported", param="modalities")
+    for name in ("audio", "prediction", "web_search_options"):
+        if body.get(name) is not None:
+            raise unsupported(f"'{name}' is not supported by colibri", param=name)
+
+    mct = get_int(body, "max_completion_tokens", 1)
+    mt = get_int(body, "max_tokens", 1)
+    limit = mct if mct is not None else mt
+    if limit is not None:
+        spec.opts["max_tokens"] = limit
+    spec.logprobs = get_bool(body, "logprobs", False)
+    spec.top_logprobs = get_int(body, "top_logprobs", 0, 20, 0)
+    if body.get("top_logprobs") is not None and not spec.logprobs:
+        raise bad("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if spec.logprobs:
+        spec.opts.update(logprobs=1, top_logprobs=spec.top_logprobs)
+
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty list", param="messages",
+                  code="invalid_type" if not isinstance(messages, list) else "invalid_value")
+    chat = [_message(m, i) for i, m in enumerate(messages)]
+
+    kwargs = {}
+    ctk = body.get("chat_template_kwargs")
+    if ctk is not None:
+        if not isinstance(ctk, dict):
+            raise bad("'chat_template_kwargs' must be an object", param="chat_template_kwargs", code="invalid_type")
+        kwargs.update(ctk)
+    effort = get_str(body, "reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise bad(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort")
+        kwargs["reasoning_effort"] = effort
+        if effort == "none":
+            kwargs.setdefault("enable_thinking", False)
+    et = get_bool(body, "enable_thinking")
+    if et is not None:
+        kwargs["enable_thinking"] = et
+    agp = get_bool(body, "add_generation_prompt", True)
+    cfm = get_bool(body, "continue_final_message", False)
+    render_prompt(spec, model, chat, kwargs, add_generation_prompt=agp and not cfm, continue_final_message=cfm)
+    return spec
+
+
+def render_prompt(spec, model, chat, kwargs, **flags):
+    try:
+        prompt = model.render(chat, **flags, **kwargs)
+    except chat_template.TemplateError as e:
+        code = "chat_template_missing" if model.template is None else "chat_template_error"
+        raise bad(f"the chat template could not render this conversation: {e}", param="messages", code=code) from None
+    spec.payload = spec.key_text = prompt
+    spec.opts.update(special=1, add_special=0)
+    spec.think = model.thinks
+    spec.in_reasoning = model.thinks and prompt.rstrip().endswith("<think>")
+
+
+def _message(m, i):
+    if not isinstance(m, dict):
+        raise bad(f"'messages[{i}]' must be an object", param=f"messages[{i}]", code="invalid_type")
+    role = m.get("role")
+    if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+        raise unsupported("tool calling is not supported for this model yet", param=f"messages[{i}]",
+                          code="tools_unsupported")
+    if role not in ("system", "developer", "user", "assistant"):
+        raise bad(f"'messages[{i}].role' must be system, developer, user or assistant", param=f"messages[{i}].role")
+    out = {"role": "system" if role == "developer" else role,
+           "content": message_text(m.get("content"), f"messages[{i}].content", allow_types=("text", "refusal"))}
+    for extra in ("name", "reasoning_content"):
+        if isinstance(m.get(extra), str):
+            out[extra] = m[extra]
+    return out
+
+
+def parse_completion(body, model, n_slots):
+    spec = _common(body, model, n_slots)
+    if get_bool(body, "echo", False):
+        raise unsupported("'echo' is not supported by colibri yet", param="echo")
+    if body.get("suffix"):
+        raise unsupported("'suffix' (fill-in-the-middle) is not supported by colibri yet", param="suffix")
+    if get_int(body, "best_of", 1, 128, 1) != 1:
+        raise unsupported("'best_of' > 1 is not supported", param="best_of")
+    spec.opts["max_tokens"] = get_int(body, "max_tokens", 1, default=16)  # OpenAI's default for completions
+    lp = get_int(body, "logprobs", 0, 20)
+    if lp is not None:
+        spec.logprobs, spec.top_logprobs = True, lp
+        spec.opts.update(logprobs=1, top_logprobs=lp)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        spec.payload = spec.key_text = prompt
+        spec.opts.update(special=1, add_special=1)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if min(prompt) < 0:
+            raise bad("token ids in 'prompt' must be non-negative", param="prompt")
+        spec.payload = prompt
+        spec.key_text = "\x00ids:" + ",".join(map(str, prompt)) + ","
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise unsupported(f"'prompt' holds {len(prompt)} prompts; batched prompts are not supported, send one "
+                          f"per request", param="prompt", code="batch_unsupported")
+    else:
+        raise bad("'prompt' must be a string or a list of token ids", param="prompt", code="invalid_type")
+    return spec
+
+
+def sse(obj):
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def usage_obj(u):
+    return {"prompt_tokens": u["prompt"], "completion_tokens": u["completion"],
+            "total_tokens": u["prompt"] + u["completion"], "prompt_tokens_details": {"cached_tokens": u["reused"]}}
+
+
+def chat_logprobs(entries):
+    def one(tok_bytes, lp):
+        return {"token": token_text(tok_bytes), "logprob": lp, "bytes": list(tok_bytes)}
+    return {"content": [dict(one(b, lp), top_logprobs=[one(ab, alp) for _, alp, ab in alts])
+                        for _, lp, b, alts in entries], "refusal": None}
+
+
+class ChatResponder:
+    """Shapes of /v1/chat/completions: one JSON body, or chat.completion.chunk events."""
+
+    def __init__(self, spec, model_id):
+        self.spec, self.model_id = spec, model_id
+        self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _chunk(self, delta, finish=None, logprobs=None):
+        c = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model_id,
+             "system_fingerprint": FINGERPRINT,
+             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        if self.spec.include_usage:
+            c["usage"] = None
+        return sse(c)
+
+    def stream_start(self, usage):
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def stream_piece(self, kind, text, entries):
+        key = "reasoning_content" if kind == "reasoning" else "content"
+        lp = chat_logprobs(entries) if self.spec.logprobs and entries else None
+        return [self._chunk({key: text}, logprobs=lp)]
+
+    def stream_end(self, finish, stop_seq, usage):
+        out = [self._chunk({}, finish=finish)]
+        if self.spec.include_usage:
+            out.append(sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                            "model": self.model_id, "system_fingerprint": FINGERPRINT, "choices": [],
+                            "usage": usage_obj(usage)}))
+        return out + [DONE]
+
+    def stream_error(self, err):
+        return [sse(err.body("openai"))]
+
+    def body(self, content, reasoning, entries, finish, stop_seq, usage):
+        msg = {"role": "assistant", "content": content, "refusal": None}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model_id,
+                "system_fingerprint": FINGERPRINT,
+                "choices": [{"index": 0, "message": msg,
+                             "logprobs": chat_logprobs(entries) if self.spec.logprobs else None,
+                             "finish_reason": finish}],
+                "usage": usage_obj(usage)}
+
+
+class CompletionResponder:
+    """Shapes of /v1/completions (text_completion objects, legacy logprobs)."""
+
+    def __init__(self, spec, model_id):
+        self.spec, self.model_id = spec, model_id
+        self.id = "cmpl-" + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.offset = 0
+
+    def _logprobs(self, entries):
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for _, lp, b, alts in entries:
+            t = token_text(b)
+            out["tokens"].append(t)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append({token_text(ab): alp for _, alp, ab in alts})
+            out["text_offset"].append(self.offset)
+            self.offset += len(t)
+        return out
+
+    def _chunk(self, text, finish=None, logprobs=None):
+        c = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id,
+             "system_fingerprint": FINGERPRINT,
+             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+        if self.spec.include_usage:
+            c["usage"] = None
+        return sse(c)
+
+    def stream_start(self, usage):
+        return []
+
+    def stream_piece(self, kind, text, entries):
+        lp = self._logprobs(entries) if self.spec.logprobs and entries else None
+        return [self._chunk(text, logprobs=lp)]
+
+    def stream_end(self, finish, stop_seq, usage):
+        out = [self._chunk("", finish=finish)]
+        if self.spec.include_usage:
+            out.append(sse({"id": self.id, "object": "text_completion", "created": self.created,
+                            "model": self.model_id, "system_fingerprint": FINGERPRINT, "choices": [],
+                            "usage": usage_obj(usage)}))
+        return out + [DONE]
+
+    def stream_error(self, err):
+        return [sse(err.body("openai"))]
+
+    def body(self, content, reasoning, entries, finish, stop_seq, usage):
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id,
+                "system_fingerprint": FINGERPRINT,
+                "choices": [{"index": 0, "text": reasoning + content,
+                             "logprobs": self._logprobs(entries) if self.spec.logprobs else None,
+                             "finish_reason": finish}],
+                "usage": usage_obj(usage)}

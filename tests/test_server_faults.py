@@ -1,0 +1,327 @@
+"""`coli serve` under load and faults: a saturated queue, client disconnects, a killed engine,
+malformed requests. The engine is paused with SIGSTOP where a test needs a request to stay
+in flight, so the outcomes do not depend on timing."""
+import collections
+import json
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+
+import openai
+import pytest
+
+from server_helpers import (ServerProc, model, post_json, raw_exchange, request, resume_engine,  # noqa: F401
+                            stop_engine, template)
+
+MID = "qwen3_moe"
+HI = [{"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture(scope="module")
+def server(model, template):  # noqa: F811
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--max-queue", "8") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def small(model, template):  # noqa: F811
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--max-queue", "1",
+                    "--queue-timeout", "1") as s:
+        yield s
+
+
+def counts(srv):
+    return srv.health()["requests"]
+
+
+def chat(port, max_tokens=4, timeout=60, **extra):
+    return post_json(port, "/v1/chat/completions",
+                     {"model": MID, "messages": HI, "max_tokens": max_tokens, "temperature": 0, **extra},
+                     timeout=timeout)
+
+
+class Paused:
+    """Freezes the engine for the duration of a block (always resumed)."""
+
+    def __init__(self, srv):
+        self.pid = srv.engine_pid()
+
+    def __enter__(self):
+        stop_engine(self.pid)
+        return self
+
+    def __exit__(self, *exc):
+        resume_engine(self.pid)
+
+
+def run_threads(fns, timeout=60):
+    results = [None] * len(fns)
+
+    def wrap(i, fn):
+        try:
+            results[i] = fn()
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            results[i] = e
+    threads = [threading.Thread(target=wrap, args=(i, fn), daemon=True) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+def join_all(threads, timeout=60):
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a request hung"
+
+
+def test_load_32_clients_against_queue_of_8(server):
+    before = greedy_text(server)
+    c0 = counts(server)
+    with Paused(server):  # one request runs (frozen), 8 wait, 23 are turned away
+        threads, results = run_threads([lambda: chat(server.port, max_tokens=8) for _ in range(32)])
+        server.wait_health(lambda h: h["requests"]["rejected"] - c0["rejected"] == 23
+                           and h["requests"]["queued"] == 8 and h["requests"]["active"] == 1)
+    join_all(threads)
+    statuses = collections.Counter(r[0] for r in results)
+    assert statuses == {200: 9, 429: 23}, results
+    for status, headers, body in results:
+        assert headers["x-request-id"] and "x-colibri-queue-wait-ms" in headers
+        if status == 429:
+            assert int(headers["retry-after"]) >= 1 and body["error"]["code"] == "queue_full"
+        else:
+            assert body["usage"]["completion_tokens"] == 8
+    c1 = server.wait_health(lambda h: h["requests"]["active"] == 0 and h["requests"]["queued"] == 0)["requests"]
+    delta = {k: c1[k] - c0[k] for k in ("completed", "rejected", "cancelled", "failed", "invalid")}
+    assert delta == {"completed": 9, "rejected": 23, "cancelled": 0, "failed": 0, "invalid": 0}
+    assert greedy_text(server) == before  # nothing leaked from the load into later requests
+
+
+def test_unpaused_load_all_end_in_200_or_429(server):
+    c0 = counts(server)
+    threads, results = run_threads([lambda: chat(server.port, max_tokens=48) for _ in range(32)])
+    join_all(threads)
+    assert all(not isinstance(r, Exception) for r in results), results
+    statuses = collections.Counter(r[0] for r in results)
+    assert set(statuses) <= {200, 429}
+    c1 = counts(server)
+    assert c1["completed"] - c0["completed"] == statuses[200]
+    assert c1["rejected"] - c0["rejected"] == statuses[429]
+
+
+def greedy_text(srv):
+    s, _, b = chat(srv.port, max_tokens=10)
+    assert s == 200
+    return b["choices"][0]["message"]["content"]
+
+
+def open_stream(port, body):
+    """Starts a streaming request on a raw socket; returns it once the first token arrived."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    payload = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+    buf = b""
+    deadline = time.monotonic() + 30
+    while buf.count(b"data: ") < 1 and time.monotonic() < deadline:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    assert b"200 OK" in buf.split(b"\r\n", 1)[0], buf[:300]
+    return s, buf
+
+
+LONG = {"model": MID, "prompt": "The long story begins", "max_tokens": 480, "temperature": 0, "stream": True}
+
+
+def test_disconnect_mid_stream_cancels_within_one_token(server):
+    for _ in range(3):  # the tiny model is fast; retry if it finished before the engine was paused
+        c0 = counts(server)
+        pid = server.engine_pid()
+        s, _ = open_stream(server.port, LONG)
+        stop_engine(pid)
+        try:
+            time.sleep(0.3)   # the worker drains what the engine wrote before the pause
+            s.close()         # the client goes away mid-stream
+            time.sleep(0.3)   # the server notices and sends CANCEL to the paused engine
+        finally:
+            resume_engine(pid)
+        h = server.wait_health(lambda h: h["requests"]["active"] == 0)
+        if h["requests"]["completed"] > c0["completed"]:
+            continue
+        assert h["requests"]["cancelled"] == c0["cancelled"] + 1
+        # after CANCEL was written the engine produced at most the token it was computing
+        assert h["last_cancel"]["tokens_after_cancel"] <= 1, h["last_cancel"]
+        break
+    else:
+        pytest.skip("the generation always finished before the engine could be paused")
+    assert greedy_text(server)  # the engine is free again
+
+
+def test_disconnect_while_queued_frees_the_place(small):
+    c0 = counts(small)
+    with Paused(small):
+        threads, results = run_threads([lambda: chat(small.port)])
+        small.wait_health(lambda h: h["requests"]["active"] == 1)
+        s = socket.create_connection(("127.0.0.1", small.port), timeout=10)
+        body = json.dumps({"model": MID, "messages": HI, "max_tokens": 3}).encode()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        small.wait_health(lambda h: h["requests"]["queued"] == 1)
+        s.close()
+        h = small.wait_health(lambda h: h["requests"]["queued"] == 0)
+        assert h["requests"]["cancelled"] == c0["cancelled"] + 1
+    join_all(threads)
+    assert results[0][0] == 200
+
+
+def test_queue_full_and_queue_timeout_are_429s_before_any_stream(small):
+    client = openai.OpenAI(base_url=small.base + "/v1", api_key="x", max_retries=0, timeout=30)
+    c0 = counts(small)
+    with Paused(small):
+        running, r_run = run_threads([lambda: chat(small.port)])
+        small.wait_health(lambda h: h["requests"]["active"] == 1)
+        waiting, r_wait = run_threads([lambda: chat(small.port, stream=True)])
+        small.wait_health(lambda h: h["requests"]["queued"] == 1)
+        with pytest.raises(openai.RateLimitError) as e:
+            client.chat.completions.create(model=MID, messages=HI, max_tokens=3, stream=True)
+        assert e.value.body["code"] == "queue_full"
+        assert int(e.value.response.headers["retry-after"]) >= 1
+        join_all(waiting, timeout=10)  # --queue-timeout 1
+    status, headers, body = r_wait[0]
+    assert status == 429 and body["error"]["code"] == "queue_timeout" and "retry-after" in headers
+    assert headers["content-type"] == "application/json"  # refused before any SSE header
+    join_all(running)
+    assert r_run[0][0] == 200
+    c1 = counts(small)
+    assert c1["rejected"] - c0["rejected"] == 2 and c1["timed_out"] - c0["timed_out"] == 1
+
+
+def test_engine_killed_mid_stream_then_recovers(server):
+    h0 = server.health()
+    for _ in range(3):
+        c0 = counts(server)
+        pid = server.engine_pid()
+        s, buf = open_stream(server.port, LONG)
+        stop_engine(pid)
+        time.sleep(0.3)  # the worker drains what the engine wrote before the pause
+        if counts(server)["completed"] > c0["completed"]:
+            resume_engine(pid)
+            s.close()
+            continue
+        os.kill(pid, signal.SIGKILL)
+        s.settimeout(15)
+        while not buf.endswith(b"0\r\n\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+        s.close()
+        break
+    else:
+        pytest.skip("the generation always finished before the engine could be paused")
+    text = buf.decode(errors="replace")
+    assert '"code":"engine_crashed"' in text and "SIGKILL" in text and text.endswith("0\r\n\r\n")
+    h = server.wait_health(lambda h: h["status"] == "ok" and h["engine"]["restarts"] == h0["engine"]["restarts"] + 1)
+    assert h["engine"]["pid"] != pid and h["engine"]["last_error"]
+    assert greedy_text(server)
+
+
+def test_engine_killed_before_answer_gives_500_and_the_queue_survives(server):
+    r0 = server.health()["engine"]["restarts"]
+    pid = server.engine_pid()
+    stop_engine(pid)
+    try:
+        running, r_run = run_threads([lambda: chat(server.port)])
+        server.wait_health(lambda h: h["requests"]["active"] == 1)
+        waiting, r_wait = run_threads([lambda: chat(server.port)])
+        server.wait_health(lambda h: h["requests"]["queued"] == 1)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    join_all(running + waiting)
+    status, headers, body = r_run[0]
+    assert status == 500 and body["error"]["code"] == "engine_crashed" and "SIGKILL" in body["error"]["message"]
+    assert r_wait[0][0] == 200  # the queued request is served by the restarted engine
+    h = server.wait_health(lambda h: h["status"] == "ok" and h["engine"]["restarts"] == r0 + 1)
+    assert h["engine"]["pid"] != pid
+    assert greedy_text(server)
+
+
+def test_engine_dying_while_idle_is_restarted(server):
+    r0 = server.health()["engine"]["restarts"]
+    pid = server.engine_pid()
+    os.kill(pid, signal.SIGKILL)
+    h = server.wait_health(lambda h: h["status"] == "ok" and h["engine"]["restarts"] == r0 + 1)
+    assert h["engine"]["pid"] != pid and "SIGKILL" in h["engine"]["last_error"]
+    assert greedy_text(server)
+
+
+def test_engine_that_cannot_load_gives_503_with_the_reason(model, tmp_path):  # noqa: F811
+    broken = tmp_path / "broken"
+    shutil.copytree(model, broken)
+    for shard in broken.glob("*.safetensors"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    with ServerProc(broken, "--no-kv-persist", wait_ready=False) as srv:
+        h = srv.wait_health(lambda h: h["status"] == "failed")
+        assert h["engine"]["last_error"]
+        s, headers, _ = srv.request("GET", "/health")
+        assert s == 503
+        s, headers, body = post_json(srv.port, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert s == 503 and body["error"]["code"] == "engine_unavailable" and body["error"]["message"]
+        assert "retry-after" in headers
+
+
+@pytest.mark.parametrize("raw,code", [
+    (b"{not json", "invalid_json"),
+    (b"[1, 2]", "invalid_json"),
+    (b'{"messages": [], "max_tokens": NaN}', "invalid_json"),
+    (b"\xff\xfe", "invalid_json"),
+])
+def test_malformed_bodies(server, raw, code):
+    s, _, body = request(server.port, "POST", "/v1/chat/completions", raw, {"Content-Type": "application/json"})
+    assert s == 400 and json.loads(body)["error"]["code"] == code
+
+
+@pytest.mark.parametrize("field,value", [
+    ("messages", "hi"), ("max_tokens", "10"), ("max_tokens", 0), ("temperature", "hot"), ("stream", "yes"),
+    ("stop", 5), ("seed", 1.5), ("top_p", 0), ("logprobs", 1), ("messages", [{"role": "robot", "content": "x"}]),
+    ("cache_slot", -1), ("cache_slot", 4), ("cache_slot", "1"), ("cache_slot", 1.5), ("cache_slot", True),
+])
+def test_wrong_types_and_values_are_400(server, field, value):
+    s, _, body = chat(server.port, **{field: value})
+    assert s == 400, body
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
+    if field == "cache_slot":
+        assert body["error"]["code"] == "invalid_cache_slot"
+
+
+def test_wrong_model_unknown_route_and_method(server):
+    s, _, body = chat(server.port, model="other")
+    assert s == 404 and body["error"]["code"] == "model_not_found"
+    s, _, body = request(server.port, "GET", "/v1/nothing")
+    assert s == 404 and json.loads(body)["error"]["code"] == "not_found"
+    s, _, body = request(server.port, "GET", "/v1/chat/completions")
+    assert s == 405
+
+
+def test_oversized_and_unframed_bodies(server):
+    out = raw_exchange(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                    b"Content-Length: 104857600\r\n\r\n{\"model\":")
+    assert out.startswith(b"HTTP/1.1 413") and b"request_too_large" in out
+    out = raw_exchange(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 411")
+    out = raw_exchange(server.port, b"GARBAGE\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 400") and b'"error"' in out
+
+
+def test_chunked_request_body(server):
+    body = json.dumps({"model": MID, "prompt": "abc", "max_tokens": 2, "temperature": 0}).encode()
+    half = len(body) // 2
+    chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (half, body[:half], len(body) - half, body[half:])
+    out = raw_exchange(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                                    b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+    assert out.startswith(b"HTTP/1.1 200") and b'"text_completion"' in out
