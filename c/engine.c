@@ -60,6 +60,18 @@ static int physical_cores(void) {
     return n;
 }
 
+/* Bytes this process fetched from storage (read() and mmap page faults), from /proc/self/io. */
+static long long storage_read_bytes(void) {
+    long long v = 0;
+    char line[128];
+    FILE *f = fopen("/proc/self/io", "r");
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "read_bytes: %lld", &v) == 1) break;
+    fclose(f);
+    return v;
+}
+
 static int opt_int(const char *flag, const char *v, int lo, int hi, int *out, char *err, size_t errlen) {
     char *end;
     errno = 0;
@@ -333,15 +345,22 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     float *logits = malloc(sizeof(float) * (size_t)a->vocab);
     if (!logits || sampler_init(&smp, &sp, a->vocab)) { emit_error(f->id, "out_of_memory", "sampler"); free(ids); free(logits); return; }
     double t0 = now_ms();
-    forward(&e->model, kv, ids + reuse, n - reuse, logits, 0);
+    long long read0 = storage_read_bytes();
+    int verdict = 0;
+    /* Prefill in batches, reading control frames between them so a cancel need not wait. */
+    for (int done = reuse, step = forward_max_batch > 0 ? forward_max_batch : 1; done < n && !verdict; done += step) {
+        int m = n - done < step ? n - done : step;
+        forward(&e->model, kv, ids + done, m, done + m == n ? logits : NULL, 0);
+        if (done + m < n) verdict = poll_control(box, f->id);
+    }
     double t_prefill = now_ms() - t0, t_first = 0;
     TokStream ts;
     tok_stream_init(&ts);
     size_t piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
     char *piece = malloc(piece_cap);
-    int produced = 0, verdict = 0;
+    int produced = 0;
     const char *finish = "length";
-    for (;;) {
+    for (; !verdict;) {
         if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
         if (kv->n >= e->ctx) { finish = "length"; break; } /* prompt + output never exceed the context */
         int tok = sampler_sample(&smp, logits);
@@ -364,9 +383,10 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         if (verdict == 1) finish = "stop";
         double total = now_ms() - t0, decode = total - t_first;
         emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
-                  "decode_tok_s=%.1f finish=%s hit_rate=1.000 bytes_read=0 rss_mb=%ld",
+                  "decode_tok_s=%.1f finish=%s hit_rate=1.000 bytes_read=%lld rss_mb=%ld",
                   f->id, n, produced, reuse, t_first, (n - reuse) / (t_prefill / 1e3 + 1e-9),
-                  produced > 1 ? (produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish, rss_mb());
+                  produced > 1 ? (produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish,
+                  storage_read_bytes() - read0, rss_mb());
     }
     persist_slot(e, f->slot); /* after END: the client never waits for the disk */
     sampler_free(&smp);

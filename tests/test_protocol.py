@@ -155,6 +155,20 @@ def test_stop_and_cancel_end_generation_within_one_token(model):
     assert p.wait(timeout=10) == 0
 
 
+def test_cancel_during_prefill(model):
+    p = subprocess.Popen([str(engine_client.ENGINE), "serve", "--model", str(model), "--ctx", "512", "--batch", "1"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline().startswith(b"READY")
+    ids = ",".join(str(1 + i % 300) for i in range(400)).encode()
+    p.stdin.write(b"SUBMIT p1 %d ids=1\n%sCANCEL p1\n" % (len(ids), ids))
+    p.stdin.flush()
+    frames = run_until_end(p)
+    assert frames[0][0] == "ACCEPT" and frames[-1][:3] == ["ERROR", "p1", "cancelled"]
+    assert not [f for f in frames if f[0] == "DATA"], "no token is generated once cancelled during prefill"
+    p.stdin.close()
+    assert p.wait(timeout=10) == 0
+
+
 def test_malformed_frames_and_eof(model):
     p = raw_engine(model)
     assert p.stdout.readline().startswith(b"READY")
