@@ -53,7 +53,10 @@ class Engine:
             if val is not None:
                 args += [flag, str(val)]
         args += list(extra)
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # A session of its own: a terminal's Ctrl-C goes to the launcher, which decides whether
+        # to STOP a generation, instead of killing the engine with it.
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
         self.stderr_tail = deque(maxlen=20)
         self._err_thread = threading.Thread(target=self._drain_stderr, daemon=True)
         self._err_thread.start()

@@ -72,7 +72,11 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert-jobs")) return convert_jobs_main(argc, argv);
     if (!strcmp(cmd, "tokenize")) return tokenize_cli_main(argc, argv);
     if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc, argv);
-    if (!strcmp(cmd, "version")) { printf("colibri %s\n", COLI_VERSION); return 0; }
+    if (!strcmp(cmd, "version")) {
+        kernels_init(0);
+        printf("colibri %s kernels=%s\n", COLI_VERSION, kern.name);
+        return 0;
+    }
     if (!strcmp(cmd, "families")) {
         for (int i = 0; ENGINE_FAMILIES[i]; i++) puts(ENGINE_FAMILIES[i]);
         return 0;

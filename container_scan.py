@@ -1,0 +1,249 @@
+"""What a container holds, from its manifest and safetensors headers only (no weights read).
+
+Shared by `coli plan`, `coli doctor` and `coli info`. The rules mirror docs/container.md and
+the engine's loader (c/container.c, c/safetensors.c) so a problem is named before the engine
+trips over it. Stdlib only.
+"""
+import json
+import os
+import re
+import struct
+from pathlib import Path
+
+FORMAT_VERSION = 1
+MAX_HEADER = 256 << 20
+DTYPE_SIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+              "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+QBLOCK = 32
+# storage type -> (safetensors dtype, bytes per stored row for `cols` logical columns)
+STORAGE = {
+    "f32": ("F32", lambda cols: cols * 4),
+    "bf16": ("BF16", lambda cols: cols * 2),
+    "f16": ("F16", lambda cols: cols * 2),
+    "q8": ("U8", lambda cols: -(-cols // QBLOCK) * 34),
+    "q4": ("U8", lambda cols: -(-cols // QBLOCK) * 20),
+}
+
+# Tensor classes by HF name; first match wins (norms before attention: q_norm lives in self_attn).
+TENSOR_CLASSES = (
+    ("expert", re.compile(r"\.mlp\.experts\.\d+\.")),
+    ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
+    ("router", re.compile(r"\.mlp\.gate\.(weight|bias)$")),
+    ("embed", re.compile(r"^model\.embed_tokens\.")),
+    ("lm_head", re.compile(r"^lm_head\.")),
+    ("norm", re.compile(r"norm\.(weight|bias)$")),
+    ("attention", re.compile(r"\.self_attn\.")),
+    ("dense_mlp", re.compile(r"\.mlp\.(gate|up|down)_proj\.")),
+)
+EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+class ContainerError(ValueError):
+    """The directory is not a usable container; the message says what to do."""
+
+
+def tensor_class(name):
+    for cls, rx in TENSOR_CLASSES:
+        if rx.search(name):
+            return cls
+    return "other"
+
+
+def read_manifest(model_dir):
+    d = Path(model_dir)
+    path = d / "colibri.json"
+    if not path.is_file():
+        hint = (f"it is a Hugging Face checkpoint; convert it: coli convert {d} OUT" if (d / "config.json").is_file()
+                else "convert a checkpoint with: coli convert SRC OUT")
+        raise ContainerError(f"{d} has no colibri.json; {hint}")
+    try:
+        man = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ContainerError(f"{path} is unreadable ({e}); re-run coli convert") from None
+    if not isinstance(man, dict) or man.get("format") != "colibri-container":
+        raise ContainerError(f"{path} is not a colibri container manifest; re-run coli convert")
+    if man.get("format_version") != FORMAT_VERSION:
+        raise ContainerError(f"{path}: container format version {man.get('format_version')}, this colibri reads "
+                             f"version {FORMAT_VERSION}; re-run coli convert")
+    shards = man.get("shards")
+    if not isinstance(shards, list) or not shards or not all(isinstance(s, str) for s in shards):
+        raise ContainerError(f"{path} lists no shards; re-run coli convert")
+    for s in shards:
+        if "/" in s or s.startswith("."):
+            raise ContainerError(f"{path}: shard entry '{s}' is not a plain file name; re-run coli convert")
+    if not isinstance(man.get("arch"), dict):
+        raise ContainerError(f"{path} has no arch object; re-run coli convert")
+    return man
+
+
+def read_raw_header(path):
+    """Returns (header dict, data_start, file_size); raises ContainerError for what the engine would refuse."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ContainerError(f"{path}: {size} bytes, too short for a safetensors header; the file is truncated")
+        (hlen,) = struct.unpack("<Q", raw)
+        if hlen > MAX_HEADER or hlen > size - 8:
+            raise ContainerError(f"{path}: header length {hlen} exceeds the file ({size} bytes); "
+                                 "the file is truncated or not safetensors")
+        body = f.read(hlen)
+    try:
+        header = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ContainerError(f"{path}: bad safetensors header JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ContainerError(f"{path}: safetensors header is not a JSON object")
+    return header, 8 + hlen, size
+
+
+def storage_table(header, path):
+    """The shard's colibri.tensors metadata: name -> [storage, rows, cols]."""
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or "colibri.tensors" not in meta:
+        raise ContainerError(f"{path}: no colibri.tensors metadata; the shard was not written by coli convert")
+    try:
+        table = json.loads(meta["colibri.tensors"])
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ContainerError(f"{path}: colibri.tensors metadata is not valid JSON ({e})") from None
+    if not isinstance(table, dict):
+        raise ContainerError(f"{path}: colibri.tensors metadata is not a JSON object")
+    return table
+
+
+def check_entries(header, data_start, size, path):
+    """Validates every tensor entry; returns (tensors, problems). tensors: name -> dict(dtype, shape,
+    offset, nbytes) with absolute offsets; problems: messages for each bad entry (all, not the first)."""
+    tensors, problems = {}, []
+    data_size = size - data_start
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+            shape = [int(s) for s in shape]
+            a, b = (int(x) for x in offs)
+        except (KeyError, TypeError, ValueError):
+            problems.append(f"tensor '{name}' lacks a usable dtype, shape or data_offsets")
+            continue
+        if dtype not in DTYPE_SIZE:
+            problems.append(f"tensor '{name}' has unknown dtype '{dtype}'")
+            continue
+        if any(s < 0 for s in shape) or a < 0 or b < a:
+            problems.append(f"tensor '{name}' has a negative dimension or bad data_offsets")
+            continue
+        if b > data_size:
+            problems.append(f"tensor '{name}' ends at byte {b} past the end of the data ({data_size} bytes); "
+                            "the file is truncated")
+            continue
+        count = 1
+        for s in shape:
+            count *= s
+        if count * DTYPE_SIZE[dtype] != b - a:
+            problems.append(f"tensor '{name}' has {b - a} bytes but {dtype} {shape} needs {count * DTYPE_SIZE[dtype]}")
+            continue
+        tensors[name] = {"dtype": dtype, "shape": shape, "offset": data_start + a, "nbytes": b - a}
+    order = sorted(tensors.items(), key=lambda kv: kv[1]["offset"])
+    for (n1, t1), (n2, t2) in zip(order, order[1:]):
+        if t2["offset"] < t1["offset"] + t1["nbytes"]:
+            problems.append(f"tensors '{n1}' and '{n2}' overlap")
+    return tensors, problems
+
+
+def check_storage(name, t, entry):
+    """Compares a tensor's stored dtype/shape with its colibri.tensors entry (as the engine does)."""
+    if (not isinstance(entry, list) or len(entry) != 3 or entry[0] not in STORAGE
+            or not all(isinstance(x, int) and x >= 1 for x in entry[1:])):
+        return f"tensor '{name}' has no valid [storage, rows, cols] entry in colibri.tensors"
+    storage, rows, cols = entry
+    dtype, row_bytes = STORAGE[storage]
+    want_cols = row_bytes(cols) if dtype == "U8" else cols
+    shape = t["shape"]
+    ok = t["dtype"] == dtype and (shape == [rows, want_cols] or (rows == 1 and shape == [want_cols]))
+    if not ok:
+        return f"tensor '{name}' is stored as {t['dtype']} {shape} but declared {storage} [{rows}, {cols}]"
+    return None
+
+
+def scan(model_dir):
+    """Summarizes a container's bytes by tensor class. Raises ContainerError on the first problem."""
+    d = Path(model_dir)
+    man = read_manifest(d)
+    arch = man["arch"]
+    classes, shards, elems = {}, [], {}
+    per_expert = {}  # (layer, expert) -> [bytes, elements]
+    total_tensors = 0
+    for s in man["shards"]:
+        p = d / s
+        if not p.is_file():
+            raise ContainerError(f"{p}: shard listed in colibri.json is missing; re-run coli convert")
+        header, start, size = read_raw_header(p)
+        tensors, problems = check_entries(header, start, size, p)
+        if problems:
+            raise ContainerError(f"{p}: {problems[0]}; run `coli doctor --deep` for every problem")
+        table = storage_table(header, p)
+        for name, t in tensors.items():
+            entry = table.get(name)
+            n_el = entry[1] * entry[2] if isinstance(entry, list) and len(entry) == 3 else \
+                t["nbytes"] // DTYPE_SIZE[t["dtype"]]
+            cls = tensor_class(name)
+            classes[cls] = classes.get(cls, 0) + t["nbytes"]
+            elems[cls] = elems.get(cls, 0) + n_el
+            m = EXPERT_RE.match(name)
+            if m:
+                acc = per_expert.setdefault((int(m.group(1)), int(m.group(2))), [0, 0])
+                acc[0] += t["nbytes"]
+                acc[1] += n_el
+        total_tensors += len(tensors)
+        shards.append({"file": s, "bytes": size, "tensors": len(tensors), "data_start": start})
+    layer_bytes, layer_experts = {}, {}
+    for (layer, _e), (b, _n) in per_expert.items():
+        layer_bytes[layer] = layer_bytes.get(layer, 0) + b
+        layer_experts[layer] = layer_experts.get(layer, 0) + 1
+    n_exp = len(per_expert)
+    expert_bytes = classes.get("expert", 0)
+    layer_kinds = arch.get("layer_mlp") or []
+    return {
+        "dir": str(d),
+        "family": man.get("family"),
+        "converter_version": man.get("converter_version"),
+        "format_version": man.get("format_version"),
+        "quant": man.get("quant", {}),
+        "arch": {
+            "layers": arch.get("num_layers"), "hidden": arch.get("hidden_size"), "heads": arch.get("num_heads"),
+            "kv_heads": arch.get("num_kv_heads"), "head_dim": arch.get("head_dim"), "vocab": arch.get("vocab_size"),
+            "max_ctx": arch.get("max_position_embeddings"), "experts": arch.get("num_experts") or 0,
+            "top_k": arch.get("num_experts_per_tok") or 0,
+            "intermediate": arch.get("intermediate_size") or 0,
+            "moe_intermediate": arch.get("moe_intermediate_size") or 0,
+            "moe_layers": [i for i, k in enumerate(layer_kinds) if k == "moe"],
+            "tied_embeddings": bool(arch.get("tie_word_embeddings")),
+        },
+        "shards": shards,
+        "file_bytes": sum(s["bytes"] for s in shards),
+        "tensor_count": total_tensors,
+        "tensor_bytes": sum(classes.values()),
+        "classes": dict(sorted(classes.items())),
+        "class_elements": dict(sorted(elems.items())),
+        "dense_bytes": sum(v for k, v in classes.items() if k != "expert"),
+        "expert_bytes": expert_bytes,
+        "experts": {
+            "count": n_exp,
+            "layers": len(layer_bytes),
+            "per_layer": max(layer_experts.values()) if layer_experts else 0,
+            "bytes_per_layer": {str(k): v for k, v in sorted(layer_bytes.items())},
+            "bytes_each": expert_bytes // n_exp if n_exp else 0,
+            "max_bytes_each": max((b for b, _ in per_expert.values()), default=0),
+            "elements_each": sum(n for _, n in per_expert.values()) // n_exp if n_exp else 0,
+        },
+        "kv_bytes_per_token": kv_bytes_per_token(arch),
+    }
+
+
+def kv_bytes_per_token(arch):
+    """Bytes of KV cache one token takes in one slot: the engine keeps K and V as float32 for every
+    layer and KV head (c/forward.c kv_init)."""
+    try:
+        return 2 * int(arch["num_layers"]) * int(arch["num_kv_heads"]) * int(arch["head_dim"]) * 4
+    except (KeyError, TypeError, ValueError):
+        return 0

@@ -1,0 +1,222 @@
+"""The launcher-wide engine and sampling flags, declared once for `coli run`, `coli chat` and the
+server, and checked before the engine starts.
+
+A value the engine cannot honour is refused with the reason, never clamped. A tuned profile
+(tune_profile.py) fills only the knobs the user did not give; an explicit flag always wins.
+"""
+import os
+import sys
+from pathlib import Path
+
+from cli_common import UserError
+
+MAX_KV_SLOTS = 16  # c/engine.h
+GB = 1e9
+
+
+def add_engine_flags(p, kv_slots=True):
+    g = p.add_argument_group("engine")
+    g.add_argument("--ctx", type=int, help="context length in tokens (default: min(model max, 4096))")
+    g.add_argument("--threads", type=int, help="compute threads (default: tuned profile, else all CPUs)")
+    g.add_argument("--batch", type=int, help="positions per forward pass during prefill (default: tuned profile, "
+                   "else 128; 1 = token by token)")
+    if kv_slots:
+        g.add_argument("--kv-slots", type=int, dest="kv_slots",
+                       help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)")
+    g.add_argument("--ram", type=float, metavar="GB", help="RAM budget in GB; refused when the engine cannot stay "
+                   "within it (today it maps every weight)")
+    g.add_argument("--cap", type=int, help="expert cache slots per layer; today only the full count is possible "
+                   "(the engine keeps every expert mapped)")
+    g.add_argument("--no-profile", action="store_true", dest="no_profile",
+                   help="ignore the profile saved by `coli tune` (also COLI_NO_PROFILE=1)")
+
+
+def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (default: end of context)"):
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temp", type=float, help="temperature, 0-100 (default 0: greedy)")
+    g.add_argument("--top-p", type=float, dest="top_p", help="nucleus sampling, 0-1 (default 1: off)")
+    g.add_argument("--top-k", type=int, dest="top_k", help="keep the K most likely tokens (default 0: off)")
+    g.add_argument("--min-p", type=float, dest="min_p", help="drop tokens below P x the top probability, 0-1")
+    g.add_argument("--seed", type=int, help="sampling seed; the same seed and prompt give the same tokens")
+    g.add_argument("--max-tokens", type=int, dest="max_tokens", help=max_tokens_help)
+    if think:
+        g.add_argument("--think", dest="think", action="store_true", default=None,
+                       help="let a thinking model reason before answering (its chat template's enable_thinking)")
+        g.add_argument("--no-think", dest="think", action="store_false", help="ask a thinking model to answer directly")
+
+
+def _manifest(model_dir):
+    import container_scan
+    try:
+        return container_scan.read_manifest(model_dir)
+    except container_scan.ContainerError as e:
+        raise UserError(str(e)) from None
+
+
+def check_sampling(args, ctx, max_ctx=None):
+    """Range checks from docs/protocol.md; max_tokens must leave room for the prompt in the context."""
+    def bad(flag, v, why):
+        raise UserError(f"{flag} {v}: {why}")
+    temp, top_p, top_k, min_p = (getattr(args, k, None) for k in ("temp", "top_p", "top_k", "min_p"))
+    if temp is not None and not 0 <= temp <= 100:
+        bad("--temp", temp, "the engine takes 0 (greedy) to 100")
+    if top_p is not None and not 0 < top_p <= 1:
+        bad("--top-p", top_p, "needs a value above 0 and at most 1")
+    if top_k is not None and top_k < 0:
+        bad("--top-k", top_k, "needs 0 (off) or a positive count")
+    if min_p is not None and not 0 <= min_p <= 1:
+        bad("--min-p", min_p, "needs a value from 0 to 1")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < 1 << 64:
+        bad("--seed", seed, "needs an unsigned 64-bit integer")
+    mt = getattr(args, "max_tokens", None)
+    if mt is not None and mt != -1:
+        if mt < 1:
+            bad("--max-tokens", mt, "needs at least 1 (or -1: until the context is full)")
+        if mt >= ctx:
+            more = f" or raise --ctx (the model holds {max_ctx})" if max_ctx and max_ctx > ctx else ""
+            bad("--max-tokens", mt, f"the context holds {ctx} tokens including at least one prompt token; "
+                f"give at most {ctx - 1}{more}")
+
+
+def resolve(args, model_dir, log=None):
+    """Checks the engine flags against the model and this machine, applies the tuned profile to
+    knobs left unset, and returns the Engine keyword arguments. Prints notes through log."""
+    log = log or (lambda msg: print(f"coli: {msg}", file=sys.stderr))
+    man = _manifest(model_dir)
+    arch = man["arch"]
+    max_ctx = int(arch.get("max_position_embeddings") or 1)
+    ctx, threads, batch = getattr(args, "ctx", None), getattr(args, "threads", None), getattr(args, "batch", None)
+    slots = getattr(args, "kv_slots", None)
+    if ctx is not None and not 1 <= ctx <= max_ctx:
+        raise UserError(f"--ctx {ctx}: this model holds 1 to {max_ctx} positions (max_position_embeddings)")
+    if slots is not None and not 1 <= slots <= MAX_KV_SLOTS:
+        raise UserError(f"--kv-slots {slots}: the engine has 1 to {MAX_KV_SLOTS} KV slots")
+    if threads is not None and not 1 <= threads <= 1024:
+        raise UserError(f"--threads {threads}: the engine takes 1 to 1024")
+    if batch is not None and not 1 <= batch <= 65536:
+        raise UserError(f"--batch {batch}: the engine takes 1 to 65536")
+    check_cap(getattr(args, "cap", None), arch)
+    eff_ctx = ctx or default_ctx(man)
+    check_sampling(args, eff_ctx, max_ctx)
+
+    # tuned profile: only for knobs the user left unset
+    if not getattr(args, "no_profile", False) and os.environ.get("COLI_NO_PROFILE") != "1":
+        import tune_profile
+        prof = tune_profile.load(model_dir)
+        if prof and prof["knobs"]:
+            applied, kept = {}, []
+            for k, v in prof["knobs"].items():
+                if getattr(args, k, None) is None:
+                    applied[k] = v
+                else:
+                    kept.append(f"--{k} {getattr(args, k)}")
+            if applied:
+                threads = applied.get("threads", threads)
+                batch = applied.get("batch", batch)
+                log("using the tuned profile " + " ".join(f"{k}={v}" for k, v in applied.items())
+                    + (f" (explicit {', '.join(kept)} kept)" if kept else "")
+                    + f" from {prof['path']}; --no-profile ignores it")
+    check_memory(args, model_dir, man, eff_ctx, slots or 1, log)
+    usable_cpus = _usable_cpus()
+    if threads is not None and threads > usable_cpus:
+        log(f"--threads {threads} is more than the {usable_cpus} CPUs this process may use; decoding will be slower")
+    return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots}
+
+
+def _usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_ctx(man):
+    import family_registry
+    fam = family_registry.FAMILIES.get(man.get("family"), {})
+    max_ctx = int(man["arch"].get("max_position_embeddings") or 1)
+    return min(max_ctx, fam.get("default_ctx", 4096))
+
+
+def check_cap(cap, arch):
+    if cap is None:
+        return
+    E = int(arch.get("num_experts") or 0)
+    if not E:
+        raise UserError(f"--cap {cap}: this model has no routed experts to cache")
+    if cap != E:
+        raise UserError(f"--cap {cap}: this engine keeps all {E} experts of each layer memory-mapped; a bounded "
+                        "expert cache is not implemented yet, so only --cap {0} can be honoured "
+                        "(`coli plan --cap N` projects the effect)".format(E))
+
+
+def check_memory(args, model_dir, man, ctx, slots, log):
+    """Refuses --ram the engine cannot stay within and explicit KV sizes that cannot fit; warns
+    when the defaults will page from disk. Uses file sizes and the manifest, not the headers."""
+    import container_scan
+    import resource_plan
+    mem = resource_plan.memory_info()
+    usable, total = mem["usable"], mem["total"]
+    weights = sum((Path(model_dir) / s).stat().st_size for s in man["shards"] if (Path(model_dir) / s).is_file())
+    kv = container_scan.kv_bytes_per_token(man["arch"]) * ctx * slots
+    need = weights + kv + resource_plan.RUNTIME_BASE
+    ram = getattr(args, "ram", None)
+    if ram is not None:
+        if ram <= 0:
+            raise UserError(f"--ram {ram:g}: needs a positive number of GB")
+        budget = ram * GB
+        if total and budget > total:
+            raise UserError(f"--ram {ram:g}: this machine (or its cgroup) has {total / GB:.1f} GB in all")
+        if need > budget:
+            raise UserError(f"--ram {ram:g}: the engine maps every weight ({weights / GB:.2f} GB) and needs "
+                            f"{need / GB:.2f} GB with a {ctx}-token KV cache x {slots} slot(s); a bounded expert cache "
+                            f"is not implemented yet, so it cannot stay within {ram:g} GB. Give at least "
+                            f"--ram {need / GB:.2f} or leave --ram out")
+        if usable and budget > usable:
+            log(f"--ram {ram:g} GB is more than the {usable / GB:.1f} GB available now")
+    explicit = getattr(args, "ctx", None) is not None or getattr(args, "kv_slots", None) is not None
+    if usable and kv + resource_plan.RUNTIME_BASE > usable:
+        msg = (f"a {ctx}-token KV cache x {slots} slot(s) needs {kv / GB:.2f} GB but only {usable / GB:.2f} GB "
+               "of memory is available")
+        if explicit:
+            raise UserError(msg + "; lower --ctx or --kv-slots")
+        log(msg + "; long conversations may be killed for memory (lower --ctx)")
+    elif usable and need > usable:
+        log(f"the model needs {need / GB:.2f} GB resident but {usable / GB:.2f} GB is available: the engine maps "
+            "every weight, so the kernel will page weights from disk and decoding will be slow")
+
+
+def sampling_opts(args, default_max_tokens=None):
+    """SUBMIT options from the sampling flags (None values are left to the engine's defaults)."""
+    opts = {"temp": getattr(args, "temp", None), "top_p": getattr(args, "top_p", None),
+            "top_k": getattr(args, "top_k", None), "min_p": getattr(args, "min_p", None),
+            "seed": getattr(args, "seed", None)}
+    mt = getattr(args, "max_tokens", None)
+    opts["max_tokens"] = mt if mt is not None else default_max_tokens
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def template_supports_thinking(model_dir):
+    """True when the model's chat template has a thinking switch (enable_thinking); None without a template."""
+    try:
+        import chat_template
+        source = chat_template.load_chat_template(str(model_dir))
+    except Exception:  # noqa: BLE001 - no template, or none readable
+        return None
+    return "enable_thinking" in source
+
+
+def thinking_vars(args, model_dir):
+    """Template variables for --think/--no-think; refuses them for a model without a thinking switch."""
+    think = getattr(args, "think", None)
+    if think is None:
+        return {}
+    flag = "--think" if think else "--no-think"
+    if getattr(args, "raw", False):
+        raise UserError(f"{flag} switches the chat template's thinking mode; it has no effect with --raw")
+    ok = template_supports_thinking(model_dir)
+    if ok is None:
+        raise UserError(f"{flag}: {model_dir} has no chat template to switch thinking in")
+    if not ok:
+        raise UserError(f"{flag}: this model's chat template has no thinking switch (enable_thinking)")
+    return {"enable_thinking": bool(think)}

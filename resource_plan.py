@@ -1,0 +1,349 @@
+"""Hardware discovery and the RAM / disk tier plan (`coli plan [--json]`); also the planner API
+that `coli info`, doctor, chat and the flag checks import.
+
+The plan reads safetensors headers only (container_scan) and the machine (machine_probe); no
+weights are loaded. Stdlib only; bandwidth is measured only by `coli plan`.
+"""
+import json
+import os
+from pathlib import Path
+
+from cli_common import UserError, model_arg
+# discovery lives in machine_probe; the planner API re-exports it
+from machine_probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
+                           measure_memory_bw, memory_info)
+
+HELP = "plan RAM and disk use for a model on this machine (reads headers only)"
+DESCRIPTION = """Discovers this machine (cores, RAM, cgroup limits, free disk, GPUs), reads the
+model's safetensors headers (dense bytes, expert bytes per layer, expert count) and plans the
+memory tiers: dense trunk + runtime + KV cache x slots + expert cache, cache slots per layer,
+projected expert hit rate, the expected bottleneck and a tok/s range from disk and memory
+bandwidth (measured quickly unless given with --mem-bw/--disk-bw). The plan also says what the
+engine does today: it memory-maps every weight, so a bounded expert cache is a projection."""
+
+GB = 1e9
+RUNTIME_BASE = 64 << 20  # engine code, tokenizer, OpenMP pools, allocator slack
+
+
+# ---------------------------------------------------------------- the plan
+
+def runtime_bytes(scan, ctx, batch=128, threads=1):
+    """Engine working memory besides weights and KV: per-chunk activations (c/forward.c,
+    attention.c, mlp.c), the logits row, per-thread attention scores. An estimate."""
+    a = scan["arch"]
+    h, heads, hd, kvh = a["hidden"] or 0, a["heads"] or 0, a["head_dim"] or 0, a["kv_heads"] or 0
+    wide = max(a["intermediate"], a["moe_intermediate"] * max(a["top_k"], 1))
+    per_pos = 4 * (5 * h + 2 * heads * hd + 2 * kvh * hd + 2 * wide + (a["experts"] or 0))
+    return RUNTIME_BASE + batch * per_pos + 4 * (a["vocab"] or 0) + 4 * threads * ctx * max(heads, 1)
+
+
+def zipf_mass(c, n, s=1.0):
+    """Share of accesses that go to the c most popular of n items under Zipf(s) popularity."""
+    if n <= 0:
+        return 1.0
+    h = lambda k: sum(1.0 / (i ** s) for i in range(1, k + 1))  # noqa: E731
+    return h(min(c, n)) / h(n)
+
+
+def default_ctx(scan):
+    """The engine's default context: min(model maximum, the registry's default)."""
+    fam_default = 4096
+    try:
+        import family_registry
+        fam_default = family_registry.FAMILIES.get(scan["family"], {}).get("default_ctx", fam_default)
+    except ImportError:
+        pass
+    return min(scan["arch"]["max_ctx"] or fam_default, fam_default)
+
+
+def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
+         batch=128, threads=None, measured_tok_s=None):
+    """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s."""
+    a, ex = scan["arch"], scan["experts"]
+    mem = machine["memory"]
+    ctx = ctx or default_ctx(scan)
+    threads = threads or machine["cpu"]["usable"]
+    budget = ram if ram is not None else mem["default_budget"]
+    kv = scan["kv_bytes_per_token"] * ctx * kv_slots
+    runtime = runtime_bytes(scan, ctx, batch, threads)
+    dense = scan["dense_bytes"]
+    n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
+    expert_each = ex["bytes_each"]
+    notes, problems = [], []
+    fixed = dense + kv + runtime
+    cache_bytes = (budget or 0) - fixed
+    if budget is None:
+        problems.append("available memory is unknown; pass --ram GB")
+        cache_bytes = 0
+    if budget is not None and cache_bytes < 0:
+        problems.append(f"dense weights + KV + runtime need {fixed / GB:.2f} GB but the budget is {budget / GB:.2f} GB; "
+                        "lower --ctx or --kv-slots, or raise --ram")
+    slots = 0
+    if E:
+        fit = int(max(cache_bytes, 0) // (expert_each * n_moe)) if expert_each and n_moe else 0
+        slots = min(fit, E)
+        if cap is not None:
+            if cap > fit:
+                problems.append(f"--cap {cap} needs {cap * expert_each * n_moe / GB:.2f} GB of expert cache; "
+                                f"only {max(cache_bytes, 0) / GB:.2f} GB are left (at most {fit} slots per layer)")
+            slots = min(cap, E)
+    hit_lo = slots / E if E else 1.0
+    hit_hi = zipf_mass(slots, E) if E else 1.0
+    cache_used = slots * expert_each * n_moe
+
+    # Bytes and work per decoded token
+    embed = scan["classes"].get("embed", 0)
+    dense_read = dense - (embed if "lm_head" in scan["classes"] else 0)
+    active_experts = k * n_moe
+    expert_read = active_experts * expert_each
+    kv_read = scan["kv_bytes_per_token"] * ctx // 2  # an average position halfway through the context
+    el = scan["class_elements"]
+    dense_el = sum(v for c, v in el.items() if c != "expert") - (el.get("embed", 0) if "lm_head" in el else 0)
+    flops = 2 * (dense_el + active_experts * ex["elements_each"]) + 4 * (a["heads"] or 0) * (a["head_dim"] or 0) * \
+        (ctx // 2) * (a["layers"] or 0)
+    cpu = machine["cpu"]
+    lanes = {"avx512": 16, "avx2": 8, "neon": 4}.get(cpu["simd"], 1)
+    ghz = (cpu["mhz"] or 2000) / 1000
+    peak = min(cpu["physical_cores"], threads) * ghz * 1e9 * lanes * 2 * 2  # 2 FMA ports, 2 flops per FMA
+    compute_rate = peak * 0.25  # quantized kernels reach a fraction of peak: an assumption, said in the notes
+
+    def tok_s(hit, m_bw, d_bw):
+        t_mem = (dense_read + kv_read + hit * expert_read) / (m_bw * GB) if m_bw else None
+        t_disk = ((1 - hit) * expert_read) / (d_bw * GB) if d_bw else (0.0 if hit >= 1 else None)
+        t_comp = flops / compute_rate
+        parts = {"memory": t_mem, "disk": t_disk, "compute": t_comp}
+        if any(v is None for v in parts.values()):
+            return None, None, parts
+        return 1 / sum(parts.values()), 1 / max(parts.values()), parts
+
+    def projection(h_lo, h_hi):
+        lo, _, parts_lo = tok_s(h_lo, mem_bw, disk_bw)
+        _, hi, parts_hi = tok_s(h_hi, mem_bw, disk_bw)
+        known = {k: v for k, v in parts_hi.items() if v is not None}
+        bottleneck = max(known, key=known.get) if known else None
+        if parts_lo["disk"] is None and h_lo < 1:
+            bottleneck = "disk (bandwidth unknown)"
+        return {"tok_s_low": lo, "tok_s_high": hi, "bottleneck": bottleneck,
+                "seconds_per_token": {k: v for k, v in parts_hi.items()}}
+
+    planned = projection(hit_lo, hit_hi)
+    # Today the engine maps every weight: it runs from RAM when the whole model fits.
+    resident_today = scan["tensor_bytes"] + kv + runtime
+    fits_today = budget is not None and resident_today <= budget
+    if fits_today:
+        today = projection(1.0, 1.0)
+        today["summary"] = "every weight is memory-mapped and fits in the budget: experts are read from RAM"
+    else:
+        today = {"tok_s_low": None, "tok_s_high": None, "bottleneck": "disk (page faults)",
+                 "summary": "every weight is memory-mapped but the model does not fit: the kernel evicts and "
+                            "re-reads pages on demand, far slower than the planned streaming cache"}
+    today["resident_bytes"] = resident_today
+    today["fits"] = fits_today
+    if measured_tok_s:
+        today["measured_decode_tok_s"] = measured_tok_s
+    notes.append("compute is estimated as 25% of the cores' peak float32 FMA rate "
+                 f"({min(cpu['physical_cores'], threads)} cores x {ghz:.2f} GHz x {lanes} lanes x 4)")
+    if E:
+        notes.append("hit rate range: uniform routing (slots/experts) to Zipf(1)-skewed routing")
+    notes.append("tok/s range: no overlap of disk, memory and compute (low) to full overlap (high); per-token "
+                 "fixed costs (thread hand-offs, framing) are left out, and they dominate for tiny models")
+    return {
+        "budget": budget, "budget_source": "--ram" if ram is not None else f"{int(BUDGET_SHARE * 100)}% of usable memory",
+        "ctx": ctx, "kv_slots": kv_slots, "threads": threads,
+        "tiers": {"dense": dense, "runtime": runtime, "kv": kv, "expert_cache": cache_used,
+                  "free": (budget - fixed - cache_used) if budget is not None else None},
+        "kv_bytes_per_token_per_slot": scan["kv_bytes_per_token"],
+        "experts": {"per_layer": E, "moe_layers": n_moe, "top_k": k, "bytes_each": expert_each,
+                    "cache_slots_per_layer": slots, "hit_rate_low": hit_lo, "hit_rate_high": hit_hi,
+                    "all_resident": bool(E) and slots >= E},
+        "per_token": {"dense_bytes": dense_read, "expert_bytes": expert_read, "kv_bytes": kv_read, "flops": flops},
+        "bandwidth": {"memory_gbps": mem_bw, "disk_gbps": disk_bw, "compute_gflops": compute_rate / 1e9},
+        "planned": planned,
+        "engine_today": today,
+        "problems": problems,
+        "notes": notes,
+    }
+
+
+# ---------------------------------------------------------------- text output
+
+def fmt_bytes(n):
+    if n is None:
+        return "?"
+    for unit, size in (("GB", GB), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def machine_lines(m):
+    cpu, mem, disk = m["cpu"], m["memory"], m["disk"]
+    out = [f"cpu          {cpu['model']}: {cpu['physical_cores']} physical cores, {cpu['logical']} logical"
+           + (f", {cpu['usable']} usable" if cpu["usable"] != cpu["logical"] else "")
+           + (f", cgroup quota {cpu['quota_cpus']} CPUs" if cpu["quota_cpus"] else "")
+           + f"; SIMD {cpu['simd']} (engine kernels: {cpu['engine_kernels']})"]
+    cg = mem["cgroup"]
+    lim = f", cgroup v{cg['version']} limit {fmt_bytes(cg['limit'])} ({fmt_bytes(cg['usage'])} used)" if cg["limit"] else ""
+    out.append(f"memory       {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available{lim}")
+    out.append(f"disk         {fmt_bytes(disk['free'])} free of {fmt_bytes(disk['total'])}"
+               + (f" ({disk['fs']})" if disk["fs"] else "") + f" at {disk['path']}")
+    if m["gpus"]:
+        for g in m["gpus"]:
+            out.append(f"gpu          {g['name']}: {fmt_bytes(g['vram'])} VRAM ({fmt_bytes(g['vram_free'])} free);"
+                       " not used: the engine has no GPU backend yet")
+    else:
+        out.append("gpu          none found (nvidia-smi / rocm-smi)")
+    return out
+
+
+def _rate(v):
+    return "?" if v is None else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
+
+
+def format_plan(res):
+    m, s, p = res["machine"], res["model"], res["plan"]
+    out = ["machine"] + ["  " + ln for ln in machine_lines(m)]
+    bw = res["bandwidth"]
+    out.append(f"  bandwidth  memory {_rate(bw['memory_gbps'])} GB/s ({bw['memory_source']}), "
+               f"disk {_rate(bw['disk_gbps'])} GB/s ({bw['disk_source']})")
+    if s is None:
+        out.append("")
+        out.append("no model given: pass --model DIR or set COLI_MODEL for the tier plan")
+        return "\n".join(out)
+    a, ex = s["arch"], s["experts"]
+    out += ["", "model", f"  {s['dir']}  ({s['family']}, {a['layers']} layers, vocab {a['vocab']}, "
+            f"max context {a['max_ctx']})",
+            f"  on disk    {fmt_bytes(s['file_bytes'])} in {len(s['shards'])} shard(s), {s['tensor_count']} tensors",
+            f"  dense      {fmt_bytes(s['dense_bytes'])}  ("
+            + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in s["classes"].items() if c != "expert") + ")"]
+    if ex["count"]:
+        out.append(f"  experts    {fmt_bytes(s['expert_bytes'])}: {ex['per_layer']} per layer x {ex['layers']} MoE layers, "
+                   f"{fmt_bytes(ex['bytes_each'])} each, top-{a['top_k']} per token")
+    else:
+        out.append("  experts    none (a dense model: every weight is read for every token)")
+    t = p["tiers"]
+    out += ["", f"plan  (budget {fmt_bytes(p['budget'])} from {p['budget_source']}; context {p['ctx']} x "
+                f"{p['kv_slots']} KV slot(s); {p['threads']} threads)",
+            f"  {'tier':<14}{'bytes':>12}",
+            f"  {'dense trunk':<14}{fmt_bytes(t['dense']):>12}",
+            f"  {'runtime':<14}{fmt_bytes(t['runtime']):>12}   (estimate)",
+            f"  {'KV cache':<14}{fmt_bytes(t['kv']):>12}   ({fmt_bytes(p['kv_bytes_per_token_per_slot'])} per token per slot)",
+            f"  {'expert cache':<14}{fmt_bytes(t['expert_cache']):>12}",
+            f"  {'left free':<14}{fmt_bytes(t['free']):>12}"]
+    pe = p["experts"]
+    if pe["per_layer"]:
+        out.append(f"  cache slots per layer {pe['cache_slots_per_layer']} of {pe['per_layer']}"
+                   + ("  (every expert resident)" if pe["all_resident"] else "")
+                   + f"; projected hit rate {pe['hit_rate_low']:.0%}-{pe['hit_rate_high']:.0%}")
+    pl = p["planned"]
+    out.append(f"  projected    {_rate(pl['tok_s_low'])}-{_rate(pl['tok_s_high'])} tok/s, bottleneck: {pl['bottleneck']}")
+    td = p["engine_today"]
+    out += ["", "what the engine does today",
+            f"  {td['summary']}",
+            f"  resident need {fmt_bytes(td['resident_bytes'])} (all weights + KV + runtime)"
+            + (f"; expected {_rate(td['tok_s_low'])}-{_rate(td['tok_s_high'])} tok/s, bottleneck: {td['bottleneck']}"
+               if td["fits"] else "")]
+    if td.get("measured_decode_tok_s"):
+        out.append(f"  measured by coli tune: {td['measured_decode_tok_s']:.1f} tok/s decode")
+    out.append("  the bounded expert cache above is the plan for expert streaming, not yet implemented")
+    for prob in p["problems"]:
+        out.append(f"problem: {prob}")
+    out += ["", "notes"] + [f"  {n}" for n in p["notes"]]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- command
+
+def add_arguments(p):
+    model_arg(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--ram", type=float, metavar="GB", help="RAM budget in GB (default: 90%% of usable memory, "
+                   "cgroup limits included)")
+    p.add_argument("--ctx", type=int, help="context length to plan for (default: min(model max, 4096))")
+    p.add_argument("--kv-slots", type=int, dest="kv_slots", default=1, help="KV slots (concurrent conversations, default 1)")
+    p.add_argument("--cap", type=int, help="expert cache slots per layer to plan with (default: as many as fit)")
+    p.add_argument("--threads", type=int, help="compute threads to plan with (default: usable CPUs)")
+    p.add_argument("--mem-bw", type=float, dest="mem_bw", metavar="GB/s", help="memory read bandwidth (default: measured)")
+    p.add_argument("--disk-bw", type=float, dest="disk_bw", metavar="GB/s",
+                   help="disk read bandwidth with O_DIRECT (default: measured on the model's shards)")
+    p.add_argument("--no-measure", action="store_true", dest="no_measure",
+                   help="do not time memory or disk; use only --mem-bw/--disk-bw")
+
+
+def check_plan_args(args, scan):
+    """Refuses values the plan cannot honour, with the reason (never clamps)."""
+    if args.ram is not None and args.ram <= 0:
+        raise UserError(f"--ram {args.ram:g}: needs a positive number of GB")
+    if not 1 <= args.kv_slots <= 16:
+        raise UserError(f"--kv-slots {args.kv_slots}: the engine has 1 to 16 KV slots")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads {args.threads}: needs at least 1")
+    for flag, v in (("--mem-bw", args.mem_bw), ("--disk-bw", args.disk_bw)):
+        if v is not None and v <= 0:
+            raise UserError(f"{flag} {v:g}: needs a positive GB/s")
+    if scan is None:
+        return
+    max_ctx = scan["arch"]["max_ctx"]
+    if args.ctx is not None and not 1 <= args.ctx <= max_ctx:
+        raise UserError(f"--ctx {args.ctx}: this model holds 1 to {max_ctx} positions")
+    E = scan["experts"]["per_layer"]
+    if args.cap is not None:
+        if not E:
+            raise UserError("--cap: this model has no routed experts to cache")
+        if not 1 <= args.cap <= E:
+            raise UserError(f"--cap {args.cap}: the model has {E} experts per layer; give 1 to {E}")
+
+
+def build(args):
+    """Everything `coli plan` prints, as one dict (the JSON output)."""
+    model_dir = args.model
+    scan = None
+    if model_dir:
+        import container_scan
+        if not Path(model_dir).is_dir():
+            raise UserError(f"--model {model_dir}: no such directory")
+        try:
+            scan = container_scan.scan(model_dir)
+        except container_scan.ContainerError as e:
+            hint = f" (`coli doctor --deep --model {model_dir}` checks everything)" \
+                if (Path(model_dir) / "colibri.json").is_file() else ""
+            raise UserError(f"{e}{hint}") from None
+    check_plan_args(args, scan)
+    machine = discover(model_dir)
+    mem_bw, mem_src = args.mem_bw, "given"
+    if mem_bw is None:
+        mem_bw, mem_src = (None, "not measured (--no-measure)") if args.no_measure else \
+            (measure_memory_bw(), "measured: one-thread scan, a floor")
+    disk_bw, disk_src = args.disk_bw, "given"
+    if disk_bw is None:
+        if args.no_measure:
+            disk_src = "not measured (--no-measure)"
+        elif scan is None:
+            disk_src = "not measured: no model files to read"
+        else:
+            disk_bw, mode, note = measure_disk_bw([os.path.join(model_dir, s["file"]) for s in scan["shards"]])
+            disk_src = f"measured: {note}" if disk_bw else f"unknown: {note}"
+    res = {"machine": machine, "model": scan,
+           "bandwidth": {"memory_gbps": mem_bw, "memory_source": mem_src, "disk_gbps": disk_bw, "disk_source": disk_src},
+           "plan": None}
+    if scan is not None:
+        measured = None
+        try:
+            import tune_profile
+            prof = tune_profile.load(model_dir)
+            measured = (prof or {}).get("measured", {}).get("decode_tok_s")
+        except ImportError:
+            pass
+        res["plan"] = plan(scan, machine, ram=int(args.ram * GB) if args.ram else None, ctx=args.ctx,
+                           kv_slots=args.kv_slots, cap=args.cap, mem_bw=mem_bw, disk_bw=disk_bw,
+                           threads=args.threads, measured_tok_s=measured)
+    return res
+
+
+def run(args):
+    res = build(args)
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(format_plan(res))
+    return 0

@@ -1,0 +1,199 @@
+"""The launcher as a new user meets it: help, every subcommand with no model, a wrong path, a
+non-model directory and a good model; flags refused with reasons; info; build; tune and profiles."""
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher_helpers import ROOT, clean_env, coli, convert_tiny
+
+import tune_profile
+
+MODEL_COMMANDS = ["info", "plan", "doctor", "run", "chat", "tune"]
+
+
+@pytest.fixture(scope="module")
+def model(oracle_root, tmp_path_factory):
+    return convert_tiny(oracle_root, tmp_path_factory.mktemp("cli") / "moe")
+
+
+@pytest.fixture
+def profiles(tmp_path):
+    return clean_env(COLI_PROFILE_DIR=tmp_path / "profiles")
+
+
+def test_help_lists_every_command_and_starts_fast():
+    t = time.monotonic()
+    r = coli("--help")
+    took = time.monotonic() - t
+    assert r.returncode == 0
+    for cmd in ("chat", "run", "info", "plan", "doctor", "tune", "build", "convert"):
+        line = next((ln for ln in r.stdout.splitlines() if ln.strip().startswith(cmd + " ")), "")
+        assert line and "not implemented" not in line, cmd
+    assert took < 10  # generous: a loaded 2-core machine; a heavy import would show up as far more
+
+
+@pytest.mark.parametrize("cmd,flags", [
+    ("plan", ["--json", "--ram", "--ctx", "--kv-slots", "--cap", "--mem-bw", "--disk-bw"]),
+    ("doctor", ["--deep", "--json"]),
+    ("chat", ["--ram", "--ctx", "--cap", "--temp", "--top-p", "--max-tokens", "--threads", "--think", "--no-think",
+              ":reset", ":more", "--no-profile"]),
+    ("run", ["--ram", "--ctx", "--cap", "--temp", "--top-p", "--max-tokens", "--threads", "--think", "--no-think"]),
+    ("tune", ["--runs", "--tokens", "--show", "--reset"]),
+    ("build", ["--clean", "--debug", "--native", "--jobs"]),
+    ("info", ["--model"]),
+])
+def test_subcommand_help_is_complete(cmd, flags):
+    r = coli(cmd, "--help")
+    assert r.returncode == 0
+    for f in flags:
+        assert f in r.stdout, (cmd, f)
+
+
+@pytest.mark.parametrize("cmd", MODEL_COMMANDS)
+def test_wrong_path_and_non_model_directories(cmd, tmp_path, oracle_root):
+    extra = ["hello"] if cmd == "run" else []
+    r = coli(cmd, "--model", tmp_path / "missing", *extra)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no such directory" in r.stderr + r.stdout
+    r = coli(cmd, "--model", tmp_path, *extra)
+    assert r.returncode == 2 and "colibri.json" in r.stderr + r.stdout
+    r = coli(cmd, "--model", Path(oracle_root) / "qwen3_moe" / "hf", *extra)
+    assert r.returncode == 2 and "coli convert" in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("cmd", MODEL_COMMANDS)
+def test_no_model(cmd):
+    r = coli(cmd, "hello") if cmd == "run" else coli(cmd)
+    assert "Traceback" not in r.stderr
+    text = r.stdout + r.stderr
+    assert "--model" in text and "COLI_MODEL" in text
+    # the machine-level commands still say something useful without a model
+    if cmd in ("info", "plan"):
+        assert r.returncode == 0 and "cpu" in r.stdout and "memory" in r.stdout
+    elif cmd == "doctor":
+        assert r.returncode == 1 and "engine" in r.stdout
+    else:
+        assert r.returncode == 2
+
+
+def test_info_for_a_model(model):
+    r = coli("info", "--model", model)
+    assert r.returncode == 0
+    for piece in ("qwen3_moe", "experts", "on disk", "engine       colibri", "kernels", "cpu", "memory", "disk", "gpu"):
+        assert piece in r.stdout, piece
+
+
+def test_info_on_a_damaged_manifest(model, tmp_path):
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(model, d)
+    man = json.loads((d / "colibri.json").read_text())
+    del man["arch"]["num_layers"]
+    (d / "colibri.json").write_text(json.dumps(man))
+    r = coli("info", "--model", d)
+    assert r.returncode == 2 and "damaged" in r.stderr and "coli doctor" in r.stderr
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--ctx", "100000"], "holds 1 to 512 positions"),
+    (["--ctx", "0"], "holds 1 to"),
+    (["--cap", "3"], "bounded expert cache is not implemented yet"),
+    (["--ram", "0.001"], "cannot stay within"),
+    (["--ram", "100000"], "in all"),
+    (["--max-tokens", "600"], "give at most 511"),
+    (["--max-tokens", "0"], "at least 1"),
+    (["--temp", "101"], "0 (greedy) to 100"),
+    (["--top-p", "0"], "above 0"),
+    (["--min-p", "2"], "0 to 1"),
+    (["--threads", "0"], "1 to 1024"),
+    (["--batch", "0"], "1 to 65536"),
+    (["--think"], "no thinking switch"),
+    (["--raw", "--no-think"], "no effect with --raw"),
+])
+def test_run_refuses_what_the_engine_cannot_honour(model, flags, message):
+    r = coli("run", "--model", model, *flags, "hello")
+    assert r.returncode == 2, r.stdout
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not r.stdout  # refused before the engine started
+
+
+def test_run_accepts_the_full_expert_count(model):
+    r = coli("run", "--model", model, "--cap", "8", "--ram", "1", "--max-tokens", "3", "--stats", "--raw", "hi")
+    assert r.returncode == 0, r.stderr
+    assert "completion_tokens=3" in r.stderr
+
+
+def test_profile_is_applied_said_and_explicit_flags_win(model, profiles, monkeypatch):
+    monkeypatch.setenv("COLI_PROFILE_DIR", profiles["COLI_PROFILE_DIR"])
+    path = tune_profile.save(model, {"threads": 1, "batch": 16}, {"decode_tok_s": 100.0})
+    r = coli("chat", "--model", model, "--max-tokens", "2", input="hi\n", env=profiles)
+    assert r.returncode == 0, r.stderr
+    assert f"using the tuned profile threads=1 batch=16 from {path}" in r.stderr
+    assert ", 1 threads," in r.stdout  # the engine really runs with it
+    r = coli("chat", "--model", model, "--max-tokens", "2", "--threads", "2", input="hi\n", env=profiles)
+    assert "batch=16" in r.stderr and "explicit --threads 2 kept" in r.stderr and ", 2 threads," in r.stdout
+    r = coli("chat", "--model", model, "--max-tokens", "2", "--no-profile", input="hi\n", env=profiles)
+    assert "tuned profile" not in r.stderr
+    r = coli("run", "--model", model, "--max-tokens", "2", "--raw", "hi", env={**profiles, "COLI_NO_PROFILE": "1"})
+    assert "tuned profile" not in r.stderr
+    r = coli("plan", "--model", model, "--no-measure", env=profiles)
+    assert "measured by coli tune: 100.0 tok/s" in r.stdout
+
+
+def test_tune_measures_and_saves_a_profile(model, profiles):
+    r = coli("tune", "--model", model, "--runs", "1", "--tokens", "4", "--prompt-tokens", "8", env=profiles)
+    assert r.returncode == 0, r.stderr
+    assert "threads" in r.stdout and "batch" in r.stdout and "saved" in r.stdout
+    assert "not tunable yet" in r.stdout
+    files = list(Path(profiles["COLI_PROFILE_DIR"]).glob("*.json"))
+    assert len(files) == 1
+    prof = json.loads(files[0].read_text())
+    assert set(prof["knobs"]) <= {"threads", "batch"} and prof["measured"]["decode_tok_s"] > 0
+    r = coli("tune", "--model", model, "--show", env=profiles)
+    assert r.returncode == 0 and str(files[0]) in r.stdout
+    r = coli("tune", "--model", model, "--reset", env=profiles)
+    assert r.returncode == 0 and not files[0].exists()
+    r = coli("tune", "--model", model, "--show", env=profiles)
+    assert "no saved profile" in r.stdout
+
+
+def test_tune_keeps_only_clear_wins():
+    import autotune
+    assert autotune.clear_win([1.2, 1.3, 1.25], 0.05)
+    assert not autotune.clear_win([1.2, 0.9, 1.25], 0.05)  # one pair slower of three
+    assert autotune.clear_win([1.2, 0.9, 1.25, 1.3, 1.2], 0.05)  # all but one of five
+    assert not autotune.clear_win([1.02, 1.03, 1.01], 0.05)  # below the threshold
+
+
+def test_tune_refuses_bad_settings(model, profiles):
+    r = coli("tune", "--model", model, "--prompt-tokens", "500", "--tokens", "100", env=profiles)
+    assert r.returncode == 2 and "positions" in r.stderr
+    r = coli("tune", "--model", model, "--runs", "0", env=profiles)
+    assert r.returncode == 2 and "--runs" in r.stderr
+
+
+def test_build_dry_run_passes_flags_through_the_environment():
+    r = coli("build", "--dry-run", "--debug", "--jobs", "3")
+    assert r.returncode == 0
+    assert "CFLAGS='-O0 -g'" in r.stdout and "-j3" in r.stdout and "build/colibri" in r.stdout
+    assert " -B " in r.stdout  # other flags than the last build: a full rebuild
+    r = coli("build", "--dry-run", "--jobs", "0")
+    assert r.returncode == 2 and "--jobs" in r.stderr
+
+
+def test_engine_status_reports_version_and_kernels():
+    import build_cli
+    st = build_cli.engine_status()
+    assert st["built"], "run make first"
+    assert st["version"] == st["expected_version"]
+    assert st["kernels"].split()[0] in ("avx2", "portable")
+    out = subprocess.run([str(ROOT / "build" / "colibri"), "version"], capture_output=True, text=True).stdout
+    assert out.split()[1] == st["version"]
+
+
+def test_model_from_the_environment(model):
+    r = coli("info", env=clean_env(COLI_MODEL=model))
+    assert r.returncode == 0 and "qwen3_moe" in r.stdout
