@@ -247,11 +247,6 @@ class Handler(BaseHandler):
 def run(args):
     settings = server_config.resolve(args)
     log = make_log()
-    # The gateway shares the CPU with the engine; OpenMP threads that spin between parallel
-    # regions starve it (measured: 10-100x slower replies on a busy 2-core box). The user's
-    # own setting wins.
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     app = App(settings, log)
     try:
         server = Server(settings, Handler, app)
