@@ -1,0 +1,144 @@
+"""`coli bench`: prefill and decode speed, achieved bandwidth, and ratios against a peer.
+
+colibri and the peer (llama.cpp's llama-bench, when given) run alternately in the same process
+tree, several times each; medians are compared, never single runs, because shared machines are
+noisy. Achieved bandwidth is the weight bytes one decoded token reads divided by its time,
+reported against the machine's measured memory read rate.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+from pathlib import Path
+
+from cli_common import UserError, model_arg, require_model
+
+HELP = "prefill/decode speed and achieved bandwidth, side by side with llama.cpp when given"
+DESCRIPTION = __doc__
+
+
+def add_arguments(p):
+    model_arg(p)
+    p.add_argument("--prompt-tokens", type=int, default=64, help="prefill length (default 64)")
+    p.add_argument("--gen-tokens", type=int, default=64, help="decoded tokens per run (default 64)")
+    p.add_argument("--repeat", type=int, default=3, help="runs of each side, alternating (default 3)")
+    p.add_argument("--threads", type=int, help="threads for both sides (default: the engine's choice, "
+                                                "physical cores; the peer gets the same number)")
+    p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
+                   help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")
+    p.add_argument("--gguf", help="GGUF file the peer runs (default: the file a pulled model came from)")
+    p.add_argument("--mem-bw", type=float, help="memory read rate in GB/s instead of measuring it")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def bytes_per_decoded_token(scan):
+    """Weight bytes one decoded token reads: the dense trunk without the embedding table (one
+    row of it), plus top-k of each MoE layer's experts."""
+    classes = scan["classes"]
+    dense = scan["dense_bytes"] - (0 if scan["arch"]["tied_embeddings"] else classes.get("embed", 0))
+    a = scan["arch"]
+    experts = 0
+    if a["experts"] and scan["expert_bytes"]:
+        experts = scan["expert_bytes"] * a["top_k"] / a["experts"]
+    return dense + experts
+
+
+def colibri_run(model, args, first_token):
+    import engine_client
+    ids = [(first_token + i * 7) % 1000 + 1 for i in range(args.prompt_tokens)]
+    with engine_client.Engine(model, threads=args.threads) as eng:
+        for ev in eng.generate(ids, max_tokens=args.gen_tokens, temp=0):
+            if ev[0] == "end":
+                stats = ev[1]
+        threads = eng.info.get("threads")
+    if int(stats["completion_tokens"]) < args.gen_tokens:
+        raise UserError(f"the model ended after {stats['completion_tokens']} tokens; lower --gen-tokens")
+    return float(stats["prefill_tok_s"]), float(stats["decode_tok_s"]), int(threads)
+
+
+def peer_run(exe, gguf, args, threads):
+    r = subprocess.run([exe, "-m", str(gguf), "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens),
+                        "-t", str(threads), "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=900)
+    if r.returncode:
+        raise UserError(f"{exe} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
+    pp = tg = None
+    for row in json.loads(r.stdout):
+        if row.get("n_prompt") and not row.get("n_gen"):
+            pp = row["avg_ts"]
+        elif row.get("n_gen") and not row.get("n_prompt"):
+            tg = row["avg_ts"]
+    return pp, tg
+
+
+def default_gguf(model):
+    try:
+        man = json.loads((Path(model) / "colibri.json").read_text())
+    except (OSError, ValueError):
+        return None
+    src = man.get("source", {}).get("gguf_path") or ""
+    if src and Path(src).is_file():
+        return Path(src)
+    import model_store
+    downloads = model_store.store_root() / "downloads"
+    name = Path(model).name
+    hits = sorted(downloads.glob(f"*{name}*/*.gguf")) if downloads.is_dir() else []
+    return hits[0] if hits else None
+
+
+def run(args):
+    import container_scan
+    import machine_probe
+    model = require_model(args)
+    for flag in ("prompt_tokens", "gen_tokens", "repeat"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
+    scan = container_scan.scan(model)
+    per_token = bytes_per_decoded_token(scan)
+    peer = None
+    if args.llama_bench:
+        exe = shutil.which(args.llama_bench) or args.llama_bench
+        if not os.access(exe, os.X_OK):
+            raise UserError(f"--llama-bench {args.llama_bench}: not an executable")
+        gguf = Path(args.gguf) if args.gguf else default_gguf(model)
+        if not gguf or not gguf.is_file():
+            raise UserError("the peer needs the GGUF file of this model: pass --gguf FILE")
+        peer = (exe, gguf)
+    ours, theirs, threads = [], [], args.threads
+    for i in range(args.repeat):
+        pp, tg, used = colibri_run(model, args, first_token=i * 101)
+        threads = threads or used
+        ours.append((pp, tg))
+        if peer:
+            theirs.append(peer_run(peer[0], peer[1], args, threads))
+    mem_bw = args.mem_bw or machine_probe.measure_memory_bw()
+    med = lambda rows, k: statistics.median(r[k] for r in rows if r[k]) if any(r[k] for r in rows) else None  # noqa: E731
+    result = {
+        "model": str(model), "threads": threads, "repeat": args.repeat,
+        "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+        "colibri": {"prefill_tok_s": med(ours, 0), "decode_tok_s": med(ours, 1)},
+        "bytes_per_decoded_token": per_token,
+        "memory_read_gb_s": mem_bw, "memory_read_source": "given" if args.mem_bw else "measured (one thread)",
+    }
+    result["colibri"]["decode_gb_s"] = per_token * result["colibri"]["decode_tok_s"] / 1e9
+    if peer:
+        result["peer"] = {"name": "llama.cpp llama-bench", "gguf": str(peer[1]),
+                          "prefill_tok_s": med(theirs, 0), "decode_tok_s": med(theirs, 1)}
+        for k in ("prefill_tok_s", "decode_tok_s"):
+            if result["peer"][k]:
+                result[f"ratio_{k}"] = result["colibri"][k] / result["peer"][k]
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    c = result["colibri"]
+    print(f"model {model}  threads {threads}  medians of {args.repeat} alternating runs")
+    print(f"{'':24s}{'colibri':>12s}" + (f"{'llama.cpp':>12s}{'ratio':>9s}" if peer else ""))
+    for label, k in ((f"prefill tok/s (pp{args.prompt_tokens})", "prefill_tok_s"),
+                     (f"decode tok/s (tg{args.gen_tokens})", "decode_tok_s")):
+        line = f"{label:24s}{c[k]:12.1f}"
+        if peer and result["peer"][k]:
+            line += f"{result['peer'][k]:12.1f}{result[f'ratio_{k}']:8.2f}x"
+        print(line)
+    share = f" = {100 * c['decode_gb_s'] / mem_bw:.0f}% of {mem_bw:.1f} GB/s {result['memory_read_source']}" if mem_bw else ""
+    print(f"decode reads {per_token / 1e6:.1f} MB of weights per token: {c['decode_gb_s']:.2f} GB/s{share}")
+    return 0

@@ -1,0 +1,58 @@
+"""`coli bench`: runs colibri, runs a peer alternately, reports medians and ratios."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def moe_model(oracle_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "moe"
+    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "qwen3_moe" / "hf"),
+                    str(out)], check=True, capture_output=True)
+    return out
+
+
+def test_bytes_per_token_counts_top_k_experts_only(moe_model):
+    import bench
+    import container_scan
+    scan = container_scan.scan(moe_model)
+    a = scan["arch"]
+    want = scan["dense_bytes"] - scan["classes"]["embed"] + scan["expert_bytes"] * a["top_k"] / a["experts"]
+    assert bench.bytes_per_decoded_token(scan) == pytest.approx(want)
+    assert want < scan["dense_bytes"] + scan["expert_bytes"]
+
+
+def test_bench_against_a_peer(moe_model, tmp_path):
+    peer = tmp_path / "fake-llama-bench"
+    log = tmp_path / "calls"
+    # a stand-in with llama-bench's JSON shape; it records its arguments
+    peer.write_text("#!/bin/sh\necho \"$@\" >> " + str(log) + "\n"
+                    "echo '[{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": 100.0},"
+                    " {\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 50.0}]'\n")
+    peer.chmod(0o755)
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--prompt-tokens", "16",
+                        "--gen-tokens", "8", "--repeat", "2", "--llama-bench", str(peer), "--gguf", str(peer),
+                        "--mem-bw", "20", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert len(log.read_text().splitlines()) == 2  # one peer run after each colibri run
+    assert "-p 16 -n 8" in log.read_text()
+    assert res["colibri"]["decode_tok_s"] > 0 and res["colibri"]["prefill_tok_s"] > 0
+    assert res["ratio_decode_tok_s"] == pytest.approx(res["colibri"]["decode_tok_s"] / 50.0)
+    assert res["ratio_prefill_tok_s"] == pytest.approx(res["colibri"]["prefill_tok_s"] / 100.0)
+    assert res["colibri"]["decode_gb_s"] == pytest.approx(res["bytes_per_decoded_token"] * res["colibri"]["decode_tok_s"] / 1e9)
+
+
+def test_bench_errors(moe_model, tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--llama-bench",
+                        str(tmp_path / "missing")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not an executable" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--repeat", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--repeat must be at least 1" in r.stderr
