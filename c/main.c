@@ -70,8 +70,8 @@ int main(int argc, char **argv) {
     const char *cmd = argc > 1 && argv[1][0] != '-' ? argv[1] : "serve";
     if (!strcmp(cmd, "logits")) return logits_main(argc, argv);
     if (!strcmp(cmd, "convert-jobs")) return convert_jobs_main(argc, argv);
-    if (!strcmp(cmd, "tokenize")) return tokenize_cli_main(argc, argv);
-    if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return tokenize_cli_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
         kernels_init(0);
         printf("colibri %s kernels=%s\n", COLI_VERSION, kern.name);

@@ -31,8 +31,7 @@ static uint64_t hash_bytes(const unsigned char *p, size_t n) {
     return h;
 }
 
-static int strmap_grow(TokStrMap *m) {
-    size_t cap = m->cap ? m->cap * 2 : 1024;
+static int strmap_rehash(TokStrMap *m, size_t cap) {
     uint32_t *slots = calloc(cap, sizeof *slots);
     if (!slots) return -1;
     for (size_t i = 0; i < m->n; i++) {
@@ -43,6 +42,21 @@ static int strmap_grow(TokStrMap *m) {
     free(m->slots);
     m->slots = slots;
     m->cap = cap;
+    return 0;
+}
+
+static int strmap_grow(TokStrMap *m) { return strmap_rehash(m, m->cap ? m->cap * 2 : 1024); }
+
+int tok_strmap_reserve(TokStrMap *m, size_t n) {
+    size_t cap = 1024;
+    while (cap < 2 * n) cap *= 2;
+    if (cap > m->cap && strmap_rehash(m, cap)) return -1;
+    if (n > m->ents_cap) {
+        void *v = realloc(m->ents, n * sizeof *m->ents);
+        if (!v) return -1;
+        m->ents = v;
+        m->ents_cap = n;
+    }
     return 0;
 }
 
@@ -125,8 +139,7 @@ static inline uint64_t pair_hash(uint64_t k) {
     return k;
 }
 
-static int pairs_grow(TokBpe *b) {
-    size_t cap = b->pairs_cap ? b->pairs_cap * 2 : 4096;
+static int pairs_rehash(TokBpe *b, size_t cap) {
     PairEnt *v = malloc(cap * sizeof *v);
     if (!v) return -1;
     for (size_t i = 0; i < cap; i++) v[i].key = PAIR_EMPTY;
@@ -140,6 +153,15 @@ static int pairs_grow(TokBpe *b) {
     b->pairs = v;
     b->pairs_cap = cap;
     return 0;
+}
+
+static int pairs_grow(TokBpe *b) { return pairs_rehash(b, b->pairs_cap ? b->pairs_cap * 2 : 4096); }
+
+int tok_bpe_reserve(TokBpe *b, size_t ntokens, size_t nmerges) {
+    size_t cap = 4096;
+    while (cap < 2 * nmerges) cap *= 2;
+    if (cap > b->pairs_cap && pairs_rehash(b, cap)) return -1;
+    return tok_strmap_reserve(&b->vocab, ntokens);
 }
 
 static inline const PairEnt *pair_get(const TokBpe *b, int32_t x, int32_t y) {

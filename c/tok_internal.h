@@ -1,5 +1,5 @@
 /* Internals shared by the tokenizer files (tokenizer.c, tok_bpe.c, tok_pretok.c, tok_regex.c,
- * tok_normalize.c). Not part of the engine-facing API (that is tokenizer.h). */
+ * tok_normalize.c, tok_stream.c). Not part of the engine-facing API (that is tokenizer.h). */
 #ifndef COLI_TOK_INTERNAL_H
 #define COLI_TOK_INTERNAL_H
 #include <stddef.h>
@@ -89,6 +89,7 @@ typedef struct {
 int tok_strmap_put(TokStrMap *m, const void *key, size_t len, int32_t id); /* replaces; 0 ok / -1 oom */
 int32_t tok_strmap_get(const TokStrMap *m, const void *key, size_t len);     /* -1 if absent */
 void tok_strmap_free(TokStrMap *m);
+int tok_strmap_reserve(TokStrMap *m, size_t n); /* room for n keys without rehashing */
 
 /* ---- BPE model (tok_bpe.c) ---- */
 typedef struct TokBpe TokBpe;
@@ -104,6 +105,7 @@ TokBpe *tok_bpe_new(void);
 void tok_bpe_free(TokBpe *b);
 TokBpeOpts *tok_bpe_opts(TokBpe *b);
 /* Model-domain key (raw bytes when byte_units) of a vocab token. */
+int tok_bpe_reserve(TokBpe *b, size_t ntokens, size_t nmerges);
 int tok_bpe_add_token(TokBpe *b, const unsigned char *key, size_t len, int32_t id);
 int32_t tok_bpe_lookup(const TokBpe *b, const unsigned char *key, size_t len);
 /* Adds merge (a, b) -> new_id with the given rank; a later duplicate pair replaces the earlier. */

@@ -10,6 +10,9 @@
  *     a final stderr line "encode_seconds=S bytes=N" (time inside tok_encode only).
  *   detokenize --model DIR IDS...   (ids separated by commas/spaces, or - for stdin)
  *     prints the decoded text exactly (no newline added), special tokens rendered.
+ *   detokenize --model DIR --batch   (for tests and tools)
+ *     stdin holds one line of comma-separated ids per record; prints "<byte length>\n<text>"
+ *     per record, or "ERR <message>\n".
  *
  * DIR is a model directory holding tokenizer.json (or the tokenizer.json path itself);
  * COLI_MODEL replaces --model. Errors: message on stderr, exit code 2. */
@@ -207,23 +210,95 @@ int tokenize_cli_main(int argc, char **argv) {
     return fflush(stdout) ? fail(cmd, "write error") : 0;
 }
 
+/* Decodes ids[0..n) through a stream into buf (grown as needed); -1 and msg on a bad id. */
+static int decode_all(const Tokenizer *t, const int32_t *ids, size_t n, char **buf, size_t *len, char *msg, size_t msglen) {
+    size_t cap = tok_stream_cap(t), used = 0, bl;
+    for (size_t i = 0; i < n; i++)
+        if (!tok_token_bytes(t, ids[i], &bl)) {
+            snprintf(msg, msglen, "token id %d is not in the vocabulary (size %d)", ids[i], tok_vocab_size(t));
+            return -1;
+        }
+    size_t size = 4 * cap;
+    char *out = malloc(size);
+    if (!out) { snprintf(msg, msglen, "out of memory"); return -1; }
+    TokStream st;
+    tok_stream_init(&st);
+    for (size_t i = 0; i <= n; i++) {
+        if (size - used < cap) { /* keep room for one worst-case push */
+            char *nb = realloc(out, size *= 2);
+            if (!nb) { free(out); snprintf(msg, msglen, "out of memory"); return -1; }
+            out = nb;
+        }
+        used += i < n ? tok_stream_push(t, &st, ids[i], 1, out + used, cap) : tok_stream_flush(&st, out + used, cap);
+    }
+    *buf = out;
+    *len = used;
+    return 0;
+}
+
+/* Parses ids separated by commas/whitespace; -1 and msg on garbage. */
+static int parse_ids(const char *p, int32_t **ids, size_t *n, size_t *cap, char *msg, size_t msglen) {
+    while (*p) {
+        if (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') { p++; continue; }
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > 0x7fffffffL ||
+            (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n' && *end != '\r')) {
+            snprintf(msg, msglen, "bad token id near '%.40s' (expected ids like 1,2,3)", p);
+            return -1;
+        }
+        if (*n == *cap) {
+            size_t c = *cap ? *cap * 2 : 256;
+            int32_t *nv = realloc(*ids, c * sizeof *nv);
+            if (!nv) { snprintf(msg, msglen, "out of memory"); return -1; }
+            *ids = nv;
+            *cap = c;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        p = end;
+    }
+    return 0;
+}
+
+static int detok_batch(const Tokenizer *t) {
+    size_t cap = 0, lcap = 0;
+    char *line = NULL;
+    int32_t *ids = NULL;
+    ssize_t got;
+    while ((got = getline(&line, &lcap, stdin)) >= 0) {
+        size_t n = 0, len;
+        char msg[200], *text;
+        if (parse_ids(line, &ids, &n, &cap, msg, sizeof msg) || decode_all(t, ids, n, &text, &len, msg, sizeof msg)) {
+            printf("ERR %s\n", msg);
+            continue;
+        }
+        printf("%zu\n", len);
+        fwrite(text, 1, len, stdout);
+        free(text);
+    }
+    free(line);
+    free(ids);
+    return fflush(stdout) ? fail("detokenize", "write error") : 0;
+}
+
 int detokenize_cli_main(int argc, char **argv) {
     const char *cmd = "detokenize", *model = NULL;
-    char *stdin_buf = NULL;
+    char *stdin_buf = NULL, msg[200];
     size_t cap = 0, n = 0, slen;
     int32_t *ids = NULL;
-    int rc = 2;
+    int batch = 0, rc = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model") && i + 1 < argc) { model = argv[++i]; continue; }
+        if (!strcmp(a, "--batch")) { batch = 1; continue; }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: colibri detokenize --model DIR IDS...   (e.g. 1,2,3; - reads ids from stdin)\n");
             free(ids);
             return 0;
         }
         if (a[0] == '-' && a[1] == '-') {
-            char msg[300];
-            snprintf(msg, sizeof msg, "unknown option '%.200s' (see --help)", a);
+            snprintf(msg, sizeof msg, "unknown option '%.100s' (see --help)", a);
             free(ids);
             return fail(cmd, msg);
         }
@@ -234,51 +309,23 @@ int detokenize_cli_main(int argc, char **argv) {
             if (!stdin_buf) { free(ids); return fail(cmd, "cannot read stdin"); }
             p = stdin_buf;
         }
-        while (*p) {
-            if (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') { p++; continue; }
-            char *end;
-            errno = 0;
-            long v = strtol(p, &end, 10);
-            if (end == p || errno || v < 0 || v > 0x7fffffffL ||
-                (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n' && *end != '\r')) {
-                char msg[120];
-                snprintf(msg, sizeof msg, "bad token id near '%.40s' (expected ids like 1,2,3)", p);
-                free(ids);
-                free(stdin_buf);
-                return fail(cmd, msg);
-            }
-            if (n == cap) {
-                cap = cap ? cap * 2 : 256;
-                int32_t *nv = realloc(ids, cap * sizeof *nv);
-                if (!nv) { free(ids); free(stdin_buf); return fail(cmd, "out of memory"); }
-                ids = nv;
-            }
-            ids[n++] = (int32_t)v;
-            p = end;
-        }
+        if (parse_ids(p, &ids, &n, &cap, msg, sizeof msg)) { free(ids); free(stdin_buf); return fail(cmd, msg); }
     }
     free(stdin_buf);
     Tokenizer *t = open_model(cmd, model);
     if (!t) { free(ids); return 2; }
-    for (size_t i = 0; i < n; i++) {
-        size_t bl;
-        if (!tok_token_bytes(t, ids[i], &bl)) {
-            char msg[120];
-            snprintf(msg, sizeof msg, "token id %d is not in the vocabulary (size %d)", ids[i], tok_vocab_size(t));
-            fail(cmd, msg);
-            goto out;
+    if (batch) {
+        rc = n ? fail(cmd, "--batch reads ids from stdin only") : detok_batch(t);
+    } else {
+        char *text;
+        size_t len;
+        if (decode_all(t, ids, n, &text, &len, msg, sizeof msg)) rc = fail(cmd, msg);
+        else {
+            fwrite(text, 1, len, stdout);
+            free(text);
+            rc = fflush(stdout) ? fail(cmd, "write error") : 0;
         }
     }
-    size_t ocap = tok_stream_cap(t);
-    char *out = malloc(ocap);
-    if (!out) { fail(cmd, "out of memory"); goto out; }
-    TokStream st;
-    tok_stream_init(&st);
-    for (size_t i = 0; i < n; i++) fwrite(out, 1, tok_stream_push(t, &st, ids[i], 1, out, ocap), stdout);
-    fwrite(out, 1, tok_stream_flush(&st, out, ocap), stdout);
-    free(out);
-    rc = fflush(stdout) ? fail(cmd, "write error") : 0;
-out:
     free(ids);
     tok_free(t);
     return rc;

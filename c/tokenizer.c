@@ -10,8 +10,8 @@
 #include "tok_internal.h"
 #include "unicode_tables.h"
 
-#define MAX_JSON_BYTES ((size_t)1 << 30)
-#define MAX_TOKEN_ID ((int64_t)1 << 24) /* real vocabularies are < 300k; bounds the id tables */
+#define MAX_JSON_BYTES ((size_t)256 << 20) /* real files are < 40 MB */
+#define MAX_TOKEN_ID ((int64_t)1 << 22) /* real vocabularies are < 300k; bounds the id tables */
 
 enum { TF_PRESENT = 1, TF_SPECIAL = 2, TF_ADDED = 4 };
 
@@ -128,10 +128,10 @@ static int load_normalizer(Tokenizer *t, const JsonValue *v, int depth, char *er
 static int pp_wrap(Tokenizer *t, const int32_t *pre, size_t npre, const int32_t *post, size_t npost) {
     int32_t *p = malloc((t->npre + npre + 1) * sizeof *p), *q = malloc((t->npost + npost + 1) * sizeof *q);
     if (!p || !q) { free(p); free(q); return -1; }
-    memcpy(p, pre, npre * sizeof *p);
+    if (npre) memcpy(p, pre, npre * sizeof *p);
     if (t->npre) memcpy(p + npre, t->pp_pre, t->npre * sizeof *p);
     if (t->npost) memcpy(q, t->pp_post, t->npost * sizeof *q);
-    memcpy(q + t->npost, post, npost * sizeof *q);
+    if (npost) memcpy(q + t->npost, post, npost * sizeof *q);
     free(t->pp_pre);
     free(t->pp_post);
     t->pp_pre = p;
@@ -266,6 +266,8 @@ static int load_model(Tokenizer *t, const JsonValue *m, char *err, size_t errlen
 
     TokBuf key = {0};
     int rc = -1;
+    if (tok_strmap_reserve(&t->vocab_content, vocab->len) ||
+        tok_bpe_reserve(t->bpe, vocab->len, merges ? merges->len : 0)) { set_err(err, errlen, "out of memory"); goto out; }
     for (size_t i = 0; i < vocab->len; i++) {
         const JsonValue *idv = &vocab->items[i];
         const char *s = vocab->keys[i];
@@ -686,70 +688,4 @@ done:
     tok_arena_free(arena);
     tok_bpe_scratch_free(scratch);
     return rc;
-}
-
-/* ------------------------------------------------------------------ streaming decode */
-
-void tok_stream_init(TokStream *s) { memset(s, 0, sizeof *s); }
-
-size_t tok_stream_cap(const Tokenizer *t) { return 3 * (t->max_tok_bytes + 8); }
-
-static size_t seq_need(unsigned char lead) {
-    return lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
-}
-
-/* Whether b may follow pending[0..k) (k >= 1) in a valid sequence (Rust/Unicode rules). */
-static int cont_ok(const unsigned char *pending, size_t k, unsigned char b) {
-    unsigned lo = 0x80, hi = 0xBF;
-    if (k == 1) {
-        if (pending[0] == 0xE0) lo = 0xA0;
-        else if (pending[0] == 0xED) hi = 0x9F;
-        else if (pending[0] == 0xF0) lo = 0x90;
-        else if (pending[0] == 0xF4) hi = 0x8F;
-    }
-    return b >= lo && b <= hi;
-}
-
-typedef struct { char *out; size_t cap, n; } Out;
-
-static void emit(Out *o, const void *p, size_t n) {
-    if (o->cap - o->n < n) return; /* cut at a character boundary */
-    memcpy(o->out + o->n, p, n);
-    o->n += n;
-}
-
-static void emit_fffd(Out *o) { emit(o, "\xEF\xBF\xBD", 3); }
-
-static void stream_bytes(TokStream *s, const unsigned char *p, size_t n, Out *o) {
-    for (size_t i = 0; i < n; i++) {
-        unsigned char b = p[i];
-        if (s->npending) {
-            if (cont_ok(s->pending, s->npending, b)) {
-                s->pending[s->npending++] = b;
-                if (s->npending == seq_need(s->pending[0])) { emit(o, s->pending, s->npending); s->npending = 0; }
-                continue;
-            }
-            emit_fffd(o); /* one U+FFFD per maximal invalid prefix, then b starts afresh */
-            s->npending = 0;
-        }
-        if (b < 0x80) emit(o, &b, 1);
-        else if (b >= 0xC2 && b <= 0xF4) { s->pending[0] = b; s->npending = 1; }
-        else emit_fffd(o);
-    }
-}
-
-size_t tok_stream_push(const Tokenizer *t, TokStream *s, int32_t id, int render_special, char *out, size_t cap) {
-    size_t n;
-    const char *p = tok_token_bytes(t, id, &n);
-    if (!p || (tok_is_special(t, id) && !render_special)) return 0;
-    Out o = {out, cap, 0};
-    stream_bytes(s, (const unsigned char *)p, n, &o);
-    return o.n;
-}
-
-size_t tok_stream_flush(TokStream *s, char *out, size_t cap) {
-    Out o = {out, cap, 0};
-    if (s->npending) emit_fffd(&o);
-    s->npending = 0;
-    return o.n;
 }

@@ -20,5 +20,6 @@ void test_safetensors(void);
 void test_protocol(void);
 void test_json(void);
 void test_sampler(void);
+void test_tokenizer(void);
 
 #endif
