@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gguf_quants.h"
 #include "quant.h"
 
 #define CHUNK_BYTES (32u << 20)
@@ -81,11 +82,17 @@ int convert_jobs_main(int argc, char **argv) {
             break;
         }
         QType qt;
-        int es = src_elem(dt);
-        if (!es || qtype_from_name(qn, &qt)) { fprintf(stderr, "convert-jobs: unsupported dtype %s or qtype %s\n", dt, qn); rc = 2; break; }
+        int es = src_elem(dt), gt = gguf_type_from_name(dt); /* GGUF_* sources: whole blocks per row */
+        size_t in_row = gt >= 0 ? gguf_row_bytes(gt, cols) : (size_t)cols * (size_t)es;
+        if (gt >= 0 && !in_row) {
+            fprintf(stderr, "convert-jobs: a row of %lld elements is not a whole number of %s blocks\n", cols, dt);
+            rc = 2;
+            break;
+        }
+        if (!in_row || qtype_from_name(qn, &qt)) { fprintf(stderr, "convert-jobs: unsupported dtype %s or qtype %s\n", dt, qn); rc = 2; break; }
         int sfd = open_cached(&src, sp, O_RDONLY), dfd = open_cached(&dst, dp, O_WRONLY);
         if (sfd < 0 || dfd < 0) { fprintf(stderr, "convert-jobs: cannot open %s\n", sfd < 0 ? sp : dp); rc = 2; break; }
-        size_t in_row = (size_t)cols * (size_t)es, out_row = qtype_row_bytes(qt, (int)cols);
+        size_t out_row = qtype_row_bytes(qt, (int)cols);
         long long per = (long long)(CHUNK_BYTES / (in_row + out_row));
         if (per < 1) per = 1;
         free(rowf); free(in); free(out);
@@ -101,11 +108,18 @@ int convert_jobs_main(int argc, char **argv) {
                 rc = 2;
                 break;
             }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 1) /* one-row jobs: no thread team */
             for (long long i = 0; i < n; i++) {
                 float *f = rowf + (size_t)i * padded;
-                to_f32(dt, in + (size_t)i * in_row, cols, f);
-                quantize_row(qt, f, (int)cols, out + (size_t)i * out_row);
+                const unsigned char *ir = in + (size_t)i * in_row;
+                unsigned char *orow = out + (size_t)i * out_row;
+                if (gt >= 0) {
+                    if (gguf_keep_row(gt, ir, cols, qt, orow)) continue; /* kept without float re-quantization */
+                    gguf_dequant_row(gt, ir, cols, f);
+                } else {
+                    to_f32(dt, ir, cols, f);
+                }
+                quantize_row(qt, f, (int)cols, orow);
             }
             if (full_pwrite(dfd, out, out_row * (size_t)n, (off_t)(doff + r * (long long)out_row))) {
                 fprintf(stderr, "convert-jobs: write to %s failed: %s\n", dp, strerror(errno));

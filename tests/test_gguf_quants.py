@@ -1,0 +1,126 @@
+"""c/gguf_quants.c against the `gguf` package's reference dequantization, on tensors made here.
+
+The C file is compiled with quant.c into a small shared library and called through ctypes, so
+these tests need neither the engine build nor the convert-jobs wiring."""
+import ctypes
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is a test dependency (requirements-test.txt)")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf import quants  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+QT = {"f32": 0, "bf16": 1, "f16": 2, "q8": 3, "q4": 4}  # QType order in c/quant.h
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    so = tmp_path_factory.mktemp("gq") / "libgguf_quants.so"
+    srcs = [ROOT / "c" / n for n in ("gguf_quants.c", "quant.c", "kernels_avx2.c")]
+    r = subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                        "-o", str(so)] + [str(s) for s in srcs] + ["-lm"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    L = ctypes.CDLL(str(so))
+    L.gguf_type_from_name.argtypes = [ctypes.c_char_p]
+    L.gguf_row_bytes.restype = ctypes.c_size_t
+    L.gguf_row_bytes.argtypes = [ctypes.c_int, ctypes.c_longlong]
+    L.gguf_dequant_row.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p]
+    L.gguf_keep_row.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
+    L.dequant_row.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    return L
+
+
+def random_blocks(qtype, rows, cols, rng):
+    """Row bytes of type qtype: quantized from floats where the package can, else random bytes
+    with every f16 scale field set to a sane value (any bit pattern of the quants is valid)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    x = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    x[0, :7] = [0, -0.2, 0.2, 1e-5, -1e-5, 3.0, -3.0]  # zero, extremes, tiny
+    if qtype == T.F32:
+        return x.view(np.uint8).reshape(rows, -1)
+    if qtype == T.F16:
+        return x.astype(np.float16).view(np.uint8).reshape(rows, -1)
+    if qtype in (T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
+        return np.ascontiguousarray(quants.quantize(x, qtype))
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scales = (rng.random((rows, cols // block, 2)) * 0.01).astype(np.float16)
+    if qtype == T.Q6_K:  # d is the last field
+        raw[:, :, 208:210] = scales[:, :, :1].view(np.uint8)
+    else:  # d, dmin first
+        raw[:, :, 0:4] = scales.view(np.uint8).reshape(rows, cols // block, 4)
+    return raw.reshape(rows, -1)
+
+
+def c_dequant(lib, tid, data, cols):
+    out = np.zeros((data.shape[0], cols), dtype=np.float32)
+    for r in range(data.shape[0]):
+        row = np.ascontiguousarray(data[r])
+        lib.gguf_dequant_row(tid, row.ctypes.data, cols, out[r].ctypes.data)
+    return out
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_dequant_matches_reference(lib, name):
+    rng = np.random.default_rng(sum(map(ord, name)))
+    qtype = T[name]
+    tid = lib.gguf_type_from_name(f"GGUF_{name}".encode())
+    assert tid == int(qtype), f"type id of {name}"
+    cols = 512
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    assert lib.gguf_row_bytes(tid, cols) == cols // block * size
+    data = random_blocks(qtype, 6, cols, rng)
+    ref = quants.dequantize(data, qtype).astype(np.float32).reshape(6, cols)
+    got = c_dequant(lib, tid, data, cols)
+    # ggml's formulas evaluated in float32 in both: equal up to float rounding order
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+    assert np.abs(ref).max() > 0, "the generated tensor must not be all zero"
+
+
+def test_row_bytes_and_names_refuse_bad_input(lib):
+    assert lib.gguf_type_from_name(b"GGUF_Q2_K") == -1
+    assert lib.gguf_type_from_name(b"Q4_K") == -1
+    assert lib.gguf_type_from_name(None) == -1
+    q4k = lib.gguf_type_from_name(b"GGUF_Q4_K")
+    assert lib.gguf_row_bytes(q4k, 255) == 0 and lib.gguf_row_bytes(q4k, 0) == 0 and lib.gguf_row_bytes(q4k, -256) == 0
+    assert lib.gguf_row_bytes(lib.gguf_type_from_name(b"GGUF_Q8_0"), 33) == 0
+    assert lib.gguf_row_bytes(99, 256) == 0
+
+
+@pytest.mark.parametrize("name,qt,exact", [("Q8_0", "q8", True), ("Q4_1", "q4", True), ("Q4_0", "q4", True),
+                                            ("Q4_0", "q8", True), ("Q5_0", "q8", True), ("Q4_K", "q4", False)])
+def test_keep_paths(lib, name, qt, exact):
+    """Rows kept without float re-quantization decode (with colibri's own dequant) to the
+    reference values: bit-exactly, or for Q4_K within f16 rounding of the sub-block scales."""
+    rng = np.random.default_rng(7)
+    qtype = T[name]
+    tid = lib.gguf_type_from_name(f"GGUF_{name}".encode())
+    cols = 512
+    data = random_blocks(qtype, 4, cols, rng)
+    ref = quants.dequantize(data, qtype).astype(np.float32).reshape(4, cols)
+    out_row = cols // 32 * (34 if qt == "q8" else 20)
+    for r in range(4):
+        row = np.ascontiguousarray(data[r])
+        dst = np.zeros(out_row, dtype=np.uint8)
+        assert lib.gguf_keep_row(tid, row.ctypes.data, cols, QT[qt], dst.ctypes.data) == 1
+        if (name, qt) in (("Q8_0", "q8"), ("Q4_1", "q4")):
+            assert dst.tobytes() == row.tobytes(), "identical block layout: a byte copy"
+        back = np.zeros(cols, dtype=np.float32)
+        lib.dequant_row(QT[qt], dst.ctypes.data, cols, back.ctypes.data)
+        if exact:
+            np.testing.assert_array_equal(back, ref[r])
+        else:
+            np.testing.assert_allclose(back, ref[r], rtol=2e-3, atol=2e-4 * np.abs(ref[r]).max())
+
+
+@pytest.mark.parametrize("name,qt", [("Q6_K", "q8"), ("Q5_1", "q8"), ("Q4_1", "q8"), ("Q8_0", "q4"), ("F16", "q8")])
+def test_no_keep_path_where_not_exact(lib, name, qt):
+    rng = np.random.default_rng(3)
+    data = np.ascontiguousarray(random_blocks(T[name], 1, 256, rng)[0])
+    dst = np.zeros(256, dtype=np.uint8)
+    assert lib.gguf_keep_row(lib.gguf_type_from_name(f"GGUF_{name}".encode()), data.ctypes.data, 256, QT[qt],
+                             dst.ctypes.data) == 0

@@ -1,0 +1,549 @@
+"""`coli convert FILE.gguf OUT`: a llama.cpp GGUF file -> colibri container (stdlib only).
+
+The GGUF metadata becomes an HF-style config.json (so family_registry.normalize_arch applies as
+for any checkpoint), the GGUF tensors are mapped to HF names and handed to convert_hf's planner
+and shard writer, and the engine's convert-jobs moves the bytes with GGUF block types as
+sources (c/gguf_quants.c). The tokenizer is rebuilt from tokenizer.ggml.* as a tokenizer.json
+that HF `tokenizers` and the engine both read; the chat template goes to tokenizer_config.json.
+
+Storage choice per tensor: a GGUF block that colibri can hold without float re-quantization
+is kept (Q8_0 -> q8 and Q4_1 -> q4 are byte copies, Q4_0 -> q4 and Q5_0 -> q8 exact
+re-encodings, Q4_K -> q4 keeps the nibbles with f16 sub-block scales), so a 4-bit source is
+never widened to q8 (that would double its size and add error). Q5_1, Q5_K and Q6_K are
+dequantized and re-quantized to the requested type: colibri has no 5/6-bit blocks, Q6_K scales
+16-element sub-blocks (a q8 block of 32 has one scale) and Q5_1/Q5_K add a minimum that q8
+cannot hold. --experts/--dense bf16 or f32 always dequantize.
+
+One GGUF file becomes shards of about 2 GiB cut between layers (a layer and its experts stay
+in one shard), so an interrupted conversion resumes shard by shard.
+
+llama.cpp stores llama's Q and K projections with the rows of each head interleaved for its
+rotary layout; they are put back in HF order (one convert job per row).
+
+"""
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import convert_hf  # noqa: E402
+import family_registry  # noqa: E402
+from convert_hf import ConvertError  # noqa: E402
+from gguf_reader import GGUFError, read_gguf  # noqa: E402
+from version import VERSION  # noqa: E402
+
+ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM"}
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")   # kept as q4 when q4 or q8 is asked for
+EXACT_Q8 = ("Q8_0", "Q5_0")           # kept as q8 when q8 is asked for
+
+# token types (llama.cpp's llama_token_type)
+TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
+# texts llama.cpp also treats as end of generation when they are control tokens
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+             "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>")
+
+_BYTELEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+_BYTELEVEL_NO_REGEX = dict(_BYTELEVEL, use_regex=False)
+
+
+def _split(pattern):
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+
+
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_LLAMA3_RE = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN2_RE = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN35_RE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+              r"|\s+(?!\S)|\s+")
+_O200K_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+             r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DSV3_RES = (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+             "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+             "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+
+
+def _seq(*steps):
+    return {"type": "Sequence", "pretokenizers": list(steps)}
+
+
+# tokenizer.ggml.pre -> (pre_tokenizer, normalizer, ignore_merges), as the HF originals of each
+# family declare them (llama.cpp names the family; its own regexes are rewrites of these).
+PRE_TOKENIZERS = {}
+for _n in ("gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "trillion"):
+    PRE_TOKENIZERS[_n] = (_BYTELEVEL, None, False)
+for _n in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"):
+    PRE_TOKENIZERS[_n] = (_seq({"type": "Digits", "individual_digits": True}, _BYTELEVEL), None, False)
+for _n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"):
+    PRE_TOKENIZERS[_n] = (_seq(_split(_LLAMA3_RE), _BYTELEVEL_NO_REGEX), None, True)
+for _n in ("dbrx", "smaug-bpe"):
+    PRE_TOKENIZERS[_n] = (_seq(_split(_LLAMA3_RE), _BYTELEVEL_NO_REGEX), None, False)
+for _n in ("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"):
+    PRE_TOKENIZERS[_n] = (_seq(_split(_QWEN2_RE), dict(_BYTELEVEL_NO_REGEX, trim_offsets=False)), {"type": "NFC"}, False)
+PRE_TOKENIZERS["qwen35"] = (_seq(_split(_QWEN35_RE), dict(_BYTELEVEL_NO_REGEX, trim_offsets=False)), {"type": "NFC"}, False)
+PRE_TOKENIZERS["deepseek-v3"] = (_seq(*[_split(r) for r in _DSV3_RES], _BYTELEVEL_NO_REGEX), None, False)
+for _n in ("gpt-4o", "llama4"):
+    PRE_TOKENIZERS[_n] = (_seq(_split(_O200K_RE), _BYTELEVEL_NO_REGEX), None, True)
+
+
+class _Meta:
+    """Typed access to GGUF metadata with errors that name the key."""
+
+    def __init__(self, g, arch):
+        self.g, self.arch = g, arch
+
+    def get(self, key, default=None, kind=None, prefix=True):
+        k = f"{self.arch}.{key}" if prefix else key
+        v = self.g.metadata.get(k, default)
+        if v is None:
+            return None
+        if kind is int and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ConvertError(f"{self.g.path}: metadata {k} = {v!r} is not a non-negative integer")
+        if kind is float and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+            raise ConvertError(f"{self.g.path}: metadata {k} = {v!r} is not a number")
+        return v
+
+    def need(self, key, kind):
+        v = self.get(key, kind=kind)
+        if v is None:
+            raise ConvertError(f"{self.g.path}: GGUF metadata lacks {self.arch}.{key}")
+        return v
+
+
+def _uniform(meta, key, n_layers):
+    """A per-layer value that GGUF may store as an array; colibri needs it uniform."""
+    v = meta.g.metadata.get(f"{meta.arch}.{key}")
+    if isinstance(v, list):
+        if len(set(v)) != 1 or len(v) != n_layers:
+            raise ConvertError(f"{meta.g.path}: {meta.arch}.{key} varies by layer ({v[:8]}...); not supported")
+        return v[0]
+    return meta.need(key, int)
+
+
+def build_config(g, tensors):
+    """GGUF metadata -> HF config.json dict."""
+    gg_arch = g.metadata.get("general.architecture")
+    if gg_arch not in ARCHS:
+        raise ConvertError(f"{g.path}: GGUF architecture '{gg_arch}' is not supported "
+                           f"(supported: {', '.join(ARCHS)})")
+    family = ARCHS[gg_arch]
+    m = _Meta(g, gg_arch)
+    L = m.need("block_count", int)
+    H = m.need("embedding_length", int)
+    heads = _uniform(m, "attention.head_count", L)
+    kv = _uniform(m, "attention.head_count_kv", L) if f"{gg_arch}.attention.head_count_kv" in g.metadata else heads
+    if heads < 1 or kv < 1 or heads % kv:
+        raise ConvertError(f"{g.path}: {heads} attention heads and {kv} KV heads are not a valid grouping")
+    head_dim = m.get("attention.key_length", kind=int) or H // heads
+    vdim = m.get("attention.value_length", kind=int)
+    if vdim and vdim != head_dim:
+        raise ConvertError(f"{g.path}: key length {head_dim} != value length {vdim}; not supported")
+    rot = m.get("rope.dimension_count", kind=int)
+    if rot and rot != head_dim:
+        raise ConvertError(f"{g.path}: partial rotary embedding ({rot} of {head_dim} dims) is not supported for {gg_arch}")
+    emb = tensors.get("token_embd.weight")
+    if emb is None or len(emb.shape) != 2:
+        raise ConvertError(f"{g.path}: no 2-D token_embd.weight tensor")
+    cfg = {
+        "architectures": [HF_CLASS[family]],
+        "model_type": family,
+        "hidden_size": H,
+        "num_hidden_layers": L,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "intermediate_size": _uniform(m, "feed_forward_length", L) if f"{gg_arch}.feed_forward_length" in g.metadata else 0,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(m.need("attention.layer_norm_rms_epsilon", float)),
+        "rope_theta": float(m.get("rope.freq_base", 10000.0, kind=float)),
+        "max_position_embeddings": m.get("context_length", 4096, kind=int),
+        "vocab_size": emb.shape[1],
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "torch_dtype": "float32",
+    }
+    scaling = m.get("rope.scaling.type") or ("linear" if m.get("rope.scale_linear") else None)
+    if scaling == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear",
+                               "factor": float(m.get("rope.scaling.factor") or m.get("rope.scale_linear", kind=float))}
+    elif scaling == "yarn":
+        cfg["rope_scaling"] = {"rope_type": "yarn", "factor": float(m.need("rope.scaling.factor", float)),
+                               "original_max_position_embeddings": m.need("rope.scaling.original_context_length", int)}
+    elif scaling not in (None, "none"):
+        raise ConvertError(f"{g.path}: rope scaling '{scaling}' is not supported")
+    if family == "llama":
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
+        cfg["mlp_bias"] = False
+    if family in ("qwen3", "qwen3_moe"):
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
+    if family == "qwen3_moe":
+        cfg["num_experts"] = m.need("expert_count", int)
+        cfg["num_experts_per_tok"] = m.need("expert_used_count", int)
+        cfg["moe_intermediate_size"] = m.need("expert_feed_forward_length", int)
+        cfg["norm_topk_prob"] = bool(m.get("expert_weights_norm", True))
+        cfg["decoder_sparse_step"] = 1
+        cfg["mlp_only_layers"] = [l for l in range(L) if f"blk.{l}.ffn_gate_inp.weight" not in tensors]
+    tok = g.metadata
+    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos")):
+        v = tok.get(f"tokenizer.ggml.{name}_token_id")
+        if isinstance(v, int):
+            cfg[key] = v
+    return family, cfg
+
+
+def _row_perm(rows, n_head):
+    """HF row order of a llama.cpp-permuted Q/K weight: HF row h*hd + s*hd/2 + j lives in GGUF
+    row h*hd + 2j + s (llama.cpp's permute reshapes (n_head, 2, hd/2) -> (n_head, hd/2, 2))."""
+    hd = rows // n_head
+    half = hd // 2
+    out = []
+    for r in range(rows):
+        h, i = divmod(r, hd)
+        s, j = divmod(i, half)
+        out.append(h * hd + 2 * j + s)
+    return out
+
+
+def storage_for(gtype, qtype):
+    """The colibri storage for a tensor of GGUF type gtype whose class asks for qtype."""
+    if qtype in ("q8", "q4") and gtype in FOUR_BIT:
+        return "q4"
+    if qtype == "q8" and gtype in EXACT_Q8:
+        return "q8"
+    return qtype
+
+
+def _gguf_row_bytes(info):
+    from gguf_reader import GGML_TYPES
+    _, block, size = GGML_TYPES[info.type]
+    return info.shape[0] // block * size
+
+
+def map_tensors(g, family, cfg):
+    """GGUF tensors -> (table for convert_hf.plan_tensors, sources: HF name -> (info, first row, permute heads))."""
+    L = cfg["num_hidden_layers"]
+    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+    per_layer = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+                 "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+                 "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+                 "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+                 "attn_v.bias": "self_attn.v_proj.bias", "attn_output.bias": "self_attn.o_proj.bias",
+                 "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+                 "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+                 "ffn_down.weight": "mlp.down_proj.weight", "ffn_gate_inp.weight": "mlp.gate.weight"}
+    experts = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj", "ffn_down_exps.weight": "down_proj"}
+    table, sources, unknown = {}, {}, []
+    path = str(Path(g.path).resolve())
+    for name, info in g.tensors.items():
+        if name == "rope_freqs.weight":
+            continue  # read by rope_inv_freq_override
+        if info.type_name not in SUPPORTED_TYPES:
+            raise ConvertError(f"{g.path}: tensor '{name}' is {info.type_name}; supported GGUF types: "
+                               f"{', '.join(SUPPORTED_TYPES)}")
+        shape = list(reversed(info.shape))
+        hf, permute = names.get(name), None
+        if hf is None and name.startswith("blk."):
+            parts = name.split(".", 2)
+            if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) < L:
+                pre = f"model.layers.{parts[1]}"
+                if parts[2] in per_layer:
+                    hf = f"{pre}.{per_layer[parts[2]]}"
+                    if family == "llama" and parts[2] in ("attn_q.weight", "attn_k.weight"):
+                        permute = cfg["num_attention_heads"] if parts[2] == "attn_q.weight" else cfg["num_key_value_heads"]
+                    if family == "llama" and parts[2] in ("attn_q.bias", "attn_k.bias"):
+                        raise ConvertError(f"{g.path}: llama GGUF with Q/K biases is not supported yet "
+                                           "(their elements are permuted; see docs)")
+                elif parts[2] in experts:
+                    if len(shape) != 3:
+                        raise ConvertError(f"{g.path}: expert tensor '{name}' is not 3-D ({shape})")
+                    E, rows, cols = shape
+                    for e in range(E):
+                        hn = f"{pre}.mlp.experts.{e}.{experts[parts[2]]}.weight"
+                        table[hn] = dict(file=path, dtype="F32", shape=[rows, cols], offset=0)
+                        sources[hn] = (info, e * rows, None)
+                    continue
+        if hf is None:
+            unknown.append(name)
+            continue
+        if len(shape) > 2:
+            raise ConvertError(f"{g.path}: tensor '{name}' has {len(shape)} dimensions where 1 or 2 are expected")
+        # dtype is a placeholder for the planner's checks: the real source type is in `sources`
+        table[hf] = dict(file=path, dtype="F32", shape=shape, offset=0)
+        sources[hf] = (info, 0, permute)
+    if unknown:
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ConvertError(f"{g.path}: GGUF tensors the {family} layout does not use: {', '.join(unknown[:5])}{more}; "
+                           "refusing to drop weights silently")
+    return table, sources
+
+
+def rope_inv_freq_override(g, arch):
+    """llama 3.x GGUFs carry their RoPE scaling as rope_freqs.weight (a divisor per frequency)."""
+    info = g.tensors.get("rope_freqs.weight")
+    if info is None:
+        return None
+    half = arch["head_dim"] // 2
+    if info.type_name != "F32" or info.n_elements != half:
+        raise ConvertError(f"{g.path}: rope_freqs.weight must be F32 with {half} values")
+    with open(g.path, "rb") as f:
+        f.seek(info.offset)
+        factors = struct.unpack(f"<{half}f", f.read(4 * half))
+    base = float(g.metadata.get(f"{g.metadata['general.architecture']}.rope.freq_base", 10000.0))
+    dim = arch["head_dim"]
+    return [family_registry._float32(1.0 / (base ** (2 * i / dim)) / factors[i]) for i in range(half)]
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def build_tokenizer(g):
+    """tokenizer.ggml.* -> (tokenizer.json dict, special token texts dict, eos ids)."""
+    md = g.metadata
+    model = md.get("tokenizer.ggml.model")
+    if model is None:
+        raise ConvertError(f"{g.path}: the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
+    if model != "gpt2":
+        raise ConvertError(f"{g.path}: tokenizer.ggml.model '{model}' is not supported (only 'gpt2', byte-level BPE; "
+                           "SentencePiece 'llama' vocabularies are not supported yet)")
+    pre = md.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise ConvertError(f"{g.path}: pre-tokenizer '{pre}' (tokenizer.ggml.pre) is not supported; supported: "
+                           f"{', '.join(sorted(PRE_TOKENIZERS))}")
+    pretok, normalizer, ignore_merges = PRE_TOKENIZERS[pre]
+    tokens = md.get("tokenizer.ggml.tokens")
+    merges = md.get("tokenizer.ggml.merges")
+    types = md.get("tokenizer.ggml.token_type") or [TT_NORMAL] * len(tokens or [])
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ConvertError(f"{g.path}: tokenizer.ggml.tokens must be a non-empty list of strings")
+    if not isinstance(merges, list) or not all(isinstance(t, str) for t in merges):
+        raise ConvertError(f"{g.path}: tokenizer.ggml.merges must be a list of strings")
+    if len(types) != len(tokens):
+        raise ConvertError(f"{g.path}: {len(types)} token types for {len(tokens)} tokens")
+    vocab, added = {}, []
+    for i, (t, ty) in enumerate(zip(tokens, types)):
+        if ty == TT_UNUSED:
+            continue  # llama.cpp's [PADn] fillers up to the embedding size
+        if t in vocab:
+            if ty in (TT_CONTROL, TT_USER_DEFINED):
+                raise ConvertError(f"{g.path}: token text {t!r} appears twice (ids {vocab[t]} and {i})")
+            continue  # HF keeps the first id for a duplicated text
+        vocab[t] = i
+        if ty in (TT_CONTROL, TT_USER_DEFINED):
+            added.append({"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": ty == TT_CONTROL})
+    merge_pairs = []
+    for k, mg in enumerate(merges):
+        sp = mg.find(" ", 1)  # llama.cpp splits at the first space after the first character
+        if sp < 0:
+            raise ConvertError(f"{g.path}: tokenizer.ggml.merges[{k}] {mg[:40]!r} is not 'a b'")
+        a, b = mg[:sp], mg[sp + 1:]
+        if a not in vocab or b not in vocab or a + b not in vocab:
+            raise ConvertError(f"{g.path}: tokenizer.ggml.merges[{k}] {mg[:60]!r} names tokens that are not in "
+                               "the vocabulary; the tokenizer is inconsistent")
+        merge_pairs.append([a, b])
+
+    def tok_text(key):
+        v = md.get(f"tokenizer.ggml.{key}_token_id")
+        if isinstance(v, int) and 0 <= v < len(tokens) and types[v] != TT_UNUSED:
+            return v, tokens[v]
+        return None, None
+
+    bos_id, bos = tok_text("bos")
+    eos_id, eos = tok_text("eos")
+    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    if add_bos or add_eos:
+        single = ([{"SpecialToken": {"id": bos, "type_id": 0}}] if add_bos else []) + \
+                 [{"Sequence": {"id": "A", "type_id": 0}}] + \
+                 ([{"SpecialToken": {"id": eos, "type_id": 0}}] if add_eos else [])
+        pair = single + [dict(p) if "SpecialToken" in p else {"Sequence": {"id": "B", "type_id": 1}} for p in single]
+        specials = {}
+        for on, tid, txt in ((add_bos, bos_id, bos), (add_eos, eos_id, eos)):
+            if on:
+                specials[txt] = {"id": txt, "ids": [tid], "tokens": [txt]}
+        post = {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}
+    else:
+        post = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": pretok,
+        "post_processor": post,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merge_pairs},
+    }
+    eos_ids = [] if eos_id is None else [eos_id]
+    for key in ("eot", "eom"):
+        v, _ = tok_text(key)
+        if v is not None and v not in eos_ids:
+            eos_ids.append(v)
+    for i, (t, ty) in enumerate(zip(tokens, types)):
+        if ty == TT_CONTROL and t in EOG_TEXTS and i not in eos_ids:
+            eos_ids.append(i)
+    specials = {"bos_token": bos, "eos_token": eos, "add_bos_token": add_bos, "add_eos_token": add_eos}
+    for key in ("unknown", "padding"):
+        _, txt = tok_text(key)
+        if txt is not None:
+            specials["unk_token" if key == "unknown" else "pad_token"] = txt
+    return tokenizer, specials, eos_ids, bos_id
+
+
+def chat_templates(g):
+    md = g.metadata
+    out = {}
+    if isinstance(md.get("tokenizer.chat_template"), str):
+        out["default"] = md["tokenizer.chat_template"]
+    names = md.get("tokenizer.chat_templates")
+    for n in names if isinstance(names, list) else []:
+        t = md.get(f"tokenizer.chat_template.{n}")
+        if isinstance(n, str) and isinstance(t, str):
+            out[n] = t
+    if not out:
+        return None
+    if list(out) == ["default"]:
+        return out["default"]
+    return [{"name": k, "template": v} for k, v in out.items()]
+
+
+SHARD_BYTES = 2 << 30  # one GGUF file is cut into ~2 GiB shards so an interrupted conversion resumes
+
+
+def shard_anchors(planner):
+    """Gives each output an anchor naming its shard: consecutive layers (by planner order)
+    grouped up to SHARD_BYTES, so a layer and its experts never straddle two shards.
+    convert_hf.layout_shards groups and names shards by anchor."""
+    sizes = {}
+    for o in planner.outputs:
+        key = o["order"][0]
+        sizes[key] = sizes.get(key, 0) + o["rows"] * convert_hf.row_bytes(o["qtype"], o["cols"])
+    group, acc, anchor_of = 0, 0, {}
+    for key in sorted(sizes):
+        if acc and acc + sizes[key] > SHARD_BYTES:
+            group, acc = group + 1, 0
+        acc += sizes[key]
+        anchor_of[key] = f"part{group}"
+    for o in planner.outputs:
+        o["anchor"] = anchor_of[o["order"][0]]
+    return [f"part{g}" for g in range(group + 1)]
+
+
+def write_json(path, obj):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- conversion
+
+def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
+    src, out = Path(src_path), Path(out_dir)
+    if experts not in convert_hf.EXPERT_CHOICES:
+        raise ConvertError(f"--experts must be one of {', '.join(convert_hf.EXPERT_CHOICES)}")
+    if dense not in convert_hf.DENSE_CHOICES:
+        raise ConvertError(f"--dense must be one of {', '.join(convert_hf.DENSE_CHOICES)}")
+    try:
+        g = read_gguf(src)
+    except GGUFError as e:
+        raise ConvertError(str(e)) from None
+    family, cfg = build_config(g, g.tensors)
+    try:
+        fam, arch = family_registry.normalize_arch(cfg)
+    except ValueError as e:
+        raise ConvertError(f"{src}: {e}") from None
+    inv = rope_inv_freq_override(g, arch)
+    if inv is not None:
+        arch["rope_inv_freq"] = inv
+    tokenizer, specials, eos_ids, bos_id = build_tokenizer(g)
+    table, sources = map_tensors(g, family, cfg)
+    arch["_family"] = fam
+    planner = convert_hf.plan_tensors(arch, table, experts, dense)
+    del arch["_family"]
+    kept = {}
+    for o in planner.outputs:
+        info, row0, permute = sources[o["name"]]
+        gt = info.type_name
+        if o["qtype"] != "f32":
+            o["qtype"] = storage_for(gt, o["qtype"])
+        dt = gt if gt in ("F32", "F16", "BF16") else f"GGUF_{gt}"
+        rb = _gguf_row_bytes(info)
+        base = info.offset + row0 * rb
+        if permute:
+            o["parts"] = [(o["parts"][0][0], base + r * rb, dt, 1) for r in _row_perm(o["rows"], permute)]
+        else:
+            o["parts"] = [(o["parts"][0][0], base, dt, o["rows"])]
+        kept.setdefault(f"{gt} -> {o['qtype']}", 0)
+        kept[f"{gt} -> {o['qtype']}"] += 1
+    shards = convert_hf.layout_shards(planner, shard_anchors(planner))
+    st = src.stat()
+    settings = {"converter_version": VERSION, "format_version": convert_hf.FORMAT_VERSION, "experts": experts,
+                "dense": dense, "source": {src.name: [st.st_size, int(st.st_mtime)]}}
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / convert_hf.STATE_FILE
+    state = {"settings": settings, "done": []}
+    if state_path.exists():
+        prev = json.loads(state_path.read_text())
+        if prev.get("settings") != settings:
+            raise ConvertError(f"{out} holds a conversion with other settings ({convert_hf.describe(prev.get('settings'))}); "
+                               f"this one is ({convert_hf.describe(settings)}). Use another output directory or delete it.")
+        state = prev
+        if (out / "colibri.json").exists():
+            log(f"{out}: already converted with these settings")
+            return out
+        log(f"resuming: {len(state['done'])}/{len(shards)} shards already written")
+    elif (out / "colibri.json").exists() or any(out.glob("*.safetensors")):
+        raise ConvertError(f"{out} already holds a model not made by this conversion; use an empty directory")
+    state_path.write_text(json.dumps(state))
+    name = g.metadata.get("general.name") or src.name
+    log(f"converting {name} ({family_registry.FAMILIES[fam]['display']}, GGUF v{g.version}, {len(g.tensors)} tensors): "
+        f"experts {experts}, dense {dense}")
+    log("  storage: " + ", ".join(f"{k} x{v}" for k, v in sorted(kept.items())))
+    for fname, outs in shards:
+        if fname in state["done"] and (out / fname).exists():
+            continue
+        convert_hf.write_shard(out, fname, outs, log)
+        state["done"].append(fname)
+        state_path.write_text(json.dumps(state))
+    write_json(out / "config.json", cfg)
+    write_json(out / "tokenizer.json", tokenizer)
+    tcfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+            "model_max_length": cfg["max_position_embeddings"]}
+    tcfg.update({k: v for k, v in specials.items() if v is not None})
+    tmpl = chat_templates(g)
+    if tmpl is not None:
+        tcfg["chat_template"] = tmpl
+    write_json(out / "tokenizer_config.json", tcfg)
+    gen = {"bos_token_id": bos_id, "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}
+    write_json(out / "generation_config.json", {k: v for k, v in gen.items() if v is not None and v != []})
+    log("checksumming the source")
+    manifest = {
+        "format": "colibri-container",
+        "format_version": convert_hf.FORMAT_VERSION,
+        "converter_version": VERSION,
+        "family": fam,
+        "arch": arch,
+        "quant": {"experts": experts, "dense": dense, "embed": dense, "lm_head": dense,
+                  "norms": "f32", "router": "f32", "biases": "f32",
+                  "q8": "blocks of 32, f16 scale", "q4": "blocks of 32, f16 scale + f16 min",
+                  "from_gguf": kept},
+        "bos_token_id": bos_id if bos_id is not None else -1,
+        "eos_token_ids": eos_ids,
+        "shards": [fname for fname, _ in shards],
+        "source": {"files": {src.name: convert_hf.sha256_file(src)}, "model_type": cfg["model_type"],
+                   "gguf": {"version": g.version, "architecture": g.metadata.get("general.architecture"),
+                            "name": g.metadata.get("general.name"), "file_type": g.metadata.get("general.file_type")}},
+    }
+    tmp = out / "colibri.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / "colibri.json")
+    log(f"wrote {out}")
+    return out
