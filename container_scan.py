@@ -24,17 +24,7 @@ STORAGE = {
     "q4": ("U8", lambda cols: -(-cols // QBLOCK) * 20),
 }
 
-# Tensor classes by HF name; first match wins (norms before attention: q_norm lives in self_attn).
-TENSOR_CLASSES = (
-    ("expert", re.compile(r"\.mlp\.experts\.\d+\.")),
-    ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
-    ("router", re.compile(r"\.mlp\.gate\.(weight|bias)$")),
-    ("embed", re.compile(r"^model\.embed_tokens\.")),
-    ("lm_head", re.compile(r"^lm_head\.")),
-    ("norm", re.compile(r"norm\.(weight|bias)$")),
-    ("attention", re.compile(r"\.self_attn\.")),
-    ("dense_mlp", re.compile(r"\.mlp\.(gate|up|down)_proj\.")),
-)
+from family_registry import TENSOR_CLASSES  # noqa: E402  (one table for every tool)
 EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
@@ -236,14 +226,11 @@ def scan(model_dir):
             "max_bytes_each": max((b for b, _ in per_expert.values()), default=0),
             "elements_each": sum(n for _, n in per_expert.values()) // n_exp if n_exp else 0,
         },
-        "kv_bytes_per_token": kv_bytes_per_token(arch),
+        "kv_bytes_per_token": kv_bytes_per_token(arch, man.get("family")),
     }
 
 
-def kv_bytes_per_token(arch):
-    """Bytes of KV cache one token takes in one slot: the engine keeps K and V as float32 for every
-    layer and KV head (c/forward.c kv_init)."""
-    try:
-        return 2 * int(arch["num_layers"]) * int(arch["num_kv_heads"]) * int(arch["head_dim"]) * 4
-    except (KeyError, TypeError, ValueError):
-        return 0
+def kv_bytes_per_token(arch, family=None):
+    """Bytes of KV cache one token takes in one slot (the registry's rule for the family)."""
+    import family_registry
+    return family_registry.kv_bytes_per_token(arch, family)

@@ -5,13 +5,21 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 (``arch`` in colibri.json) and names the tensor classes the converter quantizes.
 """
 import math
+import re
 
-# Families the engine implements. `engine_family` is the name written into colibri.json.
+# Families the engine implements (the key is the name written into colibri.json; the engine's
+# `colibri families` must list the same, which tests/test_registry.py checks).
+#   default_ctx             context the engine allocates unless --ctx says otherwise (capped by the model)
+#   interactive_max_tokens  answer cap in `coli chat` (`:more` continues)
+#   thinking                chat-template variable that switches reasoning on/off, or None
+#   tools                   a tool-call format the server can parse (none implemented yet)
+#   kv                      KV cache layout, for the planner (see kv_bytes_per_token)
+_LLAMA_LIKE = {"default_ctx": 4096, "interactive_max_tokens": 1024, "thinking": None, "tools": False, "kv": "gqa_f32"}
 FAMILIES = {
     "llama": {
         "display": "Llama",
         "model_types": ["llama"],
-        "default_ctx": 4096,
+        **_LLAMA_LIKE,
         "biases": "config",          # attention_bias / mlp_bias from config
         "qk_norm": False,
         "moe": False,
@@ -20,7 +28,7 @@ FAMILIES = {
     "qwen2": {
         "display": "Qwen2 / Qwen2.5",
         "model_types": ["qwen2"],
-        "default_ctx": 4096,
+        **_LLAMA_LIKE,
         "biases": "qkv",             # q/k/v always biased, o never
         "qk_norm": False,
         "moe": False,
@@ -29,22 +37,50 @@ FAMILIES = {
     "qwen3": {
         "display": "Qwen3 (dense)",
         "model_types": ["qwen3"],
-        "default_ctx": 4096,
+        **_LLAMA_LIKE,
         "biases": "attention_bias",
         "qk_norm": True,
         "moe": False,
         "default_tie": False,
+        "thinking": "enable_thinking",
     },
     "qwen3_moe": {
         "display": "Qwen3-MoE",
         "model_types": ["qwen3_moe"],
-        "default_ctx": 4096,
+        **_LLAMA_LIKE,
         "biases": "attention_bias",
         "qk_norm": True,
         "moe": True,
         "default_tie": False,
+        "thinking": "enable_thinking",
     },
 }
+
+# Tensor classes by HF name, for the planner and doctor; first match wins (norms before
+# attention: q_norm lives in self_attn). The converter's storage choice follows the same split:
+# experts, dense trunk (attention, dense MLP, embed, lm_head), and f32 (norms, router, biases).
+TENSOR_CLASSES = (
+    ("expert", re.compile(r"\.mlp\.experts\.\d+\.")),
+    ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
+    ("router", re.compile(r"\.mlp\.gate\.(weight|bias)$")),
+    ("embed", re.compile(r"^model\.embed_tokens\.")),
+    ("lm_head", re.compile(r"^lm_head\.")),
+    ("norm", re.compile(r"norm\.(weight|bias)$")),
+    ("attention", re.compile(r"\.self_attn\.")),
+    ("dense_mlp", re.compile(r"\.mlp\.(gate|up|down)_proj\.")),
+)
+
+
+def kv_bytes_per_token(arch, family=None):
+    """Bytes one token takes in one KV slot. gqa_f32: K and V as float32 for every layer and KV
+    head (c/forward.c kv_init)."""
+    layout = FAMILIES.get(family, {}).get("kv", "gqa_f32")
+    if layout != "gqa_f32":
+        raise ValueError(f"unknown KV layout {layout}")
+    try:
+        return 2 * int(arch["num_layers"]) * int(arch["num_kv_heads"]) * int(arch["head_dim"]) * 4
+    except (KeyError, TypeError, ValueError):
+        return 0
 
 SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn")
 

@@ -4,6 +4,7 @@ server, and checked before the engine starts.
 A value the engine cannot honour is refused with the reason, never clamped. A tuned profile
 (tune_profile.py) fills only the knobs the user did not give; an explicit flag always wins.
 """
+import json
 import os
 import sys
 from pathlib import Path
@@ -196,14 +197,25 @@ def sampling_opts(args, default_max_tokens=None):
     return {k: v for k, v in opts.items() if v is not None}
 
 
+def thinking_switch(model_dir):
+    """The template variable that switches thinking: the registry's for the family, else
+    enable_thinking (the common name) for families the registry does not mark."""
+    import family_registry
+    try:
+        fam = json.loads((Path(model_dir) / "colibri.json").read_text()).get("family")
+    except (OSError, ValueError):
+        fam = None
+    return family_registry.FAMILIES.get(fam, {}).get("thinking") or "enable_thinking"
+
+
 def template_supports_thinking(model_dir):
-    """True when the model's chat template has a thinking switch (enable_thinking); None without a template."""
+    """True when the model's chat template reads its thinking switch; None without a template."""
     try:
         import chat_template
         source = chat_template.load_chat_template(str(model_dir))
     except Exception:  # noqa: BLE001 - no template, or none readable
         return None
-    return "enable_thinking" in source
+    return thinking_switch(model_dir) in source
 
 
 def thinking_vars(args, model_dir):
@@ -218,5 +230,5 @@ def thinking_vars(args, model_dir):
     if ok is None:
         raise UserError(f"{flag}: {model_dir} has no chat template to switch thinking in")
     if not ok:
-        raise UserError(f"{flag}: this model's chat template has no thinking switch (enable_thinking)")
-    return {"enable_thinking": bool(think)}
+        raise UserError(f"{flag}: this model's chat template has no thinking switch ({thinking_switch(model_dir)})")
+    return {thinking_switch(model_dir): bool(think)}

@@ -62,3 +62,25 @@ def test_moe_layer_kinds():
     _, arch = family_registry.normalize_arch(dict(cfg, num_experts=None, num_local_experts=4, decoder_sparse_step=1,
                                                   mlp_only_layers=[]))
     assert arch["layer_mlp"] == ["moe"] * 6 and arch["num_experts"] == 4
+
+
+def test_registry_describes_every_family_fully():
+    for name, fam in family_registry.FAMILIES.items():
+        for key in ("display", "model_types", "default_ctx", "interactive_max_tokens", "thinking", "tools", "kv"):
+            assert key in fam, f"{name} lacks {key}"
+    assert family_registry.FAMILIES["qwen3_moe"]["thinking"] == "enable_thinking"
+    assert family_registry.FAMILIES["llama"]["thinking"] is None
+
+
+def test_kv_bytes_per_token_is_what_the_engine_allocates():
+    arch = {"num_layers": 3, "num_kv_heads": 2, "head_dim": 32}
+    assert family_registry.kv_bytes_per_token(arch, "qwen3_moe") == 2 * 3 * 2 * 32 * 4
+
+
+def test_tensor_classes():
+    cls = lambda n: next(c for c, rx in family_registry.TENSOR_CLASSES if rx.search(n))  # noqa: E731
+    assert cls("model.layers.3.mlp.experts.17.down_proj.weight") == "expert"
+    assert cls("model.layers.3.mlp.gate.weight") == "router"
+    assert cls("model.layers.3.self_attn.q_norm.weight") == "norm"
+    assert cls("model.layers.3.self_attn.q_proj.weight") == "attention"
+    assert cls("model.layers.0.mlp.gate_proj.weight") == "dense_mlp"
