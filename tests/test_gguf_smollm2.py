@@ -92,3 +92,21 @@ def test_capital_of_france(smollm2_container):
     assert r.returncode == 0, r.stderr
     print(f"answer: {r.stdout.strip()!r}")
     assert "Paris" in r.stdout
+
+
+def test_serve_answers_the_openai_client(smollm2_container, tmp_path):
+    """The same model behind `coli serve`, asked through the official openai client."""
+    import openai
+    from server_helpers import ServerProc
+    with ServerProc(smollm2_container, "--kv-dir", str(tmp_path), log_dir=tmp_path) as srv:
+        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=120, max_retries=0)
+        model_id = client.models.list().data[0].id
+        r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": QUESTION}],
+                                           max_tokens=16, temperature=0)
+        answer = r.choices[0].message.content
+        print(f"served answer: {answer!r}")
+        assert "Paris" in answer and r.usage.completion_tokens <= 16
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": QUESTION}], max_tokens=16, temperature=0,
+            stream=True) if c.choices)
+        assert streamed == answer  # greedy: streaming changes nothing

