@@ -250,7 +250,9 @@ def test_chat_in_a_terminal(model, tmp_path):
         assert "tok/s" not in answer  # the first capture was mid-answer, before the footer
         footer = next(ln for ln in s.splitlines() if "stopped]" in ln)
         assert "TTFT" in footer and "hit rate" in footer and "RSS" in footer
-        assert int(footer.strip("[").split(" tokens")[0]) < 200  # the engine stopped, far before the cap
+        # the engine stopped before the answer cap (a tiny model streams hundreds of tokens before
+        # the screen capture notices the answer, so only the cap is a machine-independent bound)
+        assert int(footer.strip("[").split(" tokens")[0]) < chat_cli.DEFAULT_ANSWER_CAP
         t.keys(":reset", "Enter")
         t.wait_for(lambda s: "(conversation cleared)" in s)
         # a pasted block arrives as several lines at once: one message, one answer
