@@ -16,6 +16,7 @@ from pathlib import Path
 
 import launch_opts
 from cli_common import UserError, model_arg, require_model
+from server_text import partial_suffix  # the same held-back-tag rule the server streams with
 
 HELP = "chat with a model in the terminal (streams tokens; Ctrl-C stops an answer)"
 DESCRIPTION = """Loads the model once and chats. Commands:
@@ -52,7 +53,7 @@ class ThinkSplitter:
                     out.append(("think_end",))
                     s = s[i + len(self.CLOSE):]
                     continue
-                keep = partial_tag(s, self.CLOSE)
+                keep = partial_suffix(s, self.CLOSE)
                 self._emit(out, s[:len(s) - keep])
                 self.pending = s[len(s) - keep:]
                 break
@@ -82,14 +83,6 @@ class ThinkSplitter:
         out = []
         self._emit(out, rest)
         return out
-
-
-def partial_tag(s, tag):
-    """Length of the longest suffix of s that is a proper prefix of tag."""
-    for k in range(min(len(tag) - 1, len(s)), 0, -1):
-        if s.endswith(tag[:k]):
-            return k
-    return 0
 
 
 class Screen:

@@ -487,32 +487,14 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
     st = src.stat()
     settings = {"converter_version": VERSION, "format_version": convert_hf.FORMAT_VERSION, "experts": experts,
                 "dense": dense, "source": {src.name: [st.st_size, int(st.st_mtime)]}}
-    out.mkdir(parents=True, exist_ok=True)
-    state_path = out / convert_hf.STATE_FILE
-    state = {"settings": settings, "done": []}
-    if state_path.exists():
-        prev = json.loads(state_path.read_text())
-        if prev.get("settings") != settings:
-            raise ConvertError(f"{out} holds a conversion with other settings ({convert_hf.describe(prev.get('settings'))}); "
-                               f"this one is ({convert_hf.describe(settings)}). Use another output directory or delete it.")
-        state = prev
-        if (out / "colibri.json").exists():
-            log(f"{out}: already converted with these settings")
-            return out
-        log(f"resuming: {len(state['done'])}/{len(shards)} shards already written")
-    elif (out / "colibri.json").exists() or any(out.glob("*.safetensors")):
-        raise ConvertError(f"{out} already holds a model not made by this conversion; use an empty directory")
-    state_path.write_text(json.dumps(state))
+    state = convert_hf.start_conversion(out, settings, len(shards), log)
+    if state is None:
+        return out
     name = g.metadata.get("general.name") or src.name
     log(f"converting {name} ({family_registry.FAMILIES[fam]['display']}, GGUF v{g.version}, {len(g.tensors)} tensors): "
         f"experts {experts}, dense {dense}")
     log("  storage: " + ", ".join(f"{k} x{v}" for k, v in sorted(kept.items())))
-    for fname, outs in shards:
-        if fname in state["done"] and (out / fname).exists():
-            continue
-        convert_hf.write_shard(out, fname, outs, log)
-        state["done"].append(fname)
-        state_path.write_text(json.dumps(state))
+    convert_hf.write_missing_shards(out, shards, state, log)
     write_json(out / "config.json", cfg)
     write_json(out / "tokenizer.json", tokenizer)
     tcfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,

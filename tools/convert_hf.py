@@ -270,34 +270,16 @@ def convert(src, out, experts="q4", dense="q8", log=print):
     shards = layout_shards(planner, [str(f.resolve()) for f in files])
     settings = {"converter_version": VERSION, "format_version": FORMAT_VERSION, "experts": experts, "dense": dense,
                 "source": {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in files}}
-    out.mkdir(parents=True, exist_ok=True)
-    state_path = out / STATE_FILE
-    state = {"settings": settings, "done": []}
-    if state_path.exists():
-        prev = json.loads(state_path.read_text())
-        if prev.get("settings") != settings:
-            raise ConvertError(f"{out} holds a conversion with other settings ({describe(prev.get('settings'))}); "
-                               f"this one is ({describe(settings)}). Use another output directory or delete it.")
-        state = prev
-        if (out / "colibri.json").exists():
-            log(f"{out}: already converted with these settings")
-            return out
-        log(f"resuming: {len(state['done'])}/{len(shards)} shards already written")
-    elif (out / "colibri.json").exists() or any(out.glob("*.safetensors")):
-        raise ConvertError(f"{out} already holds a model not made by this conversion; use an empty directory")
-    state_path.write_text(json.dumps(state))
+    state = start_conversion(out, settings, len(shards), log)
+    if state is None:
+        return out
     narrowed = sorted({f"{parts[0][2]} -> {o['qtype']}" for o in planner.outputs for parts in [o["parts"]]
                        if o["qtype"] == "bf16" and parts[0][2] in ("F32", "F16")})
     if narrowed:
         log(f"note: bf16 storage rounds wider source weights ({', '.join(narrowed)}); use f32 to keep them exactly")
     log(f"converting {family_registry.FAMILIES[family]['display']} ({len(tensors)} source tensors, "
         f"{len(files)} shard(s)): experts {experts}, dense {dense}")
-    for fname, outs in shards:
-        if fname in state["done"] and (out / fname).exists():
-            continue
-        write_shard(out, fname, outs, log)
-        state["done"].append(fname)
-        state_path.write_text(json.dumps(state))
+    write_missing_shards(out, shards, state, log)
     for name in COPIED_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, out / name)
@@ -321,6 +303,39 @@ def convert(src, out, experts="q4", dense="q8", log=print):
     os.replace(tmp, out / "colibri.json")
     log(f"wrote {out}")
     return out
+
+
+def start_conversion(out, settings, n_shards, log):
+    """Opens OUT for a conversion with these settings: returns the state to continue (finished
+    shards are skipped), or None when OUT already holds this exact conversion. Refuses a
+    directory that holds another conversion or a model this one did not make."""
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / STATE_FILE
+    state = {"settings": settings, "done": []}
+    if state_path.exists():
+        prev = json.loads(state_path.read_text())
+        if prev.get("settings") != settings:
+            raise ConvertError(f"{out} holds a conversion with other settings ({describe(prev.get('settings'))}); "
+                               f"this one is ({describe(settings)}). Use another output directory or delete it.")
+        if (out / "colibri.json").exists():
+            log(f"{out}: already converted with these settings")
+            return None
+        state = prev
+        log(f"resuming: {len(state['done'])}/{n_shards} shards already written")
+    elif (out / "colibri.json").exists() or any(out.glob("*.safetensors")):
+        raise ConvertError(f"{out} already holds a model not made by this conversion; use an empty directory")
+    state_path.write_text(json.dumps(state))
+    return state
+
+
+def write_missing_shards(out, shards, state, log):
+    """Writes every shard not finished yet, recording each one as it completes."""
+    for fname, outs in shards:
+        if fname in state["done"] and (out / fname).exists():
+            continue
+        write_shard(out, fname, outs, log)
+        state["done"].append(fname)
+        (out / STATE_FILE).write_text(json.dumps(state))
 
 
 def describe(s):
