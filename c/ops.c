@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,61 @@ float *scratch(int slot, size_t n) {
     return tl_buf[slot];
 }
 
+/* Smallest matmul, in block dots, worth a parallel region. Starting a region costs ~2 us when
+ * idle threads spin but ~60 us when they sleep (OMP_WAIT_POLICY=PASSIVE on a 2-core VM), while
+ * n threads save (1 - 1/n) of the serial time at ~3 ns per block dot; with sleeping threads a
+ * small model's decode matmuls are faster on one thread. Measured once, as the fastest of a few
+ * tiny regions (a hiccup cannot inflate it); only speed depends on it, never results. */
+#define BLOCK_DOT_S 3e-9
+static double par_min_blocks(void) {
+    static double min_blocks = -1;
+    if (min_blocks < 0) {
+        int n = omp_get_max_threads(), hits = 0;
+        double fork = 1e9;
+        for (int i = 0; i < 6; i++) { /* the first also creates the team; each thread must run */
+            double t = omp_get_wtime();
+#pragma omp parallel for schedule(static)
+            for (int k = 0; k < n; k++) {
+#pragma omp atomic
+                hits++;
+            }
+            if (i) fork = fmin(fork, omp_get_wtime() - t);
+        }
+        min_blocks = n > 1 ? fork / BLOCK_DOT_S * n / (n - 1) : 0;
+    }
+    return min_blocks;
+}
+
+/* q8/q4 weights: each activation row is quantized once to int16 blocks, then every weight row
+ * takes integer block dots against it. A tile of weight rows meets the activations
+ * QDOT_MAX_ROWS rows at a time, so during prefill both stay in L1 and each unpacked weight
+ * block serves several positions. */
+static void matmul_quant(float *y, const float *x, int T, const QMat *w, const float *bias) {
+    const int rows = w->rows, cols = w->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
+    const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2; /* int16 blocks, in floats */
+    float *buf = scratch(2, qfloats + 2 * nblk);
+    const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
+    const QDotFn qdot = kern.qdot[w->qt];
+    const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;
+    /* Serial: quantizing is ~1% of the dots, far less than the extra barrier (a futex round
+     * trip with passive waiting) that a parallel loop here would add to every decode matmul. */
+    for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
+#pragma omp parallel for schedule(static) if ((double)rows * (double)nblk >= par_min_blocks())
+    for (int tile = 0; tile < tiles; tile++) {
+        int r0 = tile * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
+        for (int t0 = 0; t0 < T; t0 += QDOT_MAX_ROWS) {
+            int nt = T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS;
+            float *yt = y + (size_t)t0 * rows + r0;
+            qdot(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, t0, nt, yt, (size_t)rows);
+            if (bias)
+                for (int i = 0; i < nt; i++)
+                    for (int r = r0; r < r1; r++) yt[(size_t)i * rows + r - r0] += bias[r];
+        }
+    }
+}
+
 void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
+    if (kern.qdot[w->qt]) { matmul_quant(y, x, T, w, bias); return; }
     const int rows = w->rows, cols = w->cols;
     const size_t padded = ((size_t)cols + 31) / 32 * 32;
     const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;

@@ -10,7 +10,8 @@ void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int c
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 void softmax(float *x, int n);
 float silu(float x);
-/* Thread-local scratch that grows on demand; valid until the next call with the same slot. */
+/* Thread-local scratch that grows on demand; valid until the next call with the same slot.
+ * Slots in use: 0 matmul (dequantized rows), 1 attention scores, 2 matmul (quantized activations). */
 float *scratch(int slot, size_t n);
 
 #endif

@@ -180,15 +180,102 @@ static float dot_portable(const float *a, const float *b, int n) {
 
 void dequant_row(QType q, const void *src, int cols, float *dst) { dequant_row_portable(q, src, cols, dst); }
 
+#define ACT_QMAX 32767.0f
+/* Scale ACT_QMAX/amax; below this amax the reciprocal would overflow: the block counts as zero. */
+#define ACT_TINY 1e-30f
+
+/* Nearest-even rounding (nearbyintf in the default mode) is what the AVX2 conversion does, so
+ * both kernel sets produce the same bytes. */
+static void quantize_act_portable(const float *x, int cols, const QAct *a, int t) {
+    for (int b = 0; b < a->nb; b++) {
+        size_t i = (size_t)t * a->nb + b;
+        float v[QBLOCK], amax = 0;
+        load_block(x, cols, b, v);
+        for (int j = 0; j < QBLOCK; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float id = amax >= ACT_TINY ? ACT_QMAX / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QBLOCK; j++) {
+            int q = (int)nearbyintf(v[j] * id);
+            a->q[i * QBLOCK + j] = (int16_t)q;
+            sum += q;
+        }
+        size_t k = (size_t)b * a->rows + t;
+        a->d[k] = amax >= ACT_TINY ? amax / ACT_QMAX : 0.0f;
+        a->s[k] = a->d[k] * (float)sum;
+    }
+}
+
+/* The portable integer dots walk a weight row once and use each decoded block for all nt
+ * activation rows; per row: acc += (dw*dx) * (integer block dot). */
+static void qdot_q8_row(const unsigned char *s, const QAct *a, int t0, int nt, float *out) {
+    float acc[QDOT_MAX_ROWS] = {0};
+    for (int b = 0; b < a->nb; b++, s += 34) {
+        float dw = load_f16(s);
+        for (int r = 0; r < nt; r++) {
+            const int16_t *xq = a->q + ((size_t)(t0 + r) * a->nb + b) * QBLOCK;
+            size_t k = (size_t)b * a->rows + t0 + r;
+            int32_t isum = 0;
+            for (int j = 0; j < QBLOCK; j++) isum += (int8_t)s[2 + j] * xq[j];
+            acc[r] += (dw * a->d[k]) * (float)isum;
+        }
+    }
+    for (int r = 0; r < nt; r++) out[r] = acc[r];
+}
+
+/* q4: x.w = dw*dx*sum(q*qx) + mw*(dx*sum(qx)); the second sum is the activation's s. */
+static void qdot_q4_row(const unsigned char *s, const QAct *a, int t0, int nt, float *out) {
+    float acc[QDOT_MAX_ROWS] = {0}, mins[QDOT_MAX_ROWS] = {0};
+    for (int b = 0; b < a->nb; b++, s += 20) {
+        float dw = load_f16(s), mw = load_f16(s + 2);
+        int16_t q[QBLOCK];
+        for (int j = 0; j < 16; j++) { q[j] = s[4 + j] & 15; q[j + 16] = s[4 + j] >> 4; }
+        for (int r = 0; r < nt; r++) {
+            const int16_t *xq = a->q + ((size_t)(t0 + r) * a->nb + b) * QBLOCK;
+            size_t k = (size_t)b * a->rows + t0 + r;
+            int32_t isum = 0;
+            for (int j = 0; j < QBLOCK; j++) isum += q[j] * xq[j];
+            acc[r] += (dw * a->d[k]) * (float)isum;
+            mins[r] += mw * a->s[k];
+        }
+    }
+    for (int r = 0; r < nt; r++) out[r] = acc[r] + mins[r];
+}
+
+static void qdot_rows(void (*row)(const unsigned char *, const QAct *, int, int, float *), const unsigned char *w,
+                      size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
+    for (int r = 0; r < nr; r++) {
+        float out[QDOT_MAX_ROWS];
+        row(w + (size_t)r * row_bytes, a, t0, nt, out);
+        for (int i = 0; i < nt; i++) y[i * ldy + r] = out[i];
+    }
+}
+
+static void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
+                             float *y, size_t ldy) {
+    qdot_rows(qdot_q8_row, w, row_bytes, nr, a, t0, nt, y, ldy);
+}
+
+static void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
+                             float *y, size_t ldy) {
+    qdot_rows(qdot_q4_row, w, row_bytes, nr, a, t0, nt, y, ldy);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 void dequant_row_avx2(QType q, const void *src, int cols, float *dst);
 float dot_avx2(const float *a, const float *b, int n);
+void quantize_act_avx2(const float *x, int cols, const QAct *a, int t);
+void qdot_q8_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
+void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 #endif
 
 void kernels_init(int force_portable) {
+    memset(&kern, 0, sizeof kern);
     kern.name = "portable";
     kern.dequant_row = dequant_row_portable;
     kern.dot = dot_portable;
+    kern.quantize_act = quantize_act_portable;
+    kern.qdot[QT_Q8] = qdot_q8_portable;
+    kern.qdot[QT_Q4] = qdot_q4_portable;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -196,6 +283,9 @@ void kernels_init(int force_portable) {
         kern.name = "avx2";
         kern.dequant_row = dequant_row_avx2;
         kern.dot = dot_avx2;
+        kern.quantize_act = quantize_act_avx2;
+        kern.qdot[QT_Q8] = qdot_q8_avx2;
+        kern.qdot[QT_Q4] = qdot_q4_avx2;
     }
 #else
     (void)force_portable;

@@ -25,11 +25,38 @@ uint16_t f32_to_f16(float f);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f); /* round to nearest even, like torch */
 
+/* Activation rows quantized once per matmul for the integer kernels: each row is nb blocks of
+ * 32 int16, zero-padded past cols like the weights, so padded weight elements (a q4 pad
+ * decodes to m, not 0) meet q = 0 and, through s, a sum over real elements only.
+ *   row t, block b:  q[(t*nb + b)*32 ..],  x ~ d[b*rows + t] * q,  s[b*rows + t] = d * (sum of q)
+ * d and s are block-major so one block's scales for consecutive rows load as one vector.
+ * int16 rather than ggml's int8: on AVX2 the per-block cost is nearly the same (madd_epi16
+ * instead of maddubs+madd) and the activation error is 258x smaller, so q8/q4 containers stay
+ * within float rounding of the dequantized weights run in f32 (int8 doubled the q8 oracle KL).
+ * Each row is quantized on its own, so a row's result never depends on the batch around it. */
+typedef struct {
+    int nb, rows;
+    int16_t *q;
+    float *d, *s;
+} QAct;
+
+/* Activation rows per weight pass: each weight block is unpacked once and used this many times. */
+#define QDOT_MAX_ROWS 4
+
+/* y[i*ldy + r] = (weight row r; rows row_bytes apart) . (activation row t0+i) for r < nr and
+ * i < nt <= QDOT_MAX_ROWS: an integer dot per block and one float multiply-add per block.
+ * A row pair's result does not depend on nr, nt or t0 (batched prefill = token by token). */
+typedef void (*QDotFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
+                       float *y, size_t ldy);
+
 /* Run-time selected kernels (portable or AVX2). */
 typedef struct {
     const char *name;
     void (*dequant_row)(QType q, const void *src, int cols, float *dst);
     float (*dot)(const float *a, const float *b, int n);
+    /* Quantizes activation row t of x (cols floats) into a. Bit-identical across kernels. */
+    void (*quantize_act)(const float *x, int cols, const QAct *a, int t);
+    QDotFn qdot[QT_COUNT]; /* QT_Q8 and QT_Q4; NULL for the float types */
 } Kernels;
 extern Kernels kern;
 void kernels_init(int force_portable);

@@ -1,12 +1,16 @@
-/* Round trips of every storage type, and the AVX2 kernels against the portable reference. */
+/* Round trips of every storage type, the AVX2 kernels against the portable reference, and the
+ * integer (quantized-activation) dots of q8/q4 weights. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "ops.h"
 #include "quant.h"
 
 static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
+
+static void test_qdot(void);
 
 void test_quant(void) {
     unsigned seed = 7;
@@ -55,4 +59,163 @@ void test_quant(void) {
     quantize_row(QT_Q8, zero, 32, blk);
     dequant_row(QT_Q8, blk, 32, out);
     CHECK(out[0] == 0 && out[31] == 0, "all-zero block round trips");
+    test_qdot();
+}
+
+/* ---- quantized activations x q8/q4 weights ---- */
+
+static QAct act_alloc(int T, int cols) {
+    int nb = (cols + QBLOCK - 1) / QBLOCK;
+    QAct a = {nb, T, malloc(sizeof(int16_t) * QBLOCK * nb * T), malloc(sizeof(float) * nb * T), malloc(sizeof(float) * nb * T)};
+    return a;
+}
+
+static void act_free(QAct *a) { free(a->q); free(a->d); free(a->s); }
+
+static int act_equal(const QAct *a, const QAct *b, int T) {
+    size_t n = (size_t)a->nb * T;
+    return !memcmp(a->q, b->q, n * QBLOCK * sizeof(int16_t)) && !memcmp(a->d, b->d, n * sizeof(float)) &&
+           !memcmp(a->s, b->s, n * sizeof(float));
+}
+
+/* Random weights and activations: portable and SIMD agree, and both are within the activation
+ * quantization error of the double-precision dot of the dequantized weights. */
+static void check_qdot_random(QType qt, int cols, const Kernels *port, const Kernels *fast, unsigned *seed) {
+    enum { T = 6, ROWS = 3 };
+    const int nb = (cols + QBLOCK - 1) / QBLOCK;
+    const size_t rb = qtype_row_bytes(qt, cols);
+    float *x = malloc(sizeof(float) * T * cols), *wf = malloc(sizeof(float) * nb * QBLOCK);
+    float *wd = malloc(sizeof(float) * ROWS * nb * QBLOCK);
+    unsigned char *w = malloc(rb * ROWS);
+    for (int i = 0; i < T * cols; i++) x[i] = rnd(seed) * (i % 17 == 3 ? 20 : 1); /* some outliers */
+    for (int r = 0; r < ROWS; r++) {
+        for (int i = 0; i < cols; i++) wf[i] = rnd(seed) + (r == 1 ? 0.5f : 0); /* row 1: q4 min far from 0 */
+        quantize_row(qt, wf, cols, w + r * rb);
+        dequant_row(qt, w + r * rb, cols, wd + (size_t)r * nb * QBLOCK);
+    }
+    QAct ap = act_alloc(T, cols), af = act_alloc(T, cols);
+    for (int t = 0; t < T; t++) { port->quantize_act(x + t * cols, cols, &ap, t); fast->quantize_act(x + t * cols, cols, &af, t); }
+    CHECK(act_equal(&ap, &af, T), "%s cols=%d: activation quantization differs between kernels", qtype_name(qt), cols);
+    int pad_ok = 1;
+    for (int t = 0; t < T; t++)
+        for (int j = cols; j < nb * QBLOCK; j++) pad_ok &= ap.q[(size_t)t * nb * QBLOCK + j] == 0;
+    CHECK(pad_ok, "cols=%d: activation padding is not zero", cols);
+    float yp[T * ROWS], yf[T * ROWS], y1[ROWS];
+    port->qdot[qt](w, rb, ROWS, &ap, 0, 4, yp, ROWS);
+    port->qdot[qt](w, rb, ROWS, &ap, 4, T - 4, yp + 4 * ROWS, ROWS);
+    fast->qdot[qt](w, rb, ROWS, &af, 0, 4, yf, ROWS);
+    fast->qdot[qt](w, rb, ROWS, &af, 4, T - 4, yf + 4 * ROWS, ROWS);
+    for (int t = 0; t < T; t++) {
+        /* one activation row at a time and one weight row at a time give the same bits */
+        fast->qdot[qt](w, rb, ROWS, &af, t, 1, y1, ROWS);
+        for (int r = 0; r < ROWS; r++) {
+            float one;
+            fast->qdot[qt](w + r * rb, rb, 1, &af, t, 1, &one, 1);
+            CHECK(y1[r] == yf[t * ROWS + r] && one == y1[r], "%s cols=%d: batched dot differs from single", qtype_name(qt), cols);
+        }
+        for (int r = 0; r < ROWS; r++) {
+            const float *wr = wd + (size_t)r * nb * QBLOCK, *xt = x + t * cols;
+            double ref = 0, mag = 0, bound = 0;
+            for (int b = 0; b < nb; b++) {
+                double amax = 0, wabs = 0;
+                for (int j = b * QBLOCK; j < cols && j < (b + 1) * QBLOCK; j++) {
+                    ref += (double)wr[j] * xt[j];
+                    mag += fabs((double)wr[j] * xt[j]);
+                    amax = fmax(amax, fabs(xt[j]));
+                    wabs += fabs(wr[j]);
+                }
+                bound += amax / 65534 * wabs; /* rounding moves each x by at most half a step, amax/32767/2 */
+            }
+            double gp = yp[t * ROWS + r], gf = yf[t * ROWS + r];
+            /* float sums of <= 32 block terms, in different orders: a few ulps of the magnitude;
+             * the q4 terms d*q and m can be ~3x the dequantized weight, hence 1e-5 */
+            double sum_tol = 1e-5 * (mag + 1e-3);
+            CHECK(fabs(gp - gf) <= sum_tol, "%s cols=%d t=%d r=%d: portable %g vs %s %g", qtype_name(qt), cols, t, r, gp, fast->name, gf);
+            CHECK(fabs(gf - ref) <= 1.01 * bound + sum_tol, "%s cols=%d t=%d r=%d: %g vs double %g (bound %g)", qtype_name(qt), cols, t, r, gf, ref, bound);
+        }
+    }
+    act_free(&ap); act_free(&af);
+    free(x); free(wf); free(wd); free(w);
+}
+
+/* Integer inputs whose every product and partial sum is exact in float: each kernel must give
+ * the integer dot exactly (the per-block integer arithmetic has no rounding). Activation blocks
+ * are pinned to amax 32767 (scale 1), q8 weights to amax 127 (scale 1), q4 weights to -8..7
+ * (scale 1, min -8). */
+static void check_qdot_exact(QType qt, int cols, const Kernels *k, unsigned *seed) {
+    const int nb = (cols + QBLOCK - 1) / QBLOCK;
+    const size_t rb = qtype_row_bytes(qt, cols);
+    float *x = malloc(sizeof(float) * cols), *wf = malloc(sizeof(float) * cols);
+    unsigned char *w = malloc(rb);
+    long long want = 0;
+    for (int i = 0; i < cols; i++) {
+        int j = i % QBLOCK;
+        x[i] = j == 5 ? 32767 : (float)((int)(rnd(seed) * 100));
+        if (qt == QT_Q8) wf[i] = j == 0 ? 127 : (j == 5 ? 1 : (float)(int)(rnd(seed) * 127));
+        else wf[i] = j == 0 ? -8 : (j == 1 ? 7 : (float)((int)((rnd(seed) + 1) * 7.5f) - 8));
+    }
+    /* a short last block still needs its pins */
+    if (cols % QBLOCK && cols % QBLOCK <= 5) x[cols - 1] = 32767;
+    if (qt == QT_Q4 && cols % QBLOCK == 1) wf[cols - 1] = 0; /* one element: range 0, q4 d = 0 */
+    quantize_row(qt, wf, cols, w);
+    float *wd = malloc(sizeof(float) * nb * QBLOCK);
+    dequant_row(qt, w, cols, wd);
+    for (int i = 0; i < cols; i++) want += (long long)wd[i] * (long long)x[i];
+    QAct a = act_alloc(1, cols);
+    k->quantize_act(x, cols, &a, 0);
+    float got;
+    k->qdot[qt](w, rb, 1, &a, 0, 1, &got, 1);
+    CHECK(got == (float)want && fabs((double)want) < 16777216.0, "%s %s cols=%d: exact integer dot %g, want %lld",
+          k->name, qtype_name(qt), cols, got, want);
+    act_free(&a);
+    free(x); free(wf); free(wd); free(w);
+}
+
+/* matmul over q8/q4 weights: a batch gives each row exactly what it gets alone, bias included. */
+static void check_matmul_batch(QType qt, int cols, unsigned *seed) {
+    enum { T = 7, ROWS = 19 };
+    const size_t rb = qtype_row_bytes(qt, cols);
+    unsigned char *data = malloc(rb * ROWS);
+    float *x = malloc(sizeof(float) * T * cols), *wf = malloc(sizeof(float) * cols), bias[ROWS];
+    float yb[T * ROWS], y1[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        for (int i = 0; i < cols; i++) wf[i] = rnd(seed);
+        quantize_row(qt, wf, cols, data + r * rb);
+        bias[r] = rnd(seed);
+    }
+    for (int i = 0; i < T * cols; i++) x[i] = rnd(seed);
+    QMat w = {qt, ROWS, cols, rb, data};
+    matmul(yb, x, T, &w, bias);
+    int same = 1;
+    for (int t = 0; t < T; t++) {
+        matmul(y1, x + t * cols, 1, &w, bias);
+        same &= !memcmp(y1, yb + t * ROWS, sizeof y1);
+    }
+    CHECK(same, "%s cols=%d: batched matmul differs from row by row", qtype_name(qt), cols);
+    free(data); free(x); free(wf);
+}
+
+static void test_qdot(void) {
+    unsigned seed = 11;
+    Kernels fast = kern, port;
+    kernels_init(1);
+    port = kern;
+    kern = fast;
+    const int cols_list[] = {32, 64, 96, 45, 7, 1, 1000};
+    for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++) {
+        int cols = cols_list[c];
+        for (QType qt = QT_Q8; qt <= QT_Q4; qt++) {
+            check_qdot_random(qt, cols, &port, &fast, &seed);
+            check_qdot_exact(qt, cols, &port, &seed);
+            check_qdot_exact(qt, cols, &fast, &seed);
+            check_matmul_batch(qt, cols, &seed);
+        }
+    }
+    /* an all-zero row and a row of tiny values quantize to zero blocks, not NaN */
+    float z[40] = {0};
+    z[3] = 1e-38f;
+    QAct a = act_alloc(1, 40);
+    fast.quantize_act(z, 40, &a, 0);
+    CHECK(a.d[0] == 0 && a.q[3] == 0 && a.s[1] == 0, "tiny activations quantize to zero");
+    act_free(&a);
 }
