@@ -5,15 +5,19 @@ the engine's loader (c/container.c, c/safetensors.c) so a problem is named befor
 trips over it. Stdlib only.
 """
 import json
-import os
 import re
-import struct
+import sys
 from pathlib import Path
 
+TOOLS = str(Path(__file__).resolve().parent / "tools")
+if TOOLS not in sys.path:
+    sys.path.insert(1, TOOLS)
+
+from family_registry import TENSOR_CLASSES  # noqa: E402  (one table for every tool)
+from safetensors_io import DTYPE_SIZE, SafetensorsError  # noqa: E402  (shared with the converter)
+from safetensors_io import read_raw_header as _read_raw_header  # noqa: E402
+
 FORMAT_VERSION = 1
-MAX_HEADER = 256 << 20
-DTYPE_SIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-              "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 QBLOCK = 32
 # storage type -> (safetensors dtype, bytes per stored row for `cols` logical columns)
 STORAGE = {
@@ -24,7 +28,6 @@ STORAGE = {
     "q4": ("U8", lambda cols: -(-cols // QBLOCK) * 20),
 }
 
-from family_registry import TENSOR_CLASSES  # noqa: E402  (one table for every tool)
 EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
@@ -68,23 +71,10 @@ def read_manifest(model_dir):
 
 def read_raw_header(path):
     """Returns (header dict, data_start, file_size); raises ContainerError for what the engine would refuse."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise ContainerError(f"{path}: {size} bytes, too short for a safetensors header; the file is truncated")
-        (hlen,) = struct.unpack("<Q", raw)
-        if hlen > MAX_HEADER or hlen > size - 8:
-            raise ContainerError(f"{path}: header length {hlen} exceeds the file ({size} bytes); "
-                                 "the file is truncated or not safetensors")
-        body = f.read(hlen)
     try:
-        header = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ContainerError(f"{path}: bad safetensors header JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise ContainerError(f"{path}: safetensors header is not a JSON object")
-    return header, 8 + hlen, size
+        return _read_raw_header(path)
+    except SafetensorsError as e:
+        raise ContainerError(str(e)) from None
 
 
 def storage_table(header, path):

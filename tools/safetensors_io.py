@@ -12,25 +12,32 @@ class SafetensorsError(ValueError):
     pass
 
 
-def read_header(path):
-    """Returns (tensors, data_start) where tensors maps name -> dict(dtype, shape, offset, nbytes).
-
-    Offsets are absolute file offsets. Every entry is validated against the file size."""
+def read_raw_header(path):
+    """Returns (header dict, data_start, file_size) after checking the length prefix and JSON."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
-            raise SafetensorsError(f"{path}: too short to be a safetensors file")
+            raise SafetensorsError(f"{path}: {size} bytes, too short for a safetensors header; the file is truncated")
         (hlen,) = struct.unpack("<Q", raw)
         if hlen > MAX_HEADER or hlen > size - 8:
-            raise SafetensorsError(f"{path}: header length {hlen} exceeds the file; it is truncated or not safetensors")
-        try:
-            header = json.loads(f.read(hlen))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SafetensorsError(f"{path}: bad header JSON: {e}") from None
+            raise SafetensorsError(f"{path}: header length {hlen} exceeds the file ({size} bytes); "
+                                   "the file is truncated or not safetensors")
+        body = f.read(hlen)
+    try:
+        header = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SafetensorsError(f"{path}: bad safetensors header JSON ({e})") from None
     if not isinstance(header, dict):
-        raise SafetensorsError(f"{path}: header is not a JSON object")
-    start = 8 + hlen
+        raise SafetensorsError(f"{path}: safetensors header is not a JSON object")
+    return header, 8 + hlen, size
+
+
+def read_header(path):
+    """Returns (tensors, data_start) where tensors maps name -> dict(dtype, shape, offset, nbytes).
+
+    Offsets are absolute file offsets. Every entry is validated against the file size."""
+    header, start, size = read_raw_header(path)
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
