@@ -187,6 +187,16 @@ def chat_logprobs(entries):
                         for _, lp, b, alts in entries], "refusal": None}
 
 
+def stream_tail(r, chunk_object, final_chunk, usage):
+    """The end of an OpenAI stream: the finishing chunk, the usage chunk when the client asked
+    for it (stream_options.include_usage), then [DONE]."""
+    out = [final_chunk]
+    if r.spec.include_usage:
+        out.append(sse({"id": r.id, "object": chunk_object, "created": r.created, "model": r.model_id,
+                        "system_fingerprint": FINGERPRINT, "choices": [], "usage": usage_obj(usage)}))
+    return out + [DONE]
+
+
 class ChatResponder:
     """Shapes of /v1/chat/completions: one JSON body, or chat.completion.chunk events."""
 
@@ -212,12 +222,7 @@ class ChatResponder:
         return [self._chunk({key: text}, logprobs=lp)]
 
     def stream_end(self, finish, stop_seq, usage):
-        out = [self._chunk({}, finish=finish)]
-        if self.spec.include_usage:
-            out.append(sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                            "model": self.model_id, "system_fingerprint": FINGERPRINT, "choices": [],
-                            "usage": usage_obj(usage)}))
-        return out + [DONE]
+        return stream_tail(self, "chat.completion.chunk", self._chunk({}, finish=finish), usage)
 
     def stream_error(self, err):
         return [sse(err.body("openai"))]
@@ -270,12 +275,7 @@ class CompletionResponder:
         return [self._chunk(text, logprobs=lp)]
 
     def stream_end(self, finish, stop_seq, usage):
-        out = [self._chunk("", finish=finish)]
-        if self.spec.include_usage:
-            out.append(sse({"id": self.id, "object": "text_completion", "created": self.created,
-                            "model": self.model_id, "system_fingerprint": FINGERPRINT, "choices": [],
-                            "usage": usage_obj(usage)}))
-        return out + [DONE]
+        return stream_tail(self, "text_completion", self._chunk("", finish=finish), usage)
 
     def stream_error(self, err):
         return [sse(err.body("openai"))]
