@@ -398,7 +398,7 @@ def run(args):
     # ignored across exec, so the engine never dies of it: Ctrl-C becomes STOP, sent by us.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        eng = engine_client.Engine(d, ctx=kw["ctx"], threads=kw["threads"], batch=kw["batch"])
+        eng = engine_client.Engine(d, ctx=kw["ctx"], threads=kw["threads"], batch=kw["batch"], kv=kw["kv"])
     except engine_client.EngineError as e:
         if sys.stderr.isatty():
             sys.stderr.write("\n")

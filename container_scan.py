@@ -216,11 +216,35 @@ def scan(model_dir):
             "max_bytes_each": max((b for b, _ in per_expert.values()), default=0),
             "elements_each": sum(n for _, n in per_expert.values()) // n_exp if n_exp else 0,
         },
-        "kv_bytes_per_token": kv_bytes_per_token(arch, man.get("family")),
+        "kv_bytes_per_token": kv_bytes_per_token(arch, man.get("family"), layers=_layers(man)),
+        "kv_fixed_bytes": _kv_fixed(man),
+        "kv_values_per_token": _kv_values(man),
     }
 
 
-def kv_bytes_per_token(arch, family=None):
-    """Bytes of KV cache one token takes in one slot (the registry's rule for the family)."""
+def _layers(man):
     import family_registry
-    return family_registry.kv_bytes_per_token(arch, family)
+    try:
+        return family_registry.manifest_layers(man)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _kv_values(man):
+    import family_registry
+    layers = _layers(man)
+    return family_registry.kv_values_per_token(layers) if layers else 0
+
+
+def _kv_fixed(man):
+    import family_registry
+    layers = _layers(man)
+    return family_registry.kv_fixed_bytes(layers) if layers else 0
+
+
+def kv_bytes_per_token(arch, family=None, kv=None, layers=None):
+    """Bytes of KV state one token takes in one slot: the sum of the layers' state descriptors
+    (colibri.json "layers"; for an older manifest, the specs its arch implies)."""
+    import family_registry
+    kv = kv or family_registry.KV_DEFAULT
+    return family_registry.kv_bytes_per_token(arch, family, kv=kv, layers=layers)

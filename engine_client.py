@@ -57,10 +57,10 @@ def describe_exit(code, stderr_tail):
 class Engine:
     """One engine process. Frames are read by the caller's thread; stderr is kept in a tail."""
 
-    def __init__(self, model_dir, ctx=None, kv_slots=None, threads=None, batch=None, kv_dir=None, extra=()):
+    def __init__(self, model_dir, ctx=None, kv_slots=None, threads=None, batch=None, kv_dir=None, extra=(), kv=None):
         args = [str(ensure_built()), "serve", "--model", str(model_dir)]
         for flag, val in (("--ctx", ctx), ("--kv-slots", kv_slots), ("--threads", threads), ("--batch", batch),
-                          ("--kv-dir", kv_dir)):
+                          ("--kv-dir", kv_dir), ("--kv", kv)):
             if val is not None:
                 args += [flag, str(val)]
         args += list(extra)

@@ -13,8 +13,8 @@ import re
 #   interactive_max_tokens  answer cap in `coli chat` (`:more` continues)
 #   thinking                chat-template variable that switches reasoning on/off, or None
 #   tools                   a tool-call format the server can parse (none implemented yet)
-#   kv                      KV cache layout, for the planner (see kv_bytes_per_token)
-_LLAMA_LIKE = {"default_ctx": 4096, "interactive_max_tokens": 1024, "thinking": None, "tools": False, "kv": "gqa_f32"}
+#   kv                      KV state layout, for the planner (see layer_state)
+_LLAMA_LIKE = {"default_ctx": 4096, "interactive_max_tokens": 1024, "thinking": None, "tools": False, "kv": "gqa"}
 FAMILIES = {
     "llama": {
         "display": "Llama",
@@ -71,16 +71,96 @@ TENSOR_CLASSES = (
 )
 
 
-def kv_bytes_per_token(arch, family=None):
-    """Bytes one token takes in one KV slot. gqa_f32: K and V as float32 for every layer and KV
-    head (c/forward.c kv_init)."""
-    layout = FAMILIES.get(family, {}).get("kv", "gqa_f32")
-    if layout != "gqa_f32":
+# KV cache element types the engine offers (`--kv`); f16 is the default (measured in
+# docs/architecture.md: its oracle error is 8x below bf16's at the same size).
+KV_TYPES = {"f16": 2, "bf16": 2, "f32": 4}
+KV_DEFAULT = "f16"
+
+
+def layer_specs(arch):
+    """Per-layer block specs for colibri.json (docs/container.md): which blocks each layer runs,
+    their geometry, and the container tensor names each block reads. The engine spells no
+    tensor name; it reads these. Also applied to an older manifest's arch, which had none."""
+    L, nkv, hd = int(arch["num_layers"]), int(arch["num_kv_heads"]), int(arch["head_dim"])
+    nh, eps = arch.get("num_heads"), arch.get("rms_norm_eps")
+    kinds = arch.get("layer_mlp") or ["dense"] * L
+    specs = []
+    for l in range(L):
+        p = f"model.layers.{l}"
+        at = {x: f"{p}.self_attn.{x}_proj.weight" for x in "qkvo"}
+        for x in "qkvo":
+            if arch.get(f"{x}_bias"):
+                at[f"{x}_bias"] = f"{p}.self_attn.{x}_proj.bias"
+        if arch.get("qk_norm"):
+            at["q_norm"], at["k_norm"] = f"{p}.self_attn.q_norm.weight", f"{p}.self_attn.k_norm.weight"
+        attn = {"kind": "gqa", "heads": nh, "kv_heads": nkv, "head_dim": hd,
+                "qk_norm": "per_head" if arch.get("qk_norm") else "none", "qk_norm_eps": eps, "window": 0, "sinks": False,
+                "rope": {"style": "neox", "dim": arch.get("rotary_dim")},
+                "state": {"kv_values_per_pos": 2 * nkv * hd, "fixed_bytes": 0, "truncatable": True},
+                "tensors": at}
+        if kinds[l] == "moe":
+            ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
+            mlp = {"kind": "moe", "act": "silu", "experts": arch.get("num_experts"),
+                   "top_k": arch.get("num_experts_per_tok"), "width": arch.get("moe_intermediate_size"),
+                   "router": {"kind": "softmax_topk", "renorm": bool(arch.get("norm_topk_prob")),
+                              "tensors": {"weight": f"{p}.mlp.gate.weight"}},
+                   "expert_tensors": ex}
+        else:
+            mt = {x: f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
+            if arch.get("mlp_bias"):
+                mt.update({f"{x}_bias": f"{p}.mlp.{x}_proj.bias" for x in ("gate", "up", "down")})
+            mlp = {"kind": "dense", "act": "silu", "width": arch.get("intermediate_size"), "tensors": mt}
+        specs.append({
+            "attn_norm": {"kind": "rmsnorm", "eps": eps, "tensors": {"weight": f"{p}.input_layernorm.weight"}},
+            "attn": attn,
+            "mlp_norm": {"kind": "rmsnorm", "eps": eps, "tensors": {"weight": f"{p}.post_attention_layernorm.weight"}},
+            "mlp": mlp,
+        })
+    return specs
+
+
+def trunk_spec(arch):
+    """The tensors around the layers: embedding, final norm, output head."""
+    return {"embed": "model.embed_tokens.weight",
+            "final_norm": {"kind": "rmsnorm", "eps": arch["rms_norm_eps"], "tensors": {"weight": "model.norm.weight"}},
+            "lm_head": "model.embed_tokens.weight" if arch.get("tie_word_embeddings") else "lm_head.weight"}
+
+
+def manifest_layers(man):
+    """A manifest's layer specs: its own, or (older manifests) the ones its arch implies."""
+    layers = man.get("layers")
+    return layers if isinstance(layers, list) else layer_specs(man["arch"])
+
+
+def layer_state(spec, kv=KV_DEFAULT):
+    """One layer's state descriptor as the engine allocates it: (bytes per position, fixed bytes
+    per slot, truncatable). Only blocks that keep state (the attention kinds) declare one."""
+    st = (spec.get("attn") or {}).get("state") or {}
+    return (int(st.get("kv_values_per_pos", 0)) * KV_TYPES[kv], int(st.get("fixed_bytes", 0)),
+            bool(st.get("truncatable", True)))
+
+
+def kv_bytes_per_token(arch, family=None, kv=KV_DEFAULT, layers=None):
+    """Bytes one token takes in one KV slot: the sum over the layers' state descriptors
+    (c/kv.c allocates the same). `layers` defaults to the specs the arch implies."""
+    layout = FAMILIES.get(family, {}).get("kv", "gqa")
+    if layout != "gqa":
         raise ValueError(f"unknown KV layout {layout}")
     try:
-        return 2 * int(arch["num_layers"]) * int(arch["num_kv_heads"]) * int(arch["head_dim"]) * 4
+        specs = layers if layers is not None else layer_specs(arch)
+        return sum(layer_state(s, kv)[0] for s in specs)
     except (KeyError, TypeError, ValueError):
         return 0
+
+
+def kv_values_per_token(layers):
+    """KV values one token adds to a slot, summed over the layers (times KV_TYPES[kv] for bytes)."""
+    return sum(int(((s.get("attn") or {}).get("state") or {}).get("kv_values_per_pos", 0)) for s in layers)
+
+
+def kv_fixed_bytes(layers):
+    """Bytes per slot that do not grow with the context (recurrent layers' state)."""
+    return sum(layer_state(s)[1] for s in layers)
 
 SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn")
 

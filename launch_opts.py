@@ -13,6 +13,19 @@ from cli_common import UserError
 
 MAX_KV_SLOTS = 16  # c/engine.h
 GB = 1e9
+KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kv_kernels.c
+
+
+def add_kv_flag(p):
+    """--kv: the KV cache's element type, for every command that starts an engine."""
+    p.add_argument("--kv", choices=KV_TYPES, default=None,
+                   help="KV cache element type (default f16, half the memory of f32; f32 keeps K/V exactly)")
+
+
+def kv_flags(args):
+    """Engine arguments for --kv (none when the engine default applies)."""
+    v = getattr(args, "kv", None)
+    return ["--kv", v] if v else []
 
 
 def add_engine_flags(p, kv_slots=True):
@@ -24,6 +37,7 @@ def add_engine_flags(p, kv_slots=True):
     if kv_slots:
         g.add_argument("--kv-slots", type=int, dest="kv_slots",
                        help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)")
+    add_kv_flag(g)
     g.add_argument("--ram", type=float, metavar="GB", help="RAM budget in GB; refused when the engine cannot stay "
                    "within it (today it maps every weight)")
     g.add_argument("--cap", type=int, help="expert cache slots per layer; today only the full count is possible "
@@ -122,7 +136,7 @@ def resolve(args, model_dir, log=None):
     usable_cpus = _usable_cpus()
     if threads is not None and threads > usable_cpus:
         log(f"--threads {threads} is more than the {usable_cpus} CPUs this process may use; decoding will be slower")
-    return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots}
+    return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots, "kv": getattr(args, "kv", None)}
 
 
 def _usable_cpus():
@@ -159,7 +173,9 @@ def check_memory(args, model_dir, man, ctx, slots, log):
     mem = resource_plan.memory_info()
     usable, total = mem["usable"], mem["total"]
     weights = sum((Path(model_dir) / s).stat().st_size for s in man["shards"] if (Path(model_dir) / s).is_file())
-    kv = container_scan.kv_bytes_per_token(man["arch"]) * ctx * slots
+    import family_registry
+    kv = container_scan.kv_bytes_per_token(man["arch"], man.get("family"), kv=getattr(args, "kv", None),
+                                           layers=family_registry.manifest_layers(man)) * ctx * slots
     need = weights + kv + resource_plan.RUNTIME_BASE
     ram = getattr(args, "ram", None)
     if ram is not None:

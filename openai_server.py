@@ -70,7 +70,7 @@ class App:
 
         def factory():
             return ServedEngine(settings.model_dir, ctx=settings.ctx, kv_slots=settings.kv_slots,
-                                threads=settings.threads, batch=settings.batch, extra=extra)
+                                threads=settings.threads, batch=settings.batch, extra=extra, kv=settings.kv)
         self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log)
         self.started = time.time()
         self.host_names = self._host_names()

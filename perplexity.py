@@ -32,6 +32,8 @@ def add_arguments(p):
     p.add_argument("--ref-logits", dest="ref_logits", help="reference logits, float32 [chunks*ctx, vocab]")
     p.add_argument("--save-logits", dest="save_logits", help="write this model's logits in the --ref-logits layout")
     p.add_argument("--threads", type=int, help="compute threads (default: all cores)")
+    import launch_opts
+    launch_opts.add_kv_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -71,7 +73,7 @@ def argmax(row):
     return row.index(max(row))
 
 
-def measure(model_dir, ids, ctx, chunks, threads=None, ref_path=None, save_path=None, progress=None):
+def measure(model_dir, ids, ctx, chunks, threads=None, ref_path=None, save_path=None, progress=None, kv=None):
     """Returns a dict of results; see run() for the fields."""
     import engine_client
     n_chunks = len(ids) // ctx
@@ -83,7 +85,7 @@ def measure(model_dir, ids, ctx, chunks, threads=None, ref_path=None, save_path=
     per_chunk = []
     try:
         # one position more than a chunk: the engine keeps a slot free for output even for logits=1
-        with engine_client.Engine(model_dir, ctx=ctx + 1, threads=threads) as eng:
+        with engine_client.Engine(model_dir, ctx=ctx + 1, threads=threads, kv=kv) as eng:
             vocab = int(eng.info.get("vocab", 0))
             if ref_path:
                 size = Path(ref_path).stat().st_size
@@ -163,7 +165,7 @@ def run(args):
         if not args.json:
             print(f"\r[{done}/{total}] ppl {ppl:.4f}", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
-    r = measure(d, ids, ctx, args.chunks, threads=args.threads, ref_path=args.ref_logits,
+    r = measure(d, ids, ctx, args.chunks, threads=args.threads, kv=args.kv, ref_path=args.ref_logits,
                 save_path=args.save_logits, progress=progress)
     if args.json:
         print(json.dumps(r))

@@ -56,15 +56,31 @@ def default_ctx(scan):
     return min(scan["arch"]["max_ctx"] or fam_default, fam_default)
 
 
+def _kv_default():
+    import family_registry
+    return family_registry.KV_DEFAULT
+
+
+def kv_state(scan, kv=None):
+    """(bytes per token, fixed bytes) of one KV slot from the layers' state descriptors in the
+    manifest (container_scan reads them), for KV element type kv (default: the engine's)."""
+    import family_registry
+    kv = kv or family_registry.KV_DEFAULT
+    values = scan.get("kv_values_per_token")
+    per_token = values * family_registry.KV_TYPES[kv] if values is not None else scan["kv_bytes_per_token"]
+    return per_token, scan.get("kv_fixed_bytes", 0)
+
+
 def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
-         batch=128, threads=None, measured_tok_s=None):
+         batch=128, threads=None, measured_tok_s=None, kv_type=None):
     """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s."""
     a, ex = scan["arch"], scan["experts"]
     mem = machine["memory"]
     ctx = ctx or default_ctx(scan)
     threads = threads or machine["cpu"]["usable"]
     budget = ram if ram is not None else mem["default_budget"]
-    kv = scan["kv_bytes_per_token"] * ctx * kv_slots
+    kv_per_token, kv_fixed = kv_state(scan, kv_type)
+    kv = (kv_per_token * ctx + kv_fixed) * kv_slots
     runtime = runtime_bytes(scan, ctx, batch, threads)
     dense = scan["dense_bytes"]
     n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
@@ -96,7 +112,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     dense_read = dense - (embed if "lm_head" in scan["classes"] else 0)
     active_experts = k * n_moe
     expert_read = active_experts * expert_each
-    kv_read = scan["kv_bytes_per_token"] * ctx // 2  # an average position halfway through the context
+    kv_read = kv_per_token * ctx // 2 + kv_fixed  # an average position halfway through the context
     el = scan["class_elements"]
     dense_el = sum(v for c, v in el.items() if c != "expert") - (el.get("embed", 0) if "lm_head" in el else 0)
     flops = 2 * (dense_el + active_experts * ex["elements_each"]) + 4 * (a["heads"] or 0) * (a["head_dim"] or 0) * \
@@ -152,7 +168,8 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
         "ctx": ctx, "kv_slots": kv_slots, "threads": threads,
         "tiers": {"dense": dense, "runtime": runtime, "kv": kv, "expert_cache": cache_used,
                   "free": (budget - fixed - cache_used) if budget is not None else None},
-        "kv_bytes_per_token_per_slot": scan["kv_bytes_per_token"],
+        "kv_bytes_per_token_per_slot": kv_per_token, "kv_fixed_bytes_per_slot": kv_fixed,
+        "kv_type": kv_type or _kv_default(),
         "experts": {"per_layer": E, "moe_layers": n_moe, "top_k": k, "bytes_each": expert_each,
                     "cache_slots_per_layer": slots, "hit_rate_low": hit_lo, "hit_rate_high": hit_hi,
                     "all_resident": bool(E) and slots >= E},
@@ -227,7 +244,8 @@ def format_plan(res):
             f"  {'tier':<14}{'bytes':>12}",
             f"  {'dense trunk':<14}{fmt_bytes(t['dense']):>12}",
             f"  {'runtime':<14}{fmt_bytes(t['runtime']):>12}   (estimate)",
-            f"  {'KV cache':<14}{fmt_bytes(t['kv']):>12}   ({fmt_bytes(p['kv_bytes_per_token_per_slot'])} per token per slot)",
+            f"  {'KV cache':<14}{fmt_bytes(t['kv']):>12}   ({p['kv_type']}: {fmt_bytes(p['kv_bytes_per_token_per_slot'])} per token per slot"
+            f"{', ' + fmt_bytes(p['kv_fixed_bytes_per_slot']) + ' fixed' if p['kv_fixed_bytes_per_slot'] else ''})",
             f"  {'expert cache':<14}{fmt_bytes(t['expert_cache']):>12}",
             f"  {'left free':<14}{fmt_bytes(t['free']):>12}"]
     pe = p["experts"]
@@ -262,6 +280,8 @@ def add_arguments(p):
     p.add_argument("--ctx", type=int, help="context length to plan for (default: min(model max, 4096))")
     p.add_argument("--kv-slots", type=int, dest="kv_slots", default=1, help="KV slots (concurrent conversations, default 1)")
     p.add_argument("--cap", type=int, help="expert cache slots per layer to plan with (default: as many as fit)")
+    import launch_opts
+    launch_opts.add_kv_flag(p)
     p.add_argument("--threads", type=int, help="compute threads to plan with (default: usable CPUs)")
     p.add_argument("--mem-bw", type=float, dest="mem_bw", metavar="GB/s", help="memory read bandwidth (default: measured)")
     p.add_argument("--disk-bw", type=float, dest="disk_bw", metavar="GB/s",
@@ -336,7 +356,7 @@ def build(args):
             pass
         res["plan"] = plan(scan, machine, ram=int(args.ram * GB) if args.ram else None, ctx=args.ctx,
                            kv_slots=args.kv_slots, cap=args.cap, mem_bw=mem_bw, disk_bw=disk_bw,
-                           threads=args.threads, measured_tok_s=measured)
+                           threads=args.threads, measured_tok_s=measured, kv_type=args.kv)
     return res
 
 

@@ -30,6 +30,7 @@ class Settings:
     ctx: int = None
     threads: int = None
     batch: int = None
+    kv: str = None
     kv_dir: Path = None
     chat_template: Path = None
     max_body: int = 16 << 20
@@ -66,6 +67,8 @@ def add_arguments(p):
     p.add_argument("--ctx", type=int, help="context length in tokens per slot (default min(model max, 4096))")
     p.add_argument("--threads", type=int, help="compute threads (default: all cores)")
     p.add_argument("--batch", type=int, help="positions per forward pass during prefill (default 128)")
+    import launch_opts
+    launch_opts.add_kv_flag(p)
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client has to send its request headers (default 10)")
@@ -175,7 +178,7 @@ def resolve(args):
 
     s.cors_origins = [check_origin(o) for o in args.cors_origin]
     s.allowed_hosts = [h.lower() for h in args.allowed_host]
-    s.ctx, s.threads, s.batch = args.ctx, args.threads, args.batch
+    s.ctx, s.threads, s.batch, s.kv = args.ctx, args.threads, args.batch, args.kv
     _check_range("--ctx", s.ctx, 2, 1 << 24)
     _check_range("--threads", s.threads, 1, 1024)
     _check_range("--batch", s.batch, 1, 1 << 16)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "container.h"
+#include "kv_kernels.h"
 #include "kv_persist.h"
 #include "protocol.h"
 #include "sampler.h"
@@ -94,6 +95,11 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
         else if (!strcmp(a, "--threads")) { rc = opt_int(a, v, 1, 1024, &o->threads, err, errlen); i++; }
         else if (!strcmp(a, "--batch")) { rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen); i++; }
         else if (!strcmp(a, "--portable")) o->portable = 1;
+        else if (!strcmp(a, "--kv")) {
+            if (!v || kv_type_from_name(v, &o->kv_type)) { snprintf(err, errlen, "--kv needs f16, bf16 or f32"); return -1; }
+            o->kv_set = 1;
+            i++;
+        }
         else if (!strcmp(a, "--kv-dir")) { if (!v) { snprintf(err, errlen, "--kv-dir needs a directory"); return -1; } o->kv_dir = v; i++; }
         else return i;
         if (rc) return -1;
@@ -111,6 +117,7 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     else if (!getenv("OMP_NUM_THREADS") && physical_cores() > 0) omp_set_num_threads(physical_cores());
     if (o->batch) forward_max_batch = o->batch;
     if (model_load(&e->model, o->model_dir, err, errlen)) return -1;
+    if (o->kv_set && model_set_kv_type(&e->model, o->kv_type, err, errlen)) { model_free(&e->model); return -1; }
     const Arch *a = &e->model.a;
     e->ctx = o->ctx ? o->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
     if (e->ctx > a->max_pos) {
@@ -157,7 +164,7 @@ static void persist_slot(Engine *e, int slot) {
 }
 
 void engine_close(Engine *e) {
-    for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].k) kv_free(&e->slots[i]);
+    for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].tokens) kv_free(&e->slots[i]);
     if (e->tok) tok_free(e->tok);
     model_free(&e->model);
 }
@@ -228,12 +235,6 @@ static int poll_control(Inbox *b, const char *id) {
             if (strcmp(b->queue[i].id, f.id) == 0) b->queue[i].max_tokens = -2; /* mark cancelled */
     }
     return verdict;
-}
-
-static int lcp(const int32_t *a, int na, const int32_t *b, int nb) {
-    int i = 0;
-    while (i < na && i < nb && a[i] == b[i]) i++;
-    return i;
 }
 
 /* A teacher-forced pass runs in a cache of its own: it must not disturb any slot's conversation. */
@@ -333,11 +334,10 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     }
     if (f->logits) { run_logits(e, f, ids, n); free(ids); return; }
     KvCache *kv = &e->slots[f->slot];
-    if (!kv->k && kv_init(kv, a, e->ctx)) { emit_error(f->id, "out_of_memory", "cannot allocate the KV cache"); free(ids); return; }
-    /* Reuse the common prefix; at least one prompt token is recomputed to get fresh logits. */
-    int reuse = lcp(kv->tokens, kv->n, ids, n);
-    if (reuse >= n) reuse = n - 1;
-    kv->n = reuse;
+    if (!kv->tokens && kv_init(kv, a, e->ctx)) { emit_error(f->id, "out_of_memory", "cannot allocate the KV cache"); free(ids); return; }
+    /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
+     * one prompt token is recomputed to get fresh logits. */
+    int reuse = kv_reuse(kv, ids, n);
     emit_line("ACCEPT %s %d %d", f->id, n, reuse);
     SamplerParams sp = f->sp;
     if (!f->has_seed) sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -353,6 +353,7 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         forward(&e->model, kv, ids + done, m, done + m == n ? logits : NULL, 0);
         if (done + m < n) verdict = poll_control(box, f->id);
     }
+    if (!verdict) kv_checkpoint(kv); /* a turn boundary: the next turn may resume here */
     double t_prefill = now_ms() - t0, t_first = 0;
     TokStream ts;
     tok_stream_init(&ts);
@@ -388,6 +389,7 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
                   produced > 1 ? (produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish,
                   storage_read_bytes() - read0, rss_mb());
     }
+    kv_checkpoint(kv);
     persist_slot(e, f->slot); /* after END: the client never waits for the disk */
     sampler_free(&smp);
     free(piece);
@@ -400,8 +402,9 @@ int engine_serve(Engine *e) {
     reader_init(&in, 0);
     Inbox box = {&in, NULL, NULL, 0, 0};
     const Arch *a = &e->model.a;
-    emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d", a->family,
-              a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name, omp_get_max_threads(), e->tok != NULL);
+    emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d kv=%s "
+              "kv_bytes_per_token=%zu", a->family, a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name,
+              omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type), (kv_bytes(a, 1) - sizeof(int32_t)));
     for (;;) {
         Frame f;
         char *payload = NULL, err[256];

@@ -21,6 +21,8 @@ typedef struct {
     int ctx, kv_slots, threads, batch, portable;
     const char *kv_dir;
     int skip_tokenizer; /* logits needs none, and a broken one must not block it */
+    QType kv_type;      /* --kv: KV cache element type, when kv_set */
+    int kv_set;
 } EngineOptions;
 
 /* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */

@@ -1,29 +1,16 @@
-/* The forward pass, top to bottom: embed, layers (attention + MLP/MoE), norm, head. */
+/* The forward pass, top to bottom: embed, then each layer's blocks as its spec names them
+ * (norm, attention, norm, MLP, each a block-table entry), final norm, head. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers.h"
+#include "blocks.h"
 #include "model.h"
 #include "ops.h"
 
 int forward_max_batch = 128;
 
-int kv_init(KvCache *kv, const Arch *a, int ctx) {
-    size_t per = (size_t)a->n_layers * ctx * a->n_kv_heads * a->head_dim;
-    memset(kv, 0, sizeof(*kv));
-    kv->ctx = ctx;
-    kv->k = malloc(per * sizeof(float));
-    kv->v = malloc(per * sizeof(float));
-    kv->tokens = malloc(sizeof(int32_t) * (size_t)ctx);
-    if (!kv->k || !kv->v || !kv->tokens) { kv_free(kv); return -1; }
-    return 0;
-}
-
-void kv_free(KvCache *kv) {
-    free(kv->k);
-    free(kv->v);
-    free(kv->tokens);
-    memset(kv, 0, sizeof(*kv));
+static void run_block(const Block *b, const BlockRun *r, const float *x, int T, float *out) {
+    b->kind->run(b->self, r, x, T, out);
 }
 
 static void forward_chunk(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *logits, int all_logits) {
@@ -41,19 +28,21 @@ static void forward_chunk(const Model *m, KvCache *kv, const int32_t *tokens, in
     free(row);
     for (int l = 0; l < a->n_layers; l++) {
         const Layer *y = &m->layers[l];
-        for (int t = 0; t < T; t++) rmsnorm(xn + (size_t)t * H, x + (size_t)t * H, y->attn_norm, H, a->rms_eps);
-        attention(m, l, kv, xn, T, o);
-        for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
-        for (int t = 0; t < T; t++) rmsnorm(xn + (size_t)t * H, x + (size_t)t * H, y->ffn_norm, H, a->rms_eps);
-        if (a->layer_is_moe[l]) moe(m, l, xn, T, o);
-        else mlp_dense(&y->mlp, xn, T, H, a->intermediate, o);
-        for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
+        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l]};
+        const Block *halves[2][2] = {{&y->attn_norm, &y->attn}, {&y->mlp_norm, &y->mlp}};
+        for (int h = 0; h < 2; h++) {
+            if (!halves[h][1]->kind) continue;
+            run_block(halves[h][0], &r, x, T, xn);
+            run_block(halves[h][1], &r, xn, T, o);
+            for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
+        }
     }
     memcpy(kv->tokens + kv->n, tokens, sizeof(int32_t) * (size_t)T);
     kv->n += T;
     if (logits) {
         int first = all_logits ? 0 : T - 1;
-        for (int t = first; t < T; t++) rmsnorm(xn + (size_t)t * H, x + (size_t)t * H, m->final_norm, H, a->rms_eps);
+        BlockRun r = {a, -1, kv->n, kv->ctx, kv->type, NULL};
+        run_block(&m->final_norm, &r, x + (size_t)first * H, T - first, xn + (size_t)first * H);
         matmul(logits, xn + (size_t)first * H, T - first, &m->lm_head, NULL);
     }
     free(x); free(xn); free(o);

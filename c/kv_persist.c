@@ -8,13 +8,23 @@
 #include <string.h>
 #include <unistd.h>
 
-#define KV_MAGIC "COLIKV01"
+/* v2: the layers' state as their descriptors lay it out, in the slot's KV element type. */
+#define KV_MAGIC "COLIKV02"
 
 typedef struct {
     char magic[8];
     uint64_t fingerprint;
-    uint32_t n, kv_dim, n_layers, reserved;
+    uint32_t n, n_layers, kv_type, reserved;
+    uint64_t per_pos, fixed; /* sums over the layers' descriptors: a cross-check of the layout */
 } KvHeader;
+
+static void layout(const KvCache *kv, uint64_t *per_pos, uint64_t *fixed) {
+    *per_pos = *fixed = 0;
+    for (int l = 0; l < kv->n_layers; l++) {
+        *per_pos += kv->layer[l].per_pos;
+        *fixed += kv->layer[l].fixed_bytes;
+    }
+}
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
@@ -49,18 +59,18 @@ static int write_all(int fd, const void *p, size_t n, uint64_t *sum) {
 }
 
 int kv_save(const KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *err, size_t errlen) {
-    const size_t kvd = (size_t)a->n_kv_heads * a->head_dim;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0) { snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno)); return -1; }
-    KvHeader h = {KV_MAGIC, fp, (uint32_t)kv->n, (uint32_t)kvd, (uint32_t)a->n_layers, 0};
+    KvHeader h = {KV_MAGIC, fp, (uint32_t)kv->n, (uint32_t)a->n_layers, (uint32_t)kv->type, 0, 0, 0};
     memcpy(h.magic, KV_MAGIC, 8);
+    layout(kv, &h.per_pos, &h.fixed);
     uint64_t sum = 1469598103934665603ull;
     int bad = write_all(fd, &h, sizeof h, &sum) || write_all(fd, kv->tokens, sizeof(int32_t) * (size_t)kv->n, &sum);
     for (int l = 0; l < a->n_layers && !bad; l++) {
-        size_t off = (size_t)l * kv->ctx * kvd, bytes = sizeof(float) * (size_t)kv->n * kvd;
-        bad = write_all(fd, kv->k + off, bytes, &sum) || write_all(fd, kv->v + off, bytes, &sum);
+        const KvLayer *y = &kv->layer[l];
+        bad = write_all(fd, y->pos, y->per_pos * (size_t)kv->n, &sum) || write_all(fd, y->fixed, y->fixed_bytes, &sum);
     }
     uint64_t check = sum;
     bad = bad || write_all(fd, &check, sizeof check, &sum) || fsync(fd);
@@ -86,13 +96,19 @@ static int read_all(FILE *f, void *p, size_t n, uint64_t *sum) {
 int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
-    const size_t kvd = (size_t)a->n_kv_heads * a->head_dim;
     KvHeader h;
+    uint64_t per_pos, fixed;
+    layout(kv, &per_pos, &fixed);
     uint64_t sum = 1469598103934665603ull, check;
     int rc = -1;
     if (read_all(f, &h, sizeof h, &sum) || memcmp(h.magic, KV_MAGIC, 8)) { snprintf(err, errlen, "%s: not a KV state file", path); goto out; }
-    if (h.fingerprint != fp || h.kv_dim != kvd || (int)h.n_layers != a->n_layers) {
+    if (h.fingerprint != fp || (int)h.n_layers != a->n_layers || h.per_pos != per_pos || h.fixed != fixed) {
         snprintf(err, errlen, "%s: saved for another model; ignored", path);
+        goto out;
+    }
+    if (h.kv_type != (uint32_t)kv->type) {
+        snprintf(err, errlen, "%s: saved with a %s KV cache, this engine keeps %s (--kv); ignored", path,
+                 qtype_name((QType)(h.kv_type < QT_COUNT ? h.kv_type : 0)), qtype_name(kv->type));
         goto out;
     }
     if ((int)h.n > kv->ctx) { snprintf(err, errlen, "%s: %u positions exceed the context %d; ignored", path, h.n, kv->ctx); goto out; }
@@ -100,8 +116,8 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
     for (uint32_t i = 0; i < h.n; i++)
         if (kv->tokens[i] < 0 || kv->tokens[i] >= a->vocab) goto torn;
     for (int l = 0; l < a->n_layers; l++) {
-        size_t off = (size_t)l * kv->ctx * kvd, bytes = sizeof(float) * (size_t)h.n * kvd;
-        if (read_all(f, kv->k + off, bytes, &sum) || read_all(f, kv->v + off, bytes, &sum)) goto torn;
+        KvLayer *y = &kv->layer[l];
+        if (read_all(f, y->pos, y->per_pos * h.n, &sum) || read_all(f, y->fixed, y->fixed_bytes, &sum)) goto torn;
     }
     if (fread(&check, 1, sizeof check, f) != sizeof check || check != sum) goto torn;
     kv->n = (int)h.n;
@@ -110,6 +126,8 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
 torn:
     snprintf(err, errlen, "%s: truncated or corrupt; ignored", path);
     kv->n = 0;
+    for (int l = 0; l < a->n_layers; l++) /* no half-read recurrent state survives */
+        if (kv->layer[l].fixed) memset(kv->layer[l].fixed, 0, kv->layer[l].fixed_bytes);
 out:
     fclose(f);
     return rc;

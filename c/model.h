@@ -1,5 +1,6 @@
-/* The whole model in three parts: the architecture (from the container manifest), the
- * weights (views into the mapped shards), and the run state (KV cache and scratch). */
+/* The whole model in three parts: the global facts (from the container manifest), the layers
+ * (each a few blocks named by the manifest's per-layer specs, see blocks.h), and the run state
+ * (KV cache and scratch). */
 #ifndef COLI_MODEL_H
 #define COLI_MODEL_H
 #include <stddef.h>
@@ -9,18 +10,27 @@
 
 #define MAX_EOS 8
 
+/* What one layer keeps per KV slot (docs/architecture.md). A layer either grows with the
+ * context (per_pos bytes per cached position, e.g. GQA K/V) or keeps a fixed state (recurrent
+ * layers), or both. A layer that is not truncatable cannot be cut back to an arbitrary prefix:
+ * prefix reuse falls back to a checkpointed position for it. */
+typedef struct {
+    size_t per_pos;  /* bytes per cached position */
+    size_t fixed;    /* bytes per slot, whatever the length */
+    int truncatable; /* 1: the state at any prefix is the prefix of the state */
+} StateDesc;
+
+/* Facts that hold for the whole model; everything per layer lives in the layer specs. */
 typedef struct {
     char family[32];
-    int vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, rotary_dim;
-    int intermediate;           /* dense MLP width */
-    int n_experts, top_k, moe_intermediate, norm_topk_prob;
-    int qk_norm, q_bias, k_bias, v_bias, o_bias, mlp_bias, tie_embeddings;
-    float rms_eps, rope_scale;  /* rope_scale multiplies cos/sin (YaRN attention factor) */
-    float *inv_freq;            /* [rotary_dim / 2] */
-    int max_pos;
-    unsigned char *layer_is_moe; /* [n_layers] */
+    int vocab, hidden, n_layers, max_pos, tie_embeddings;
+    int rotary_dim;            /* RoPE table shared by the attention blocks that rotate */
+    float rope_scale;          /* multiplies cos/sin (YaRN attention factor) */
+    float *inv_freq;           /* [rotary_dim / 2] */
     int eos[MAX_EOS], n_eos;
     int bos;
+    QType kv_type;             /* element type of per-position state: QT_F16 (default), QT_BF16, QT_F32 */
+    const StateDesc *state;    /* [n_layers], filled by model_load for kv_type */
 } Arch;
 
 typedef struct {
@@ -30,18 +40,17 @@ typedef struct {
     const unsigned char *data;
 } QMat;
 
+/* One block of a layer: an entry of the block table and its loaded parameters. */
+typedef struct BlockKind BlockKind;
 typedef struct {
-    QMat gate, up, down;
-    const float *gate_b, *up_b, *down_b;
-} Mlp;
+    const BlockKind *kind; /* NULL: the layer has no such block */
+    void *self;            /* kind-private: weights and geometry */
+} Block;
 
+/* Pre-norm residual layer: x += attn(attn_norm(x)); x += mlp(mlp_norm(x)). Either half may be
+ * absent (a layer without attention, or without an MLP). */
 typedef struct {
-    const float *attn_norm, *ffn_norm, *q_norm, *k_norm;
-    QMat wq, wk, wv, wo;
-    const float *bq, *bk, *bv, *bo;
-    Mlp mlp;             /* dense layers */
-    const float *router; /* [n_experts][hidden] */
-    Mlp *experts;        /* [n_experts] */
+    Block attn_norm, attn, mlp_norm, mlp;
 } Layer;
 
 typedef struct Container Container;
@@ -49,27 +58,54 @@ typedef struct Container Container;
 typedef struct {
     Arch a;
     QMat embed, lm_head;
-    const float *final_norm;
+    Block final_norm;
     Layer *layers;
+    StateDesc *state; /* [n_layers]: a.state points here */
     Container *ct;
 } Model;
 
 extern const char *const ENGINE_FAMILIES[]; /* NULL-terminated */
 
-/* Loads DIR/colibri.json and its shards; validates every tensor the architecture needs. */
+/* Loads DIR/colibri.json and its shards; validates every tensor the layer specs name. */
 int model_load(Model *m, const char *dir, char *err, size_t errlen);
+/* Recomputes the state descriptors for another KV element type (before any kv_init). */
+int model_set_kv_type(Model *m, QType kv_type, char *err, size_t errlen);
 void model_free(Model *m);
 
-/* One KV cache: its token history lets a new prompt reuse the common prefix. */
+/* One layer's slice of a KV slot: per-position state [ctx][per_pos] and the fixed state. */
 typedef struct {
-    int ctx;      /* capacity in positions */
-    int n;        /* positions filled */
-    float *k, *v; /* [n_layers][ctx][n_kv_heads*head_dim] */
-    int32_t *tokens;
+    unsigned char *pos;   /* [ctx][per_pos] */
+    unsigned char *fixed; /* [fixed_bytes], the state after the slot's n positions */
+    size_t per_pos, fixed_bytes;
+} KvLayer;
+
+#define KV_MAX_CHECKPOINTS 4
+
+/* One KV slot: its token history lets a new prompt reuse the common prefix. */
+typedef struct {
+    int ctx;         /* capacity in positions */
+    int n;           /* positions filled */
+    int n_layers;
+    QType type;      /* per-position element type */
+    KvLayer *layer;  /* [n_layers] */
+    int32_t *tokens; /* [ctx]; non-NULL once initialised */
+    size_t fixed_total;     /* sum of the layers' fixed state */
+    int truncatable;        /* every layer truncatable: any prefix can be reused */
+    int n_ck;               /* checkpoints of the fixed state, oldest first */
+    int ck_pos[KV_MAX_CHECKPOINTS];
+    unsigned char *ck[KV_MAX_CHECKPOINTS]; /* [fixed_total] each */
 } KvCache;
 
 int kv_init(KvCache *kv, const Arch *a, int ctx);
 void kv_free(KvCache *kv);
+size_t kv_bytes(const Arch *a, int ctx); /* what kv_init allocates for ctx positions */
+/* Rewinds kv so that a prompt ids[0..n) can continue from it; returns the positions kept
+ * (at most n - 1, so the last prompt token is always recomputed). Truncatable layers keep the
+ * longest common prefix; a non-truncatable layer restores the latest checkpoint within it,
+ * or restarts from 0. */
+int kv_reuse(KvCache *kv, const int32_t *ids, int n);
+/* Records the fixed state at the current position (a turn boundary) for later reuse. */
+void kv_checkpoint(KvCache *kv);
 
 /* Runs tokens[0..T) at positions kv->n.. and appends them to the cache. When logits is not
  * NULL it receives [T][vocab] (all_logits) or [vocab] for the last position only. */

@@ -49,7 +49,7 @@ def test_scan_of_synthetic_headers_counts_every_byte(synthetic):
     assert ex["elements_each"] == 3 * 128 * 256
     assert set(ex["bytes_per_layer"]) == {"1", "2", "3"}
     assert s["arch"]["moe_layers"] == [1, 2, 3]
-    assert s["kv_bytes_per_token"] == 2 * 4 * 2 * 64 * 4
+    assert s["kv_bytes_per_token"] == 2 * 4 * 2 * 64 * 2  # K and V, f16 (the engine default)
     assert s["classes"]["router"] == 3 * 16 * 256 * 4
     assert s["classes"]["dense_mlp"] > 0 and s["classes"]["norm"] == (2 * 4 + 1) * 256 * 4
 

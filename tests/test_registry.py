@@ -74,7 +74,9 @@ def test_registry_describes_every_family_fully():
 
 def test_kv_bytes_per_token_is_what_the_engine_allocates():
     arch = {"num_layers": 3, "num_kv_heads": 2, "head_dim": 32}
-    assert family_registry.kv_bytes_per_token(arch, "qwen3_moe") == 2 * 3 * 2 * 32 * 4
+    # K and V for every layer and KV head; f16 by default, 4 bytes with --kv f32
+    assert family_registry.kv_bytes_per_token(arch, "qwen3_moe") == 2 * 3 * 2 * 32 * 2
+    assert family_registry.kv_bytes_per_token(arch, "qwen3_moe", kv="f32") == 2 * 3 * 2 * 32 * 4
 
 
 def test_tensor_classes():

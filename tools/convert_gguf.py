@@ -468,6 +468,7 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
     arch["_family"] = fam
     planner = convert_hf.plan_tensors(arch, table, experts, dense)
     del arch["_family"]
+    trunk, layers = convert_hf.block_specs(arch, planner)
     kept = {}
     for o in planner.outputs:
         info, row0, permute = sources[o["name"]]
@@ -513,6 +514,8 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
         "converter_version": VERSION,
         "family": fam,
         "arch": arch,
+        "trunk": trunk,
+        "layers": layers,
         "quant": {"experts": experts, "dense": dense, "embed": dense, "lm_head": dense,
                   "norms": "f32", "router": "f32", "biases": "f32",
                   "q8": "blocks of 32, f16 scale", "q4": "blocks of 32, f16 scale + f16 min",

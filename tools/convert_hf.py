@@ -165,6 +165,29 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     return p
 
 
+def block_specs(arch, planner):
+    """The manifest's trunk and per-layer block specs (family_registry), checked against the
+    tensors this conversion writes: the engine loads exactly the names the specs give."""
+    trunk, layers = family_registry.trunk_spec(arch), family_registry.layer_specs(arch)
+    written = {o["name"] for o in planner.outputs}
+    names = [trunk["embed"], trunk["lm_head"], trunk["final_norm"]["tensors"]["weight"]]
+
+    def walk(block):
+        for key, v in block.items():
+            if key == "tensors":
+                names.extend(v.values())
+            elif key == "expert_tensors":
+                names.extend(t.replace("{e}", str(e)) for t in v.values() for e in range(block["experts"]))
+            elif isinstance(v, dict):
+                walk(v)
+    for spec in layers:
+        walk(spec)
+    missing = sorted(set(names) - written)
+    if missing:
+        raise ConvertError(f"the layer specs name tensors this conversion does not write: {', '.join(missing[:5])}")
+    return trunk, layers
+
+
 def layout_shards(planner, src_files):
     """Groups outputs by anchor source file and orders each shard: f32, then 2-byte, then 1-byte
     storage (keeps every tensor aligned to its element size), experts gate/up/down adjacent."""
@@ -267,6 +290,7 @@ def convert(src, out, experts="q4", dense="q8", log=print):
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)
     del arch["_family"]
+    trunk, layers = block_specs(arch, planner)
     shards = layout_shards(planner, [str(f.resolve()) for f in files])
     settings = {"converter_version": VERSION, "format_version": FORMAT_VERSION, "experts": experts, "dense": dense,
                 "source": {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in files}}
@@ -290,6 +314,8 @@ def convert(src, out, experts="q4", dense="q8", log=print):
         "converter_version": VERSION,
         "family": family,
         "arch": arch,
+        "trunk": trunk,
+        "layers": layers,
         "quant": {"experts": experts, "dense": dense, "embed": dense, "lm_head": dense,
                   "norms": "f32", "router": "f32", "biases": "f32",
                   "q8": "blocks of 32, f16 scale", "q4": "blocks of 32, f16 scale + f16 min"},

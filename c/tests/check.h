@@ -21,5 +21,6 @@ void test_protocol(void);
 void test_json(void);
 void test_sampler(void);
 void test_tokenizer(void);
+void test_blocks(void);
 
 #endif

@@ -1,0 +1,143 @@
+/* GQA attention block: grouped K/V heads, optional q/k/v/o biases, optional per-head q/k
+ * RMSNorm, NeoX-style (rotate-half) RoPE over the first rope.dim dims of each head.
+ * State: per position, K then V for every KV head, in the cache's element type. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "kv_kernels.h"
+#include "ops.h"
+
+typedef struct {
+    int nh, nkv, hd, rot;
+    float qk_eps;
+    QMat wq, wk, wv, wo;
+    const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
+} AttnGqa;
+
+static int load(void *self, const JsonValue *spec, BlockLoader *L) {
+    AttnGqa *p = self;
+    const int H = L->a->hidden;
+    p->nh = bl_int(L, spec, "heads", 1, 1024);
+    p->nkv = bl_int(L, spec, "kv_heads", 1, 1024);
+    p->hd = bl_int(L, spec, "head_dim", 2, 4096);
+    const JsonValue *rope = bl_obj(L, spec, "rope");
+    if (L->failed) return -1;
+    const char *style = bl_str(L, rope, "style");
+    p->rot = bl_int(L, rope, "dim", 0, p->hd);
+    if (L->failed) return -1;
+    if (p->nh % p->nkv) return bl_fail(L, "gqa: %d heads are not a multiple of %d KV heads", p->nh, p->nkv);
+    if (strcmp(style, "neox")) return bl_fail(L, "gqa: rope style '%s' is not implemented (neox)", style);
+    if (p->rot != L->a->rotary_dim) return bl_fail(L, "gqa: rope.dim %d differs from the model's RoPE table (%d)", p->rot, L->a->rotary_dim);
+    if (json_get_num(spec, "window", 0) != 0) return bl_fail(L, "gqa: sliding windows are not implemented yet");
+    if (json_get_bool(spec, "sinks", 0)) return bl_fail(L, "gqa: attention sinks are not implemented yet");
+    const char *qkn = json_get_str(spec, "qk_norm");
+    if (qkn && strcmp(qkn, "none") && strcmp(qkn, "per_head")) return bl_fail(L, "gqa: qk_norm '%s' is not implemented", qkn);
+    const int qd = p->nh * p->hd, kvd = p->nkv * p->hd;
+    const JsonValue *t = json_get(spec, "tensors");
+    p->wq = bl_mat(L, t, "q", qd, H);
+    p->wk = bl_mat(L, t, "k", kvd, H);
+    p->wv = bl_mat(L, t, "v", kvd, H);
+    p->wo = bl_mat(L, t, "o", H, qd);
+    p->bq = bl_vec(L, t, "q_bias", 1, qd, 1);
+    p->bk = bl_vec(L, t, "k_bias", 1, kvd, 1);
+    p->bv = bl_vec(L, t, "v_bias", 1, kvd, 1);
+    p->bo = bl_vec(L, t, "o_bias", 1, H, 1);
+    if (qkn && !strcmp(qkn, "per_head")) {
+        p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
+        p->q_norm = bl_vec(L, t, "q_norm", 1, p->hd, 0);
+        p->k_norm = bl_vec(L, t, "k_norm", 1, p->hd, 0);
+    }
+    return L->failed ? -1 : 0;
+}
+
+static StateDesc state(const void *self, QType kv_type) {
+    const AttnGqa *p = self;
+    StateDesc s = {2 * (size_t)p->nkv * p->hd * kv_elem_size(kv_type), 0, 1};
+    return s;
+}
+
+/* Rotates the first rot dims of one head in place, HF rotate_half layout. */
+static void rope(float *v, const Arch *a, int rot, int pos) {
+    int half = rot / 2;
+    for (int i = 0; i < half; i++) {
+        float ang = a->inv_freq[i] * (float)pos; /* float product, as transformers computes it */
+        float c = (float)cos((double)ang) * a->rope_scale, s = (float)sin((double)ang) * a->rope_scale;
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * c - x2 * s;
+        v[i + half] = x2 * c + x1 * s;
+    }
+}
+
+static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
+    const AttnGqa *y = self;
+    const Arch *a = r->a;
+    const int hd = y->hd, nh = y->nh, nkv = y->nkv, qd = nh * hd, kvd = nkv * hd;
+    const int p0 = r->p0, group = nh / nkv;
+    float *q = malloc(sizeof(float) * (size_t)T * qd);
+    float *k = malloc(sizeof(float) * (size_t)T * kvd);
+    float *v = malloc(sizeof(float) * (size_t)T * kvd);
+    float *att = malloc(sizeof(float) * (size_t)T * qd);
+    if (!q || !k || !v || !att) abort();
+    matmul(q, x, T, &y->wq, y->bq);
+    matmul(k, x, T, &y->wk, y->bk);
+    matmul(v, x, T, &y->wv, y->bv);
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < nh; h++) {
+            float *qh = q + (size_t)t * qd + h * hd;
+            if (y->q_norm) rmsnorm(qh, qh, y->q_norm, hd, y->qk_eps);
+            rope(qh, a, y->rot, p0 + t);
+        }
+        for (int h = 0; h < nkv; h++) {
+            float *kh = k + (size_t)t * kvd + h * hd;
+            if (y->k_norm) rmsnorm(kh, kh, y->k_norm, hd, y->qk_eps);
+            rope(kh, a, y->rot, p0 + t);
+        }
+    }
+    /* position j holds K_j [kvd] then V_j [kvd] */
+    const size_t es = kv_elem_size(r->kv_type), stride = 2 * (size_t)kvd * es;
+    unsigned char *cache = r->state->pos;
+    for (int t = 0; t < T; t++) {
+        unsigned char *dst = cache + (size_t)(p0 + t) * stride;
+        kv_store_row(r->kv_type, k + (size_t)t * kvd, kvd, dst);
+        kv_store_row(r->kv_type, v + (size_t)t * kvd, kvd, dst + (size_t)kvd * es);
+    }
+    const KvKernels *kk = kv_kernels(r->kv_type);
+    const float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < nh; h++) {
+            const int n = p0 + t + 1, kh = h / group;
+            const float *qh = q + (size_t)t * qd + h * hd;
+            float *sc = scratch(1, (size_t)n);
+            float *o = att + (size_t)t * qd + h * hd;
+            memset(o, 0, sizeof(float) * hd);
+            if (!kk) { /* f32 cache: the float kernels, exactly as an f32 model computes */
+                const float *kc = (const float *)cache + kh * hd, *vc = (const float *)cache + kvd + kh * hd;
+                const size_t st = 2 * (size_t)kvd;
+                for (int j = 0; j < n; j++) sc[j] = kern.dot(qh, kc + (size_t)j * st, hd) * scale;
+                softmax(sc, n);
+                for (int j = 0; j < n; j++) {
+                    const float *vj = vc + (size_t)j * st, w = sc[j];
+                    for (int d = 0; d < hd; d++) o[d] += w * vj[d];
+                }
+            } else {
+                const unsigned char *kc = cache + (size_t)kh * hd * es, *vc = cache + ((size_t)kvd + kh * hd) * es;
+                for (int j = 0; j < n; j++) sc[j] = kk->dot(qh, kc + (size_t)j * stride, hd) * scale;
+                softmax(sc, n);
+                for (int j = 0; j < n; j++) kk->axpy(sc[j], vc + (size_t)j * stride, hd, o);
+            }
+        }
+    }
+    matmul(out, att, T, &y->wo, y->bo);
+    free(q); free(k); free(v); free(att);
+}
+
+static void release(void *self) {
+    AttnGqa *p = self;
+    free((void *)p->bq); free((void *)p->bk); free((void *)p->bv); free((void *)p->bo);
+    free((void *)p->q_norm); free((void *)p->k_norm);
+}
+
+const BlockKind block_attn_gqa = {ROLE_ATTN, "gqa", sizeof(AttnGqa), load, run, state, release};

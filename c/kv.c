@@ -1,0 +1,105 @@
+/* KV slots, built from the layers' state descriptors: allocation, prefix reuse, checkpoints. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+size_t kv_bytes(const Arch *a, int ctx) {
+    size_t b = sizeof(int32_t) * (size_t)ctx;
+    for (int l = 0; l < a->n_layers; l++) b += a->state[l].per_pos * (size_t)ctx + a->state[l].fixed;
+    return b;
+}
+
+int kv_init(KvCache *kv, const Arch *a, int ctx) {
+    memset(kv, 0, sizeof(*kv));
+    kv->ctx = ctx;
+    kv->n_layers = a->n_layers;
+    kv->type = a->kv_type;
+    kv->truncatable = 1;
+    kv->layer = calloc((size_t)a->n_layers, sizeof(KvLayer));
+    kv->tokens = malloc(sizeof(int32_t) * (size_t)ctx);
+    if (!kv->layer || !kv->tokens) { kv_free(kv); return -1; }
+    for (int l = 0; l < a->n_layers; l++) {
+        const StateDesc *s = &a->state[l];
+        KvLayer *y = &kv->layer[l];
+        y->per_pos = s->per_pos;
+        y->fixed_bytes = s->fixed;
+        if (s->per_pos && !(y->pos = malloc(s->per_pos * (size_t)ctx))) { kv_free(kv); return -1; }
+        if (s->fixed && !(y->fixed = calloc(1, s->fixed))) { kv_free(kv); return -1; }
+        kv->fixed_total += s->fixed;
+        kv->truncatable &= s->truncatable;
+    }
+    return 0;
+}
+
+void kv_free(KvCache *kv) {
+    for (int l = 0; kv->layer && l < kv->n_layers; l++) {
+        free(kv->layer[l].pos);
+        free(kv->layer[l].fixed);
+    }
+    for (int i = 0; i < kv->n_ck; i++) free(kv->ck[i]);
+    free(kv->layer);
+    free(kv->tokens);
+    memset(kv, 0, sizeof(*kv));
+}
+
+/* Every layer's fixed state, concatenated, into a checkpoint (save) or back out of it. */
+static void fixed_copy(KvCache *kv, unsigned char *ck, int save) {
+    size_t off = 0;
+    for (int l = 0; l < kv->n_layers; l++) {
+        KvLayer *y = &kv->layer[l];
+        if (!y->fixed_bytes) continue;
+        if (save) memcpy(ck + off, y->fixed, y->fixed_bytes);
+        else memcpy(y->fixed, ck + off, y->fixed_bytes);
+        off += y->fixed_bytes;
+    }
+}
+
+static void drop_checkpoint(KvCache *kv, int i) {
+    free(kv->ck[i]);
+    memmove(kv->ck + i, kv->ck + i + 1, sizeof(kv->ck[0]) * (size_t)(kv->n_ck - i - 1));
+    memmove(kv->ck_pos + i, kv->ck_pos + i + 1, sizeof(kv->ck_pos[0]) * (size_t)(kv->n_ck - i - 1));
+    kv->n_ck--;
+}
+
+void kv_checkpoint(KvCache *kv) {
+    if (kv->truncatable || !kv->fixed_total) return; /* any prefix is reusable without one */
+    if (kv->n_ck && kv->ck_pos[kv->n_ck - 1] == kv->n) return;
+    if (kv->n_ck == KV_MAX_CHECKPOINTS) drop_checkpoint(kv, 0); /* bounded: the oldest goes */
+    unsigned char *ck = malloc(kv->fixed_total);
+    if (!ck) return; /* without it, reuse falls back further; never wrong, only slower */
+    fixed_copy(kv, ck, 1);
+    kv->ck[kv->n_ck] = ck;
+    kv->ck_pos[kv->n_ck++] = kv->n;
+}
+
+static int lcp(const int32_t *a, int na, const int32_t *b, int nb) {
+    int i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+int kv_reuse(KvCache *kv, const int32_t *ids, int n) {
+    int keep = lcp(kv->tokens, kv->n, ids, n);
+    if (keep >= n) keep = n - 1; /* the last prompt token is recomputed for fresh logits */
+    if (keep < 0) keep = 0;
+    if (!kv->truncatable && keep != kv->n) {
+        /* The fixed state only describes position kv->n: go back to a checkpoint at or before
+         * keep whose tokens are still the prompt's, else start over. */
+        int best = -1;
+        for (int i = 0; i < kv->n_ck; i++)
+            if (kv->ck_pos[i] <= keep && (best < 0 || kv->ck_pos[i] > kv->ck_pos[best])) best = i;
+        if (best >= 0) {
+            fixed_copy(kv, kv->ck[best], 0);
+            keep = kv->ck_pos[best];
+        } else {
+            for (int l = 0; l < kv->n_layers; l++)
+                if (kv->layer[l].fixed) memset(kv->layer[l].fixed, 0, kv->layer[l].fixed_bytes);
+            keep = 0;
+        }
+    }
+    for (int i = kv->n_ck - 1; i >= 0; i--) /* checkpoints past the kept prefix describe other tokens */
+        if (kv->ck_pos[i] > keep) drop_checkpoint(kv, i);
+    kv->n = keep;
+    return keep;
+}

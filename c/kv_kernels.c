@@ -1,0 +1,90 @@
+#include "kv_kernels.h"
+
+#include <string.h>
+
+size_t kv_elem_size(QType t) { return t == QT_F32 ? 4 : 2; }
+
+int kv_type_from_name(const char *s, QType *out) {
+    if (!strcmp(s, "f16")) *out = QT_F16;
+    else if (!strcmp(s, "bf16")) *out = QT_BF16;
+    else if (!strcmp(s, "f32")) *out = QT_F32;
+    else return -1;
+    return 0;
+}
+
+void kv_store_row(QType t, const float *x, int n, void *dst) {
+    if (t == QT_F32) { memcpy(dst, x, sizeof(float) * (size_t)n); return; }
+    uint16_t *h = dst;
+    if (t == QT_F16) for (int i = 0; i < n; i++) h[i] = f32_to_f16(x[i]);
+    else for (int i = 0; i < n; i++) h[i] = f32_to_bf16(x[i]);
+}
+
+static float dot_f16(const float *q, const void *row, int n) {
+    const uint16_t *h = row;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += q[i] * f16_to_f32(h[i]);
+    return s;
+}
+static void axpy_f16(float w, const void *row, int n, float *o) {
+    const uint16_t *h = row;
+    for (int i = 0; i < n; i++) o[i] += w * f16_to_f32(h[i]);
+}
+static float dot_bf16(const float *q, const void *row, int n) {
+    const uint16_t *h = row;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += q[i] * bf16_to_f32(h[i]);
+    return s;
+}
+static void axpy_bf16(float w, const void *row, int n, float *o) {
+    const uint16_t *h = row;
+    for (int i = 0; i < n; i++) o[i] += w * bf16_to_f32(h[i]);
+}
+static const KvKernels portable_f16 = {dot_f16, axpy_f16}, portable_bf16 = {dot_bf16, axpy_bf16};
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline __m256 wide_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+AVX2 static inline __m256 wide_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+AVX2 static inline float hsum(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#define KV_AVX2(NAME, WIDE, SCALAR)                                                                   \
+    AVX2 static float dot_##NAME##_avx2(const float *q, const void *row, int n) {                     \
+        const uint16_t *h = row;                                                                      \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                                    \
+        int i = 0;                                                                                    \
+        for (; i + 16 <= n; i += 16) {                                                                \
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), WIDE(h + i), s0);                            \
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), WIDE(h + i + 8), s1);                    \
+        }                                                                                             \
+        for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), WIDE(h + i), s0);     \
+        float s = hsum(_mm256_add_ps(s0, s1));                                                        \
+        for (; i < n; i++) s += q[i] * SCALAR(h[i]);                                                  \
+        return s;                                                                                     \
+    }                                                                                                 \
+    AVX2 static void axpy_##NAME##_avx2(float w, const void *row, int n, float *o) {                  \
+        const uint16_t *h = row;                                                                      \
+        const __m256 vw = _mm256_set1_ps(w);                                                          \
+        int i = 0;                                                                                    \
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(vw, WIDE(h + i), _mm256_loadu_ps(o + i))); \
+        for (; i < n; i++) o[i] += w * SCALAR(h[i]);                                                  \
+    }
+KV_AVX2(f16, wide_f16, f16_to_f32)
+KV_AVX2(bf16, wide_bf16, bf16_to_f32)
+static const KvKernels avx2_f16 = {dot_f16_avx2, axpy_f16_avx2}, avx2_bf16 = {dot_bf16_avx2, axpy_bf16_avx2};
+#endif
+
+const KvKernels *kv_kernels(QType t) {
+    if (t == QT_F32) return NULL;
+#if defined(__x86_64__) || defined(__i386__)
+    if (kern.name && !strcmp(kern.name, "avx2")) return t == QT_F16 ? &avx2_f16 : &avx2_bf16;
+#endif
+    return t == QT_F16 ? &portable_f16 : &portable_bf16;
+}

@@ -1,0 +1,202 @@
+/* The block table as an extension point: this test adds a toy block kind through
+ * blocks_register alone (no engine file changes), builds a two-layer container whose manifest
+ * names it, and checks the state descriptors, prefix reuse with a non-truncatable layer
+ * (checkpoint fallback, never silent truncation), and slot persistence of its fixed state. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "blocks.h"
+#include "check.h"
+#include "kv_persist.h"
+#include "ops.h"
+
+enum { V = 16, H = 8, HD = 4, SEQ = 6 };
+
+/* ---- the toy block: out_t = W . mean(x_0..x_t); its state is the running sum (fixed size,
+ * and a sum cannot be cut back to an earlier prefix: not truncatable) ---- */
+typedef struct {
+    QMat w;
+} ToyMean;
+
+static int toy_load(void *self, const JsonValue *spec, BlockLoader *L) {
+    ((ToyMean *)self)->w = bl_mat(L, json_get(spec, "tensors"), "w", H, H);
+    return L->failed ? -1 : 0;
+}
+
+static void toy_run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
+    float *sum = (float *)r->state->fixed, mean[H];
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < H; d++) {
+            sum[d] += x[t * H + d];
+            mean[d] = sum[d] / (float)(r->p0 + t + 1);
+        }
+        matmul(out + t * H, mean, 1, &((const ToyMean *)self)->w, NULL);
+    }
+}
+
+static StateDesc toy_state(const void *self, QType kv) {
+    (void)self; (void)kv;
+    StateDesc s = {0, sizeof(float) * H, 0};
+    return s;
+}
+
+static const BlockKind toy_mean = {ROLE_ATTN, "toy_mean", sizeof(ToyMean), toy_load, toy_run, toy_state, NULL};
+
+/* ---- a container on disk: one f32 safetensors shard + colibri.json ---- */
+typedef struct { const char *name; int rows, cols; } Spec;
+static const Spec TENSORS[] = {
+    {"embed", V, H}, {"head", V, H}, {"final_norm", 1, H},
+    {"n0", 1, H}, {"q0", 2 * HD, H}, {"k0", HD, H}, {"v0", HD, H}, {"o0", H, 2 * HD},
+    {"m0", 1, H}, {"gate0", 8, H}, {"up0", 8, H}, {"down0", H, 8},
+    {"n1", 1, H}, {"w1", H, H},
+};
+#define NT (sizeof TENSORS / sizeof TENSORS[0])
+
+static void write_container(const char *dir) {
+    char path[512], hdr[8192], meta[2048];
+    size_t off = 0, hl = 0, ml = 0;
+    ml += (size_t)snprintf(meta + ml, sizeof meta - ml, "{");
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "{");
+    for (size_t i = 0; i < NT; i++) {
+        const Spec *s = &TENSORS[i];
+        size_t bytes = (size_t)s->rows * s->cols * 4;
+        ml += (size_t)snprintf(meta + ml, sizeof meta - ml, "%s\\\"%s\\\":[\\\"f32\\\",%d,%d]", i ? "," : "", s->name, s->rows, s->cols);
+        if (s->rows == 1) hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],", s->name, s->cols);
+        else hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", s->name, s->rows, s->cols);
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"data_offsets\":[%zu,%zu]},", off, off + bytes);
+        off += bytes;
+    }
+    snprintf(meta + ml, sizeof meta - ml, "}");
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"__metadata__\":{\"format\":\"colibri\",\"colibri.tensors\":\"%s\"}}", meta);
+    while ((8 + hl) % 64) hdr[hl++] = ' ';
+    snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    uint64_t n = hl;
+    fwrite(&n, 8, 1, f);
+    fwrite(hdr, 1, hl, f);
+    uint32_t rng = 12345;
+    for (size_t i = 0; i < NT; i++) {
+        const Spec *s = &TENSORS[i];
+        int norm = s->rows == 1;
+        for (int j = 0; j < s->rows * s->cols; j++) {
+            rng = rng * 1664525u + 1013904223u;
+            float v = norm ? 1.0f + (float)(rng >> 8) / 16777216.0f * 0.2f : ((float)(rng >> 8) / 16777216.0f - 0.5f);
+            fwrite(&v, 4, 1, f);
+        }
+    }
+    fclose(f);
+    snprintf(path, sizeof path, "%s/colibri.json", dir);
+    f = fopen(path, "w");
+    fprintf(f,
+            "{\"format\":\"colibri-container\",\"format_version\":1,\"family\":\"llama\",\"shards\":[\"model-00001-of-00001.safetensors\"],"
+            "\"arch\":{\"vocab_size\":%d,\"hidden_size\":%d,\"num_layers\":2,\"rotary_dim\":%d,\"rope_inv_freq\":[1.0,0.01],"
+            "\"max_position_embeddings\":64},"
+            "\"trunk\":{\"embed\":\"embed\",\"lm_head\":\"head\",\"final_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"final_norm\"}}},"
+            "\"layers\":["
+            "{\"attn_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"n0\"}},"
+            "\"attn\":{\"kind\":\"gqa\",\"heads\":2,\"kv_heads\":1,\"head_dim\":%d,\"rope\":{\"style\":\"neox\",\"dim\":%d},"
+            "\"tensors\":{\"q\":\"q0\",\"k\":\"k0\",\"v\":\"v0\",\"o\":\"o0\"}},"
+            "\"mlp_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"m0\"}},"
+            "\"mlp\":{\"kind\":\"dense\",\"act\":\"silu\",\"width\":8,\"tensors\":{\"gate\":\"gate0\",\"up\":\"up0\",\"down\":\"down0\"}}},"
+            "{\"attn_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"n1\"}},"
+            "\"attn\":{\"kind\":\"toy_mean\",\"tensors\":{\"w\":\"w1\"}},\"mlp\":null}]}",
+            V, H, HD, HD, HD);
+    fclose(f);
+}
+
+/* Last-position logits after feeding toks[0..n) into kv in chunks ending at each cut. */
+static void feed(const Model *m, KvCache *kv, const int32_t *toks, int from, int to, float *logits) {
+    forward(m, kv, toks + from, to - from, logits, 0);
+}
+
+static void test_reuse_rule_without_model(void) {
+    StateDesc st[2] = {{8, 0, 1}, {8, 0, 1}};
+    Arch a = {0};
+    a.n_layers = 2;
+    a.kv_type = QT_F32;
+    a.state = st;
+    KvCache kv;
+    CHECK(kv_init(&kv, &a, 16) == 0 && kv.truncatable, "truncatable cache");
+    int32_t had[6] = {1, 2, 3, 4, 5, 6}, want[5] = {1, 2, 3, 9, 9};
+    memcpy(kv.tokens, had, sizeof had);
+    kv.n = 6;
+    CHECK(kv_reuse(&kv, want, 5) == 3 && kv.n == 3, "truncatable layers keep the common prefix");
+    kv.n = 6;
+    CHECK(kv_reuse(&kv, had, 6) == 5, "an identical prompt recomputes its last token");
+    kv_free(&kv);
+}
+
+void test_blocks(void) {
+    test_reuse_rule_without_model();
+    char dir[] = "/tmp/coli_blocks_XXXXXX", err[512];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    write_container(dir);
+    Model m;
+    CHECK(model_load(&m, dir, err, sizeof err) == -1 && strstr(err, "toy_mean") && strstr(err, "not implemented"),
+          "an unknown kind is refused by name: %s", err);
+    CHECK(blocks_register(&toy_mean) == 0 && blocks_register(&toy_mean) == -1, "register once");
+    if (model_load(&m, dir, err, sizeof err)) { CHECK(0, "load: %s", err); return; }
+    CHECK(m.state[0].per_pos == 2 * HD * 2 && m.state[0].fixed == 0 && m.state[0].truncatable, "gqa: f16 K+V per position");
+    CHECK(m.state[1].per_pos == 0 && m.state[1].fixed == sizeof(float) * H && !m.state[1].truncatable, "toy: fixed state");
+    CHECK(kv_bytes(&m.a, 10) == 10 * (2 * HD * 2 + 4) + sizeof(float) * H, "kv_bytes sums the descriptors");
+    CHECK(model_set_kv_type(&m, QT_F32, err, sizeof err) == 0 && m.state[0].per_pos == 2 * HD * 4, "f32 K+V");
+
+    const int32_t A[SEQ] = {1, 5, 7, 2, 9, 3}, B[SEQ] = {1, 5, 7, 2, 4, 8}, C[SEQ] = {1, 5, 6, 6, 6, 6};
+    float got[V], want[V], bad[V];
+    KvCache kv, fresh;
+    /* turn 1: prompt A[0..3) (checkpoint at 3), then three more positions (checkpoint at 6) */
+    kv_init(&kv, &m.a, 32);
+    CHECK(!kv.truncatable, "a toy layer makes the slot non-truncatable");
+    feed(&m, &kv, A, 0, 3, got);
+    kv_checkpoint(&kv);
+    feed(&m, &kv, A, 3, SEQ, got);
+    kv_checkpoint(&kv);
+    CHECK(kv.n_ck == 2 && kv.ck_pos[0] == 3 && kv.ck_pos[1] == 6, "checkpoints at turn boundaries");
+    /* B shares 4 tokens with A: the toy state exists only at 3 and 6, so reuse must fall back to 3 */
+    int keep = kv_reuse(&kv, B, SEQ);
+    CHECK(keep == 3 && kv.n == 3 && kv.n_ck == 1, "falls back to the checkpoint at 3, not the common prefix 4 (%d)", keep);
+    feed(&m, &kv, B, 3, SEQ, got);
+    kv_init(&fresh, &m.a, 32);
+    feed(&m, &fresh, B, 0, 3, want);
+    feed(&m, &fresh, B, 3, SEQ, want);
+    CHECK(!memcmp(got, want, sizeof got), "reused slot = fresh slot, bit for bit");
+    /* the silent truncation this rule prevents gives a different answer (the test can fail) */
+    kv_free(&fresh);
+    kv_init(&fresh, &m.a, 32);
+    feed(&m, &fresh, A, 0, SEQ, bad);
+    fresh.n = 4;
+    feed(&m, &fresh, B, 4, SEQ, bad);
+    CHECK(memcmp(bad, want, sizeof bad) != 0, "naive truncation would be wrong");
+    kv_free(&fresh);
+    /* C diverges before every checkpoint: start over */
+    CHECK(kv_reuse(&kv, C, SEQ) == 0 && kv.n_ck == 0, "no usable checkpoint: reuse nothing");
+    feed(&m, &kv, C, 0, SEQ, got);
+    kv_init(&fresh, &m.a, 32);
+    feed(&m, &fresh, C, 0, SEQ, want);
+    CHECK(!memcmp(got, want, sizeof got), "restart = fresh");
+    kv_free(&fresh);
+
+    /* persistence carries the fixed state: a restored slot continues like the original */
+    char path[600];
+    snprintf(path, sizeof path, "%s/.coli_kv", dir);
+    CHECK(kv_save(&kv, &m.a, 42, path, err, sizeof err) == 0, "save: %s", err);
+    KvCache back;
+    kv_init(&back, &m.a, 32);
+    CHECK(kv_restore(&back, &m.a, 42, path, err, sizeof err) == 1 && back.n == SEQ, "restore: %s", err);
+    const int32_t next = 11;
+    forward(&m, &kv, &next, 1, want, 0);
+    forward(&m, &back, &next, 1, got, 0);
+    CHECK(!memcmp(got, want, sizeof got), "restored slot continues bit for bit");
+    kv_free(&back);
+    kv_free(&kv);
+    model_free(&m);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/colibri.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
