@@ -73,6 +73,17 @@ static int load_layer(BlockLoader *L, Layer *y, const JsonValue *spec) {
     block_load(&y->mlp, ROLE_MLP, mlp, L);
     if (!L->failed && ((y->attn.kind && !y->attn_norm.kind) || (y->mlp.kind && !y->mlp_norm.kind)))
         return bl_fail(L, "a block has no norm before it (attn_norm / mlp_norm)");
+    /* The planner sizes memory from the state the spec declares: it must be what the block keeps. */
+    const JsonValue *decl = attn ? json_get(attn, "state") : NULL;
+    if (!L->failed && decl && y->attn.kind) {
+        StateDesc s = y->attn.kind->state ? y->attn.kind->state(y->attn.self, QT_F32) : (StateDesc){0, 0, 1};
+        long long values = json_get_int(decl, "kv_values_per_pos", -1), fixed = json_get_int(decl, "fixed_bytes", -1);
+        int trunc = json_get_bool(decl, "truncatable", -1);
+        if (values != (long long)(s.per_pos / 4) || fixed != (long long)s.fixed || trunc != s.truncatable)
+            return bl_fail(L, "attn.state declares %lld values per position, %lld fixed bytes, truncatable %d; the %s block "
+                           "keeps %zu, %zu, %d; re-run coli convert", values, fixed, trunc, y->attn.kind->name,
+                           s.per_pos / 4, s.fixed, s.truncatable);
+    }
     return L->failed ? -1 : 0;
 }
 
