@@ -219,6 +219,7 @@ def scan(model_dir):
         "kv_bytes_per_token": kv_bytes_per_token(arch, man.get("family"), layers=_layers(man)),
         "kv_fixed_bytes": _kv_fixed(man),
         "kv_values_per_token": _kv_values(man),
+        "kv_layers": _layers(man) and [(s.get("attn") or {}).get("state") or {} for s in _layers(man)],
     }
 
 

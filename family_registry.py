@@ -133,11 +133,22 @@ def manifest_layers(man):
 
 
 def layer_state(spec, kv=KV_DEFAULT):
-    """One layer's state descriptor as the engine allocates it: (bytes per position, fixed bytes
-    per slot, truncatable). Only blocks that keep state (the attention kinds) declare one."""
+    """One layer's state descriptor as the engine allocates it (c/model.h StateDesc): (bytes per
+    position, fixed bytes per slot, truncatable, window: positions kept, 0 = all). Only blocks
+    that keep state (the attention kinds) declare one."""
     st = (spec.get("attn") or {}).get("state") or {}
     return (int(st.get("kv_values_per_pos", 0)) * KV_TYPES[kv], int(st.get("fixed_bytes", 0)),
-            bool(st.get("truncatable", True)))
+            bool(st.get("truncatable", True)), int(st.get("window", 0)))
+
+
+def kv_slot_bytes(layers, ctx, kv=KV_DEFAULT):
+    """Bytes of one KV slot of ctx positions (c/kv.c kv_bytes, without the token list): a
+    windowed layer holds min(ctx, window) positions, a recurrent one its fixed state."""
+    total = 0
+    for spec in layers:
+        per_pos, fixed, _, window = layer_state(spec, kv)
+        total += per_pos * (min(ctx, window) if window > 0 else ctx) + fixed
+    return total
 
 
 def kv_bytes_per_token(arch, family=None, kv=KV_DEFAULT, layers=None):

@@ -168,14 +168,13 @@ def check_cap(cap, arch):
 def check_memory(args, model_dir, man, ctx, slots, log):
     """Refuses --ram the engine cannot stay within and explicit KV sizes that cannot fit; warns
     when the defaults will page from disk. Uses file sizes and the manifest, not the headers."""
-    import container_scan
+    import family_registry
     import resource_plan
     mem = resource_plan.memory_info()
     usable, total = mem["usable"], mem["total"]
     weights = sum((Path(model_dir) / s).stat().st_size for s in man["shards"] if (Path(model_dir) / s).is_file())
-    import family_registry
-    kv = container_scan.kv_bytes_per_token(man["arch"], man.get("family"), kv=getattr(args, "kv", None),
-                                           layers=family_registry.manifest_layers(man)) * ctx * slots
+    kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx,
+                                       getattr(args, "kv", None) or family_registry.KV_DEFAULT) * slots
     need = weights + kv + resource_plan.RUNTIME_BASE
     ram = getattr(args, "ram", None)
     if ram is not None:

@@ -61,14 +61,19 @@ def _kv_default():
     return family_registry.KV_DEFAULT
 
 
-def kv_state(scan, kv=None):
-    """(bytes per token, fixed bytes) of one KV slot from the layers' state descriptors in the
-    manifest (container_scan reads them), for KV element type kv (default: the engine's)."""
+def kv_state(scan, ctx, kv=None):
+    """(bytes per token, fixed bytes, bytes of one slot of ctx positions) from the layers' state
+    descriptors in the manifest (container_scan reads them), for KV element type kv (default:
+    the engine's). A windowed layer counts only its window."""
     import family_registry
     kv = kv or family_registry.KV_DEFAULT
     values = scan.get("kv_values_per_token")
     per_token = values * family_registry.KV_TYPES[kv] if values is not None else scan["kv_bytes_per_token"]
-    return per_token, scan.get("kv_fixed_bytes", 0)
+    fixed = scan.get("kv_fixed_bytes", 0)
+    layers = scan.get("kv_layers")
+    slot = family_registry.kv_slot_bytes([{"attn": {"state": s}} for s in layers], ctx, kv) if layers \
+        else per_token * ctx + fixed
+    return per_token, fixed, slot
 
 
 def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
@@ -79,8 +84,8 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     ctx = ctx or default_ctx(scan)
     threads = threads or machine["cpu"]["usable"]
     budget = ram if ram is not None else mem["default_budget"]
-    kv_per_token, kv_fixed = kv_state(scan, kv_type)
-    kv = (kv_per_token * ctx + kv_fixed) * kv_slots
+    kv_per_token, kv_fixed, kv_slot = kv_state(scan, ctx, kv_type)
+    kv = kv_slot * kv_slots
     runtime = runtime_bytes(scan, ctx, batch, threads)
     dense = scan["dense_bytes"]
     n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
@@ -112,7 +117,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     dense_read = dense - (embed if "lm_head" in scan["classes"] else 0)
     active_experts = k * n_moe
     expert_read = active_experts * expert_each
-    kv_read = kv_per_token * ctx // 2 + kv_fixed  # an average position halfway through the context
+    kv_read = (kv_slot - kv_fixed) // 2 + kv_fixed  # an average position halfway through the context
     el = scan["class_elements"]
     dense_el = sum(v for c, v in el.items() if c != "expert") - (el.get("embed", 0) if "lm_head" in el else 0)
     flops = 2 * (dense_el + active_experts * ex["elements_each"]) + 4 * (a["heads"] or 0) * (a["head_dim"] or 0) * \

@@ -54,7 +54,7 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
 
 static StateDesc state(const void *self, QType kv_type) {
     const AttnGqa *p = self;
-    StateDesc s = {2 * (size_t)p->nkv * p->hd * kv_elem_size(kv_type), 0, 1};
+    StateDesc s = {.per_pos = 2 * (size_t)p->nkv * p->hd * kv_elem_size(kv_type), .truncatable = 1};
     return s;
 }
 

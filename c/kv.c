@@ -4,11 +4,15 @@
 
 #include "model.h"
 
+static int ring_cap(const StateDesc *s, int ctx) { return s->window > 0 && s->window < ctx ? s->window : ctx; }
+
 size_t kv_bytes(const Arch *a, int ctx) {
     size_t b = sizeof(int32_t) * (size_t)ctx;
-    for (int l = 0; l < a->n_layers; l++) b += a->state[l].per_pos * (size_t)ctx + a->state[l].fixed;
+    for (int l = 0; l < a->n_layers; l++) b += a->state[l].per_pos * (size_t)ring_cap(&a->state[l], ctx) + a->state[l].fixed;
     return b;
 }
+
+int kv_held(const KvCache *kv, int l) { return kv->n < kv->layer[l].cap ? kv->n : kv->layer[l].cap; }
 
 int kv_init(KvCache *kv, const Arch *a, int ctx) {
     memset(kv, 0, sizeof(*kv));
@@ -24,7 +28,9 @@ int kv_init(KvCache *kv, const Arch *a, int ctx) {
         KvLayer *y = &kv->layer[l];
         y->per_pos = s->per_pos;
         y->fixed_bytes = s->fixed;
-        if (s->per_pos && !(y->pos = malloc(s->per_pos * (size_t)ctx))) { kv_free(kv); return -1; }
+        y->cap = ring_cap(s, ctx);
+        y->truncatable = s->truncatable;
+        if (s->per_pos && !(y->pos = malloc(s->per_pos * (size_t)y->cap))) { kv_free(kv); return -1; }
         if (s->fixed && !(y->fixed = calloc(1, s->fixed))) { kv_free(kv); return -1; }
         kv->fixed_total += s->fixed;
         kv->truncatable &= s->truncatable;
@@ -79,11 +85,26 @@ static int lcp(const int32_t *a, int na, const int32_t *b, int nb) {
     return i;
 }
 
+/* A ring that has wrapped no longer holds the positions an earlier prefix needs. */
+static int rings_wrapped(const KvCache *kv) {
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->layer[l].per_pos && kv->n > kv->layer[l].cap) return 1;
+    return 0;
+}
+
+static void reset_fixed(KvCache *kv) {
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->layer[l].fixed) memset(kv->layer[l].fixed, 0, kv->layer[l].fixed_bytes);
+}
+
 int kv_reuse(KvCache *kv, const int32_t *ids, int n) {
     int keep = lcp(kv->tokens, kv->n, ids, n);
     if (keep >= n) keep = n - 1; /* the last prompt token is recomputed for fresh logits */
     if (keep < 0) keep = 0;
-    if (!kv->truncatable && keep != kv->n) {
+    if (keep != kv->n && rings_wrapped(kv)) { /* no checkpoint holds ring contents: start over */
+        reset_fixed(kv);
+        keep = 0;
+    } else if (!kv->truncatable && keep != kv->n) {
         /* The fixed state only describes position kv->n: go back to a checkpoint at or before
          * keep whose tokens are still the prompt's, else start over. */
         int best = -1;
@@ -93,8 +114,7 @@ int kv_reuse(KvCache *kv, const int32_t *ids, int n) {
             fixed_copy(kv, kv->ck[best], 0);
             keep = kv->ck_pos[best];
         } else {
-            for (int l = 0; l < kv->n_layers; l++)
-                if (kv->layer[l].fixed) memset(kv->layer[l].fixed, 0, kv->layer[l].fixed_bytes);
+            reset_fixed(kv);
             keep = 0;
         }
     }

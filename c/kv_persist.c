@@ -70,7 +70,7 @@ int kv_save(const KvCache *kv, const Arch *a, uint64_t fp, const char *path, cha
     int bad = write_all(fd, &h, sizeof h, &sum) || write_all(fd, kv->tokens, sizeof(int32_t) * (size_t)kv->n, &sum);
     for (int l = 0; l < a->n_layers && !bad; l++) {
         const KvLayer *y = &kv->layer[l];
-        bad = write_all(fd, y->pos, y->per_pos * (size_t)kv->n, &sum) || write_all(fd, y->fixed, y->fixed_bytes, &sum);
+        bad = write_all(fd, y->pos, y->per_pos * (size_t)kv_held(kv, l), &sum) || write_all(fd, y->fixed, y->fixed_bytes, &sum);
     }
     uint64_t check = sum;
     bad = bad || write_all(fd, &check, sizeof check, &sum) || fsync(fd);
@@ -115,9 +115,10 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
     if (read_all(f, kv->tokens, sizeof(int32_t) * h.n, &sum)) goto torn;
     for (uint32_t i = 0; i < h.n; i++)
         if (kv->tokens[i] < 0 || kv->tokens[i] >= a->vocab) goto torn;
+    kv->n = (int)h.n; /* kv_held depends on it; reset below if the file is torn */
     for (int l = 0; l < a->n_layers; l++) {
         KvLayer *y = &kv->layer[l];
-        if (read_all(f, y->pos, y->per_pos * h.n, &sum) || read_all(f, y->fixed, y->fixed_bytes, &sum)) goto torn;
+        if (read_all(f, y->pos, y->per_pos * (size_t)kv_held(kv, l), &sum) || read_all(f, y->fixed, y->fixed_bytes, &sum)) goto torn;
     }
     if (fread(&check, 1, sizeof check, f) != sizeof check || check != sum) goto torn;
     kv->n = (int)h.n;

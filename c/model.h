@@ -13,11 +13,14 @@
 /* What one layer keeps per KV slot (docs/architecture.md). A layer either grows with the
  * context (per_pos bytes per cached position, e.g. GQA K/V) or keeps a fixed state (recurrent
  * layers), or both. A layer that is not truncatable cannot be cut back to an arbitrary prefix:
- * prefix reuse falls back to a checkpointed position for it. */
+ * prefix reuse falls back to a checkpointed position for it. A windowed layer keeps only its
+ * last `window` positions (a ring of min(ctx, window) slots: position j lives in slot j % cap);
+ * once the ring has wrapped, no earlier prefix can be rebuilt from it. */
 typedef struct {
     size_t per_pos;  /* bytes per cached position */
     size_t fixed;    /* bytes per slot, whatever the length */
     int truncatable; /* 1: the state at any prefix is the prefix of the state */
+    int window;      /* > 0: positions kept (sliding window); 0: all */
 } StateDesc;
 
 /* Facts that hold for the whole model; everything per layer lives in the layer specs. */
@@ -74,9 +77,11 @@ void model_free(Model *m);
 
 /* One layer's slice of a KV slot: per-position state [ctx][per_pos] and the fixed state. */
 typedef struct {
-    unsigned char *pos;   /* [ctx][per_pos] */
+    unsigned char *pos;   /* [cap][per_pos]: position j in slot j % cap */
     unsigned char *fixed; /* [fixed_bytes], the state after the slot's n positions */
     size_t per_pos, fixed_bytes;
+    int cap;              /* positions held: ctx, or min(ctx, window) for a windowed layer */
+    int truncatable;
 } KvLayer;
 
 #define KV_MAX_CHECKPOINTS 4
@@ -99,6 +104,8 @@ typedef struct {
 int kv_init(KvCache *kv, const Arch *a, int ctx);
 void kv_free(KvCache *kv);
 size_t kv_bytes(const Arch *a, int ctx); /* what kv_init allocates for ctx positions */
+/* Positions of layer l's per-position state held in the slot: min(n, cap). */
+int kv_held(const KvCache *kv, int l);
 /* Rewinds kv so that a prompt ids[0..n) can continue from it; returns the positions kept
  * (at most n - 1, so the last prompt token is always recomputed). Truncatable layers keep the
  * longest common prefix; a non-truncatable layer restores the latest checkpoint within it,

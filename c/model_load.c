@@ -76,19 +76,19 @@ static int load_layer(BlockLoader *L, Layer *y, const JsonValue *spec) {
     /* The planner sizes memory from the state the spec declares: it must be what the block keeps. */
     const JsonValue *decl = attn ? json_get(attn, "state") : NULL;
     if (!L->failed && decl && y->attn.kind) {
-        StateDesc s = y->attn.kind->state ? y->attn.kind->state(y->attn.self, QT_F32) : (StateDesc){0, 0, 1};
+        StateDesc s = y->attn.kind->state ? y->attn.kind->state(y->attn.self, QT_F32) : (StateDesc){.truncatable = 1};
         long long values = json_get_int(decl, "kv_values_per_pos", -1), fixed = json_get_int(decl, "fixed_bytes", -1);
-        int trunc = json_get_bool(decl, "truncatable", -1);
-        if (values != (long long)(s.per_pos / 4) || fixed != (long long)s.fixed || trunc != s.truncatable)
-            return bl_fail(L, "attn.state declares %lld values per position, %lld fixed bytes, truncatable %d; the %s block "
-                           "keeps %zu, %zu, %d; re-run coli convert", values, fixed, trunc, y->attn.kind->name,
-                           s.per_pos / 4, s.fixed, s.truncatable);
+        int trunc = json_get_bool(decl, "truncatable", -1), window = (int)json_get_int(decl, "window", 0);
+        if (values != (long long)(s.per_pos / 4) || fixed != (long long)s.fixed || trunc != s.truncatable || window != s.window)
+            return bl_fail(L, "attn.state declares %lld values per position, %lld fixed bytes, truncatable %d, window %d; "
+                           "the %s block keeps %zu, %zu, %d, %d; re-run coli convert", values, fixed, trunc, window,
+                           y->attn.kind->name, s.per_pos / 4, s.fixed, s.truncatable, s.window);
     }
     return L->failed ? -1 : 0;
 }
 
 static StateDesc layer_state(const Layer *y, QType kv_type) {
-    StateDesc s = {0, 0, 1};
+    StateDesc s = {.truncatable = 1};
     const Block *bs[4] = {&y->attn_norm, &y->attn, &y->mlp_norm, &y->mlp};
     for (int i = 0; i < 4; i++) {
         if (!bs[i]->kind || !bs[i]->kind->state) continue;
@@ -96,6 +96,7 @@ static StateDesc layer_state(const Layer *y, QType kv_type) {
         s.per_pos += b.per_pos;
         s.fixed += b.fixed;
         s.truncatable &= b.truncatable;
+        if (b.per_pos) s.window = b.window; /* one block per layer keeps positions */
     }
     return s;
 }

@@ -115,6 +115,19 @@ def test_engine_state_is_what_the_planner_counts(moe_container):
     assert int(default["kv_bytes_per_token"]) == scan["kv_bytes_per_token"] == values * 2
 
 
+def test_planner_counts_windows_and_fixed_state():
+    """State descriptors as the planner reads them: a windowed layer holds only its window, a
+    recurrent layer a fixed state whatever the context (c/kv.c kv_bytes allocates the same)."""
+    full = {"attn": {"state": {"kv_values_per_pos": 64, "fixed_bytes": 0, "truncatable": True}}}
+    window = {"attn": {"state": {"kv_values_per_pos": 64, "fixed_bytes": 0, "truncatable": True, "window": 128}}}
+    recurrent = {"attn": {"state": {"kv_values_per_pos": 0, "fixed_bytes": 4096, "truncatable": False}}}
+    layers = [full, window, recurrent]
+    assert family_registry.kv_slot_bytes(layers, 100) == 2 * (64 * 2 * 100) + 4096  # f16: 2 bytes a value
+    assert family_registry.kv_slot_bytes(layers, 1000) == 64 * 2 * 1000 + 64 * 2 * 128 + 4096
+    assert family_registry.kv_slot_bytes(layers, 1000, "f32") == 64 * 4 * 1000 + 64 * 4 * 128 + 4096
+    assert family_registry.kv_fixed_bytes(layers) == 4096 and family_registry.kv_values_per_token(layers) == 128
+
+
 def test_kv_type_changes_storage_not_the_model(moe_container, oracle_root, tmp_path):
     """f16 (the default) rounds K/V, so its logits differ from f32's, but stay within the oracle
     tolerance; a bad --kv is refused by the launcher and by the engine."""

@@ -2,6 +2,7 @@
  * blocks_register alone (no engine file changes), builds a two-layer container whose manifest
  * names it, and checks the state descriptors, prefix reuse with a non-truncatable layer
  * (checkpoint fallback, never silent truncation), and slot persistence of its fixed state. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "blocks.h"
 #include "check.h"
+#include "kv_kernels.h"
 #include "kv_persist.h"
 #include "ops.h"
 
@@ -39,7 +41,7 @@ static void toy_run(const void *self, const BlockRun *r, const float *x, int T, 
 
 static StateDesc toy_state(const void *self, QType kv) {
     (void)self; (void)kv;
-    StateDesc s = {0, sizeof(float) * H, 0};
+    StateDesc s = {.fixed = sizeof(float) * H};
     return s;
 }
 
@@ -113,7 +115,7 @@ static void feed(const Model *m, KvCache *kv, const int32_t *toks, int from, int
 }
 
 static void test_reuse_rule_without_model(void) {
-    StateDesc st[2] = {{8, 0, 1}, {8, 0, 1}};
+    StateDesc st[2] = {{8, 0, 1, 0}, {8, 0, 1, 0}};
     Arch a = {0};
     a.n_layers = 2;
     a.kv_type = QT_F32;
@@ -127,9 +129,62 @@ static void test_reuse_rule_without_model(void) {
     kv.n = 6;
     CHECK(kv_reuse(&kv, had, 6) == 5, "an identical prompt recomputes its last token");
     kv_free(&kv);
+
+    /* a windowed layer holds a ring of its window: reusable until it wraps, then start over */
+    StateDesc win[2] = {{8, 0, 1, 0}, {8, 0, 1, 4}};
+    a.state = win;
+    CHECK(kv_bytes(&a, 16) == 16 * 4 + 16 * 8 + 4 * 8, "a windowed layer is sized by its window");
+    CHECK(kv_init(&kv, &a, 16) == 0 && kv.layer[1].cap == 4 && kv.layer[0].cap == 16, "ring of the window");
+    memcpy(kv.tokens, had, sizeof had);
+    kv.n = 4;
+    CHECK(kv_reuse(&kv, want, 5) == 3, "before the ring wraps any prefix is held");
+    kv.n = 6;
+    CHECK(kv_held(&kv, 1) == 4 && kv_held(&kv, 0) == 6, "held positions");
+    CHECK(kv_reuse(&kv, want, 5) == 0 && kv.n == 0, "a wrapped ring cannot rebuild an earlier prefix");
+    kv.n = 6;
+    int32_t more[7] = {1, 2, 3, 4, 5, 6, 7};
+    CHECK(kv_reuse(&kv, more, 7) == 6, "continuing at the end needs nothing rebuilt");
+    kv_free(&kv);
+}
+
+/* The run-time chosen f16/bf16 cache kernels agree with the portable ones, tails included. */
+static void test_kv_kernels(void) {
+    const QType types[2] = {QT_F16, QT_BF16};
+    for (int ti = 0; ti < 2; ti++) {
+        QType t = types[ti];
+        const KvKernels *fast = kv_kernels(t);
+        kernels_init(1);
+        const KvKernels *port = kv_kernels(t);
+        kernels_init(0);
+        float q[133], x[133], back[133], o1[133], o2[133];
+        uint16_t row[133];
+        for (int i = 0; i < 133; i++) { q[i] = (float)((i * 37) % 19) / 7.0f - 1.3f; x[i] = (float)((i * 11) % 23) / 5.0f - 2.1f; }
+        kv_store_row(t, x, 133, row);
+        for (int i = 0; i < 133; i++) back[i] = t == QT_F16 ? f16_to_f32(row[i]) : bf16_to_f32(row[i]);
+        int ok = 1;
+        for (int i = 0; i < 133; i++) ok &= fabsf(back[i] - x[i]) <= fabsf(x[i]) * (t == QT_F16 ? 1e-3f : 8e-3f);
+        CHECK(ok, "%s store rounds to nearest", qtype_name(t));
+        const int ns[] = {1, 7, 8, 15, 16, 33, 128, 133};
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k];
+            double ref = 0;
+            for (int i = 0; i < n; i++) ref += (double)q[i] * back[i];
+            float a = fast->dot(q, row, n), b = port->dot(q, row, n);
+            CHECK(fabs(a - ref) < 1e-4 * (1 + fabs(ref)) && fabs(b - ref) < 1e-4 * (1 + fabs(ref)), "%s dot n=%d: %g %g vs %g",
+                  qtype_name(t), n, a, b, ref);
+            for (int i = 0; i < n; i++) o1[i] = o2[i] = q[i];
+            fast->axpy(0.75f, row, n, o1);
+            port->axpy(0.75f, row, n, o2);
+            int same = 1;
+            for (int i = 0; i < n; i++) same &= fabsf(o1[i] - o2[i]) <= 1e-6f * (1 + fabsf(o2[i]));
+            CHECK(same, "%s axpy n=%d", qtype_name(t), n);
+        }
+    }
+    CHECK(kv_kernels(QT_F32) == NULL, "f32 rows use the float kernels");
 }
 
 void test_blocks(void) {
+    test_kv_kernels();
     test_reuse_rule_without_model();
     char dir[] = "/tmp/coli_blocks_XXXXXX", err[512];
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
