@@ -107,55 +107,56 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
         p.add(name, klass, rows, cols, [(t["file"], t["offset"], t["dtype"], rows)], t["file"], order)
 
-    whole("model.embed_tokens.weight", "dense", [V, H], (0,))
-    whole("model.norm.weight", "f32", [H], (0,))
+    # Output names come from the layer specs (family_registry), so the converter and the
+    # engine agree on them by construction; only the shapes and storage classes are ours.
+    trunk = family_registry.trunk_spec(arch)
+    whole(trunk["embed"], "dense", [V, H], (0,))
+    whole(trunk["final_norm"]["tensors"]["weight"], "f32", [H], (0,))
     if arch["tie_word_embeddings"]:
         if "lm_head.weight" in tensors:
             p.used.add("lm_head.weight")  # a tied checkpoint may still carry a copy
     else:
-        whole("lm_head.weight", "dense", [V, H], (L + 1,))
-    for l in range(L):
-        pre = f"model.layers.{l}"
+        whole(trunk["lm_head"], "dense", [V, H], (L + 1,))
+    attn_shapes = {"q": [nh * hd, H], "k": [nkv * hd, H], "v": [nkv * hd, H], "o": [H, nh * hd],
+                   "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * hd], "o_bias": [H],
+                   "q_norm": [hd], "k_norm": [hd]}
+    for l, spec in enumerate(family_registry.layer_specs(arch)):
         o = (l + 1,)
-        whole(f"{pre}.input_layernorm.weight", "f32", [H], o)
-        whole(f"{pre}.post_attention_layernorm.weight", "f32", [H], o)
-        for proj, rows, cols, bias_key in (("q", nh * hd, H, "q_bias"), ("k", nkv * hd, H, "k_bias"),
-                                           ("v", nkv * hd, H, "v_bias"), ("o", H, nh * hd, "o_bias")):
-            whole(f"{pre}.self_attn.{proj}_proj.weight", "dense", [rows, cols], o)
-            if arch[bias_key]:
-                whole(f"{pre}.self_attn.{proj}_proj.bias", "f32", [rows], o)
-        if arch["qk_norm"]:
-            whole(f"{pre}.self_attn.q_norm.weight", "f32", [hd], o)
-            whole(f"{pre}.self_attn.k_norm.weight", "f32", [hd], o)
-        if arch["layer_mlp"][l] == "dense":
-            I = arch["intermediate_size"]
-            for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
-                whole(f"{pre}.mlp.{proj}_proj.weight", "dense", shape, o)
-                if arch["mlp_bias"]:
-                    whole(f"{pre}.mlp.{proj}_proj.bias", "f32", [shape[0]], o)
+        for norm in ("attn_norm", "mlp_norm"):
+            whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
+        for key, name in spec["attn"]["tensors"].items():
+            whole(name, "dense" if len(attn_shapes[key]) == 2 else "f32", attn_shapes[key], o)
+        mlp = spec["mlp"]
+        if mlp["kind"] == "dense":
+            I = mlp["width"]
+            shapes = {"gate": [I, H], "up": [I, H], "down": [H, I], "gate_bias": [I], "up_bias": [I], "down_bias": [H]}
+            for key, name in mlp["tensors"].items():
+                whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
             continue
-        E, I = arch["num_experts"], arch["moe_intermediate_size"]
-        whole(f"{pre}.mlp.gate.weight", "f32", [E, H], o)
-        fused = f"{pre}.mlp.experts.gate_up_proj"
+        E, I = mlp["experts"], mlp["width"]
+        whole(mlp["router"]["tensors"]["weight"], "f32", [E, H], o)
+        names = mlp["expert_tensors"]
+        pre = f"model.layers.{l}"
+        fused = f"{pre}.mlp.experts.gate_up_proj"  # transformers' fused source layout
         if fused in tensors:
             gu = take(fused, [E, 2 * I, H])
             dn = take(f"{pre}.mlp.experts.down_proj", [E, H, I])
             gsz, dsz = {"F32": 4}.get(gu["dtype"], 2), {"F32": 4}.get(dn["dtype"], 2)
         for e in range(E):
             eo = (l + 1, e)
-            ep = f"{pre}.mlp.experts.{e}"
+            out = {k: v.replace("{e}", str(e)) for k, v in names.items()}
             if fused in tensors:
                 # gate_up_proj[e] is [2I, H]: rows 0..I are gate, I..2I are up (chunk(2) order)
                 base = gu["offset"] + e * 2 * I * H * gsz
-                p.add(f"{ep}.gate_proj.weight", "expert", I, H, [(gu["file"], base, gu["dtype"], I)], gu["file"], eo)
-                p.add(f"{ep}.up_proj.weight", "expert", I, H, [(gu["file"], base + I * H * gsz, gu["dtype"], I)], gu["file"], eo)
-                p.add(f"{ep}.down_proj.weight", "expert", H, I,
-                      [(dn["file"], dn["offset"] + e * H * I * dsz, dn["dtype"], H)], gu["file"], eo)
+                p.add(out["gate"], "expert", I, H, [(gu["file"], base, gu["dtype"], I)], gu["file"], eo)
+                p.add(out["up"], "expert", I, H, [(gu["file"], base + I * H * gsz, gu["dtype"], I)], gu["file"], eo)
+                p.add(out["down"], "expert", H, I, [(dn["file"], dn["offset"] + e * H * I * dsz, dn["dtype"], H)],
+                      gu["file"], eo)
             else:
-                g = take(f"{ep}.gate_proj.weight", [I, H])
+                g = take(out["gate"], [I, H])
                 for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
-                    t = take(f"{ep}.{proj}_proj.weight", shape)
-                    p.add(f"{ep}.{proj}_proj.weight", "expert", shape[0], shape[1],
+                    t = take(out[proj], shape)
+                    p.add(out[proj], "expert", shape[0], shape[1],
                           [(t["file"], t["offset"], t["dtype"], shape[0])], g["file"], eo)
     unused = [n for n in tensors if n not in p.used and not IGNORED.search(n)]
     if unused:
