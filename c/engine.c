@@ -317,11 +317,13 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         if (parse_ids(payload, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return; }
     } else {
         if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return; }
-        size_t nn = 0;
-        if (tok_encode(e->tok, payload, f->payload_len, f->parse_special, f->add_special, &ids, &nn, err, sizeof err)) {
-            emit_error(f->id, "bad_request", err);
-            return;
-        }
+        size_t nn = 0, *lit = NULL, nlit = 0;
+        int bad = f->literal && tok_literal_parse(payload, f->literal, &lit, &nlit, err, sizeof err);
+        if (!bad)
+            bad = tok_encode_literal(e->tok, payload + f->literal, f->payload_len - f->literal, f->parse_special,
+                                     f->add_special, lit, nlit, &ids, &nn, err, sizeof err);
+        free(lit);
+        if (bad) { emit_error(f->id, "bad_request", err); return; }
         n = (int)nn;
     }
     if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return; }
