@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import chat_template
+import chat_template_literal
 
 # Used when a checkpoint ships no chat template (like the tiny test models), so chat endpoints
 # still work; the start-up log and /health say so. --chat-template FILE gives the right one.
@@ -23,6 +24,7 @@ class ModelInfo:
         self.created = int(os.path.getmtime(self.dir / "colibri.json"))
         self.defaults = self._sampling_defaults()
         self.special = chat_template.load_special_tokens(self.dir)
+        self.added_tokens = chat_template_literal.load_added_tokens(str(self.dir))
         self.template, self.template_error, self.template_origin = None, None, "model"
         try:
             if template_file:
@@ -63,12 +65,13 @@ class ModelInfo:
             return False
 
     def render(self, messages, add_generation_prompt=True, continue_final_message=False, **kwargs):
-        """Messages -> prompt text with the model's own template; raises chat_template.TemplateError."""
+        """Messages -> chat_template_literal.Prompt with the model's own template, the caller's
+        strings kept as text (no role injection); raises chat_template.TemplateError."""
         if self.template is None:
             raise chat_template.TemplateError(self.template_error or "the model has no chat template")
-        return chat_template.render_chat(self.template, messages, add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message,
-                                         **{**self.special, **kwargs})
+        return chat_template_literal.render_prompt(self.template, messages, self.added_tokens, model_vars=self.special,
+                                                   add_generation_prompt=add_generation_prompt,
+                                                   continue_final_message=continue_final_message, **kwargs)
 
     def expert_summary(self):
         a, q = self.manifest.get("arch", {}), self.manifest.get("quant", {})

@@ -110,13 +110,14 @@ def parse_chat(body, model, n_slots):
 def render_prompt(spec, model, chat, kwargs, **flags):
     try:
         prompt = model.render(chat, **flags, **kwargs)
+        payload, literal = prompt.frame()  # message text that spells added tokens stays text
     except chat_template.TemplateError as e:
         code = "chat_template_missing" if model.template is None else "chat_template_error"
         raise bad(f"the chat template could not render this conversation: {e}", param="messages", code=code) from None
-    spec.payload = spec.key_text = prompt
-    spec.opts.update(special=1, add_special=0)
+    spec.payload, spec.key_text = payload, prompt.text
+    spec.opts.update(special=1, add_special=0, **literal)
     spec.think = model.thinks
-    spec.in_reasoning = model.thinks and prompt.rstrip().endswith("<think>")
+    spec.in_reasoning = model.thinks and prompt.text.rstrip().endswith("<think>")
 
 
 def _message(m, i):
