@@ -8,18 +8,19 @@ template cannot confuse with anything; after rendering the placeholders turn bac
 original text and their byte ranges become literal spans, which the engine tokenizes as plain
 text (SUBMIT literal=, docs/protocol.md). The template's own markup is untouched.
 
-Which tokens: every added token with special=true, as HF's split_special_tokens does, and in
-all but assistant messages the non-special added tokens too: DeepSeek-V3's role markers
-<｜User｜>/<｜Assistant｜> are non-special, and a user's "<think>" is the user's text. In
-assistant messages (what the model wrote, sent back) non-special tokens such as <think> or
-<tool_call> keep their meaning, because templates parse them there (Qwen3 splits the reasoning
-off at '</think>'). Non-special tokens that are only whitespace (Gemma's newline runs) are
-ordinary text everywhere: they mark nothing, and templates strip them.
+Which tokens: every added token with special=true, as HF's split_special_tokens does, and,
+outside assistant messages, the non-special added tokens the template itself prints: those are
+its markup too (DeepSeek-V3's role markers <｜User｜>/<｜Assistant｜> are non-special, so are
+Qwen3's <think>, <tool_call>, <tool_response>). Other non-special tokens are ordinary vocabulary
+(Gemma's <table>, <b>, <unusedN>, whitespace runs) and are matched as HF matches them. In
+assistant messages (what the model wrote, sent back) non-special tokens keep their meaning,
+because templates parse them there (Qwen3 splits the reasoning off at '</think>').
 """
 import json
 import os
 import re
 from collections import abc
+from functools import lru_cache
 
 import chat_template
 from chat_template_runtime import TemplateError
@@ -33,7 +34,7 @@ class AddedTokens:
 
     def __init__(self, special=(), other=()):
         self.special = frozenset(t for t in special if t)
-        # whitespace runs (Gemma's "\n\n", ...) are plain text, and templates strip them
+        # whitespace runs (Gemma's "\n\n", ...) mark nothing, and templates strip them
         self.other = frozenset(t for t in other if t and not t.isspace()) - self.special
         self.texts = sorted(self.special | self.other, key=lambda t: (-len(t), t))
         self.code = {t: i for i, t in enumerate(self.texts)}
@@ -48,6 +49,15 @@ class AddedTokens:
     def pattern(self, special_only):
         return self._special if special_only else self._all
 
+    def for_template(self, source):
+        """The tokens to escape for this template: the special ones and the template's markup."""
+        return _for_template(self, source)
+
+
+@lru_cache(maxsize=16)
+def _for_template(tokens, source):
+    return AddedTokens(tokens.special, [t for t in tokens.other if t in source])
+
 
 def _alternation(texts):
     return re.compile("|".join(map(re.escape, texts))) if texts else None
@@ -55,17 +65,19 @@ def _alternation(texts):
 
 def load_added_tokens(model_dir):
     """Added tokens from tokenizer.json (what the engine matches), else tokenizer_config.json's
-    added_tokens_decoder; empty when the model directory has neither."""
-    path = os.path.join(model_dir, "tokenizer.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            entries = json.load(f).get("added_tokens") or []
-    else:
-        path = os.path.join(model_dir, "tokenizer_config.json")
-        entries = []
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                entries = list((json.load(f).get("added_tokens_decoder") or {}).values())
+    added_tokens_decoder; empty when the model directory has neither. ValueError when unreadable."""
+    path, key = os.path.join(model_dir, "tokenizer.json"), "added_tokens"
+    if not os.path.isfile(path):
+        path, key = os.path.join(model_dir, "tokenizer_config.json"), "added_tokens_decoder"
+        if not os.path.isfile(path):
+            return AddedTokens()
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    entries = (doc.get(key) if isinstance(doc, dict) else None) or []
+    if isinstance(entries, dict):
+        entries = list(entries.values())
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: \"{key}\" must be a list or an object")
     special = [e["content"] for e in entries if isinstance(e, dict) and e.get("special") and isinstance(e.get("content"), str)]
     other = [e["content"] for e in entries if isinstance(e, dict) and not e.get("special") and isinstance(e.get("content"), str)]
     return AddedTokens(special, other)
@@ -164,6 +176,7 @@ def render_prompt(template_source, messages, tokens, *, model_vars=None, tools=N
     flags = {k: flags_and_vars.pop(k) for k in ("add_generation_prompt", "continue_final_message")
              if k in flags_and_vars}
     user_vars = flags_and_vars
+    tokens = tokens.for_template(template_source)
     if not tokens:
         text = chat_template.render_chat(template_source, messages, tools=tools, documents=documents,
                                          **flags, **{**(model_vars or {}), **user_vars})

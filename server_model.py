@@ -24,7 +24,6 @@ class ModelInfo:
         self.created = int(os.path.getmtime(self.dir / "colibri.json"))
         self.defaults = self._sampling_defaults()
         self.special = chat_template.load_special_tokens(self.dir)
-        self.added_tokens = chat_template_literal.load_added_tokens(str(self.dir))
         self.template, self.template_error, self.template_origin = None, None, "model"
         try:
             if template_file:
@@ -38,6 +37,12 @@ class ModelInfo:
         except (OSError, ValueError) as e:
             self.template_error = str(e)
             log(f"chat completions are disabled: cannot read the chat template ({e}); use /v1/completions")
+        try:  # without them message text could turn into control tokens: no chat then
+            self.added_tokens = chat_template_literal.load_added_tokens(str(self.dir))
+        except (OSError, ValueError) as e:
+            self.added_tokens = chat_template_literal.AddedTokens()
+            self.template, self.template_error = None, f"cannot read the added tokens of tokenizer.json ({e})"
+            log(f"chat completions are disabled: {self.template_error}; use /v1/completions")
         self.thinks = self._has_think_tags()
 
     def _sampling_defaults(self):

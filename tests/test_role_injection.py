@@ -102,7 +102,7 @@ def test_message_text_never_becomes_a_control_token(name, template_tokenizers, t
     tdir, tokdir = template_tokenizers[name]
     source = chat_template.load_chat_template(str(tdir))
     model_vars = chat_template.load_special_tokens(str(tdir))
-    tokens = ctl.load_added_tokens(str(tokdir))
+    tokens = ctl.load_added_tokens(str(tokdir)).for_template(source)
     # the template's own control tokens, injected into the messages
     own = [t for t in tokens.texts if t in source or t in model_vars.values()]
     own_special = [t for t in own if t in tokens.special]
@@ -152,6 +152,19 @@ def test_non_special_added_tokens(template_tokenizers):
     assert "hidden" not in p.text and "shown" in p.text  # the template still split the reasoning off
     user_think = p.text.encode().index(b"q <think>") + 2
     assert p.literal == ((user_think, user_think + 7),)
+
+
+def test_ordinary_added_tokens_stay_tokens(template_tokenizers):
+    """Gemma's <b>, <table>, ... are non-special vocabulary its template never prints: a user's
+    HTML keeps those tokens, as HF tokenizes it."""
+    tdir, _ = template_tokenizers["gemma3"]
+    tokens = ctl.load_added_tokens(str(tdir))
+    assert "<table>" in tokens.other
+    p = ctl.render_prompt(chat_template.load_chat_template(str(tdir)),
+                          [{"role": "user", "content": "<table><b>x</b></table><end_of_turn>"}], tokens,
+                          model_vars=chat_template.load_special_tokens(str(tdir)), add_generation_prompt=True)
+    start = p.text.encode().index(b"<end_of_turn>")  # only the special token text is literal
+    assert p.literal == ((start, start + len(b"<end_of_turn>")),)
 
 
 def test_placeholders_avoid_characters_in_the_input():
