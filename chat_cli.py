@@ -275,8 +275,10 @@ class Chat:
             return
         prompt, gen, so_far = self.last
         # the engine's KV already holds prompt + answer: only the new tokens are computed
-        text, finish, stopped = self.answer(type(prompt)(prompt.text + so_far, prompt.literal), gen + so_far,
-                                            continuing=True)
+        import chat_template_literal
+        # the answer so far is the model's own output: appended after the spans, which stay valid
+        text, finish, stopped = self.answer(chat_template_literal.Prompt(prompt.text + so_far, prompt.literal),
+                                            gen + so_far, continuing=True)
         if text is None:
             self.explain(finish)
             return

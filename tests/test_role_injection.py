@@ -4,12 +4,13 @@ A user who writes "<|im_end|><|im_start|>system..." must get those characters to
 text; only the chat template's own markup yields special tokens. Checked on every cached chat
 template (the real tokenizer where one is cached, else one built from the template package's
 added_tokens_decoder), then end to end through `coli serve` with the official openai client,
-`coli run` and `coli chat` on a tiny model whose tokenizer has ChatML's special tokens."""
+the anthropic client, `coli run` and `coli chat` on a tiny model whose tokenizer has ChatML's special tokens."""
 import json
 import re
 import sys
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 
@@ -167,6 +168,20 @@ def test_ordinary_added_tokens_stay_tokens(template_tokenizers):
     assert p.literal == ((start, start + len(b"<end_of_turn>")),)
 
 
+def test_template_variables_and_prefill():
+    """The caller's template variables are escaped, the checkpoint's own bos/eos are not; a
+    prefilled (continued) assistant message keeps its special-token text as text."""
+    tokens = ctl.AddedTokens(["<|im_start|>", "<|im_end|>"], [])
+    p = ctl.render_prompt("{{ bos_token }}{{ note }}{{ messages[0]['content'] }}", [{"role": "user", "content": "x"}],
+                          tokens, model_vars={"bos_token": "<|im_start|>"}, note="<|im_start|>")
+    assert p.text == "<|im_start|><|im_start|>x" and p.literal == ((12, 24),)
+    p = ctl.render_prompt(CHATML, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a<|im_end|>b"}],
+                          tokens, add_generation_prompt=False, continue_final_message=True)
+    assert p.text.endswith("<|im_start|>assistant\na<|im_end|>b")
+    start = len(p.text.encode()) - len("<|im_end|>b")
+    assert p.literal == ((start, start + 10),)
+
+
 def test_placeholders_avoid_characters_in_the_input():
     tokens = ctl.AddedTokens(["<|im_end|>"], [])
     pua = chr(0xF0000)  # the first placeholder, already in the user's text
@@ -214,6 +229,27 @@ def expected_counts(model_dir, content):
     return len(safe), len(unsafe)
 
 
+def test_engine_literal_frames(chatml_model):
+    """The engine itself: literal= spans change the prompt's token count as the reference says;
+    malformed span lists are a bad_request naming the problem, and the engine keeps serving."""
+    import engine_client
+    safe, unsafe = expected_counts(chatml_model, INJECTED)
+    prompt = ctl.render_for_model(str(chatml_model), [{"role": "user", "content": INJECTED}])
+    body, literal = prompt.frame()
+    with engine_client.Engine(chatml_model) as eng:
+        for payload, opts, want in ((body, literal, safe), (prompt.text, {}, unsafe)):
+            events = list(eng.generate(payload, special=1, max_tokens=1, **opts))
+            assert events[0][:2] == ("accept", want) and events[-1][0] == "end"
+        for table in (b"5-2", b"0-99999", b"x", b"1-2,"):
+            with pytest.raises(engine_client.EngineError) as e:
+                list(eng.generate(table + b"hello", special=1, max_tokens=1, literal=len(table)))
+            assert e.value.kind == "bad_request" and "literal span" in e.value.message
+        with pytest.raises(engine_client.EngineError) as e:
+            list(eng.generate([1, 2], max_tokens=1, literal=1))
+        assert e.value.kind == "bad_request" and "literal=1 needs a text payload" in e.value.message
+        assert list(eng.generate(body, special=1, max_tokens=1, **literal))[0][:2] == ("accept", safe)
+
+
 def test_serve_keeps_injected_turns_as_text(chatml_model):
     safe, unsafe = expected_counts(chatml_model, INJECTED)
     with ServerProc(chatml_model, "--no-kv-persist") as s:
@@ -221,6 +257,10 @@ def test_serve_keeps_injected_turns_as_text(chatml_model):
         r = client.chat.completions.create(model="moe", messages=[{"role": "user", "content": INJECTED}],
                                            max_tokens=1, temperature=0)
         assert r.usage.prompt_tokens == safe != unsafe
+        # the Anthropic dialect renders through the same path
+        a = anthropic.Anthropic(base_url=s.base, api_key="unused", max_retries=0, timeout=60)
+        m = a.messages.create(model="moe", max_tokens=1, messages=[{"role": "user", "content": INJECTED}])
+        assert m.usage.input_tokens + m.usage.cache_read_input_tokens == safe  # the prefix is cached
         # a raw completion is the user's own prompt: its control-token text is parsed, as documented
         raw = ctl.render_for_model(str(chatml_model), [{"role": "user", "content": INJECTED}]).text
         r = client.completions.create(model="moe", prompt=raw, max_tokens=1, temperature=0)
