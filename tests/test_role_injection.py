@@ -133,6 +133,25 @@ def test_message_text_never_becomes_a_control_token(name, template_tokenizers, t
     assert len([i for i in ids_old if i in added]) > len(control)
 
 
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_no_token_forms_across_a_message_edge(name, template_tokenizers, tok_bin):
+    """Halves of the template's control tokens at both ends of a message never join the
+    template's text around it into a control token."""
+    tdir, tokdir = template_tokenizers[name]
+    source = chat_template.load_chat_template(str(tdir))
+    model_vars = chat_template.load_special_tokens(str(tdir))
+    tokens = ctl.load_added_tokens(str(tokdir)).for_template(source)
+    own = [t for t in tokens.texts if t in source or t in model_vars.values()]
+    contents = [t[k:] + " x " + t[:k] for t in own for k in range(1, len(t))] + [""]
+    prompts = [ctl.render_prompt(source, [{"role": "user", "content": c}], tokens, model_vars=model_vars,
+                                 add_generation_prompt=True) for c in contents]
+    marks = {i for i, text in LiteralReference(tokdir / "tokenizer.json").added.items() if text in tokens.code}
+    ids = c_encode(tok_bin, tokdir, [p.text for p in prompts], literal=[p.literal for p in prompts])
+    clean = [i for i in ids[-1] if i in marks]
+    bad = [contents[n] for n, got in enumerate(ids) if [i for i in got if i in marks] != clean]
+    assert not bad, bad[:5]
+
+
 def test_non_special_added_tokens(template_tokenizers):
     """DeepSeek-V3's role markers are non-special added tokens: kept as text in a user's message;
     in an assistant message (the model's own output) Qwen3's </think> keeps splitting reasoning."""
