@@ -27,6 +27,7 @@ from chat_template_runtime import TemplateError
 
 # Supplementary private-use planes: no tokenizer or template uses them for structure.
 _PUA_FIRST, _PUA_LAST = 0xF0000, 0x10FFFD
+_PUA = re.compile(f"[{chr(_PUA_FIRST)}-{chr(0x10FFFF)}]")
 
 
 class AddedTokens:
@@ -38,8 +39,8 @@ class AddedTokens:
         self.other = frozenset(t for t in other if t and not t.isspace()) - self.special
         self.texts = sorted(self.special | self.other, key=lambda t: (-len(t), t))
         self.code = {t: i for i, t in enumerate(self.texts)}
-        # longest first: at each position the first alternative that matches is the longest,
-        # which is the tokenizer's leftmost-longest rule
+        self.firsts = frozenset(t[0] for t in self.texts)
+        # the tokenizer's leftmost-longest rule
         self._all = _alternation(self.texts)
         self._special = _alternation([t for t in self.texts if t in self.special])
 
@@ -60,7 +61,25 @@ def _for_template(tokens, source):
 
 
 def _alternation(texts):
-    return re.compile("|".join(map(re.escape, texts))) if texts else None
+    """A regex matching any of texts, longest first at each position. Built as a trie (shared
+    prefixes once) since DeepSeek's 800 tokens as a flat alternation cost 7x the rendering."""
+    if not texts:
+        return None
+    trie = {}
+    for t in texts:
+        node = trie
+        for ch in t:
+            node = node.setdefault(ch, {})
+        node[""] = True
+
+    def emit(node):
+        branches = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        # greedy: the longer token first, this one ending here only when no longer one matches
+        return f"(?:{body})?" if "" in node else body
+    return re.compile(emit(trie))
 
 
 def load_added_tokens(model_dir):
@@ -123,7 +142,7 @@ class _Placeholders:
 
     def __init__(self, tokens, inputs):
         n = len(tokens.texts)
-        used = sorted({ord(c) for s in inputs if s and max(s) >= chr(_PUA_FIRST) for c in s if ord(c) >= _PUA_FIRST})
+        used = sorted({ord(c) for s in inputs for c in _PUA.findall(s)})
         base = _PUA_FIRST
         for cp in used:
             if cp >= base + n:
@@ -140,6 +159,8 @@ class _Placeholders:
         if pattern is None:
             return value
         if isinstance(value, str):
+            if not any(c in value for c in self.tokens.firsts):  # the common case, 10x faster than the regex
+                return value
             return pattern.sub(lambda m: chr(self.base + self.tokens.code[m.group()]), value)
         if isinstance(value, abc.Mapping):
             return {self.escape(k, special_only): self.escape(v, special_only) for k, v in value.items()}
