@@ -201,6 +201,23 @@ def test_template_variables_and_prefill():
     assert p.literal == ((start, start + 10),)
 
 
+def test_escape_pattern_is_leftmost_longest():
+    """The escape regex finds the tokenizer's matches: leftmost, longest, not overlapping."""
+    import random
+    rng = random.Random(3)
+    for _ in range(300):
+        texts = {"".join(rng.choice("<|>ab") for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 6))}
+        pattern = ctl.AddedTokens(texts).pattern(special_only=False)
+        s = "".join(rng.choice("<|>abc") for _ in range(40))
+        want, i = [], 0
+        while i < len(s):
+            hit = max((t for t in texts if s.startswith(t, i)), key=len, default=None)
+            if hit:
+                want.append((i, hit))
+            i += len(hit) if hit else 1
+        assert [(m.start(), m.group()) for m in pattern.finditer(s)] == want, (texts, s)
+
+
 def test_placeholders_avoid_characters_in_the_input():
     tokens = ctl.AddedTokens(["<|im_end|>"], [])
     pua = chr(0xF0000)  # the first placeholder, already in the user's text
