@@ -65,6 +65,8 @@ def _alternation(texts):
     prefixes once) since DeepSeek's 800 tokens as a flat alternation cost 7x the rendering."""
     if not texts:
         return None
+    if max(map(len, texts)) > 200:  # a crafted tokenizer's huge token must not nest the regex that deep
+        return re.compile("|".join(map(re.escape, texts)))
     trie = {}
     for t in texts:
         node = trie
@@ -90,6 +92,12 @@ def load_added_tokens(model_dir):
         path, key = os.path.join(model_dir, "tokenizer_config.json"), "added_tokens_decoder"
         if not os.path.isfile(path):
             return AddedTokens()
+    st = os.stat(path)
+    return _load_added(path, key, st.st_mtime_ns, st.st_size)  # coli chat renders every turn
+
+
+@lru_cache(maxsize=4)
+def _load_added(path, key, _mtime_ns, _size):
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     entries = (doc.get(key) if isinstance(doc, dict) else None) or []

@@ -201,6 +201,21 @@ def test_template_variables_and_prefill():
     assert p.literal == ((start, start + 10),)
 
 
+def test_unreadable_added_tokens_disable_chat(tmp_path):
+    """Without the added-token list message text could not be kept as text: chat is refused
+    with the reason (raw completions still work), never served unprotected."""
+    from server_model import ModelInfo
+    (tmp_path / "colibri.json").write_text("{}")
+    (tmp_path / "chat_template.jinja").write_text(CHATML)
+    for bad in ('{"added_tokens": "nope"}', "{not json"):
+        (tmp_path / "tokenizer.json").write_text(bad)
+        logged = []
+        info = ModelInfo(tmp_path, "m", log=logged.append)
+        with pytest.raises(chat_template.TemplateError, match="added tokens"):
+            info.render([{"role": "user", "content": "hi"}])
+        assert any("chat completions are disabled" in line for line in logged)
+
+
 def test_escape_pattern_is_leftmost_longest():
     """The escape regex finds the tokenizer's matches: leftmost, longest, not overlapping."""
     import random
