@@ -197,3 +197,29 @@ def test_engine_status_reports_version_and_kernels():
 def test_model_from_the_environment(model):
     r = coli("info", env=clean_env(COLI_MODEL=model))
     assert r.returncode == 0 and "qwen3_moe" in r.stdout
+
+
+def test_no_arguments_is_a_usage_error():
+    r = coli()
+    assert r.returncode == 2  # as for any usage error; 0 would tell a script that something ran
+    assert r.stderr.startswith("usage: coli") and "convert" in r.stderr and not r.stdout
+
+
+@pytest.fixture
+def store(model, tmp_path):
+    """A model store holding `model` under the pulled name tiny-moe."""
+    (tmp_path / "home" / "models").mkdir(parents=True)
+    (tmp_path / "home" / "models" / "tiny-moe").symlink_to(model, target_is_directory=True)
+    return clean_env(COLI_HOME=tmp_path / "home", COLI_PROFILE_DIR=tmp_path / "profiles")
+
+
+@pytest.mark.parametrize("cmd,extra", [("plan", ["--no-measure"]), ("doctor", []), ("info", [])])
+def test_pulled_names_work_for_every_model_command(store, tmp_path, cmd, extra):
+    r = coli(cmd, "--model", "tiny-moe", *extra, env=store, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert str(tmp_path / "home" / "models" / "tiny-moe") in r.stdout
+    # a name that is not pulled: refused with what there is, and nothing is downloaded for a read-only command
+    r = coli(cmd, "--model", "smollm2", *extra, env=store, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no such directory or pulled model (pulled: tiny-moe)" in r.stdout + r.stderr
+    assert not (tmp_path / "home" / "downloads").exists()
