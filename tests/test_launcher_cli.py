@@ -223,3 +223,20 @@ def test_pulled_names_work_for_every_model_command(store, tmp_path, cmd, extra):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "no such directory or pulled model (pulled: tiny-moe)" in r.stdout + r.stderr
     assert not (tmp_path / "home" / "downloads").exists()
+
+
+def _tokens(eng, **opts):
+    return [ev[1] for ev in eng.generate([1, 2, 3, 4], max_tokens=16, **opts) if ev[0] == "data" and ev[1] >= 0]
+
+
+def test_top_p_through_the_engine(model):
+    """End to end, no statistics: a top_p so small that one token is left gives the greedy
+    stream at a high temperature for every seed, while the same temperature with top_p 1 leaves it."""
+    import engine_client
+    with engine_client.Engine(model, threads=1) as eng:
+        greedy = _tokens(eng, temp=0)
+        assert len(greedy) == 16
+        for seed in (1, 2, 3, 4, 5):
+            assert _tokens(eng, temp=3.0, top_p=1e-6, seed=seed) == greedy, seed
+        sampled = [_tokens(eng, temp=3.0, top_p=1.0, seed=seed) for seed in (1, 2, 3, 4, 5)]
+    assert any(s != greedy for s in sampled)  # the check above would notice top_p being ignored
