@@ -240,3 +240,11 @@ def test_top_p_through_the_engine(model):
             assert _tokens(eng, temp=3.0, top_p=1e-6, seed=seed) == greedy, seed
         sampled = [_tokens(eng, temp=3.0, top_p=1.0, seed=seed) for seed in (1, 2, 3, 4, 5)]
     assert any(s != greedy for s in sampled)  # the check above would notice top_p being ignored
+
+
+def test_tokenize_takes_the_model_after_the_text(model):
+    want = coli("tokenize", "--model", model, "hello")
+    assert want.returncode == 0 and want.stdout
+    for args in (("tokenize", "hello", "--model", model), ("tokenize", "hello", f"--model={model}")):
+        r = coli(*args)
+        assert r.returncode == 0 and r.stdout == want.stdout, r.stderr
