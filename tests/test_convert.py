@@ -161,10 +161,18 @@ def test_an_output_that_is_a_file_is_refused(moe_src, tmp_path):
         assert f"{target} exists and is not a directory" in p.stderr
 
 
+def test_a_directory_with_other_files_is_refused(moe_src, tmp_path):
+    out = tmp_path / "home"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    p = coli("convert", moe_src, out, ok=False)
+    assert p.returncode == 2 and "is not empty (notes.txt)" in p.stderr
+    assert sorted(x.name for x in out.iterdir()) == ["notes.txt"]  # nothing written next to them
+
+
 def test_help_names_both_source_kinds():
     p = coli("convert", "--help")
     assert "GGUF" in p.stdout and ".gguf" in p.stdout and "safetensors" in p.stdout
     assert "Q4_1" in p.stdout  # which GGUF block types are read
     top = coli("--help")
-    assert "GGUF" in next(ln for ln in top.stdout.splitlines() if "convert" in ln and "into" in ln) or \
-        "GGUF" in top.stdout
+    assert "GGUF" in next(ln for ln in top.stdout.splitlines() if ln.strip().startswith("convert "))

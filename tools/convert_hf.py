@@ -329,6 +329,10 @@ def start_conversion(out, settings, n_shards, log):
         log(f"resuming: {len(state['done'])}/{n_shards} shards already written")
     elif (out / "colibri.json").exists() or any(out.glob("*.safetensors")):
         raise ConvertError(f"{out} already holds a model not made by this conversion; use an empty directory")
+    elif any(out.iterdir()):  # never scatter shards among someone's files
+        names = sorted(x.name for x in out.iterdir())
+        raise ConvertError(f"{out} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and holds "
+                           "no conversion to resume; give a new or empty directory as the output")
     state_path.write_text(json.dumps(state))
     return state
 
