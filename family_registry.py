@@ -73,12 +73,12 @@ TENSOR_CLASSES = (
 
 def kv_bytes_per_token(arch, family=None):
     """Bytes one token takes in one KV slot. gqa_f32: K and V as float32 for every layer and KV
-    head (c/forward.c kv_init)."""
+    head, and the token id the slot keeps for prefix reuse (c/forward.c kv_slot_bytes)."""
     layout = FAMILIES.get(family, {}).get("kv", "gqa_f32")
     if layout != "gqa_f32":
         raise ValueError(f"unknown KV layout {layout}")
     try:
-        return 2 * int(arch["num_layers"]) * int(arch["num_kv_heads"]) * int(arch["head_dim"]) * 4
+        return 2 * int(arch["num_layers"]) * int(arch["num_kv_heads"]) * int(arch["head_dim"]) * 4 + 4
     except (KeyError, TypeError, ValueError):
         return 0
 

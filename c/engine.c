@@ -402,8 +402,9 @@ int engine_serve(Engine *e) {
     reader_init(&in, 0);
     Inbox box = {&in, NULL, NULL, 0, 0};
     const Arch *a = &e->model.a;
-    emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d", a->family,
-              a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name, omp_get_max_threads(), e->tok != NULL);
+    emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d "
+              "kv_slot_bytes=%zu", a->family, a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name,
+              omp_get_max_threads(), e->tok != NULL, kv_slot_bytes(a, e->ctx));
     for (;;) {
         Frame f;
         char *payload = NULL, err[256];

@@ -8,12 +8,21 @@
 
 int forward_max_batch = 128;
 
+static size_t kv_plane_bytes(const Arch *a, int ctx) {
+    return (size_t)a->n_layers * ctx * a->n_kv_heads * a->head_dim * sizeof(float);
+}
+
+/* What kv_init allocates for one slot; READY reports it, so the planner's KV figure is checked
+ * against the allocation itself rather than a copy of its formula. */
+size_t kv_slot_bytes(const Arch *a, int ctx) {
+    return 2 * kv_plane_bytes(a, ctx) + sizeof(int32_t) * (size_t)ctx;
+}
+
 int kv_init(KvCache *kv, const Arch *a, int ctx) {
-    size_t per = (size_t)a->n_layers * ctx * a->n_kv_heads * a->head_dim;
     memset(kv, 0, sizeof(*kv));
     kv->ctx = ctx;
-    kv->k = malloc(per * sizeof(float));
-    kv->v = malloc(per * sizeof(float));
+    kv->k = malloc(kv_plane_bytes(a, ctx));
+    kv->v = malloc(kv_plane_bytes(a, ctx));
     kv->tokens = malloc(sizeof(int32_t) * (size_t)ctx);
     if (!kv->k || !kv->v || !kv->tokens) { kv_free(kv); return -1; }
     return 0;

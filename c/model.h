@@ -69,6 +69,7 @@ typedef struct {
 } KvCache;
 
 int kv_init(KvCache *kv, const Arch *a, int ctx);
+size_t kv_slot_bytes(const Arch *a, int ctx);
 void kv_free(KvCache *kv);
 
 /* Runs tokens[0..T) at positions kv->n.. and appends them to the cache. When logits is not

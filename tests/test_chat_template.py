@@ -24,8 +24,9 @@ for p in (ROOT, ROOT / "tools"):
         sys.path.insert(0, str(p))
 
 import chat_template as ct  # noqa: E402
+from needs import need  # noqa: E402
 
-jinja2 = pytest.importorskip("jinja2")
+jinja2 = need("jinja2")
 import jinja2.ext  # noqa: E402
 import jinja2.sandbox  # noqa: E402
 
@@ -383,7 +384,7 @@ def test_render_for_model(template_dirs):
 
 def test_reference_matches_transformers(template_dirs):
     """The copied environment above renders what transformers' own code renders."""
-    ctu = pytest.importorskip("transformers.utils.chat_template_utils")
+    ctu = need("transformers.utils.chat_template_utils")
     for name in TEMPLATE_NAMES:
         source, tokens = _load(template_dirs, name)
         for conv in ("multi_turn", "reasoning_content", "unicode", "none_valued_keys"):
@@ -398,7 +399,7 @@ def test_reference_matches_transformers(template_dirs):
 
 
 def test_continue_final_message_matches_transformers(template_dirs):
-    ctu = pytest.importorskip("transformers.utils.chat_template_utils")
+    ctu = need("transformers.utils.chat_template_utils")
     for name in ("qwen3", "qwen2_5", "llama3_2", "gemma3"):
         source, tokens = _load(template_dirs, name)
         conv = [U("Write a haiku"), A("Autumn moonlight—  ")]

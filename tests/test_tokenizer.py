@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from needs import need
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -340,17 +341,16 @@ def test_streaming_split_characters(tok_bin, tok_dirs, hf_tokenizers):
 # ---------------------------------------------------------------- Unicode tables
 
 def _ucd():
-    """The unicodedata module at the version of c/unicode_tables.c's categories: the
-    unicodedata2 backport when installed at that version, else the stdlib module (then the
-    code points added since its older version go untested)."""
+    """The unicodedata2 backport at the Unicode version of c/unicode_tables.c's categories
+    (pinned in requirements-test.txt). The stdlib module is older, so falling back to it would
+    leave the code points added since untested; a mismatch fails instead."""
     head = (ROOT / "c" / "unicode_tables.c").read_text(encoding="utf-8")[:400]
-    try:
-        import unicodedata2
-        if "Unicode %s " % unicodedata2.unidata_version in head:
-            return unicodedata2
-    except ImportError:
-        pass
-    return unicodedata
+    unicodedata2 = need("unicodedata2")
+    if "Unicode %s " % unicodedata2.unidata_version not in head:
+        pytest.fail(f"unicodedata2 has Unicode {unicodedata2.unidata_version} but c/unicode_tables.c was "
+                    "generated from another version; pin the matching unicodedata2 in requirements-test.txt "
+                    "or regenerate the tables with tools/gen_unicode_tables.py", pytrace=False)
+    return unicodedata2
 
 
 def _assigned_codepoints():

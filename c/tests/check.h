@@ -20,6 +20,7 @@ void test_safetensors(void);
 void test_protocol(void);
 void test_json(void);
 void test_sampler(void);
+void test_sampler_top_p(void);
 void test_tokenizer(void);
 
 #endif

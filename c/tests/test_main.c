@@ -10,6 +10,7 @@ int main(void) {
     test_safetensors();
     test_protocol();
     test_sampler();
+    test_sampler_top_p();
     test_tokenizer();
     printf("c unit tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
     return checks_failed != 0;
