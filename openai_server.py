@@ -25,7 +25,8 @@ from cli_common import UserError
 from server_anthropic import MessagesResponder, parse_messages
 from server_engine import Scheduler, ServedEngine, SlotTable
 from server_generate import Generation
-from server_http import BaseHandler, Server
+from server_conns import Server
+from server_http import BaseHandler
 from server_metrics import Metrics
 from server_model import ModelInfo
 from server_openai import ChatResponder, CompletionResponder, parse_chat, parse_completion
@@ -74,6 +75,8 @@ class App:
         self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log)
         self.started = time.time()
         self.host_names = self._host_names()
+        self.inflight = set()        # Generations in progress, for the shutdown drain
+        self.inflight_lock = threading.Lock()
 
     def _host_names(self):
         """Names of this machine a LAN client may put in Host when the server listens beyond loopback."""
@@ -241,7 +244,14 @@ class Handler(BaseHandler):
     def generate(self, app, dialect, parser, responder_cls):
         body = parse_json_object(self.read_body())
         spec = parser(body, app.model, app.settings.kv_slots)
-        return Generation(self, app, spec, responder_cls(spec, app.model.id)).run()
+        gen = Generation(self, app, spec, responder_cls(spec, app.model.id))
+        with app.inflight_lock:
+            app.inflight.add(gen)
+        try:
+            return gen.run()
+        finally:
+            with app.inflight_lock:
+                app.inflight.discard(gen)
 
 
 def run(args):
@@ -261,17 +271,46 @@ def run(args):
     if not server_config.is_loopback_host(settings.host) and not settings.api_key:
         log("WARNING: listening beyond loopback without an API key (--allow-remote-without-key)")
     app.sched.start()
-    log(f"listening on http://{shown}:{port} (the model is loading; GET /health says when it is ready)")
+    signals = []
 
-    def stop(signum, frame):
-        threading.Thread(target=server.shutdown, daemon=True).start()
+    def on_signal(signum, frame):
+        signals.append(signum)
+        if len(signals) > 1:  # the operator insists: no more waiting
+            log(f"second {signal.Signals(signum).name}: exiting now")
+            eng = app.sched.engine
+            if eng is not None:
+                eng.proc.kill()
+            os._exit(128 + signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
-    try:
-        server.serve_forever(poll_interval=0.5)
-    finally:
-        log("shutting down")
-        server.server_close()
-        app.sched.close()
-    return 0
+        signal.signal(sig, on_signal)
+    acceptor = threading.Thread(target=server.serve_forever, name="http-acceptor", daemon=True)
+    acceptor.start()
+    log(f"listening on http://{shown}:{port} (the model is loading; GET /health says when it is ready)")
+    while not signals and acceptor.is_alive():
+        time.sleep(0.2)
+    return drain(app, server, signals[0] if signals else None, log)
+
+
+def drain(app, server, signum, log):
+    """Graceful stop: no new connections, running requests get --shutdown-timeout to finish, the
+    rest end with an error (an SSE error event once a stream has begun), then the engine stops."""
+    timeout = app.settings.shutdown_timeout
+    why = signal.Signals(signum).name if signum else "the connection thread stopped"
+    log(f"{why}: shutting down; {server.in_flight()} request(s) in progress get up to {timeout:g} s "
+        f"(--shutdown-timeout); a second signal exits at once")
+    server.drain()
+    ended = 0
+    if not server.wait_idle(timeout):
+        with app.inflight_lock:
+            gens = [g for g in app.inflight if g.job is not None]
+        for g in gens:  # wakes the request's thread, which ends its response with this error
+            g.job.push(("error", "unavailable", "the server is shutting down; retry the request"))
+        ended = len(gens)
+        server.wait_idle(3.0)
+    server.shutdown()
+    server.server_close()
+    app.sched.close(timeout=3.0)
+    log("stopped" + (f"; {ended} request(s) did not finish within --shutdown-timeout and ended with an error"
+                     if ended else "; every request in progress finished"))
+    return 0 if signum else 1

@@ -36,7 +36,9 @@ class Settings:
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     keepalive_timeout: float = 30.0
-    max_connections: int = 64
+    max_connections: int = 512
+    max_connections_per_ip: int = 64
+    shutdown_timeout: float = 20.0
     quiet: bool = False
 
 
@@ -71,7 +73,15 @@ def add_arguments(p):
                    help="seconds a client has to send its request headers (default 10)")
     p.add_argument("--body-timeout", type=float, default=60.0, help="seconds a client has to send its body (default 60)")
     p.add_argument("--keepalive-timeout", type=float, default=30.0, help="idle seconds before a kept-alive connection closes")
-    p.add_argument("--max-connections", type=int, default=64, help="simultaneous connections (default 64); more get a 503")
+    p.add_argument("--max-connections", type=int, default=512,
+                   help="open connections in total (default 512); at the cap the one idle longest without a "
+                        "request is closed, and only when all are inside requests does a new one get a 503")
+    p.add_argument("--max-connections-per-ip", type=int,
+                   help="open connections from one client address (default 64, at most --max-connections), "
+                        "with the same rule")
+    p.add_argument("--shutdown-timeout", type=float, default=20.0,
+                   help="on SIGTERM/SIGINT, seconds running requests may take to finish before their streams are "
+                        "ended with an error (default 20); a second signal exits at once")
     p.add_argument("--quiet", action="store_true", help="no access log")
 
 
@@ -115,6 +125,29 @@ def check_origin(origin):
     if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query or u.fragment:
         raise UserError(f"--cors-origin {origin!r} is not an origin like https://app.example.com[:port]")
     return origin.rstrip("/").lower()
+
+
+FD_MARGIN = 64  # descriptors beyond the connections: engine pipes, KV and model files, job pipes
+
+
+def _ensure_descriptors(max_connections):
+    """Raises the soft open-files limit so --max-connections can be honoured, or says why not."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to check
+        return
+    need = max_connections + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise UserError(f"--max-connections {max_connections} needs {need} open files, but this process may open "
+                        f"only {soft} (ulimit -n); lower --max-connections or raise the limit")
 
 
 def default_kv_dir(model_dir):
@@ -209,5 +242,12 @@ def resolve(args):
         setattr(s, name, v)
     s.max_connections = args.max_connections
     _check_range("--max-connections", s.max_connections, 2, 100000)
+    per_ip = args.max_connections_per_ip
+    s.max_connections_per_ip = min(64, s.max_connections) if per_ip is None else per_ip
+    _check_range("--max-connections-per-ip", s.max_connections_per_ip, 1, s.max_connections)
+    _ensure_descriptors(s.max_connections)
+    if not (0 <= args.shutdown_timeout <= 3600):
+        raise UserError(f"--shutdown-timeout {args.shutdown_timeout} must be between 0 and 3600 seconds")
+    s.shutdown_timeout = args.shutdown_timeout
     s.quiet = args.quiet
     return s

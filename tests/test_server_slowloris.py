@@ -1,0 +1,104 @@
+"""Slow clients must not starve normal ones: request heads are read without a thread per
+connection, the connection caps evict the connection that waited longest without a request,
+and only connections inside requests count against a client (server_conns)."""
+import json
+import socket
+
+import pytest
+
+from server_helpers import ServerProc, model, request, stop_engine, resume_engine, template  # noqa: F401
+from slowloris import Slowloris, measure
+
+MID = "qwen3_moe"
+ATTACKERS = 200
+ATTACK_S = 20
+
+
+def test_normal_clients_are_served_during_a_slowloris_attack(model, template):  # noqa: F811
+    """200 dribbling connections, half from the normal client's own address (127.0.0.1) and
+    half from 127.0.0.2, for 20 s with the server's default limits: >= 95 % of the normal
+    requests (GET /v1/models, every fifth a chat completion) succeed."""
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--quiet") as server:
+        with Slowloris("127.0.0.1", server.port, ATTACKERS, sources=["127.0.0.2", "127.0.0.1"]) as attack:
+            outcomes = measure("127.0.0.1", server.port, ATTACK_S, tick=0.25, model=MID)
+        metrics = request(server.port, "GET", "/metrics")[2].decode()
+    total, ok = sum(outcomes.values()), outcomes.get(200, 0)
+    assert total >= 20, outcomes
+    assert ok >= 0.95 * total, f"{ok} of {total} normal requests succeeded: {dict(outcomes)}"
+    evicted = int(next(line.split()[1] for line in metrics.splitlines()
+                       if line.startswith("colibri_connections_evicted_total")))
+    assert attack.connects > ATTACKERS and evicted > 0  # the attack really filled the caps
+
+
+def _open_stream(port, source):
+    """A streaming chat request from `source`, sent completely; returns the socket."""
+    body = json.dumps({"model": MID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                       "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return s
+
+
+def _read_all(s):
+    out = b""
+    while not out.endswith(b"0\r\n\r\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+@pytest.fixture(scope="module")
+def small(model, template):  # noqa: F811
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--max-connections", "8",
+                    "--max-connections-per-ip", "2", "--body-timeout", "1") as s:
+        yield s
+
+
+def test_per_address_cap_refuses_only_that_address(small):
+    """Connections inside requests are never evicted: an address whose every connection is
+    busy gets a 503 for a new one, while other addresses are served."""
+    pid = small.engine_pid()
+    stop_engine(pid)  # the requests stay inside the server until the engine resumes
+    socks = []
+    try:
+        socks = [_open_stream(small.port, "127.0.0.2") for _ in range(2)]
+        small.wait_health(lambda h: h["active"] + h["queued"] == 2)
+        with socket.create_connection(("127.0.0.1", small.port), timeout=10, source_address=("127.0.0.2", 0)) as s:
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            out = _read_all(s)
+        assert out.startswith(b"HTTP/1.1 503") and b"too_many_connections" in out
+        assert request(small.port, "GET", "/v1/models")[0] == 200  # 127.0.0.1 is not affected
+    finally:
+        resume_engine(pid)
+    for s in socks:
+        with s:
+            out = _read_all(s)
+        assert out.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in out
+
+
+def test_idle_keepalive_connections_do_not_hold_threads(small):
+    """More kept-alive connections than the per-address cap, each after a request: every new
+    request still succeeds (the idle ones are evicted oldest first)."""
+    conns = []
+    try:
+        for _ in range(12):  # more than --max-connections 8, too
+            s = socket.create_connection(("127.0.0.1", small.port), timeout=10, source_address=("127.0.0.3", 0))
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            head = s.recv(65536)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            conns.append(s)
+    finally:
+        for s in conns:
+            s.close()
+
+
+@pytest.mark.parametrize("length", [100, 200_000])  # read by the connection thread / by a worker
+def test_a_slow_body_gets_408(small, length):
+    with socket.create_connection(("127.0.0.1", small.port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n{\"prompt\":" % length)
+        out = _read_all(s)
+    assert out.startswith(b"HTTP/1.1 408") and b"request_timeout" in out
