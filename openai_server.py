@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 import server_config
 from cli_common import UserError
-from server_anthropic import MessagesResponder, parse_messages
+from server_anthropic import MessagesResponder, parse_count_tokens, parse_messages
 from server_engine import Scheduler, ServedEngine, SlotTable
 from server_generate import Generation
 from server_conns import Server
@@ -31,6 +31,7 @@ from server_metrics import Metrics
 from server_model import ModelInfo
 from server_openai import ChatResponder, CompletionResponder, parse_chat, parse_completion
 from server_params import ApiError, parse_json_object
+from server_tokens import TokenCounter
 from version import VERSION
 
 HELP = "serve the model over HTTP: OpenAI-compatible and Anthropic Messages APIs"
@@ -44,6 +45,7 @@ GENERATION = {  # path -> (dialect, parser, responder)
     "/v1/completions": ("openai", parse_completion, CompletionResponder),
     "/v1/messages": ("anthropic", parse_messages, MessagesResponder),
 }
+COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 def add_arguments(parser):
@@ -75,6 +77,7 @@ class App:
         self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log)
         self.started = time.time()
         self.host_names = self._host_names()
+        self.tokens = TokenCounter(settings.model_dir)
         self.inflight = set()        # Generations in progress, for the shutdown drain
         self.inflight_lock = threading.Lock()
 
@@ -184,6 +187,11 @@ class Handler(BaseHandler):
                     raise self._unauthorized()
                 outcome = self.generate(app, *gen)
                 return
+            if path == COUNT_TOKENS and method == "POST":
+                if not self.authorized():
+                    raise self._unauthorized()
+                self.count_tokens(app)
+                return
             self.route(app, method, path)
         except ApiError as e:
             status = e.status
@@ -222,12 +230,12 @@ class Handler(BaseHandler):
             headers = {"Retry-After": "2"} if code == 503 else {}
             self.send_json(code, body, headers)
             return
-        known = path in ("/metrics", "/v1/models") or path.startswith("/v1/models/") or path in GENERATION
+        known = path in ("/metrics", "/v1/models", COUNT_TOKENS) or path.startswith("/v1/models/") or path in GENERATION
         if not known:
             raise ApiError(404, f"no such endpoint: {method} {path}", code="not_found")
         if not self.authorized():
             raise self._unauthorized()
-        if path in GENERATION or method not in ("GET", "HEAD"):
+        if path in GENERATION or path == COUNT_TOKENS or method not in ("GET", "HEAD"):
             raise ApiError(405, f"method {method} is not allowed on {path}", code="method_not_allowed")
         if path == "/metrics":
             text = app.metrics.prometheus(app.sched, app.model.id).encode()
@@ -240,6 +248,12 @@ class Handler(BaseHandler):
                 raise ApiError(404, f"The model '{name}' does not exist; this server serves '{app.model.id}'",
                                code="model_not_found", param="model")
             self.send_json(200, app.models())
+
+    def count_tokens(self, app):
+        """Anthropic's token counting: the prompt /v1/messages would render, counted by the
+        engine's tokenizer (server_tokens)."""
+        spec = parse_count_tokens(parse_json_object(self.read_body()), app.model, app.settings.kv_slots)
+        self.send_json(200, {"input_tokens": app.tokens.count(spec.payload, spec.opts)})
 
     def generate(self, app, dialect, parser, responder_cls):
         body = parse_json_object(self.read_body())
@@ -311,6 +325,7 @@ def drain(app, server, signum, log):
     server.shutdown()
     server.server_close()
     app.sched.close(timeout=3.0)
+    app.tokens.close()
     log("stopped" + (f"; {ended} request(s) did not finish within --shutdown-timeout and ended with an error"
                      if ended else "; every request in progress finished"))
     return 0 if signum else 1

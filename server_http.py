@@ -15,6 +15,9 @@ from server_params import ApiError
 from version import VERSION
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
+# Response headers a browser page may read (CORS hides all but a few by default).
+EXPOSED_HEADERS = ", ".join(("x-request-id", "request-id", "retry-after", "x-colibri-queue-wait-ms", "x-colibri-slot",
+                             "x-colibri-prompt-tokens", "x-colibri-reused-tokens"))
 
 
 def _digest(s):
@@ -173,7 +176,7 @@ class BaseHandler(BaseHTTPRequestHandler):
         origin = headers.get("Origin") if headers else None
         if origin and self.origin_allowed(origin):
             return {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
-                    "Access-Control-Expose-Headers": "x-request-id, x-colibri-queue-wait-ms, retry-after, request-id"}
+                    "Access-Control-Expose-Headers": EXPOSED_HEADERS}
         return {}
 
     def authorized(self):

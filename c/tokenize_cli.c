@@ -6,7 +6,8 @@
  *     text. --add-special: apply the post-processor (BOS etc.) like add_special_tokens=True.
  *   tokenize --model DIR --batch [--no-special] [--add-special]   (for tests and tools)
  *     stdin holds records "<byte length>\n<text bytes>"; prints one line per record: the
- *     comma-separated ids, or "ERR <message>" (the tokenizer is loaded once). --timing adds
+ *     comma-separated ids, or "ERR <message>", flushed per record (the tokenizer is loaded
+ *     once, so a server keeps one running). --timing adds
  *     a final stderr line "encode_seconds=S bytes=N" (time inside tok_encode only).
  *   detokenize --model DIR IDS...   (ids separated by commas/spaces, or - for stdin)
  *     prints the decoded text exactly (no newline added), special tokens rendered.
@@ -135,6 +136,7 @@ static int run_batch(Tokenizer *t, int parse_special, int add_special, int timin
             putchar('\n');
             free(ids);
         }
+        fflush(stdout); /* one answer per record: a long-lived caller waits for each line */
     }
     free(buf);
     tok_free(t);

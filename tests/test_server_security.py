@@ -85,6 +85,17 @@ def test_cors(server):
     assert s == 403 and "access-control-allow-origin" not in h
 
 
+def test_cors_exposes_the_colibri_headers(server):
+    """A page on an allowed origin can read every x-colibri-* header a response carries."""
+    s, h, _ = request(server.port, "POST", "/v1/completions", b'{"prompt":"hi","max_tokens":1}',
+                      {**auth(), "Origin": "http://localhost:5173", "Content-Type": "application/json"})
+    assert s == 200
+    exposed = {x.strip() for x in h["access-control-expose-headers"].split(",")}
+    ours = {k for k in h if k.startswith("x-colibri-")}
+    assert {"x-colibri-queue-wait-ms", "x-colibri-slot", "x-colibri-prompt-tokens"} <= ours <= exposed
+    assert "x-request-id" in exposed
+
+
 def test_body_cap(server):
     big = b'{"prompt": "' + b"x" * 20000 + b'"}'
     s, _, body = request(server.port, "POST", "/v1/completions", big, auth())
