@@ -2,12 +2,14 @@
 
 Stdlib only. The pieces, one job per module:
   server_config     flags, environment, validation
+  server_conns      connections: request heads read without a thread each, caps, eviction
   server_http       HTTP plumbing and the security checks
   server_engine     the engine process, admission queue, KV slot table
   server_generate   one generation request from queue to last byte
   server_openai / server_anthropic   request parsing and response shapes per dialect
   server_text       stop sequences and <think> splitting on the text stream
   server_metrics    /health counters and /metrics (Prometheus)
+  server_tokens     prompt token counts for /v1/messages/count_tokens
 """
 import os
 import re

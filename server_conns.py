@@ -9,9 +9,10 @@ deadline (server_http).
 
 Caps (--max-connections in total, --max-connections-per-ip per address) count every open
 connection. When a new one would exceed a cap, the connection of that scope that has waited
-longest without sending a complete request (reading a head, or idle between requests) is
-closed to make room; a dribbling client is always older than a normal client's fresh
-connection, so it goes first, even when both share an address. Only when every connection of
+longest without sending a complete request (reading a head, or idle between requests; one
+that never completed a request goes before a kept-alive one) is closed to make room; a
+dribbling client is always older than a normal client's fresh connection, so it goes first,
+even when both share an address. Only when every connection of
 the scope is inside a request is the new one refused with a 503.
 """
 import json
@@ -129,6 +130,34 @@ class ConnWriter:
         pass
 
 
+class Evictable:
+    """Connections not inside a request, in the order they started waiting. Those that never
+    completed a request go first: a slowloris connection never does, a kept-alive client has."""
+
+    def __init__(self):
+        self.tiers = (OrderedDict(), OrderedDict())  # never served, served before
+
+    def add(self, c):
+        self.tiers[1 if c.served else 0][c] = None
+
+    def remove(self, c):
+        for t in self.tiers:
+            t.pop(c, None)
+
+    def oldest(self):
+        for t in self.tiers:
+            if t:
+                return next(iter(t))
+        return None
+
+    def __len__(self):
+        return len(self.tiers[0]) + len(self.tiers[1])
+
+    def __iter__(self):
+        for t in self.tiers:
+            yield from t
+
+
 class Watchdog:
     """The total deadline for reading a large request body in a worker: a slow client gets its
     socket shut down. Socket timeouts bound each recv(); a client dribbling one byte at a time
@@ -198,8 +227,8 @@ class Server:
         self.busy = 0                      # connections inside a request (guarded by lock)
         self.total = 0                     # open connections (selector thread only)
         self.per_ip = {}                   # ip -> open connections
-        self.waiting = OrderedDict()       # conn -> None, oldest first: evictable connections
-        self.waiting_ip = {}               # ip -> OrderedDict of that address's evictable connections
+        self.waiting = Evictable()         # connections not inside a request
+        self.waiting_ip = {}               # ip -> Evictable of that address
         self.lingering = OrderedDict()     # socket -> deadline: answered for the last time, closing
         self.draining = False
         self._stop = False
@@ -314,11 +343,11 @@ class Server:
             group = self.waiting_ip.get(ip)
             if not group:
                 return False
-            self._evict(next(iter(group)))
+            self._evict(group.oldest())
         if self.total >= s.max_connections:
             if not self.waiting:
                 return False
-            self._evict(next(iter(self.waiting)))
+            self._evict(self.waiting.oldest())
         return True
 
     def _evict(self, c):
@@ -367,14 +396,14 @@ class Server:
     def _wait(self, c, state, seconds):
         """Makes `c` evictable, in `state`, with a deadline `seconds` from now."""
         c.state, c.deadline = state, time.monotonic() + seconds
-        self.waiting[c] = None
-        self.waiting_ip.setdefault(c.ip, OrderedDict())[c] = None
+        self.waiting.add(c)
+        self.waiting_ip.setdefault(c.ip, Evictable()).add(c)
 
     def _unwait(self, c):
-        self.waiting.pop(c, None)
+        self.waiting.remove(c)
         group = self.waiting_ip.get(c.ip)
         if group is not None:
-            group.pop(c, None)
+            group.remove(c)
             if not group:
                 del self.waiting_ip[c.ip]
 

@@ -50,6 +50,18 @@ def _read_all(s):
     return out
 
 
+def _read_response(s):
+    """One complete Content-Length response from a kept-alive socket."""
+    out = b""
+    while b"\r\n\r\n" not in out:
+        out += s.recv(65536)
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += s.recv(65536)
+    return head
+
+
 @pytest.fixture(scope="module")
 def small(model, template):  # noqa: F811
     with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--max-connections", "8",
@@ -87,12 +99,27 @@ def test_idle_keepalive_connections_do_not_hold_threads(small):
         for _ in range(12):  # more than --max-connections 8, too
             s = socket.create_connection(("127.0.0.1", small.port), timeout=10, source_address=("127.0.0.3", 0))
             s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            head = s.recv(65536)
+            head = _read_response(s)
             assert head.startswith(b"HTTP/1.1 200"), head
             conns.append(s)
     finally:
         for s in conns:
             s.close()
+
+
+def test_silent_connections_are_evicted_before_a_kept_alive_one(small):
+    """At the per-address cap, connections that never sent a request make room first."""
+    src = ("127.0.0.4", 0)
+    with socket.create_connection(("127.0.0.1", small.port), timeout=10, source_address=src) as kept:
+        for _ in range(2):
+            kept.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _read_response(kept).startswith(b"HTTP/1.1 200")
+            silent = [socket.create_connection(("127.0.0.1", small.port), timeout=10, source_address=src)
+                      for _ in range(3)]  # each one past the cap evicts an older silent one
+            silent[-1].sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert _read_all(silent[-1]).startswith(b"HTTP/1.1 200")
+            for s in silent:
+                s.close()
 
 
 @pytest.mark.parametrize("length", [100, 200_000])  # read by the connection thread / by a worker
