@@ -25,9 +25,9 @@ from urllib.parse import unquote, urlsplit
 import server_config
 from cli_common import UserError
 from server_anthropic import MessagesResponder, parse_count_tokens, parse_messages
+from server_conns import Server
 from server_engine import Scheduler, ServedEngine, SlotTable
 from server_generate import Generation
-from server_conns import Server
 from server_http import BaseHandler
 from server_metrics import Metrics
 from server_model import ModelInfo
@@ -292,7 +292,9 @@ def run(args):
     def on_signal(signum, frame):
         signals.append(signum)
         if len(signals) > 1:  # the operator insists: no more waiting
-            log(f"second {signal.Signals(signum).name}: exiting now")
+            # os.write, not log(): this thread may be inside log() holding its lock
+            os.write(2, f"{time.strftime('%H:%M:%S')} coli serve: second {signal.Signals(signum).name}: "
+                        f"exiting now\n".encode())
             eng = app.sched.engine
             if eng is not None:
                 eng.proc.kill()

@@ -41,8 +41,9 @@ def _open_stream(port, source):
 
 
 def _read_all(s):
+    """A response up to the server's close or the last chunk of a chunked body."""
     out = b""
-    while not out.endswith(b"0\r\n\r\n"):
+    while not out.partition(b"\r\n\r\n")[2].endswith(b"\r\n0\r\n\r\n"):
         chunk = s.recv(65536)
         if not chunk:
             break
@@ -56,7 +57,8 @@ def _read_response(s):
     while b"\r\n\r\n" not in out:
         out += s.recv(65536)
     head, _, body = out.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length")))
     while len(body) < length:
         body += s.recv(65536)
     return head

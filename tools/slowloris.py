@@ -118,7 +118,8 @@ def normal_request(host, port, kind, api_key=None, model=None, timeout=15):
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
             if model:
                 body["model"] = model
-            conn.request("POST", "/v1/chat/completions", json.dumps(body), {**headers, "Content-Type": "application/json"})
+            conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                         {**headers, "Content-Type": "application/json"})
         else:
             conn.request("GET", "/v1/models", headers=headers)
         r = conn.getresponse()
