@@ -284,6 +284,8 @@ def run(args):
     log(f"KV slots: {settings.kv_slots}, " + (f"persisted in {settings.kv_dir}" if settings.kv_dir else "not persisted"))
     log(f"queue: {settings.max_queue} waiting at most, {settings.queue_timeout:g} s timeout; API key "
         + ("required" if settings.api_key else "not required"))
+    log(f"connections: at most {settings.max_connections}, {settings.max_connections_per_ip} per client address; "
+        f"shutdown timeout {settings.shutdown_timeout:g} s")
     if not server_config.is_loopback_host(settings.host) and not settings.api_key:
         log("WARNING: listening beyond loopback without an API key (--allow-remote-without-key)")
     app.sched.start()

@@ -32,6 +32,7 @@ BUFFERED_BODY = 64 * 1024      # bodies up to this size are read here; a chat re
 LINGER_S = 1.0                 # after a last answer, its request's bytes are read and dropped this long,
 MAX_LINGER = 256               # for at most this many sockets: closing with unread data would reset the
                                # connection, and the client could lose the answer
+ACCEPT_PAUSE_S = 0.5           # after accept() failed (out of descriptors), so the log is not flooded
 EXPIRE_EVERY = 0.1             # seconds between deadline sweeps (deadlines are that precise)
 
 
@@ -234,6 +235,7 @@ class Server:
         self._stop = False
         self._done = threading.Event()
         self._expired_at = 0.0
+        self._accept_paused_until = 0.0
         self.watchdog = Watchdog(app.metrics)
 
     # --- lifecycle (called from other threads) --------------------------------------------
@@ -287,6 +289,9 @@ class Server:
     def _round(self, poll_interval):
         if self.draining and self.socket.fileno() >= 0:
             self._start_drain()
+        elif self._accept_paused_until and not self.draining and time.monotonic() >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self.sel.register(self.socket, selectors.EVENT_READ, "listen")
         timeout = min(poll_interval, EXPIRE_EVERY) if self.waiting else poll_interval
         for key, _ in self.sel.select(timeout):
             if key.data == "listen":
@@ -307,7 +312,8 @@ class Server:
             self._expire(now)
 
     def _start_drain(self):
-        self.sel.unregister(self.socket)
+        if not self._accept_paused_until:
+            self.sel.unregister(self.socket)
         self.socket.close()
         for c in list(self.waiting):
             self._close(c)
@@ -318,8 +324,10 @@ class Server:
                 sock, addr = self.socket.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # out of file descriptors: leave the rest in the backlog for now
-                self.app.log(f"accept failed: {e}")
+            except OSError as e:  # out of file descriptors: leave the rest in the backlog for a moment
+                self.app.log(f"accept failed ({e}); pausing new connections for {ACCEPT_PAUSE_S:g} s")
+                self.sel.unregister(self.socket)
+                self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 return
             sock.setblocking(False)
             c = Conn(sock, addr)
@@ -370,7 +378,7 @@ class Server:
         except OSError:
             sock.close()
             return
-        if len(self.lingering) >= MAX_LINGER:
+        if len(self.lingering) >= min(MAX_LINGER, self.settings.max_connections):  # descriptors: server_config
             self._linger_end(next(iter(self.lingering)))
         self.lingering[sock] = time.monotonic() + LINGER_S
         self.sel.register(sock, selectors.EVENT_READ, "linger")

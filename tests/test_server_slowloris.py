@@ -3,10 +3,11 @@ connection, the connection caps evict the connection that waited longest without
 and only connections inside requests count against a client (server_conns)."""
 import json
 import socket
+import sys
 
 import pytest
 
-from server_helpers import ServerProc, model, request, stop_engine, resume_engine, template  # noqa: F401
+from server_helpers import COLI, ServerProc, model, request, stop_engine, resume_engine, template  # noqa: F401
 from slowloris import Slowloris, measure
 
 MID = "qwen3_moe"
@@ -131,3 +132,22 @@ def test_a_slow_body_gets_408(small, length):
                   b"Content-Length: %d\r\n\r\n{\"prompt\":" % length)
         out = _read_all(s)
     assert out.startswith(b"HTTP/1.1 408") and b"request_timeout" in out
+
+
+def _limited(args, files=300):
+    """Runs `args` with an open-files limit of `files` (soft and hard, in the child only)."""
+    import resource
+    import subprocess
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+    return subprocess.run(args, preexec_fn=limit, capture_output=True, text=True, timeout=60, cwd=COLI.parent)
+
+
+def test_connection_caps_respect_the_open_files_limit(model):  # noqa: F811
+    r = _limited([sys.executable, str(COLI), "serve", "--model", str(model), "--max-connections", "150"])
+    assert r.returncode == 2 and "--max-connections 150 needs 364 open files" in r.stderr and "ulimit -n" in r.stderr
+    code = ("import argparse, server_config; p = argparse.ArgumentParser(); server_config.add_arguments(p); "
+            f"print(server_config.resolve(p.parse_args(['--model', {str(model)!r}, '--no-kv-persist'])).max_connections)")
+    r = _limited([sys.executable, "-c", code])
+    assert r.returncode == 0 and r.stdout.split() == ["118"], r.stderr  # the default shrinks to fit (300 - 64) / 2
