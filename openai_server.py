@@ -232,7 +232,8 @@ class Handler(BaseHandler):
             headers = {"Retry-After": "2"} if code == 503 else {}
             self.send_json(code, body, headers)
             return
-        known = path in ("/metrics", "/v1/models", COUNT_TOKENS) or path.startswith("/v1/models/") or path in GENERATION
+        known = (path in ("/metrics", "/v1/models", COUNT_TOKENS) or path.startswith("/v1/models/")
+                 or path in GENERATION)
         if not known:
             raise ApiError(404, f"no such endpoint: {method} {path}", code="not_found")
         if not self.authorized():
