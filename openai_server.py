@@ -318,9 +318,9 @@ def drain(app, server, signum, log):
     rest end with an error (an SSE error event once a stream has begun), then the engine stops."""
     timeout = app.settings.shutdown_timeout
     why = signal.Signals(signum).name if signum else "the connection thread stopped"
-    log(f"{why}: shutting down; {server.in_flight()} request(s) in progress get up to {timeout:g} s "
-        f"(--shutdown-timeout); a second signal exits at once")
     server.drain()
+    log(f"{why}: shutting down, no longer accepting; {server.in_flight()} request(s) in progress get up to "
+        f"{timeout:g} s (--shutdown-timeout); a second signal exits at once")
     ended = 0
     if not server.wait_idle(timeout):
         with app.inflight_lock:

@@ -234,6 +234,7 @@ class Server:
         self.draining = False
         self._stop = False
         self._done = threading.Event()
+        self._drained = threading.Event()
         self._expired_at = 0.0
         self._accept_paused_until = 0.0
         self.watchdog = Watchdog(app.metrics)
@@ -248,9 +249,11 @@ class Server:
             self._done.set()
 
     def drain(self):
-        """Stops accepting and closes every connection that is not inside a request."""
+        """Stops accepting and closes every connection that is not inside a request; returns
+        once the port is closed."""
         self.draining = True
         self._wake()
+        self._drained.wait(5)
 
     def in_flight(self):
         with self.lock:
@@ -317,6 +320,7 @@ class Server:
         self.socket.close()
         for c in list(self.waiting):
             self._close(c)
+        self._drained.set()
 
     def _accept(self):
         for _ in range(ACCEPTS_PER_ROUND):
