@@ -170,6 +170,8 @@ def resolve(model_dir, *argv):
     (["--cors-origin", "example.com"], {}, "is not an origin"),
     (["--api-key", ""], {}, "empty"),
     (["--kv-dir", "x", "--no-kv-persist"], {}, "not both"),
+    (["--max-connections", "8", "--max-connections-per-ip", "9"], {}, "--max-connections-per-ip 9 is out of range"),
+    (["--shutdown-timeout", "-1"], {}, "--shutdown-timeout -1"),
 ])
 def test_settings_refused_with_reason(model, monkeypatch, argv, env, message):  # noqa: F811
     for k in ("COLI_KV_SLOTS", "COLI_MAX_QUEUE", "COLI_QUEUE_TIMEOUT", "COLI_API_KEY"):
