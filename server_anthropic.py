@@ -70,6 +70,12 @@ def parse_messages(body, model, n_slots):
     return spec
 
 
+def parse_count_tokens(body, model, n_slots):
+    """POST /v1/messages/count_tokens: the spec /v1/messages would build for the same body (its
+    rendered prompt is what gets counted); the request has no max_tokens of its own."""
+    return parse_messages({**body, "max_tokens": 1}, model, n_slots)
+
+
 def event(name, obj):
     return f"event: {name}\ndata: ".encode() + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() \
         + b"\n\n"

@@ -224,7 +224,7 @@ class Scheduler:
                 "slots_used": sum(1 for p in self.slots.prompts if p),
             }
 
-    def close(self):
+    def close(self, timeout=15):
         with self.cond:
             self._closing = True
             self.state = "stopped"
@@ -238,9 +238,11 @@ class Scheduler:
             job.push(("error", "unavailable", "the server is shutting down"))
         if active is not None:
             self._control(active, "CANCEL")
-        self._thread.join(timeout=15)
+        self._thread.join(timeout=timeout)
         eng = self.engine
         if eng is not None:
+            if self._thread.is_alive():  # a generation that does not honour CANCEL (a stopped engine)
+                eng.proc.kill()
             with self.write_lock:
                 eng.close()
 

@@ -226,7 +226,7 @@ class ChatResponder:
         return stream_tail(self, "chat.completion.chunk", self._chunk({}, finish=finish), usage)
 
     def stream_error(self, err):
-        return [sse(err.body("openai"))]
+        return [sse(err.body("openai")), DONE]  # [DONE] too: a stream always ends the way clients expect
 
     def body(self, content, reasoning, entries, finish, stop_seq, usage):
         msg = {"role": "assistant", "content": content, "refusal": None}
@@ -279,7 +279,7 @@ class CompletionResponder:
         return stream_tail(self, "text_completion", self._chunk("", finish=finish), usage)
 
     def stream_error(self, err):
-        return [sse(err.body("openai"))]
+        return [sse(err.body("openai")), DONE]  # [DONE] too: a stream always ends the way clients expect
 
     def body(self, content, reasoning, entries, finish, stop_seq, usage):
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id,

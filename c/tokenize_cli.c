@@ -8,7 +8,8 @@
  *     stdin holds records "<byte length>[ <K>]\n<bytes>"; with K, the first K bytes are literal
  *     spans (tokenizer.h, the grammar of SUBMIT's literal= in docs/protocol.md) over the text
  *     after them. Prints one line per record: the
- *     comma-separated ids, or "ERR <message>" (the tokenizer is loaded once). --timing adds
+ *     comma-separated ids, or "ERR <message>", flushed per record (the tokenizer is loaded
+ *     once, so a server keeps one running). --timing adds
  *     a final stderr line "encode_seconds=S bytes=N" (time inside tok_encode only).
  *   detokenize --model DIR IDS...   (ids separated by commas/spaces, or - for stdin)
  *     prints the decoded text exactly (no newline added), special tokens rendered.
@@ -145,6 +146,7 @@ static int run_batch(Tokenizer *t, int parse_special, int add_special, int timin
             putchar('\n');
             free(ids);
         }
+        fflush(stdout); /* one answer per record: a long-lived caller waits for each line */
     }
     free(buf);
     tok_free(t);
