@@ -11,6 +11,8 @@ int main(void) {
     test_protocol();
     test_sampler();
     test_tokenizer();
+    test_kv_persist();
+    test_logprob();
     printf("c unit tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
     return checks_failed != 0;
 }
