@@ -1,6 +1,6 @@
 # `make` builds the engine; `make test` builds, installs the test environment on first use
 # (.venv, from requirements-test.txt) and runs every test: C unit tests (also under
-# ASan+UBSan) and the pytest suites.
+# ASan+UBSan) and the pytest suites, whose engine-protocol tests drive the ASan+UBSan engine too.
 CC ?= gcc
 PYTHON ?= python3
 VERSION := $(shell $(PYTHON) -c 'import version; print(version.VERSION)')
