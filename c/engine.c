@@ -173,7 +173,8 @@ void engine_close(Engine *e) {
 }
 
 int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t errlen) {
-    size_t cap = 16, cnt = 0;
+    size_t cap = 1, cnt = 0;
+    for (const char *c = s; *c; c++) cap += *c == ',' || *c == '\n'; /* one allocation: no growth can fail half-way */
     int32_t *out = malloc(cap * sizeof(int32_t));
     const char *p = s;
     while (out && *p) {
@@ -185,11 +186,7 @@ int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t
             free(out);
             return -1;
         }
-        if (cnt == cap) {
-            int32_t *nb = realloc(out, (cap *= 2) * sizeof(int32_t));
-            if (!nb) break;
-            out = nb;
-        }
+        if (cnt == cap) { snprintf(err, errlen, "token id list: more ids than separators (internal error)"); free(out); return -1; }
         out[cnt++] = (int32_t)v;
         p = end;
         if (*p == ',') p++;
