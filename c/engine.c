@@ -234,7 +234,7 @@ static int poll_control(Inbox *b, const char *id) {
         char *payload, err[256];
         int rc = reader_next(b->in, &f, &payload, err, sizeof err);
         if (rc == 0) break;
-        if (rc < 0) { emit_error(f.id, "bad_request", err); continue; }
+        if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
         if (f.kind == FR_SUBMIT) { inbox_push(b, &f, payload); continue; }
         free(payload);
         if (strcmp(f.id, id) == 0) verdict = f.kind == FR_STOP ? 1 : 2;
@@ -419,7 +419,7 @@ int engine_serve(Engine *e) {
                 reader_fill(&in, -1);
                 continue;
             }
-            if (rc < 0) { emit_error(f.id, "bad_request", err); continue; }
+            if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
         }
         if (f.kind == FR_SUBMIT) run_request(e, &box, &f, payload);
         /* a STOP/CANCEL with nothing running has nothing to stop */
