@@ -43,7 +43,7 @@ venv: $(STAMP)
 
 ctest: build/c_tests build/c_tests_asan
 	./build/c_tests
-	ASAN_OPTIONS=detect_leaks=0 ./build/c_tests_asan
+	./build/c_tests_asan
 
 pytest: build/colibri build/colibri_asan $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests

@@ -1,11 +1,11 @@
 #include "ops.h"
 
-#include "fwd_alloc.h"
-
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "fwd_alloc.h"
 
 #define ROW_TILE 8
 #define N_SCRATCH 4
