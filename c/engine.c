@@ -337,12 +337,13 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     emit_line("ACCEPT %s %d %d", f->id, n, reuse);
     SamplerParams sp = f->sp;
     if (!f->has_seed) sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    Sampler smp;
+    Sampler smp = {0};
     float *logits = malloc(sizeof(float) * (size_t)a->vocab);
     size_t piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
     char *piece = malloc(piece_cap);
     if (!logits || !piece || sampler_init(&smp, &sp, a->vocab)) {
         emit_error(f->id, "out_of_memory", "no memory for the sampler");
+        sampler_free(&smp);
         free(ids); free(logits); free(piece);
         return;
     }
