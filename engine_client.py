@@ -8,7 +8,8 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-ENGINE = ROOT / "build" / "colibri"
+# COLI_ENGINE picks another engine binary (the tests run the sanitizer build this way).
+ENGINE = Path(os.environ["COLI_ENGINE"]).resolve() if os.environ.get("COLI_ENGINE") else ROOT / "build" / "colibri"
 
 
 class EngineError(RuntimeError):
@@ -20,6 +21,8 @@ class EngineError(RuntimeError):
 
 
 def ensure_built():
+    if os.environ.get("COLI_ENGINE") and not ENGINE.exists():
+        raise EngineError("not_built", f"COLI_ENGINE names {ENGINE}, which does not exist; build it or unset COLI_ENGINE")
     if not ENGINE.exists():
         r = subprocess.run(["make", "-s", "-C", str(ROOT), "build/colibri"])
         if r.returncode or not ENGINE.exists():

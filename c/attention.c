@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fwd_alloc.h"
 #include "layers.h"
 #include "ops.h"
 
@@ -23,11 +24,11 @@ void attention(const Model *m, int l, KvCache *kv, const float *x, int T, float 
     const Layer *y = &m->layers[l];
     const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads, qd = nh * hd, kvd = nkv * hd;
     const int p0 = kv->n, group = nh / nkv;
-    float *q = malloc(sizeof(float) * (size_t)T * qd);
-    float *k = malloc(sizeof(float) * (size_t)T * kvd);
-    float *v = malloc(sizeof(float) * (size_t)T * kvd);
-    float *att = malloc(sizeof(float) * (size_t)T * qd);
-    if (!q || !k || !v || !att) abort();
+    float *q = fwd_malloc(sizeof(float) * (size_t)T * qd);
+    float *k = fwd_malloc(sizeof(float) * (size_t)T * kvd);
+    float *v = fwd_malloc(sizeof(float) * (size_t)T * kvd);
+    float *att = fwd_malloc(sizeof(float) * (size_t)T * qd);
+    if (!q || !k || !v || !att) { free(q); free(k); free(v); free(att); return; } /* fwd_oom() tells the caller */
     matmul(q, x, T, &y->wq, y->bq);
     matmul(k, x, T, &y->wk, y->bk);
     matmul(v, x, T, &y->wv, y->bv);
@@ -53,6 +54,7 @@ void attention(const Model *m, int l, KvCache *kv, const float *x, int T, float 
             const int n = p0 + t + 1, kh = h / group;
             const float *qh = q + (size_t)t * qd + h * hd;
             float *sc = scratch(1, (size_t)n);
+            if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
             for (int j = 0; j < n; j++) sc[j] = kern.dot(qh, kc + (size_t)j * kvd + kh * hd, hd) * scale;
             softmax(sc, n);
             float *o = att + (size_t)t * qd + h * hd;

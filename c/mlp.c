@@ -2,12 +2,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fwd_alloc.h"
 #include "layers.h"
 #include "ops.h"
 
 void mlp_dense(const Mlp *p, const float *x, int T, int hidden, int inter, float *out) {
-    float *g = malloc(sizeof(float) * (size_t)T * inter), *u = malloc(sizeof(float) * (size_t)T * inter);
-    if (!g || !u) abort();
+    float *g = fwd_malloc(sizeof(float) * (size_t)T * inter), *u = fwd_malloc(sizeof(float) * (size_t)T * inter);
+    if (!g || !u) { free(g); free(u); return; } /* fwd_oom() tells the caller */
     matmul(g, x, T, &p->gate, p->gate_b);
     matmul(u, x, T, &p->up, p->up_b);
     for (size_t i = 0; i < (size_t)T * inter; i++) g[i] = silu(g[i]) * u[i];
@@ -35,11 +36,12 @@ void moe(const Model *m, int l, const float *x, int T, float *out) {
     const Arch *a = &m->a;
     const Layer *y = &m->layers[l];
     const int E = a->n_experts, K = a->top_k, H = a->hidden, I = a->moe_intermediate;
-    float *probs = malloc(sizeof(float) * (size_t)T * E);
-    int *sel = malloc(sizeof(int) * (size_t)T * K);
-    float *wts = malloc(sizeof(float) * (size_t)T * K);
-    int *count = calloc((size_t)E, sizeof(int)), *rows = malloc(sizeof(int) * (size_t)T * K);
-    if (!probs || !sel || !wts || !count || !rows) abort();
+    float *probs = fwd_malloc(sizeof(float) * (size_t)T * E);
+    int *sel = fwd_malloc(sizeof(int) * (size_t)T * K);
+    float *wts = fwd_malloc(sizeof(float) * (size_t)T * K);
+    int *count = fwd_calloc((size_t)E, sizeof(int)), *rows = fwd_malloc(sizeof(int) * (size_t)T * K);
+    float *xin = fwd_malloc(sizeof(float) * (size_t)T * H), *yout = fwd_malloc(sizeof(float) * (size_t)T * H);
+    if (!probs || !sel || !wts || !count || !rows || !xin || !yout) goto out; /* fwd_oom() tells the caller */
     matmul_f32(probs, x, T, y->router, E, H);
     for (int t = 0; t < T; t++) {
         softmax(probs + (size_t)t * E, E);
@@ -52,10 +54,8 @@ void moe(const Model *m, int l, const float *x, int T, float *out) {
         for (int j = 0; j < K; j++) count[sel[t * K + j]]++;
     }
     memset(out, 0, sizeof(float) * (size_t)T * H);
-    float *xin = malloc(sizeof(float) * (size_t)T * H), *yout = malloc(sizeof(float) * (size_t)T * H);
-    if (!xin || !yout) abort();
     /* Batch-union: each selected expert runs once over all the positions that chose it. */
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < E && !fwd_oom(); e++) {
         if (!count[e]) continue;
         int n = 0;
         for (int t = 0; t < T; t++)
@@ -68,5 +68,6 @@ void moe(const Model *m, int l, const float *x, int T, float *out) {
             for (int d = 0; d < H; d++) out[(size_t)t * H + d] += w * yout[(size_t)r * H + d];
         }
     }
+out:
     free(probs); free(sel); free(wts); free(count); free(rows); free(xin); free(yout);
 }

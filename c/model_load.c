@@ -119,6 +119,7 @@ static int parse_arch(Loader *L, Arch *a, const JsonValue *man) {
         return -1;
     }
     a->inv_freq = malloc(sizeof(float) * (inv->len + 1));
+    if (!a->inv_freq) { snprintf(L->err, L->errlen, "out of memory loading the architecture"); return -1; }
     for (size_t i = 0; i < inv->len; i++) a->inv_freq[i] = (float)inv->items[i].num;
     const JsonValue *kinds = json_get(o, "layer_mlp");
     if (!kinds || kinds->type != JSON_ARR || (int)kinds->len != a->n_layers) {
@@ -126,6 +127,7 @@ static int parse_arch(Loader *L, Arch *a, const JsonValue *man) {
         return -1;
     }
     a->layer_is_moe = calloc((size_t)a->n_layers, 1);
+    if (!a->layer_is_moe) { snprintf(L->err, L->errlen, "out of memory loading the architecture"); return -1; }
     for (int l = 0; l < a->n_layers; l++) {
         const JsonValue *k = &kinds->items[l];
         int moe = k->type == JSON_STR && strcmp(k->str, "moe") == 0;
@@ -168,6 +170,7 @@ int model_load(Model *m, const char *dir, char *err, size_t errlen) {
     m->lm_head = a->tie_embeddings ? m->embed : mat(&L, "lm_head.weight", a->vocab, H);
     m->final_norm = vec(&L, "model.norm.weight", 1, H);
     m->layers = calloc((size_t)a->n_layers, sizeof(Layer));
+    if (!m->layers) { snprintf(err, errlen, "out of memory for %d layers", a->n_layers); model_free(m); return -1; }
     char n[256], p[200];
     for (int l = 0; l < a->n_layers && !L.failed; l++) {
         Layer *y = &m->layers[l];
@@ -190,6 +193,7 @@ int model_load(Model *m, const char *dir, char *err, size_t errlen) {
         if (a->layer_is_moe[l]) {
             y->router = vec(&L, NM("mlp.gate.weight"), a->n_experts, H);
             y->experts = calloc((size_t)a->n_experts, sizeof(Mlp));
+            if (!y->experts && !L.failed) { snprintf(err, errlen, "out of memory for %d experts", a->n_experts); L.failed = 1; }
             for (int e = 0; e < a->n_experts && !L.failed; e++) {
                 char ep[240];
                 snprintf(ep, sizeof ep, "%s.mlp.experts.%d", p, e);

@@ -22,5 +22,7 @@ void test_json(void);
 void test_sampler(void);
 void test_sampler_top_p(void);
 void test_tokenizer(void);
+void test_kv_persist(void);
+void test_logprob(void);
 
 #endif

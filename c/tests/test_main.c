@@ -12,6 +12,8 @@ int main(void) {
     test_sampler();
     test_sampler_top_p();
     test_tokenizer();
+    test_kv_persist();
+    test_logprob();
     printf("c unit tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
     return checks_failed != 0;
 }
