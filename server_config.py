@@ -38,6 +38,7 @@ class Settings:
     keepalive_timeout: float = 30.0
     max_connections: int = 64
     quiet: bool = False
+    engine_timeout: float = None    # seconds of engine silence per forward step before it counts as hung
 
 
 def add_arguments(p):
@@ -72,6 +73,10 @@ def add_arguments(p):
     p.add_argument("--body-timeout", type=float, default=60.0, help="seconds a client has to send its body (default 60)")
     p.add_argument("--keepalive-timeout", type=float, default=30.0, help="idle seconds before a kept-alive connection closes")
     p.add_argument("--max-connections", type=int, default=64, help="simultaneous connections (default 64); more get a 503")
+    p.add_argument("--engine-timeout", type=float,
+                   help="seconds the engine may stay silent per forward step (a decode token or a prefill batch) "
+                        "before it counts as hung and is restarted (default 300 + 10 per GB of weights; "
+                        "$COLI_ENGINE_TIMEOUT)")
     p.add_argument("--quiet", action="store_true", help="no access log")
 
 
@@ -210,4 +215,19 @@ def resolve(args):
     s.max_connections = args.max_connections
     _check_range("--max-connections", s.max_connections, 2, 100000)
     s.quiet = args.quiet
+    et = _env_or(getattr(args, "engine_timeout", None), "COLI_ENGINE_TIMEOUT", float, "a number of seconds")
+    s.engine_timeout = default_engine_timeout(model_dir) if et is None else et
+    if not (0 < s.engine_timeout <= 7 * 86400):
+        raise UserError(f"--engine-timeout {s.engine_timeout} must be more than 0 and at most 604800 seconds")
     return s
+
+
+def default_engine_timeout(model_dir):
+    """Generous enough for one prefill batch that reads every expert from a slow disk: 300 s plus
+    10 s per GB of weights (about 100 MB/s)."""
+    weights = 0
+    try:
+        weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    except OSError:
+        pass
+    return 300.0 + 10.0 * weights / 1e9

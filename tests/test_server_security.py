@@ -1,6 +1,9 @@
 """`coli serve` security: API keys, DNS-rebinding Host check, CORS, body cap, read deadlines,
 connection cap, and the settings it refuses."""
 import argparse
+import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -187,3 +190,41 @@ def test_cli_exit_code_and_message(model):  # noqa: F811
     r = subprocess.run([sys.executable, str(COLI), "serve"], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "--model" in r.stderr
+
+
+def test_fault_details_need_the_key(model, template):  # noqa: F811
+    """Engine faults carry exit codes, stderr lines and paths: /health shows them to a caller with
+    the key only; clients and anonymous /health callers get the short public text."""
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--api-key", KEY) as srv:
+        pid = srv.request("GET", "/health", headers=auth())[2]
+        pid = json.loads(pid)["engine"]["pid"]
+        r0 = json.loads(srv.request("GET", "/health")[2])["engine"]["restarts"]
+        os.kill(pid, signal.SIGKILL)
+        anon = srv.wait_health(lambda h: h["status"] == "ok" and h["engine"]["restarts"] == r0 + 1)
+        assert anon["engine"]["last_error"] and not anon["engine"]["details"]
+        assert "SIGKILL" not in json.dumps(anon) and str(model) not in json.dumps(anon)
+        s, _, body = srv.request("GET", "/health", headers=auth())
+        keyed = json.loads(body)
+        assert s == 200 and keyed["engine"]["details"] and "SIGKILL" in keyed["engine"]["last_error"]
+        s, _, body = srv.request("GET", "/health", headers=auth("wrong"))
+        assert s == 200 and "SIGKILL" not in body.decode()  # a wrong key is no key
+        assert "SIGKILL" in srv.log()
+
+
+@pytest.mark.parametrize("key,address,offered,shown", [
+    (None, "127.0.0.1", None, True), (None, "::1", None, True), (None, "192.168.1.20", None, False),
+    (KEY, "127.0.0.1", None, False), (KEY, "192.168.1.20", KEY, True), (KEY, "127.0.0.1", "nope", False),
+])
+def test_who_may_see_fault_details(key, address, offered, shown):
+    import openai_server
+
+    class Fake:
+        pass
+    h = openai_server.Handler.__new__(openai_server.Handler)
+    h.server = Fake()
+    h.server.app = Fake()
+    h.server.app.settings = Fake()
+    h.server.app.settings.api_key = key
+    h.client_address = (address, 40000)
+    h.headers = {"Authorization": f"Bearer {offered}"} if offered else {}
+    assert h.may_see_details() == shown
