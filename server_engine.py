@@ -345,7 +345,10 @@ class Scheduler:
                 continue
             why = (f"no reply from the engine (pid {turn.eng.proc.pid}) for {silent:.1f} s during request "
                    f"{turn.rid}, more than the {turn.allowance:g} s allowed (--engine-timeout)")
-            self.hung[turn.eng] = why
+            with self.cond:
+                if self.turn is not turn:  # the turn ended meanwhile: the engine is fine
+                    continue
+                self.hung[turn.eng] = why
             self.log(f"{why}; killing it")
             try:
                 turn.eng.proc.kill()

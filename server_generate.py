@@ -91,9 +91,11 @@ class Generation:
         deadline = job.enqueued_at + app.settings.queue_timeout
         while True:
             queued = job.state == "queued"
-            evs, gone = self.h.wait_job(job, deadline - time.monotonic() if queued else 5.0)
+            evs, gone = self.h.wait_job(job, min(deadline - time.monotonic(), 5.0) if queued else 5.0)
             if gone:
                 raise ClientGone()
+            if not evs and not sched.worker_alive():  # no one will ever answer this job
+                evs = [("error", "internal_error", "the engine worker stopped")]
             if not evs and job.state == "queued" and time.monotonic() >= deadline:
                 if sched.withdraw(job):
                     self.finished = True
