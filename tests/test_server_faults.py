@@ -124,16 +124,17 @@ def greedy_text(srv):
 # 480 tokens with 20 alternatives each: about 190 KB of frames, far more than a pipe holds.
 LONG = {"model": MID, "prompt": "The long story begins", "max_tokens": 480, "temperature": 0, "stream": True,
         "logprobs": 20}
-PIPE_CAPACITY = 65536  # Linux default; frozen_mid_stream relies on LONG's output being larger
+LONG_OUTPUT = 150_000  # bytes of frames LONG makes at least (measured: about 190 KB)
+F_GETPIPE_SZ = 1032    # Linux fcntl: the capacity of a pipe
 
 
-def pipe_pending(pid, fd=1):
-    """Bytes waiting in the pipe behind `pid`'s file descriptor `fd` (not consumed)."""
+def pipe_state(pid, fd=1):
+    """(bytes waiting, capacity) of the pipe behind `pid`'s file descriptor `fd`; reads nothing."""
     r = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
     try:
         buf = array.array("i", [0])
         fcntl.ioctl(r, termios.FIONREAD, buf)
-        return buf[0]
+        return buf[0], fcntl.fcntl(r, F_GETPIPE_SZ)
     finally:
         os.close(r)
 
@@ -155,13 +156,14 @@ def frozen_mid_stream(srv, body=LONG):
         srv.wait_health(lambda h: h["engine"]["turn"] is not None)  # the SUBMIT is in the engine's input
         os.kill(srv.proc.pid, signal.SIGSTOP)
         try:
+            capacity = pipe_state(pid)[1]
+            assert capacity < LONG_OUTPUT, f"a {capacity}-byte pipe could hold the whole generation"
             resume_engine(pid)
             deadline = time.monotonic() + 60
-            while pipe_pending(pid) < 4096:  # ACCEPT and some tokens written, the rest cannot follow
+            while pipe_state(pid)[0] < 4096:  # ACCEPT and some tokens written, the rest cannot follow
                 assert time.monotonic() < deadline, "the engine wrote nothing while the server was stopped"
                 time.sleep(0.01)
             stop_engine(pid)
-            assert pipe_pending(pid) <= PIPE_CAPACITY
         finally:
             os.kill(srv.proc.pid, signal.SIGCONT)
         buf = b""
