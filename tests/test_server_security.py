@@ -160,9 +160,11 @@ def resolve(model_dir, *argv):
     (["--cors-origin", "example.com"], {}, "is not an origin"),
     (["--api-key", ""], {}, "empty"),
     (["--kv-dir", "x", "--no-kv-persist"], {}, "not both"),
+    (["--engine-timeout", "0"], {}, "--engine-timeout 0"),
+    ([], {"COLI_ENGINE_TIMEOUT": "soon"}, "COLI_ENGINE_TIMEOUT"),
 ])
 def test_settings_refused_with_reason(model, monkeypatch, argv, env, message):  # noqa: F811
-    for k in ("COLI_KV_SLOTS", "COLI_MAX_QUEUE", "COLI_QUEUE_TIMEOUT", "COLI_API_KEY"):
+    for k in ("COLI_KV_SLOTS", "COLI_MAX_QUEUE", "COLI_QUEUE_TIMEOUT", "COLI_API_KEY", "COLI_ENGINE_TIMEOUT"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -176,6 +178,11 @@ def test_flags_win_over_environment(model, monkeypatch):  # noqa: F811
     monkeypatch.setenv("COLI_QUEUE_TIMEOUT", "7.5")
     s = resolve(model, "--no-kv-persist", "--max-queue", "2")
     assert (s.max_queue, s.kv_slots, s.queue_timeout) == (2, 3, 7.5)
+    assert 300 <= s.engine_timeout < 301  # the default: 300 s plus 10 s per GB of (here tiny) weights
+    monkeypatch.setenv("COLI_ENGINE_TIMEOUT", "45")
+    assert resolve(model, "--no-kv-persist", "--max-queue", "2").engine_timeout == 45
+    assert resolve(model, "--no-kv-persist", "--max-queue", "2", "--engine-timeout", "9").engine_timeout == 9
+    monkeypatch.delenv("COLI_ENGINE_TIMEOUT")
     monkeypatch.delenv("COLI_MAX_QUEUE")
     monkeypatch.setenv("COLI_API_KEY", "from-env")
     assert resolve(model, "--no-kv-persist", "--host", "0.0.0.0").api_key == "from-env"
