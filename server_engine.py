@@ -386,11 +386,12 @@ class Scheduler:
             self._run(job)
 
     def _pause(self, seconds):
-        """Waits (woken by close()); False when the server is closing."""
-        if seconds > 0:
-            with self.cond:
-                if not self._closing:
-                    self.cond.wait(seconds)
+        """Waits the whole time (new requests notify the condition too), unless close() is
+        called; False when the server is closing."""
+        deadline = time.monotonic() + seconds
+        with self.cond:
+            while not self._closing and deadline - time.monotonic() > 0:
+                self.cond.wait(deadline - time.monotonic())
         return not self._closing
 
     def _start_engine(self):

@@ -198,3 +198,22 @@ def test_health_hides_fault_details_unless_allowed(harness, model):  # noqa: F81
     _, private = app.health(detail=True)
     assert SECRET_PATH not in str(public) and public["engine"]["last_error"] and not public["engine"]["details"]
     assert SECRET_PATH in private["engine"]["last_error"] and private["engine"]["details"]
+
+
+def test_restarts_back_off_while_the_engine_keeps_failing(harness):
+    from server_engine import restart_delay
+    assert [restart_delay(n) for n in range(1, 9)] == [0, 1, 2, 4, 8, 16, 30, 30]
+    h = harness([PermissionError(13, "Permission denied"), PermissionError(13, "Permission denied"),
+                 PermissionError(13, "Permission denied"), "ok"])
+    waits, pause = [], h.sched._pause
+
+    def recorded(seconds):
+        waits.append(seconds)
+        return pause(seconds)
+    h.sched._pause = recorded
+    h.sched.start()
+    h.wait(lambda st: st["state"] == "ready", timeout=60)
+    assert [type(m).__name__ for m in h.started] == ["PermissionError"] * 3 + ["str"]
+    assert waits[:4] == [0, 0, 1, 2]  # before each start: the first two at once, then backing off
+    assert h.sched.failures == 3  # the count resets only when the engine finishes a turn
+    assert final(h.run())[0] == "end" and h.sched.failures == 0
