@@ -11,6 +11,7 @@ Stdlib only. The pieces, one job per module:
   server_metrics    /health counters and /metrics (Prometheus)
   server_tokens     prompt token counts for /v1/messages/count_tokens
 """
+import ipaddress
 import os
 import re
 import signal
@@ -76,7 +77,8 @@ class App:
         def factory():
             return ServedEngine(settings.model_dir, ctx=settings.ctx, kv_slots=settings.kv_slots,
                                 threads=settings.threads, batch=settings.batch, extra=extra)
-        self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log)
+        self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log,
+                               engine_timeout=settings.engine_timeout, prefill_batch=settings.batch)
         self.started = time.time()
         self.host_names = self._host_names()
         self.tokens = TokenCounter(settings.model_dir)
@@ -94,7 +96,9 @@ class App:
             pass
         return names
 
-    def health(self):
+    def health(self, detail=False):
+        """/health. Fault details (exit status, engine stderr, paths) only when `detail`: see
+        Handler.may_see_details; everyone else gets the short public text."""
         st = self.sched.status()
         counts = self.metrics.snapshot()
         info = st["info"]
@@ -106,8 +110,11 @@ class App:
             "chat_template": self.model.template_origin,  # model | file | chatml-fallback
             "version": VERSION,
             "uptime_s": round(time.time() - self.started, 1),
-            "engine": {"state": st["state"], "pid": st["pid"], "restarts": st["restarts"],
-                       "last_error": st["last_error"], "family": info.get("family"),
+            "engine": {"state": st["state"], "worker": "running" if st["worker_alive"] else "stopped",
+                       "pid": st["pid"], "restarts": st["restarts"],
+                       "last_error": st["last_error"] if detail else st["last_error_public"],
+                       "last_error_at": st["last_error_at"], "details": bool(detail),
+                       "timeout_s": st["timeout_s"], "turn": st["turn"], "family": info.get("family"),
                        "ctx": int(info["ctx"]) if info.get("ctx", "").isdigit() else None,
                        "threads": info.get("threads"), "kernels": info.get("kernels")},
             "requests": requests,
@@ -218,6 +225,16 @@ class Handler(BaseHandler):
             if gen and outcome is not None:
                 app.metrics.outcome(outcome, path, status or {"completed": 200, "cancelled": 499}.get(outcome, 200))
 
+    def may_see_details(self):
+        """Fault details in /health: for a caller with the API key; with no key set, for loopback
+        callers only (a --allow-remote-without-key server shows LAN clients the short text)."""
+        if self.server.app.settings.api_key:
+            return self.authorized()
+        try:
+            return ipaddress.ip_address(self.client_address[0].split("%")[0]).is_loopback
+        except (ValueError, IndexError, AttributeError):
+            return False
+
     def _unauthorized(self):
         present = "Authorization" in self.headers or "x-api-key" in self.headers
         return ApiError(401, "Incorrect API key provided" if present else
@@ -228,7 +245,7 @@ class Handler(BaseHandler):
         if path == "/health":
             if method not in ("GET", "HEAD"):
                 raise ApiError(405, "use GET /health", code="method_not_allowed")
-            code, body = app.health()
+            code, body = app.health(detail=self.may_see_details())
             headers = {"Retry-After": "2"} if code == 503 else {}
             self.send_json(code, body, headers)
             return

@@ -40,6 +40,7 @@ class Settings:
     max_connections_per_ip: int = 64
     shutdown_timeout: float = 20.0
     quiet: bool = False
+    engine_timeout: float = None    # seconds of engine silence per forward step before it counts as hung
 
 
 def add_arguments(p):
@@ -83,6 +84,10 @@ def add_arguments(p):
     p.add_argument("--shutdown-timeout", type=float, default=20.0,
                    help="on SIGTERM/SIGINT, seconds running requests may take to finish before their streams are "
                         "ended with an error (default 20); a second signal exits at once")
+    p.add_argument("--engine-timeout", type=float,
+                   help="seconds the engine may stay silent per forward step (a decode token or a prefill batch) "
+                        "before it counts as hung and is restarted (default 300 + 10 per GB of weights; "
+                        "$COLI_ENGINE_TIMEOUT)")
     p.add_argument("--quiet", action="store_true", help="no access log")
 
 
@@ -267,4 +272,19 @@ def resolve(args):
         raise UserError(f"--shutdown-timeout {args.shutdown_timeout} must be between 0 and 3600 seconds")
     s.shutdown_timeout = args.shutdown_timeout
     s.quiet = args.quiet
+    et = _env_or(getattr(args, "engine_timeout", None), "COLI_ENGINE_TIMEOUT", float, "a number of seconds")
+    s.engine_timeout = default_engine_timeout(model_dir) if et is None else et
+    if not (0 < s.engine_timeout <= 7 * 86400):
+        raise UserError(f"--engine-timeout {s.engine_timeout} must be more than 0 and at most 604800 seconds")
     return s
+
+
+def default_engine_timeout(model_dir):
+    """Generous enough for one prefill batch that reads every expert from a slow disk: 300 s plus
+    10 s per GB of weights (about 100 MB/s)."""
+    weights = 0
+    try:
+        weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    except OSError:
+        pass
+    return 300.0 + 10.0 * weights / 1e9

@@ -5,15 +5,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SKIPS = re.compile(r"importorskip|skipif|mark\.skip|pytest\.skip\(")
-# test_server_faults.py: its timing-based skips are being replaced by deterministic fault
-# injection in a separate change; drop this entry once they are gone.
-NOT_YET = {"test_server_faults.py"}
 
 
 def test_no_test_skips_for_a_missing_dependency_or_anything_else():
     found = []
     for f in sorted(HERE.glob("*.py")):
-        if f.name in NOT_YET or f == Path(__file__).resolve():
+        if f == Path(__file__).resolve():
             continue
         for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
             if SKIPS.search(line):
