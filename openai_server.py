@@ -343,7 +343,7 @@ def drain(app, server, signum, log):
         with app.inflight_lock:
             gens = [g for g in app.inflight if g.job is not None]
         for g in gens:  # wakes the request's thread, which ends its response with this error
-            g.job.push(("error", "unavailable", "the server is shutting down; retry the request"))
+            g.job.push(("error", "shutting_down", "the server is shutting down; retry the request"))
         ended = len(gens)
         server.wait_idle(3.0)
     server.shutdown()

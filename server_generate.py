@@ -18,7 +18,7 @@ ENGINE_ERRORS = {  # kind -> (HTTP status, error code)
     "bad_frame": (500, "internal_error"),
     "internal_error": (500, "internal_error"),
     "unavailable": (503, "engine_unavailable"),
-    "shutting_down": (503, "shutting_down"),
+    "shutting_down": (503, "engine_unavailable"),  # the engine is going away with the server
 }
 
 # Faults of the engine or the server, not of the request: the client gets this short, stable
