@@ -321,6 +321,16 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         free(lit);
         if (bad) { emit_error(f->id, "bad_request", err); return; }
         n = (int)nn;
+        /* tokenizer.json comes with the model folder and is not trusted to match the embedding:
+         * an id past its rows would read outside the table. */
+        for (int i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= a->vocab) {
+                snprintf(err, sizeof err, "tokenizer.json gave token id %d, outside the model's vocabulary of %d; "
+                         "the model folder's tokenizer does not belong to its weights", ids[i], a->vocab);
+                emit_error(f->id, "bad_request", err);
+                free(ids);
+                return;
+            }
     }
     if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return; }
     if (n >= e->ctx) {

@@ -172,3 +172,28 @@ def test_logits_command_reports_out_of_memory(model, tmp_path):
                         "--out", str(tmp_path / "l.f32")], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 1 and "out of memory for 3 positions" in r.stderr
     assert not (tmp_path / "l.f32").exists()
+
+
+# --- a tokenizer.json that does not belong to the weights ---------------------------------------
+
+def test_tokenizer_ids_past_the_embedding_are_refused(model, tmp_path):
+    """A model folder is untrusted: its tokenizer.json may name ids the embedding has no row for.
+    The prompt that produces one gets a bad_request naming the cause; nothing is read past the
+    table (the ASan build would say so) and the engine goes on serving."""
+    import json
+    import shutil
+    hostile = tmp_path / "hostile"
+    shutil.copytree(model, hostile)
+    tj = json.loads((hostile / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = json.loads((hostile / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    tj["added_tokens"].append({"id": vocab + 1000, "content": "<|evil|>", "single_word": False, "lstrip": False,
+                               "rstrip": False, "normalized": False, "special": True})
+    (hostile / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    with engine_client.Engine(hostile, ctx=64) as eng:
+        with pytest.raises(engine_client.EngineError) as e:
+            run(eng, "hello <|evil|>", max_tokens=2)
+        assert e.value.kind == "bad_request"
+        # (like HF tokenizers, the loader numbers the added token right after the vocabulary)
+        assert f"token id {vocab}, outside the model's vocabulary of {vocab}" in e.value.message
+        assert tokens(run(eng, "hello", max_tokens=2))
+    assert_clean_exit(eng)
