@@ -44,14 +44,18 @@ def bytes_per_decoded_token(scan):
     return dense + experts
 
 
-def colibri_run(model, args, first_token):
+def colibri_run(model, args, first_token, vocab):
     import engine_client
-    ids = [(first_token + i * 7) % 1000 + 1 for i in range(args.prompt_tokens)]
-    with engine_client.Engine(model, threads=args.threads) as eng:
-        for ev in eng.generate(ids, max_tokens=args.gen_tokens, temp=0):
-            if ev[0] == "end":
-                stats = ev[1]
-        threads = eng.info.get("threads")
+    span = max(min(vocab, 1001) - 1, 1)  # ids 1..1000, inside the vocabulary of a small model too
+    ids = [(first_token + i * 7) % span + 1 for i in range(args.prompt_tokens)]
+    try:
+        with engine_client.Engine(model, threads=args.threads) as eng:
+            for ev in eng.generate(ids, max_tokens=args.gen_tokens, temp=0):
+                if ev[0] == "end":
+                    stats = ev[1]
+            threads = eng.info.get("threads")
+    except engine_client.EngineError as e:
+        raise UserError(f"the engine refused the benchmark run ({e.kind}: {e.message})") from None
     if int(stats["completion_tokens"]) < args.gen_tokens:
         raise UserError(f"the model ended after {stats['completion_tokens']} tokens; lower --gen-tokens")
     return float(stats["prefill_tok_s"]), float(stats["decode_tok_s"]), int(threads)
@@ -106,7 +110,7 @@ def run(args):
         peer = (exe, gguf)
     ours, theirs, threads = [], [], args.threads
     for i in range(args.repeat):
-        pp, tg, used = colibri_run(model, args, first_token=i * 101)
+        pp, tg, used = colibri_run(model, args, first_token=i * 101, vocab=scan["arch"]["vocab"] or 1)
         threads = threads or used
         ours.append((pp, tg))
         if peer:

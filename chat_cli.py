@@ -177,11 +177,13 @@ class Chat:
         return ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
 
     def render(self, add_generation_prompt=True):
-        if self.args.raw:  # plain text continuation: the messages one after another
-            return "".join(m["content"] + ("\n" if m["role"] == "user" else "") for m in self.conversation())
-        import chat_template
-        return chat_template.render_for_model(str(self.dir), self.conversation(),
-                                              add_generation_prompt=add_generation_prompt, **self.vars)
+        """The prompt as a chat_template_literal.Prompt: what the user typed stays text."""
+        import chat_template_literal
+        if self.args.raw:  # plain text continuation: the messages one after another (the user owns it all)
+            return chat_template_literal.Prompt(
+                "".join(m["content"] + ("\n" if m["role"] == "user" else "") for m in self.conversation()))
+        return chat_template_literal.render_for_model(str(self.dir), self.conversation(),
+                                                      add_generation_prompt=add_generation_prompt, **self.vars)
 
     def generation_prompt(self, payload):
         """What the template appended for the assistant turn (e.g. '<|im_start|>assistant\\n<think>\\n')."""
@@ -189,13 +191,14 @@ class Chat:
             base = self.render(add_generation_prompt=False)
         except Exception:  # noqa: BLE001 - some templates refuse a conversation ending with a user turn
             return ""
-        return payload[len(base):] if payload.startswith(base) else ""
+        return payload.text[len(base.text):] if payload.text.startswith(base.text) else ""
 
     # -------------------------------------------------------------- one answer
 
     def answer(self, payload, think_context, continuing=False):
         """Streams one answer; returns (text, finish or EngineError, stopped). Ctrl-C sends STOP, a
-        second one leaves. think_context: the generation prompt (+ the answer so far for :more)."""
+        second one leaves. payload: a Prompt. think_context: the generation prompt (+ the answer so
+        far for :more)."""
         self.stopped = False
         rid = self.eng.new_id()
         state = {"stopping": False}
@@ -216,7 +219,9 @@ class Chat:
         try:
             import engine_client
             try:
-                for ev in self.eng.generate(payload, rid=rid, slot=0, special=1, max_tokens=self.cap, **self.opts):
+                body, literal = payload.frame()
+                for ev in self.eng.generate(body, rid=rid, slot=0, special=1, max_tokens=self.cap, **literal,
+                                            **self.opts):
                     if ev[0] == "data":
                         text = decoder.decode(ev[2])
                         pieces.append(text)
@@ -250,6 +255,7 @@ class Chat:
         self.messages.append({"role": "user", "content": text})
         try:
             payload = self.render()
+            payload.frame()  # text that is not valid Unicode fails here, before the answer starts
         except Exception as e:  # noqa: BLE001 - TemplateError names the template problem
             self.messages.pop()
             self.note(f"the chat template failed: {e}")
@@ -269,7 +275,10 @@ class Chat:
             return
         prompt, gen, so_far = self.last
         # the engine's KV already holds prompt + answer: only the new tokens are computed
-        text, finish, stopped = self.answer(prompt + so_far, gen + so_far, continuing=True)
+        import chat_template_literal
+        # the answer so far is the model's own output: appended after the spans, which stay valid
+        text, finish, stopped = self.answer(chat_template_literal.Prompt(prompt.text + so_far, prompt.literal),
+                                            gen + so_far, continuing=True)
         if text is None:
             self.explain(finish)
             return

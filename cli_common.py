@@ -13,23 +13,63 @@ def model_arg(parser):
                              "default $COLI_MODEL")
 
 
-def require_model(args):
-    """Returns the container directory named by --model/COLI_MODEL, or raises UserError saying what to do."""
+def model_path(name, fetch=False):
+    """The path a --model value names: the directory (or file) itself when it exists, else the
+    container of a pulled name in the model store (pulled now when fetch is true and the name
+    is one `coli pull` knows). A name found nowhere comes back unchanged, for the caller to refuse."""
+    p = Path(name)
+    if os.path.lexists(p):
+        return p
+    import model_store  # short names: the local model store
+    found = model_store.resolve_model(name, fetch=fetch)
+    return Path(found) if found is not None else p
+
+
+def missing_model_message(name):
+    import model_store
+    pulled = ", ".join(model_store.list_models()) or "none"
+    return (f"--model {name}: no such directory or pulled model (pulled: {pulled}); "
+            "`coli pull smollm2` fetches one")
+
+
+def require_model(args, fetch=True):
+    """Returns the container directory named by --model/COLI_MODEL, or raises UserError saying what to do.
+    fetch: pull a known name that is not in the store yet (read-only commands pass False).
+    Checks what every command needs before the engine starts: a readable manifest, and shards that
+    exist with headers the engine will accept (headers only, no weights are read)."""
     if not args.model:
         raise UserError("no model given: pass --model DIR (or a pulled name such as --model smollm2) or set "
                         "COLI_MODEL; `coli pull smollm2` fetches a small one, `coli convert SRC OUT` converts yours")
-    d = Path(args.model)
+    d = model_path(args.model, fetch=fetch)
+    if not os.path.lexists(d):
+        raise UserError(missing_model_message(args.model))
     if not d.is_dir():
-        import model_store  # short names: the local model store, pulled on first use
-        found = model_store.resolve_model(args.model, fetch=True)
-        if found is None:
-            pulled = ", ".join(model_store.list_models()) or "none"
-            raise UserError(f"--model {d}: no such directory or pulled model (pulled: {pulled}); "
-                            "`coli pull smollm2` fetches one")
-        d = Path(found)
-    if not (d / "colibri.json").is_file():
-        if (d / "config.json").is_file():
-            raise UserError(f"{d} is a Hugging Face checkpoint, not a colibri container; convert it first: "
-                            f"coli convert {d} OUT")
-        raise UserError(f"{d} is not a colibri container (no colibri.json)")
+        raise UserError(f"--model {d} is a file, not a container directory; pass the directory holding colibri.json")
+    if not os.path.lexists(d / "colibri.json") and (d / "config.json").is_file():
+        raise UserError(f"{d} is a Hugging Face checkpoint, not a colibri container; convert it first: "
+                        f"coli convert {d} OUT")
+    import container_scan
+    try:
+        container_scan.scan(d)
+        check_arch(d)
+    except container_scan.ContainerError as e:
+        raise UserError(str(e)) from None
+    except OSError as e:  # an unreadable manifest or shard
+        raise UserError(f"{e.filename or d}: {e.strerror or e}; check the model directory's permissions") from None
     return d
+
+
+# the geometry every command reads before the engine does (c/model_load.c checks the rest)
+ARCH_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+             "max_position_embeddings")
+
+
+def check_arch(d):
+    import container_scan
+    arch = container_scan.read_manifest(d)["arch"]
+    bad = [k for k in ARCH_KEYS if not (isinstance(arch.get(k), int) and not isinstance(arch.get(k), bool)
+                                        and arch[k] >= 1)]
+    if bad:
+        raise UserError(f"{d / 'colibri.json'} is damaged: arch.{bad[0]} is missing or not a positive integer"
+                        f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; re-run coli convert "
+                        f"(`coli doctor --model {d}` checks the rest)")

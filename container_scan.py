@@ -45,6 +45,8 @@ def tensor_class(name):
 def read_manifest(model_dir):
     d = Path(model_dir)
     path = d / "colibri.json"
+    if path.exists() and not path.is_file():
+        raise ContainerError(f"{path} is not a regular file; re-run coli convert")
     if not path.is_file():
         hint = (f"it is a Hugging Face checkpoint; convert it: coli convert {d} OUT" if (d / "config.json").is_file()
                 else "convert a checkpoint with: coli convert SRC OUT")

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from cli_common import model_arg
+from cli_common import UserError, check_arch, model_arg, model_path
 
 HELP = "check that the engine, the machine and a model are ready (read-only)"
 DESCRIPTION = """Read-only readiness checks with a fix for each problem:
@@ -89,7 +89,10 @@ def check_model_dir(rep, model):
     import container_scan
     d = Path(model)
     if not d.exists():
-        rep.add("model", "fail", f"{d}: no such directory", "pass --model DIR of a converted container")
+        import model_store
+        pulled = ", ".join(model_store.list_models()) or "none"
+        rep.add("model", "fail", f"{d}: no such directory or pulled model (pulled: {pulled})",
+                "pass --model DIR of a converted container, or a name `coli pull NAME` has fetched")
         return None
     if not d.is_dir():
         rep.add("model", "fail", f"{d} is a file, not a container directory", "pass the directory holding colibri.json")
@@ -102,6 +105,11 @@ def check_model_dir(rep, model):
                "re-run `coli convert SRC OUT` for this model" if (d / "colibri.json").exists() else
                "pass the directory of a converted model (`coli convert SRC OUT` makes one)")
         rep.add("model", "fail", str(e), fix)
+        return None
+    try:
+        check_arch(d)
+    except UserError as e:
+        rep.add("model", "fail", str(e), "re-run `coli convert SRC OUT` for this model")
         return None
     rep.add("model", "pass", f"{d}: colibri container, format {man['format_version']}, "
             f"converter {man.get('converter_version')}")
@@ -368,7 +376,9 @@ def add_arguments(p):
 
 
 def run(args):
-    rep = diagnose(args.model, deep=args.deep)
+    # a pulled name (--model smollm2) means its container in the model store; read-only, so
+    # a name not pulled yet is reported, not fetched
+    rep = diagnose(model_path(args.model) if args.model else None, deep=args.deep)
     code = RANK[rep.worst]
     if args.json:
         print(json.dumps({"model": args.model, "deep": args.deep, "checks": rep.checks, "worst": rep.worst,

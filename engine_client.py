@@ -8,7 +8,8 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-ENGINE = ROOT / "build" / "colibri"
+# COLI_ENGINE picks another engine binary (the tests run the sanitizer build this way).
+ENGINE = Path(os.environ["COLI_ENGINE"]).resolve() if os.environ.get("COLI_ENGINE") else ROOT / "build" / "colibri"
 
 
 class EngineError(RuntimeError):
@@ -20,6 +21,8 @@ class EngineError(RuntimeError):
 
 
 def ensure_built():
+    if os.environ.get("COLI_ENGINE") and not ENGINE.exists():
+        raise EngineError("not_built", f"COLI_ENGINE names {ENGINE}, which does not exist; build it or unset COLI_ENGINE")
     if not ENGINE.exists():
         r = subprocess.run(["make", "-s", "-C", str(ROOT), "build/colibri"])
         if r.returncode or not ENGINE.exists():
@@ -57,8 +60,12 @@ def describe_exit(code, stderr_tail):
 class Engine:
     """One engine process. Frames are read by the caller's thread; stderr is kept in a tail."""
 
-    def __init__(self, model_dir, ctx=None, kv_slots=None, threads=None, batch=None, kv_dir=None, extra=(), kv=None):
-        args = [str(ensure_built()), "serve", "--model", str(model_dir)]
+    def __init__(self, model_dir, ctx=None, kv_slots=None, threads=None, batch=None, kv_dir=None, extra=(),
+                 command=None, kv=None):
+        """`command` replaces the engine binary (a list: program and its first arguments); the
+        model and knob flags follow it as usual. Tests use it to run a scripted engine."""
+        args = list(command) if command else [str(ensure_built()), "serve"]
+        args += ["--model", str(model_dir)]
         for flag, val in (("--ctx", ctx), ("--kv-slots", kv_slots), ("--threads", threads), ("--batch", batch),
                           ("--kv-dir", kv_dir), ("--kv", kv)):
             if val is not None:
@@ -98,16 +105,15 @@ class Engine:
     def submit(self, payload, rid=None, **opts):
         """Sends a SUBMIT; payload is str (text) or a list of token ids (ids=1)."""
         rid = rid or self.new_id()
-        if isinstance(payload, (list, tuple)):
-            opts["ids"] = 1
-            payload = ",".join(str(int(i)) for i in payload)
-        body = payload.encode() if isinstance(payload, str) else payload
-        head = " ".join(["SUBMIT", rid, str(len(body))] + [f"{k}={_fmt(v)}" for k, v in opts.items() if v is not None])
-        self._write(head.encode() + b"\n" + body)
+        self.write(submit_frame(rid, payload, **opts))
         return rid
 
     def control(self, verb, rid):
         self._write(f"{verb} {rid}\n".encode())
+
+    def write(self, data):
+        """Writes prepared frame bytes; raises EngineError if the engine is gone."""
+        self._write(data)
 
     def _write(self, data):
         try:
@@ -124,12 +130,16 @@ class Engine:
         parts = line.decode(errors="replace").rstrip("\n").split(" ")
         verb = parts[0]
         body = None
-        if verb == "DATA":
-            body = self._read_exact(int(parts[3]))
-        elif verb == "ERROR":
-            body = self._read_exact(int(parts[3]))
-        elif verb == "LOGITS":
-            body = self._read_exact(int(parts[4]))
+        size_field = {"DATA": 3, "ERROR": 3, "LOGITS": 4}.get(verb)
+        if size_field is not None:
+            try:
+                n = int(parts[size_field])
+                if n < 0:
+                    raise ValueError(n)
+            except (IndexError, ValueError):
+                # The byte stream can no longer be trusted: the caller restarts the engine.
+                raise EngineError("bad_frame", f"malformed frame from the engine: {line[:200]!r}") from None
+            body = self._read_exact(n)
         return verb, parts[1:], body
 
     def _read_exact(self, n):
@@ -160,6 +170,23 @@ class Engine:
             elif verb == "ERROR":
                 raise EngineError(f[1], body.decode(errors="replace"))
 
+    def kill(self):
+        """Ends the process at once (also a stopped one) and reaps it."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
     def close(self):
         if self.proc.poll() is None:
             try:
@@ -177,6 +204,17 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def submit_frame(rid, payload, **opts):
+    """The bytes of a SUBMIT frame. Raises ValueError (UnicodeEncodeError) for text that is not
+    valid Unicode, before anything reaches the engine."""
+    if isinstance(payload, (list, tuple)):
+        opts["ids"] = 1
+        payload = ",".join(str(int(i)) for i in payload)
+    body = payload.encode() if isinstance(payload, str) else payload
+    head = " ".join(["SUBMIT", rid, str(len(body))] + [f"{k}={_fmt(v)}" for k, v in opts.items() if v is not None])
+    return head.encode() + b"\n" + body
 
 
 def _hex(h):

@@ -142,9 +142,10 @@ def layer_state(spec, kv=KV_DEFAULT):
 
 
 def kv_slot_bytes(layers, ctx, kv=KV_DEFAULT):
-    """Bytes of one KV slot of ctx positions (c/kv.c kv_bytes, without the token list): a
-    windowed layer holds min(ctx, window) positions, a recurrent one its fixed state."""
-    total = 0
+    """Bytes one KV slot of ctx positions allocates (c/kv.c kv_bytes, which READY reports as
+    kv_slot_bytes): the token id of every position (kept for prefix reuse), and each layer's
+    state: a windowed layer holds min(ctx, window) positions, a recurrent one its fixed state."""
+    total = 4 * ctx
     for spec in layers:
         per_pos, fixed, _, window = layer_state(spec, kv)
         total += per_pos * (min(ctx, window) if window > 0 else ctx) + fixed

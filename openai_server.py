@@ -2,13 +2,16 @@
 
 Stdlib only. The pieces, one job per module:
   server_config     flags, environment, validation
+  server_conns      connections: request heads read without a thread each, caps, eviction
   server_http       HTTP plumbing and the security checks
   server_engine     the engine process, admission queue, KV slot table
   server_generate   one generation request from queue to last byte
   server_openai / server_anthropic   request parsing and response shapes per dialect
   server_text       stop sequences and <think> splitting on the text stream
   server_metrics    /health counters and /metrics (Prometheus)
+  server_tokens     prompt token counts for /v1/messages/count_tokens
 """
+import ipaddress
 import os
 import re
 import signal
@@ -22,14 +25,16 @@ from urllib.parse import unquote, urlsplit
 
 import server_config
 from cli_common import UserError
-from server_anthropic import MessagesResponder, parse_messages
+from server_anthropic import MessagesResponder, parse_count_tokens, parse_messages
+from server_conns import Server
 from server_engine import Scheduler, ServedEngine, SlotTable
 from server_generate import Generation
-from server_http import BaseHandler, Server
+from server_http import BaseHandler
 from server_metrics import Metrics
 from server_model import ModelInfo
 from server_openai import ChatResponder, CompletionResponder, parse_chat, parse_completion
 from server_params import ApiError, parse_json_object
+from server_tokens import TokenCounter
 from version import VERSION
 
 HELP = "serve the model over HTTP: OpenAI-compatible and Anthropic Messages APIs"
@@ -43,6 +48,7 @@ GENERATION = {  # path -> (dialect, parser, responder)
     "/v1/completions": ("openai", parse_completion, CompletionResponder),
     "/v1/messages": ("anthropic", parse_messages, MessagesResponder),
 }
+COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 def add_arguments(parser):
@@ -71,9 +77,13 @@ class App:
         def factory():
             return ServedEngine(settings.model_dir, ctx=settings.ctx, kv_slots=settings.kv_slots,
                                 threads=settings.threads, batch=settings.batch, extra=extra, kv=settings.kv)
-        self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log)
+        self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log,
+                               engine_timeout=settings.engine_timeout, prefill_batch=settings.batch)
         self.started = time.time()
         self.host_names = self._host_names()
+        self.tokens = TokenCounter(settings.model_dir)
+        self.inflight = set()        # Generations in progress, for the shutdown drain
+        self.inflight_lock = threading.Lock()
 
     def _host_names(self):
         """Names of this machine a LAN client may put in Host when the server listens beyond loopback."""
@@ -86,7 +96,9 @@ class App:
             pass
         return names
 
-    def health(self):
+    def health(self, detail=False):
+        """/health. Fault details (exit status, engine stderr, paths) only when `detail`: see
+        Handler.may_see_details; everyone else gets the short public text."""
         st = self.sched.status()
         counts = self.metrics.snapshot()
         info = st["info"]
@@ -98,8 +110,11 @@ class App:
             "chat_template": self.model.template_origin,  # model | file | chatml-fallback
             "version": VERSION,
             "uptime_s": round(time.time() - self.started, 1),
-            "engine": {"state": st["state"], "pid": st["pid"], "restarts": st["restarts"],
-                       "last_error": st["last_error"], "family": info.get("family"),
+            "engine": {"state": st["state"], "worker": "running" if st["worker_alive"] else "stopped",
+                       "pid": st["pid"], "restarts": st["restarts"],
+                       "last_error": st["last_error"] if detail else st["last_error_public"],
+                       "last_error_at": st["last_error_at"], "details": bool(detail),
+                       "timeout_s": st["timeout_s"], "turn": st["turn"], "family": info.get("family"),
                        "ctx": int(info["ctx"]) if info.get("ctx", "").isdigit() else None,
                        "threads": info.get("threads"), "kernels": info.get("kernels")},
             "requests": requests,
@@ -181,6 +196,11 @@ class Handler(BaseHandler):
                     raise self._unauthorized()
                 outcome = self.generate(app, *gen)
                 return
+            if path == COUNT_TOKENS and method == "POST":
+                if not self.authorized():
+                    raise self._unauthorized()
+                self.count_tokens(app)
+                return
             self.route(app, method, path)
         except ApiError as e:
             status = e.status
@@ -205,6 +225,16 @@ class Handler(BaseHandler):
             if gen and outcome is not None:
                 app.metrics.outcome(outcome, path, status or {"completed": 200, "cancelled": 499}.get(outcome, 200))
 
+    def may_see_details(self):
+        """Fault details in /health: for a caller with the API key; with no key set, for loopback
+        callers only (a --allow-remote-without-key server shows LAN clients the short text)."""
+        if self.server.app.settings.api_key:
+            return self.authorized()
+        try:
+            return ipaddress.ip_address(self.client_address[0].split("%")[0]).is_loopback
+        except (ValueError, IndexError, AttributeError):
+            return False
+
     def _unauthorized(self):
         present = "Authorization" in self.headers or "x-api-key" in self.headers
         return ApiError(401, "Incorrect API key provided" if present else
@@ -215,16 +245,17 @@ class Handler(BaseHandler):
         if path == "/health":
             if method not in ("GET", "HEAD"):
                 raise ApiError(405, "use GET /health", code="method_not_allowed")
-            code, body = app.health()
+            code, body = app.health(detail=self.may_see_details())
             headers = {"Retry-After": "2"} if code == 503 else {}
             self.send_json(code, body, headers)
             return
-        known = path in ("/metrics", "/v1/models") or path.startswith("/v1/models/") or path in GENERATION
+        known = (path in ("/metrics", "/v1/models", COUNT_TOKENS) or path.startswith("/v1/models/")
+                 or path in GENERATION)
         if not known:
             raise ApiError(404, f"no such endpoint: {method} {path}", code="not_found")
         if not self.authorized():
             raise self._unauthorized()
-        if path in GENERATION or method not in ("GET", "HEAD"):
+        if path in GENERATION or path == COUNT_TOKENS or method not in ("GET", "HEAD"):
             raise ApiError(405, f"method {method} is not allowed on {path}", code="method_not_allowed")
         if path == "/metrics":
             text = app.metrics.prometheus(app.sched, app.model.id).encode()
@@ -238,10 +269,23 @@ class Handler(BaseHandler):
                                code="model_not_found", param="model")
             self.send_json(200, app.models())
 
+    def count_tokens(self, app):
+        """Anthropic's token counting: the prompt /v1/messages would render, counted by the
+        engine's tokenizer (server_tokens)."""
+        spec = parse_count_tokens(parse_json_object(self.read_body()), app.model, app.settings.kv_slots)
+        self.send_json(200, {"input_tokens": app.tokens.count(spec.payload, spec.opts)})
+
     def generate(self, app, dialect, parser, responder_cls):
         body = parse_json_object(self.read_body())
         spec = parser(body, app.model, app.settings.kv_slots)
-        return Generation(self, app, spec, responder_cls(spec, app.model.id)).run()
+        gen = Generation(self, app, spec, responder_cls(spec, app.model.id))
+        with app.inflight_lock:
+            app.inflight.add(gen)
+        try:
+            return gen.run()
+        finally:
+            with app.inflight_lock:
+                app.inflight.discard(gen)
 
 
 def run(args):
@@ -258,20 +302,54 @@ def run(args):
     log(f"KV slots: {settings.kv_slots}, " + (f"persisted in {settings.kv_dir}" if settings.kv_dir else "not persisted"))
     log(f"queue: {settings.max_queue} waiting at most, {settings.queue_timeout:g} s timeout; API key "
         + ("required" if settings.api_key else "not required"))
+    log(f"connections: at most {settings.max_connections}, {settings.max_connections_per_ip} per client address; "
+        f"shutdown timeout {settings.shutdown_timeout:g} s")
     if not server_config.is_loopback_host(settings.host) and not settings.api_key:
         log("WARNING: listening beyond loopback without an API key (--allow-remote-without-key)")
     app.sched.start()
-    log(f"listening on http://{shown}:{port} (the model is loading; GET /health says when it is ready)")
+    signals = []
 
-    def stop(signum, frame):
-        threading.Thread(target=server.shutdown, daemon=True).start()
+    def on_signal(signum, frame):
+        signals.append(signum)
+        if len(signals) > 1:  # the operator insists: no more waiting
+            # os.write, not log(): this thread may be inside log() holding its lock
+            os.write(2, f"{time.strftime('%H:%M:%S')} coli serve: second {signal.Signals(signum).name}: "
+                        f"exiting now\n".encode())
+            eng = app.sched.engine
+            if eng is not None:
+                eng.proc.kill()
+            os._exit(128 + signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
-    try:
-        server.serve_forever(poll_interval=0.5)
-    finally:
-        log("shutting down")
-        server.server_close()
-        app.sched.close()
-    return 0
+        signal.signal(sig, on_signal)
+    acceptor = threading.Thread(target=server.serve_forever, name="http-acceptor", daemon=True)
+    acceptor.start()
+    log(f"listening on http://{shown}:{port} (the model is loading; GET /health says when it is ready)")
+    while not signals and acceptor.is_alive():
+        time.sleep(0.2)
+    return drain(app, server, signals[0] if signals else None, log)
+
+
+def drain(app, server, signum, log):
+    """Graceful stop: no new connections, running requests get --shutdown-timeout to finish, the
+    rest end with an error (an SSE error event once a stream has begun), then the engine stops."""
+    timeout = app.settings.shutdown_timeout
+    why = signal.Signals(signum).name if signum else "the connection thread stopped"
+    server.drain()
+    log(f"{why}: shutting down, no longer accepting; {server.in_flight()} request(s) in progress get up to "
+        f"{timeout:g} s (--shutdown-timeout); a second signal exits at once")
+    ended = 0
+    if not server.wait_idle(timeout):
+        with app.inflight_lock:
+            gens = [g for g in app.inflight if g.job is not None]
+        for g in gens:  # wakes the request's thread, which ends its response with this error
+            g.job.push(("error", "shutting_down", "the server is shutting down; retry the request"))
+        ended = len(gens)
+        server.wait_idle(3.0)
+    server.shutdown()
+    server.server_close()
+    app.sched.close(timeout=3.0)
+    app.tokens.close()
+    log("stopped" + (f"; {ended} request(s) did not finish within --shutdown-timeout and ended with an error"
+                     if ended else "; every request in progress finished"))
+    return 0 if signum else 1

@@ -146,7 +146,7 @@ def run(args):
     d = require_model(args)
     path = Path(args.file)
     if not path.is_file():
-        raise UserError(f"--file {path}: no such file")
+        raise UserError(f"--file {path}: " + ("a directory, not a text file" if path.is_dir() else "no such file"))
     man = json.loads((d / "colibri.json").read_text())
     max_pos = int(man["arch"]["max_position_embeddings"])
     ctx = args.ctx or min(DEFAULT_CTX, max_pos - 1)
@@ -155,7 +155,8 @@ def run(args):
     if args.chunks is not None and args.chunks < 1:
         raise UserError("--chunks must be at least 1")
     if args.ref_logits and not Path(args.ref_logits).is_file():
-        raise UserError(f"--ref-logits {args.ref_logits}: no such file")
+        raise UserError(f"--ref-logits {args.ref_logits}: " + ("a directory, not a logits file"
+                                                                if Path(args.ref_logits).is_dir() else "no such file"))
     ids = tokenize(d, path)
     if len(ids) < ctx:
         raise UserError(f"{path} has {len(ids)} tokens, fewer than one chunk of --ctx {ctx}; use a smaller --ctx "

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from cli_common import UserError, model_arg
+from cli_common import UserError, check_arch, missing_model_message, model_arg, model_path
 # discovery lives in machine_probe; the planner API re-exports it
 from machine_probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
                            measure_memory_bw, memory_info)
@@ -72,7 +72,7 @@ def kv_state(scan, ctx, kv=None):
     fixed = scan.get("kv_fixed_bytes", 0)
     layers = scan.get("kv_layers")
     slot = family_registry.kv_slot_bytes([{"attn": {"state": s}} for s in layers], ctx, kv) if layers \
-        else per_token * ctx + fixed
+        else per_token * ctx + fixed + 4 * ctx  # + the token id each position keeps
     return per_token, fixed, slot
 
 
@@ -321,18 +321,24 @@ def check_plan_args(args, scan):
 
 def build(args):
     """Everything `coli plan` prints, as one dict (the JSON output)."""
-    model_dir = args.model
+    # a pulled name (--model smollm2) means its container in the model store; the plan only
+    # reads headers, so a name not pulled yet is refused with the pull command, not fetched
+    model_dir = str(model_path(args.model)) if args.model else None
     scan = None
     if model_dir:
         import container_scan
+        if not os.path.lexists(model_dir):
+            raise UserError(missing_model_message(args.model))
         if not Path(model_dir).is_dir():
-            raise UserError(f"--model {model_dir}: no such directory")
+            raise UserError(f"--model {model_dir} is a file, not a container directory; pass the directory "
+                            "holding colibri.json")
         try:
             scan = container_scan.scan(model_dir)
         except container_scan.ContainerError as e:
             hint = f" (`coli doctor --deep --model {model_dir}` checks everything)" \
                 if (Path(model_dir) / "colibri.json").is_file() else ""
             raise UserError(f"{e}{hint}") from None
+        check_arch(Path(model_dir))
     check_plan_args(args, scan)
     machine = discover(model_dir)
     mem_bw, mem_src = args.mem_bw, "given"

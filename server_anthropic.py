@@ -4,7 +4,7 @@ import json
 import uuid
 
 from server_openai import check_model, render_prompt
-from server_params import (GenSpec, bad, cache_slot, get_bool, get_int, get_stop, message_text,
+from server_params import (GenSpec, bad, cache_slot, get_bool, get_max_tokens, get_stop, message_text,
                            sampling_options, unsupported)
 
 
@@ -12,7 +12,7 @@ def parse_messages(body, model, n_slots):
     check_model(body, model)
     if body.get("max_tokens") is None:
         raise bad("max_tokens: Field required", param="max_tokens")
-    max_tokens = get_int(body, "max_tokens", 1)
+    max_tokens = get_max_tokens(body, "max_tokens")
     if body.get("tools"):
         raise unsupported("tool use ('tools') is not supported for this model yet", param="tools",
                           code="tools_unsupported")
@@ -38,6 +38,9 @@ def parse_messages(body, model, n_slots):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise bad(f"messages.{i}.role: must be 'user' or 'assistant'", param=f"messages.{i}")
         content = m.get("content")
+        if content is None:
+            raise bad(f"messages.{i}.content: Field required (a string or a list of content blocks)",
+                      param=f"messages.{i}.content")
         if isinstance(content, list):  # earlier thinking blocks are not sent back to the model
             content = [b for b in content if not (isinstance(b, dict) and b.get("type") in
                                                   ("thinking", "redacted_thinking"))]
@@ -68,6 +71,12 @@ def parse_messages(body, model, n_slots):
     prefill = chat[-1]["role"] == "assistant"
     render_prompt(spec, model, chat, kwargs, add_generation_prompt=not prefill, continue_final_message=prefill)
     return spec
+
+
+def parse_count_tokens(body, model, n_slots):
+    """POST /v1/messages/count_tokens: the spec /v1/messages would build for the same body (its
+    rendered prompt is what gets counted); the request has no max_tokens of its own."""
+    return parse_messages({**body, "max_tokens": 1}, model, n_slots)
 
 
 def event(name, obj):

@@ -37,8 +37,11 @@ class Settings:
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     keepalive_timeout: float = 30.0
-    max_connections: int = 64
+    max_connections: int = 512
+    max_connections_per_ip: int = 64
+    shutdown_timeout: float = 20.0
     quiet: bool = False
+    engine_timeout: float = None    # seconds of engine silence per forward step before it counts as hung
 
 
 def add_arguments(p):
@@ -74,7 +77,20 @@ def add_arguments(p):
                    help="seconds a client has to send its request headers (default 10)")
     p.add_argument("--body-timeout", type=float, default=60.0, help="seconds a client has to send its body (default 60)")
     p.add_argument("--keepalive-timeout", type=float, default=30.0, help="idle seconds before a kept-alive connection closes")
-    p.add_argument("--max-connections", type=int, default=64, help="simultaneous connections (default 64); more get a 503")
+    p.add_argument("--max-connections", type=int,
+                   help="open connections in total (default 512, less if the open-files limit is lower); at the "
+                        "cap the one idle longest without a request is closed, and only when all are inside "
+                        "requests does a new one get a 503")
+    p.add_argument("--max-connections-per-ip", type=int,
+                   help="open connections from one client address (default 64, at most --max-connections), "
+                        "with the same rule")
+    p.add_argument("--shutdown-timeout", type=float, default=20.0,
+                   help="on SIGTERM/SIGINT, seconds running requests may take to finish before their streams are "
+                        "ended with an error (default 20); a second signal exits at once")
+    p.add_argument("--engine-timeout", type=float,
+                   help="seconds the engine may stay silent per forward step (a decode token or a prefill batch) "
+                        "before it counts as hung and is restarted (default 300 + 10 per GB of weights; "
+                        "$COLI_ENGINE_TIMEOUT)")
     p.add_argument("--quiet", action="store_true", help="no access log")
 
 
@@ -118,6 +134,47 @@ def check_origin(origin):
     if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query or u.fragment:
         raise UserError(f"--cors-origin {origin!r} is not an origin like https://app.example.com[:port]")
     return origin.rstrip("/").lower()
+
+
+# Descriptors per connection: its socket, plus at most one socket closing after a last answer
+# (server_conns lingers at most --max-connections of them); and a margin for engine and tokenizer
+# pipes, job pipes, KV and model files.
+FD_PER_CONNECTION = 2
+FD_MARGIN = 64
+DEFAULT_MAX_CONNECTIONS = 512
+
+
+def _descriptor_limit(need):
+    """The open-files limit after raising the soft limit towards `need`; None when unlimited."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to check
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _max_connections(asked):
+    """--max-connections, checked against the open-files limit (raised as far as it needs). The
+    default shrinks to fit a low limit; an explicit value that cannot be honoured is refused."""
+    n = DEFAULT_MAX_CONNECTIONS if asked is None else asked
+    _check_range("--max-connections", n, 2, 100000)
+    need = n * FD_PER_CONNECTION + FD_MARGIN
+    limit = _descriptor_limit(need)
+    if limit is None or limit >= need:
+        return n
+    fits = (limit - FD_MARGIN) // FD_PER_CONNECTION
+    if asked is None and fits >= 16:
+        return fits
+    raise UserError(f"--max-connections {n} needs {need} open files, but this process may open only {limit} "
+                    f"(ulimit -n); lower --max-connections or raise the limit")
 
 
 def default_kv_dir(model_dir):
@@ -210,7 +267,27 @@ def resolve(args):
         if not (0 < v <= 3600):
             raise UserError(f"--{name.replace('_', '-')} {v} must be more than 0 and at most 3600 seconds")
         setattr(s, name, v)
-    s.max_connections = args.max_connections
-    _check_range("--max-connections", s.max_connections, 2, 100000)
+    s.max_connections = _max_connections(args.max_connections)
+    per_ip = args.max_connections_per_ip
+    s.max_connections_per_ip = min(64, s.max_connections) if per_ip is None else per_ip
+    _check_range("--max-connections-per-ip", s.max_connections_per_ip, 1, s.max_connections)
+    if not (0 <= args.shutdown_timeout <= 3600):
+        raise UserError(f"--shutdown-timeout {args.shutdown_timeout} must be between 0 and 3600 seconds")
+    s.shutdown_timeout = args.shutdown_timeout
     s.quiet = args.quiet
+    et = _env_or(getattr(args, "engine_timeout", None), "COLI_ENGINE_TIMEOUT", float, "a number of seconds")
+    s.engine_timeout = default_engine_timeout(model_dir) if et is None else et
+    if not (0 < s.engine_timeout <= 7 * 86400):
+        raise UserError(f"--engine-timeout {s.engine_timeout} must be more than 0 and at most 604800 seconds")
     return s
+
+
+def default_engine_timeout(model_dir):
+    """Generous enough for one prefill batch that reads every expert from a slow disk: 300 s plus
+    10 s per GB of weights (about 100 MB/s)."""
+    weights = 0
+    try:
+        weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    except OSError:
+        pass
+    return 300.0 + 10.0 * weights / 1e9

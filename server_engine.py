@@ -2,13 +2,16 @@
 
 A single worker thread owns the engine's stdout: it takes the oldest job, SUBMITs it, and
 forwards its frames to the job's event list. HTTP threads only write STOP/CANCEL (under the
-write lock). If the engine dies, the running job gets an error, the worker restarts the engine
-and the queue keeps being served.
+write lock). Whatever goes wrong (the engine dies, hangs, sends an odd frame, cannot start, or
+the worker itself hits a bug), only the job it happened in fails: the worker retires the engine,
+starts a new one with back-off and keeps serving the queue. A watchdog kills an engine that
+stays silent past its liveness deadline during a turn.
 """
 import json
 import os
 import threading
 import time
+import traceback
 from collections import deque
 
 import engine_client
@@ -144,23 +147,68 @@ class SlotTable:
                      "last_used": round(u, 3) if u else None} for i, (p, u) in enumerate(zip(self.prompts, self.used))]
 
 
+# What a client or an unauthenticated /health caller is told about an engine fault: short and
+# stable. The detail (exit status, stderr lines, paths) goes to the server log and to /health
+# for a caller allowed to see it.
+FAULTS = {
+    "engine_died": "the engine stopped unexpectedly; it is being restarted",
+    "engine_timeout": "the engine stopped responding; it was killed and is being restarted",
+    "bad_frame": "the engine sent a malformed reply; it is being restarted",
+    "internal_error": "the engine worker hit an internal error; the engine is being restarted",
+    "load_failed": "the engine could not be started; the server keeps retrying",
+}
+
+DEFAULT_PREFILL_BATCH = 128  # the engine's default --batch (positions per prefill forward pass)
+
+
+def restart_delay(failures):
+    """Seconds to wait before starting the engine again after `failures` faults in a row: the
+    first restart is immediate, then 1, 2, 4 ... 30 s, so a model that crashes on every start or
+    every request does not spin."""
+    return 0.0 if failures <= 1 else min(30.0, 2.0 ** (failures - 2))
+
+
+class Turn:
+    """The liveness clock of the request the engine is working on."""
+
+    def __init__(self, eng, job, rid, allowance):
+        self.eng, self.job, self.rid = eng, job, rid
+        self.last = time.monotonic()   # when the engine last said something about this request
+        self.allowance = allowance     # seconds of silence tolerated from `last`
+
+
 class Scheduler:
-    def __init__(self, engine_factory, max_queue, slots, metrics, log):
+    def __init__(self, engine_factory, max_queue, slots, metrics, log, engine_timeout=None, prefill_batch=None):
         self.factory, self.max_queue, self.slots, self.metrics, self.log = engine_factory, max_queue, slots, metrics, log
+        self.engine_timeout = engine_timeout        # None: no liveness deadline
+        self.prefill_batch = prefill_batch or DEFAULT_PREFILL_BATCH
         self.cond = threading.Condition()
         self.write_lock = threading.Lock()
         self.queue = deque()
         self.active = None
         self.engine = None
         self.state = "loading"      # loading | ready | restarting | failed | stopped
-        self.last_error = None
+        self.last_error = None      # {"kind", "public", "detail", "at"} of the last fault
         self.restarts = 0
+        self.failures = 0           # engine faults since the last turn the engine finished cleanly
+        self.turn = None            # Turn of the running request, once its SUBMIT was written
+        self.hung = {}              # engine object -> why the watchdog killed it
         self.turn_s = 1.0           # moving average of a turn's duration, for Retry-After
         self._closing = False
+        self._started = False
         self._thread = threading.Thread(target=self._worker, name="engine-worker", daemon=True)
+        self._watch = threading.Thread(target=self._watchdog, name="engine-watchdog", daemon=True)
 
     def start(self):
+        self._started = True
         self._thread.start()
+        if self.engine_timeout:
+            self.log(f"engine liveness deadline: {self.engine_timeout:g} s of silence per forward step "
+                     f"(--engine-timeout)")
+            self._watch.start()
+
+    def worker_alive(self):
+        return not self._started or self._thread.is_alive()
 
     # --- admission -------------------------------------------------------------------------
     def retry_after(self):
@@ -170,8 +218,10 @@ class Scheduler:
 
     def enqueue(self, job):
         with self.cond:
+            if not self.worker_alive():
+                raise Unavailable("the engine worker stopped; restart the server")
             if self.state in ("failed", "stopped"):
-                raise Unavailable(self.last_error or "the engine is not running")
+                raise Unavailable(self.last_error["public"] if self.last_error else "the engine is not running")
             if len(self.queue) + (1 if self.active else 0) >= self.max_queue + 1:
                 ahead = len(self.queue) + 1
                 raise QueueFull(max(1, min(60, int(self.turn_s * ahead + 0.999))))
@@ -212,19 +262,28 @@ class Scheduler:
 
     def status(self):
         with self.cond:
-            eng = self.engine
+            eng, turn, err = self.engine, self.turn, self.last_error
+            alive = self.worker_alive()
             return {
-                "state": self.state,
-                "last_error": self.last_error,
+                "state": self.state if alive else "failed",
+                "worker_alive": alive,
+                "last_error": err["detail"] if err else None,
+                "last_error_public": err["public"] if err else None,
+                "last_error_at": err["at"] if err else None,
                 "restarts": self.restarts,
                 "pid": eng.proc.pid if eng is not None and eng.proc.poll() is None else None,
                 "info": dict(eng.info) if eng is not None else {},
+                "timeout_s": self.engine_timeout,
+                "turn": None if turn is None else {
+                    "request": turn.rid, "silent_s": round(time.monotonic() - turn.last, 3),
+                    "deadline_s": round(turn.allowance, 3) if self.engine_timeout else None,
+                    "cancel_sent": turn.job.cancel_sent_at is not None},
                 "queued": len(self.queue),
                 "active": 1 if self.active else 0,
                 "slots_used": sum(1 for p in self.slots.prompts if p),
             }
 
-    def close(self):
+    def close(self, timeout=15):
         with self.cond:
             self._closing = True
             self.state = "stopped"
@@ -235,33 +294,107 @@ class Scheduler:
             active = self.active
             self.cond.notify_all()
         for job in pending:
-            job.push(("error", "unavailable", "the server is shutting down"))
+            job.push(("error", "shutting_down", "the server is shutting down; retry on another instance or later"))
         if active is not None:
             self._control(active, "CANCEL")
-        self._thread.join(timeout=15)
+        self._thread.join(timeout=timeout)
         eng = self.engine
         if eng is not None:
+            if self._thread.is_alive():  # a generation that does not honour CANCEL (a stopped engine)
+                eng.proc.kill()
             with self.write_lock:
                 eng.close()
 
+    # --- faults ----------------------------------------------------------------------------
+    def _fault(self, kind, detail):
+        """Records an engine fault for /health and the log; the detail never reaches clients."""
+        with self.cond:
+            self.last_error = {"kind": kind, "public": FAULTS.get(kind, FAULTS["internal_error"]), "detail": detail,
+                               "at": round(time.time(), 3)}
+            self.failures += 1
+        self.log(f"engine fault ({kind}): {detail}")
+
+    def _retire(self, eng, kind, detail):
+        """The engine cannot be trusted any more (dead, hung, out of step): kill it; the worker
+        starts a new one."""
+        with self.cond:
+            if self.engine is eng:
+                self.engine = None
+                self.restarts += 1
+                self.state = "restarting"
+            self.turn = None
+        self._fault(kind, detail)
+        try:
+            eng.kill()
+        except Exception as e:  # noqa: BLE001 - a failed kill must not stop the worker
+            self.log(f"could not end the old engine process: {e!r}")
+        self.hung.pop(eng, None)
+
+    def _watchdog(self):
+        """Kills an engine that has been silent longer than its allowance during a turn. The
+        worker then sees EOF and reports engine_timeout to the client."""
+        tick = max(0.05, min(1.0, self.engine_timeout / 4))
+        while True:
+            with self.cond:
+                if self._closing:
+                    return
+                self.cond.wait(tick)
+                turn = self.turn
+            if turn is None or turn.eng in self.hung:
+                continue
+            silent = time.monotonic() - turn.last
+            if silent <= turn.allowance:
+                continue
+            why = (f"no reply from the engine (pid {turn.eng.proc.pid}) for {silent:.1f} s during request "
+                   f"{turn.rid}, more than the {turn.allowance:g} s allowed (--engine-timeout)")
+            with self.cond:
+                if self.turn is not turn:  # the turn ended meanwhile: the engine is fine
+                    continue
+                self.hung[turn.eng] = why
+            self.log(f"{why}; killing it")
+            try:
+                turn.eng.proc.kill()
+            except OSError:
+                pass
+
     # --- the worker ------------------------------------------------------------------------
     def _worker(self):
-        backoff = 1.0
+        """Never returns before close(): every failure ends at most the job it happened in."""
         while not self._closing:
-            eng = self.engine
-            if eng is None or eng.proc.poll() is not None:
+            try:
+                self._step()
+            except Exception:  # noqa: BLE001 - the worker must survive its own bugs
+                detail = traceback.format_exc()
+                eng = self.engine
                 if eng is not None:
-                    self._engine_died(eng._died().message)
-                if not self._start_engine():
-                    self._fail_queue()
-                    with self.cond:
-                        self.cond.wait(backoff)
-                    backoff = min(backoff * 2, 30.0)
-                    continue
-                backoff = 1.0
-            job = self._next_job()
-            if job is not None:
-                self._run(job)
+                    self._retire(eng, "internal_error", detail)
+                else:
+                    self._fault("internal_error", detail)
+                self._pause(restart_delay(self.failures))
+
+    def _step(self):
+        eng = self.engine
+        if eng is not None and eng.proc.poll() is not None:  # died while idle
+            self._retire(eng, "engine_died", eng._died().message)
+            eng = None
+        if eng is None:
+            if not self._pause(restart_delay(self.failures)):
+                return
+            if not self._start_engine():
+                self._fail_queue()
+                return
+        job = self._next_job()
+        if job is not None:
+            self._run(job)
+
+    def _pause(self, seconds):
+        """Waits the whole time (new requests notify the condition too), unless close() is
+        called; False when the server is closing."""
+        deadline = time.monotonic() + seconds
+        with self.cond:
+            while not self._closing and deadline - time.monotonic() > 0:
+                self.cond.wait(deadline - time.monotonic())
+        return not self._closing
 
     def _start_engine(self):
         with self.cond:
@@ -270,25 +403,21 @@ class Scheduler:
         try:
             eng = self.factory()
         except engine_client.EngineError as e:
+            detail = e.message
+        except Exception as e:  # noqa: BLE001 - e.g. PermissionError or a missing binary: retried with back-off
+            detail = f"{type(e).__name__}: {e}"
+        else:
             with self.cond:
-                self.state, self.last_error = "failed", e.message
-            self.log(f"engine failed to start: {e.message}")
-            return False
+                if self._closing:
+                    eng.close()
+                    return False
+                self.engine, self.state = eng, "ready"
+            self.log(f"engine ready (pid {eng.proc.pid}): " + " ".join(f"{k}={v}" for k, v in eng.info.items()))
+            return True
         with self.cond:
-            if self._closing:
-                eng.close()
-                return False
-            self.engine, self.state = eng, "ready"
-        self.log(f"engine ready (pid {eng.proc.pid}): " + " ".join(f"{k}={v}" for k, v in eng.info.items()))
-        return True
-
-    def _engine_died(self, reason):
-        with self.cond:
-            self.engine = None
-            self.restarts += 1
-            self.last_error = reason
-            self.state = "restarting"
-        self.log(f"engine died ({reason}); restarting it")
+            self.state = "failed"
+        self._fault("load_failed", detail)
+        return False
 
     def _fail_queue(self):
         with self.cond:
@@ -297,7 +426,7 @@ class Scheduler:
             for job in pending:
                 job.state = "done"
         for job in pending:
-            job.push(("error", "unavailable", self.last_error or "the engine could not be started"))
+            job.push(("error", "unavailable", FAULTS["load_failed"]))
 
     def _next_job(self):
         with self.cond:
@@ -310,29 +439,49 @@ class Scheduler:
             self.active = job
             return job
 
+    def _allowance(self, steps=1):
+        """Silence tolerated before the engine counts as hung: --engine-timeout per forward step
+        (one decode token, or one prefill batch of --batch positions)."""
+        return (self.engine_timeout or 0) * max(1, steps)
+
     def _run(self, job):
         eng = self.engine
         wait_s = job.started_at - job.enqueued_at
-        job.slot = job.cache_slot if job.cache_slot is not None else self.slots.pick(job.key_text)
         rid = f"q{next(Job._ids)}"
         accepted = False
         produced = 0
+        turn = None
         try:
+            job.slot = job.cache_slot if job.cache_slot is not None else self.slots.pick(job.key_text)
+            try:
+                frame = engine_client.submit_frame(rid, job.payload, slot=job.slot, **job.opts)
+            except ValueError as e:  # text the boundary should have refused; nothing reached the engine
+                self.log(f"request {rid} not sent to the engine: {e!r}")
+                job.push(("error", "internal_error", f"the request could not be encoded: {e}"))
+                return
             with self.write_lock:
                 if job.cancelled:
                     job.push(("error", "cancelled", "cancelled before it started"))
                     return
-                eng.submit(job.payload, rid=rid, slot=job.slot, **job.opts)
+                eng.write(frame)
                 job.rid = rid
+            turn = Turn(eng, job, rid, self._allowance())
+            with self.cond:
+                self.turn = turn
             job.push(("start", job.slot, wait_s))
             while True:
                 verb, f, body = eng.read_frame()
+                turn.last = time.monotonic()
                 if not f or (f[0] != rid and not (verb == "ERROR" and f[0] == "-")):
                     continue  # a frame of an earlier, already finished request
                 if verb == "ACCEPT":
                     accepted = True
-                    job.push(("accept", int(f[1]), int(f[2])))
+                    n_prompt, n_reused = int(f[1]), int(f[2])
+                    # the next frame comes after prefill: one allowance per prefill batch
+                    turn.allowance = self._allowance(-(-(n_prompt - n_reused) // self.prefill_batch))
+                    job.push(("accept", n_prompt, n_reused))
                 elif verb == "DATA":
+                    turn.allowance = self._allowance()
                     if int(f[1]) >= 0:
                         produced += 1
                         if job.cancel_sent_at is not None:
@@ -343,6 +492,7 @@ class Scheduler:
                 elif verb == "END":
                     stats = dict(kv.split("=", 1) for kv in f[1:] if "=" in kv)
                     self.metrics.turn(stats, wait_s)
+                    self.failures = 0
                     job.push(("end", stats))
                     return
                 elif verb == "ERROR":
@@ -352,16 +502,30 @@ class Scheduler:
                         self.metrics.last_cancel = {
                             "tokens_generated": produced, "tokens_after_cancel": job.tokens_after_cancel,
                             "ms_after_cancel": round((time.monotonic() - job.cancel_sent_at) * 1000, 2)}
+                    self.failures = 0
                     job.push(("error", kind, msg))
                     return
         except engine_client.EngineError as e:
             self.metrics.count("completion_tokens", produced)
-            job.push(("error", "engine_died", e.message))
-            self._engine_died(e.message)
+            hung = self.hung.get(eng)
+            kind = "engine_timeout" if hung else ("bad_frame" if e.kind == "bad_frame" else "engine_died")
+            detail = f"{hung}; {e.message}" if hung else e.message
+            job.push(("error", kind, detail))
+            self._retire(eng, kind, f"request {rid}: {detail}")
+        except Exception:  # noqa: BLE001 - an odd frame or a bug: this job fails, the server goes on
+            detail = traceback.format_exc()
+            self.metrics.count("completion_tokens", produced)
+            job.push(("error", "internal_error", detail))
+            if job.rid:  # the engine is somewhere in this turn's frames: start afresh
+                self._retire(eng, "internal_error", f"request {rid}: {detail}")
+            else:
+                self._fault("internal_error", f"request {rid}: {detail}")
         finally:
             if accepted:
                 self.slots.update(job.slot, job.key_text)
             with self.cond:
+                if self.turn is turn:
+                    self.turn = None
                 job.state = "done"
                 self.active = None
                 self.turn_s = 0.8 * self.turn_s + 0.2 * (time.monotonic() - job.started_at)

@@ -9,19 +9,37 @@ from server_engine import Job, QueueFull, Unavailable
 from server_params import ApiError
 from server_text import TextPipeline
 
-ENGINE_ERRORS = {
+ENGINE_ERRORS = {  # kind -> (HTTP status, error code)
     "context_exceeded": (400, "context_length_exceeded"),
     "bad_request": (400, "invalid_request"),
     "out_of_memory": (503, "out_of_memory"),
     "engine_died": (500, "engine_crashed"),
+    "engine_timeout": (504, "engine_timeout"),
+    "bad_frame": (500, "internal_error"),
+    "internal_error": (500, "internal_error"),
     "unavailable": (503, "engine_unavailable"),
+    "shutting_down": (503, "engine_unavailable"),  # the engine is going away with the server
+}
+
+# Faults of the engine or the server, not of the request: the client gets this short, stable
+# text; the detail (exit status, stderr, paths, tracebacks) is in the server log and /health.
+FAULT_MESSAGES = {
+    "engine_died": "the engine stopped unexpectedly during this request; it is being restarted, retry the request",
+    "engine_timeout": "the engine stopped responding during this request (--engine-timeout); it was restarted, "
+                      "retry the request",
+    "bad_frame": "internal error while generating (the server log has the details); retry the request",
+    "internal_error": "internal error while generating (the server log has the details); retry the request",
+    "unavailable": "the engine is not available: it could not be started (the server log says why); retry later",
 }
 
 
 def engine_error(kind, message):
-    status, code = ENGINE_ERRORS.get(kind, (500, kind))
-    if kind == "engine_died":
-        message = f"the engine stopped during this request ({message}); it is being restarted, retry the request"
+    """An engine ERROR frame or a fault -> the ApiError the client sees."""
+    status, code = ENGINE_ERRORS.get(kind, (500, "engine_error"))
+    if kind in FAULT_MESSAGES:
+        message = FAULT_MESSAGES[kind]
+    elif kind not in ENGINE_ERRORS:
+        message = f"the engine failed this request ({kind}); retry the request"
     headers = {"Retry-After": "2"} if status >= 500 else {}
     return ApiError(status, message, code=code, headers=headers)
 
@@ -68,14 +86,16 @@ class Generation:
                            headers={"Retry-After": str(e.retry_after)}) from None
         except Unavailable as e:
             self.finished = True
-            raise ApiError(503, f"the engine is not available: {e}", code="engine_unavailable",
+            raise ApiError(503, f"the engine is not available: {e}; retry later", code="engine_unavailable",
                            headers={"Retry-After": "5"}) from None
         deadline = job.enqueued_at + app.settings.queue_timeout
         while True:
             queued = job.state == "queued"
-            evs, gone = self.h.wait_job(job, deadline - time.monotonic() if queued else 5.0)
+            evs, gone = self.h.wait_job(job, min(deadline - time.monotonic(), 5.0) if queued else 5.0)
             if gone:
                 raise ClientGone()
+            if not evs and not sched.worker_alive():  # no one will ever answer this job
+                evs = [("error", "internal_error", "the engine worker stopped")]
             if not evs and job.state == "queued" and time.monotonic() >= deadline:
                 if sched.withdraw(job):
                     self.finished = True

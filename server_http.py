@@ -1,123 +1,23 @@
-"""HTTP plumbing on http.server: connection cap, header/body deadlines, body limits, the
-Host / Origin / API-key checks, JSON and SSE (chunked) responses, client-disconnect detection."""
+"""HTTP plumbing on http.server's request handler: the body deadline and limits, the Host /
+Origin / API-key checks, JSON and SSE (chunked) responses, client-disconnect detection.
+Connections, request heads and their deadlines are server_conns' job."""
 import hashlib
 import hmac
 import ipaddress
 import json
 import select
 import socket
-import socketserver
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
+from server_conns import ConnReader, ConnWriter
 from server_params import ApiError
 from version import VERSION
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
-
-
-class Watchdog:
-    """Total deadlines for reading a request: a slow client gets its socket shut down.
-
-    Socket timeouts bound each recv(); a client dribbling one byte at a time would never hit
-    them, so this thread enforces the header and body deadlines as a whole."""
-
-    def __init__(self, metrics):
-        self.metrics = metrics
-        self.lock = threading.Lock()
-        self.deadlines = {}   # socket -> (deadline, how, counted)
-        self.fired = set()
-        t = threading.Thread(target=self._loop, name="deadline-watchdog", daemon=True)
-        t.start()
-
-    def arm(self, sock, seconds, how, counted=True):
-        """`counted`: a miss is a slow client (not an idle keep-alive connection closing)."""
-        with self.lock:
-            self.deadlines[sock] = (time.monotonic() + seconds, how, counted)
-            self.fired.discard(sock)
-
-    def disarm(self, sock):
-        """Returns True if the deadline had fired."""
-        with self.lock:
-            self.deadlines.pop(sock, None)
-            fired = sock in self.fired
-            self.fired.discard(sock)
-            return fired
-
-    def _loop(self):
-        while True:
-            time.sleep(0.2)
-            now = time.monotonic()
-            with self.lock:
-                late = [(s, how, counted) for s, (d, how, counted) in self.deadlines.items() if d <= now]
-                for s, _, _ in late:
-                    del self.deadlines[s]
-                    self.fired.add(s)
-            for s, how, counted in late:
-                if counted:
-                    self.metrics.count("slow_clients")
-                try:
-                    s.shutdown(how)
-                except OSError:
-                    pass
-
-
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
-    def __init__(self, settings, handler, app):
-        self.app = app
-        self.max_conns = settings.max_connections
-        self.conns = 0
-        self.conn_lock = threading.Lock()
-        self.watchdog = Watchdog(app.metrics)
-        host = settings.host.strip("[]")
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        super().__init__((host, settings.port), handler)
-
-    def server_bind(self):
-        # HTTPServer.server_bind would do a reverse DNS lookup (getfqdn) here; skip it.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-    def process_request(self, request, client_address):
-        with self.conn_lock:
-            full = self.conns >= self.max_conns
-            if not full:
-                self.conns += 1
-        if full:
-            self.app.metrics.count("connections_refused")
-            self._refuse(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            with self.conn_lock:
-                self.conns -= 1
-            raise
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self.conn_lock:
-                self.conns -= 1
-
-    def _refuse(self, request):
-        body = json.dumps(ApiError(503, f"too many connections (--max-connections {self.max_conns}); retry later",
-                                   code="too_many_connections").body("openai")).encode()
-        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
-                f"\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").encode()
-        try:
-            request.settimeout(0.5)
-            request.sendall(head + body)
-        except OSError:
-            pass
-        self.shutdown_request(request)
+# Response headers a browser page may read (CORS hides all but a few by default).
+EXPOSED_HEADERS = ", ".join(("x-request-id", "request-id", "retry-after", "x-colibri-queue-wait-ms", "x-colibri-slot",
+                             "x-colibri-prompt-tokens", "x-colibri-reused-tokens"))
 
 
 def _digest(s):
@@ -128,38 +28,45 @@ class BaseHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"colibri/{VERSION}"
     sys_version = ""
-    disable_nagle_algorithm = True  # SSE events go out as soon as they are written
 
     def version_string(self):
         return self.server_version
 
+    def __init__(self, conn, server):
+        """One request on `conn`, whose complete head the selector thread has read already."""
+        self.conn = conn
+        self.request = self.connection = conn.sock
+        self.client_address = conn.addr
+        self.server = server
+        self.setup()
+
     def setup(self):
         s = self.server.app.settings
         self.timeout = max(s.header_timeout, s.body_timeout, 30.0)  # per recv/send; totals via the watchdog
-        super().setup()
-        self.served = 0
+        self.connection.settimeout(self.timeout)
+        self.rfile = ConnReader(self.connection, self.conn.buf)
+        self.wfile = ConnWriter(self.connection)
+        self.served = self.conn.served
+        self.close_connection = True
         self.extra_headers = {}
         self.dialect = "openai"
         self._chunked = False
         self._watch_sock = True
-        self.body_consumed = False
-
-    # --- request reading -------------------------------------------------------------------
-    def handle_one_request(self):
-        s = self.server.app.settings
-        self.extra_headers, self.dialect, self._watch_sock = {}, "openai", True
         self.body_consumed = self.response_started = False
-        wait = s.header_timeout if self.served == 0 else s.keepalive_timeout + s.header_timeout
-        self.server.watchdog.arm(self.connection, wait, socket.SHUT_RDWR, counted=self.served == 0)
+
+    def run_one(self):
+        """Serves the request; returns True when the connection may carry another one."""
         try:
-            super().handle_one_request()
-        finally:
-            self.server.watchdog.disarm(self.connection)
-            self.served += 1
+            self.handle_one_request()
+        except OSError:  # the client went away mid-response
+            self.close_connection = True
+        if self.server.draining:
+            self.close_connection = True
+        self.conn.buf = self.rfile.leftover()
+        return not self.close_connection
 
     def headers_done(self):
-        """Called first by every do_*: the header deadline no longer applies."""
-        self.server.watchdog.disarm(self.connection)
+        """Called first by every do_*; the head was complete before the request reached a thread."""
 
     def handle_expect_100(self):
         cl = self.headers.get("Content-Length", "")
@@ -269,7 +176,7 @@ class BaseHandler(BaseHTTPRequestHandler):
         origin = headers.get("Origin") if headers else None
         if origin and self.origin_allowed(origin):
             return {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
-                    "Access-Control-Expose-Headers": "x-request-id, x-colibri-queue-wait-ms, retry-after, request-id"}
+                    "Access-Control-Expose-Headers": EXPOSED_HEADERS}
         return {}
 
     def authorized(self):

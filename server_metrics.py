@@ -46,6 +46,7 @@ class Metrics:
         self.hit_rate = None
         self.rss_mb = None
         self.connections_refused = 0
+        self.connections_evicted = 0  # waited longest without a request when a connection cap was reached
         self.slow_clients = 0       # connections dropped by the header/body deadlines
         self.ttft = Histogram(TTFT_BUCKETS)
         self.decode = Histogram(TOKS_BUCKETS)
@@ -115,6 +116,9 @@ class Metrics:
                 metric("colibri_engine_rss_bytes", "gauge", "engine resident memory", [({}, self.rss_mb << 20)])
             metric("colibri_connections_refused_total", "counter", "connections refused by --max-connections",
                    [({}, self.connections_refused)])
+            metric("colibri_connections_evicted_total", "counter",
+                   "connections closed to make room because they had sent no complete request",
+                   [({}, self.connections_evicted)])
             metric("colibri_slow_clients_total", "counter", "connections dropped by the header/body deadlines",
                    [({}, self.slow_clients)])
             st = sched.status()

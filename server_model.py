@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import chat_template
+import chat_template_literal
 
 # Used when a checkpoint ships no chat template (like the tiny test models), so chat endpoints
 # still work; the start-up log and /health say so. --chat-template FILE gives the right one.
@@ -36,6 +37,12 @@ class ModelInfo:
         except (OSError, ValueError) as e:
             self.template_error = str(e)
             log(f"chat completions are disabled: cannot read the chat template ({e}); use /v1/completions")
+        try:  # without them message text could turn into control tokens: no chat then
+            self.added_tokens = chat_template_literal.load_added_tokens(str(self.dir))
+        except (OSError, ValueError) as e:
+            self.added_tokens = chat_template_literal.AddedTokens()
+            self.template, self.template_error = None, f"cannot read the added tokens of tokenizer.json ({e})"
+            log(f"chat completions are disabled: {self.template_error}; use /v1/completions")
         self.thinks = self._has_think_tags()
 
     def _sampling_defaults(self):
@@ -63,12 +70,13 @@ class ModelInfo:
             return False
 
     def render(self, messages, add_generation_prompt=True, continue_final_message=False, **kwargs):
-        """Messages -> prompt text with the model's own template; raises chat_template.TemplateError."""
+        """Messages -> chat_template_literal.Prompt with the model's own template, the caller's
+        strings kept as text (no role injection); raises chat_template.TemplateError."""
         if self.template is None:
             raise chat_template.TemplateError(self.template_error or "the model has no chat template")
-        return chat_template.render_chat(self.template, messages, add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message,
-                                         **{**self.special, **kwargs})
+        return chat_template_literal.render_prompt(self.template, messages, self.added_tokens, model_vars=self.special,
+                                                   add_generation_prompt=add_generation_prompt,
+                                                   continue_final_message=continue_final_message, **kwargs)
 
     def expert_summary(self):
         a, q = self.manifest.get("arch", {}), self.manifest.get("quant", {})

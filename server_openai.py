@@ -5,13 +5,21 @@ import time
 import uuid
 
 import chat_template
-from server_params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_stop, get_str,
+import chat_template_runtime
+from server_params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
                            message_text, refuse_nonzero, sampling_options, unsupported)
 from server_text import token_text
 from version import VERSION
 
 FINGERPRINT = f"colibri-{VERSION}"
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+# Template variables the server sets itself: chat_template_kwargs may not override them (the
+# conversation, the generation prompt, tool definitions that bypass the tools refusal, special
+# tokens that would turn text into control tokens, the template's own functions).
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    ("messages", "add_generation_prompt", "continue_final_message", "tools", "functions", "tool_choice",
+     "documents") + tuple(chat_template.SPECIAL_TOKEN_NAMES) + tuple(chat_template_runtime._GLOBALS))
 
 
 def check_model(body, model):
@@ -67,8 +75,8 @@ def parse_chat(body, model, n_slots):
         if body.get(name) is not None:
             raise unsupported(f"'{name}' is not supported by colibri", param=name)
 
-    mct = get_int(body, "max_completion_tokens", 1)
-    mt = get_int(body, "max_tokens", 1)
+    mct = get_max_tokens(body, "max_completion_tokens")
+    mt = get_max_tokens(body, "max_tokens")
     limit = mct if mct is not None else mt
     if limit is not None:
         spec.opts["max_tokens"] = limit
@@ -90,6 +98,11 @@ def parse_chat(body, model, n_slots):
     if ctk is not None:
         if not isinstance(ctk, dict):
             raise bad("'chat_template_kwargs' must be an object", param="chat_template_kwargs", code="invalid_type")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(ctk))
+        if reserved:
+            raise bad(f"'chat_template_kwargs' may not set {', '.join(repr(k) for k in reserved)}: the server sets "
+                      f"these itself (send the conversation in 'messages', the other switches as request fields)",
+                      param="chat_template_kwargs." + reserved[0], code="reserved_template_kwarg")
         kwargs.update(ctk)
     effort = get_str(body, "reasoning_effort")
     if effort is not None:
@@ -110,13 +123,14 @@ def parse_chat(body, model, n_slots):
 def render_prompt(spec, model, chat, kwargs, **flags):
     try:
         prompt = model.render(chat, **flags, **kwargs)
+        payload, literal = prompt.frame()  # message text that spells added tokens stays text
     except chat_template.TemplateError as e:
         code = "chat_template_missing" if model.template is None else "chat_template_error"
         raise bad(f"the chat template could not render this conversation: {e}", param="messages", code=code) from None
-    spec.payload = spec.key_text = prompt
-    spec.opts.update(special=1, add_special=0)
+    spec.payload, spec.key_text = payload, prompt.text
+    spec.opts.update(special=1, add_special=0, **literal)
     spec.think = model.thinks
-    spec.in_reasoning = model.thinks and prompt.rstrip().endswith("<think>")
+    spec.in_reasoning = model.thinks and prompt.text.rstrip().endswith("<think>")
 
 
 def _message(m, i):
@@ -128,6 +142,9 @@ def _message(m, i):
                           code="tools_unsupported")
     if role not in ("system", "developer", "user", "assistant"):
         raise bad(f"'messages[{i}].role' must be system, developer, user or assistant", param=f"messages[{i}].role")
+    if m.get("content") is None:  # as OpenAI: only an assistant message with tool calls may omit it
+        raise bad(f"'messages[{i}].content' is required for a {role} message (a string or a list of content parts)",
+                  param=f"messages[{i}].content", code="missing_content")
     out = {"role": "system" if role == "developer" else role,
            "content": message_text(m.get("content"), f"messages[{i}].content", allow_types=("text", "refusal"))}
     for extra in ("name", "reasoning_content"):
@@ -144,7 +161,7 @@ def parse_completion(body, model, n_slots):
         raise unsupported("'suffix' (fill-in-the-middle) is not supported by colibri yet", param="suffix")
     if get_int(body, "best_of", 1, 128, 1) != 1:
         raise unsupported("'best_of' > 1 is not supported", param="best_of")
-    spec.opts["max_tokens"] = get_int(body, "max_tokens", 1, default=16)  # OpenAI's default for completions
+    spec.opts["max_tokens"] = get_max_tokens(body, "max_tokens", default=16)  # OpenAI's default for completions
     lp = get_int(body, "logprobs", 0, 20)
     if lp is not None:
         spec.logprobs, spec.top_logprobs = True, lp
@@ -156,8 +173,12 @@ def parse_completion(body, model, n_slots):
         spec.payload = spec.key_text = prompt
         spec.opts.update(special=1, add_special=1)
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if min(prompt) < 0:
-            raise bad("token ids in 'prompt' must be non-negative", param="prompt")
+        vocab = model.manifest.get("arch", {}).get("vocab_size")
+        low, high = min(prompt), max(prompt)
+        if low < 0 or (isinstance(vocab, int) and high >= vocab):
+            raise bad(f"token id {low if low < 0 else high} in 'prompt' is not in this model's vocabulary "
+                      f"(ids 0 to {vocab - 1 if isinstance(vocab, int) else 'vocab size - 1'})", param="prompt",
+                      code="invalid_token_id")
         spec.payload = prompt
         spec.key_text = "\x00ids:" + ",".join(map(str, prompt)) + ","
     elif isinstance(prompt, list) and len(prompt) > 1:
@@ -225,7 +246,7 @@ class ChatResponder:
         return stream_tail(self, "chat.completion.chunk", self._chunk({}, finish=finish), usage)
 
     def stream_error(self, err):
-        return [sse(err.body("openai"))]
+        return [sse(err.body("openai")), DONE]  # [DONE] too: a stream always ends the way clients expect
 
     def body(self, content, reasoning, entries, finish, stop_seq, usage):
         msg = {"role": "assistant", "content": content, "refusal": None}
@@ -278,7 +299,7 @@ class CompletionResponder:
         return stream_tail(self, "text_completion", self._chunk("", finish=finish), usage)
 
     def stream_error(self, err):
-        return [sse(err.body("openai"))]
+        return [sse(err.body("openai")), DONE]  # [DONE] too: a stream always ends the way clients expect
 
     def body(self, content, reasoning, entries, finish, stop_seq, usage):
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id,

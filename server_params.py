@@ -1,5 +1,6 @@
 """API errors and the validation of request fields shared by the OpenAI and Anthropic dialects."""
 import json
+import re
 from dataclasses import dataclass, field
 
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -50,7 +51,40 @@ def parse_json_object(raw):
         raise bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise bad("the request body must be a JSON object", code="invalid_json")
+    if LONE_SURROGATE_ESCAPE.search(text):
+        check_text(obj)
     return obj
+
+
+# A string that cannot be encoded as UTF-8 can only come from a \uD800-\uDFFF escape that is
+# not half of a pair: the body itself was valid UTF-8. Such text must never reach the engine.
+LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def check_text(obj):
+    """Refuses (400, naming the field) any key or string in `obj` that is not valid Unicode."""
+    stack = [(obj, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            _check_str(v, path or "body")
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                sub = f"{path}.{k}" if path else k
+                _check_str(k, f"{sub} (a key)")
+                stack.append((item, sub))
+        elif isinstance(v, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(v))
+
+
+def _check_str(s, path):
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        path = path.encode("ascii", "backslashreplace").decode()
+        raise bad(f"'{path}' is not valid Unicode text: it contains a lone surrogate "
+                  f"(\\u{ord(s[e.start]):04x} at character {e.start}); send UTF-8 text", param=path,
+                  code="invalid_text") from None
 
 
 def _type_error(name, what):
@@ -130,6 +164,14 @@ def refuse_nonzero(body, names, neutral=0.0):
                               param=name)
 
 
+# The engine's largest count for max_tokens and top_k (docs/protocol.md).
+ENGINE_MAX_COUNT = 1 << 30
+
+
+def get_max_tokens(body, name, default=None):
+    return get_int(body, name, 1, ENGINE_MAX_COUNT, default)
+
+
 def seed_value(body, name="seed"):
     v = get_int(body, name, -(1 << 63), (1 << 64) - 1)
     return None if v is None else v & ((1 << 64) - 1)
@@ -161,7 +203,7 @@ def sampling_options(body, defaults, temp_max=2.0):
         p = defaults.get("top_p")
     if p is not None:
         opts["top_p"] = p
-    k = get_int(body, "top_k", -1, 1 << 30)  # -1 means off, as in vLLM
+    k = get_int(body, "top_k", -1, ENGINE_MAX_COUNT)  # -1 means off, as in vLLM
     if k is None:
         k = defaults.get("top_k")
     elif k < 0:

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fwd_alloc.h"
 #include "blocks.h"
 #include "kv_kernels.h"
 #include "ops.h"
@@ -75,11 +76,11 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     const Arch *a = r->a;
     const int hd = y->hd, nh = y->nh, nkv = y->nkv, qd = nh * hd, kvd = nkv * hd;
     const int p0 = r->p0, group = nh / nkv;
-    float *q = malloc(sizeof(float) * (size_t)T * qd);
-    float *k = malloc(sizeof(float) * (size_t)T * kvd);
-    float *v = malloc(sizeof(float) * (size_t)T * kvd);
-    float *att = malloc(sizeof(float) * (size_t)T * qd);
-    if (!q || !k || !v || !att) abort();
+    float *q = fwd_malloc(sizeof(float) * (size_t)T * qd);
+    float *k = fwd_malloc(sizeof(float) * (size_t)T * kvd);
+    float *v = fwd_malloc(sizeof(float) * (size_t)T * kvd);
+    float *att = fwd_malloc(sizeof(float) * (size_t)T * qd);
+    if (!q || !k || !v || !att) { free(q); free(k); free(v); free(att); return; } /* fwd_oom() tells the caller */
     matmul(q, x, T, &y->wq, y->bq);
     matmul(k, x, T, &y->wk, y->bk);
     matmul(v, x, T, &y->wv, y->bv);
@@ -111,6 +112,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             const int n = p0 + t + 1, kh = h / group;
             const float *qh = q + (size_t)t * qd + h * hd;
             float *sc = scratch(1, (size_t)n);
+            if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
             float *o = att + (size_t)t * qd + h * hd;
             memset(o, 0, sizeof(float) * hd);
             if (!kk) { /* f32 cache: the float kernels, exactly as an f32 model computes */

@@ -3,12 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fwd_alloc.h"
 #include "layers.h"
 #include "ops.h"
 
 void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out) {
-    float *g = malloc(sizeof(float) * (size_t)T * inter), *u = malloc(sizeof(float) * (size_t)T * inter);
-    if (!g || !u) abort();
+    float *g = fwd_malloc(sizeof(float) * (size_t)T * inter), *u = fwd_malloc(sizeof(float) * (size_t)T * inter);
+    if (!g || !u) { free(g); free(u); return; } /* fwd_oom() tells the caller */
     matmul(g, x, T, &p->gate, p->gate_b);
     matmul(u, x, T, &p->up, p->up_b);
     for (size_t i = 0; i < (size_t)T * inter; i++) g[i] = silu(g[i]) * u[i];

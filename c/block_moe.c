@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fwd_alloc.h"
 #include "layers.h"
 #include "ops.h"
 
@@ -36,16 +37,17 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
 static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
     const Moe *p = self;
     const int E = p->E, K = p->K, H = r->a->hidden;
-    int *sel = malloc(sizeof(int) * (size_t)T * K);
-    float *wts = malloc(sizeof(float) * (size_t)T * K);
-    int *count = calloc((size_t)E, sizeof(int)), *rows = malloc(sizeof(int) * (size_t)T * K);
-    float *xin = malloc(sizeof(float) * (size_t)T * H), *yout = malloc(sizeof(float) * (size_t)T * H);
-    if (!sel || !wts || !count || !rows || !xin || !yout) abort();
+    int *sel = fwd_malloc(sizeof(int) * (size_t)T * K);
+    float *wts = fwd_malloc(sizeof(float) * (size_t)T * K);
+    int *count = fwd_calloc((size_t)E, sizeof(int)), *rows = fwd_malloc(sizeof(int) * (size_t)T * K);
+    float *xin = fwd_malloc(sizeof(float) * (size_t)T * H), *yout = fwd_malloc(sizeof(float) * (size_t)T * H);
+    if (!sel || !wts || !count || !rows || !xin || !yout) goto out; /* fwd_oom() tells the caller */
     p->router->route(p->router_self, x, T, sel, wts);
+    if (fwd_oom()) goto out; /* the router could not finish: sel is not filled */
     for (int i = 0; i < T * K; i++) count[sel[i]]++;
     memset(out, 0, sizeof(float) * (size_t)T * H);
     /* Batch-union: each selected expert runs once over all the positions that chose it. */
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < E && !fwd_oom(); e++) {
         if (!count[e]) continue;
         int n = 0;
         for (int t = 0; t < T; t++)
@@ -58,6 +60,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             for (int d = 0; d < H; d++) out[(size_t)t * H + d] += w * yout[(size_t)i * H + d];
         }
     }
+out:
     free(sel); free(wts); free(count); free(rows); free(xin); free(yout);
 }
 

@@ -70,6 +70,7 @@ Container *ct_open(const char *dir, char *err, size_t errlen) {
     char *text = NULL;
     if (!c) { snprintf(err, errlen, "out of memory"); return NULL; }
     c->dir = strdup(dir);
+    if (!c->dir) { snprintf(err, errlen, "out of memory"); goto fail; }
     snprintf(path, sizeof path, "%s/colibri.json", dir);
     text = read_file(path, &len, 64u << 20);
     if (!text) {

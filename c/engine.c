@@ -13,7 +13,9 @@
 
 #include "container.h"
 #include "kv_kernels.h"
+#include "kv_dir.h"
 #include "kv_persist.h"
+#include "logprob.h"
 #include "protocol.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -111,18 +113,21 @@ static void restore_slots(Engine *e, const char *dir);
 
 int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     memset(e, 0, sizeof(*e));
+    e->kv_lock_fd = -1;
     if (!o->model_dir) { snprintf(err, errlen, "no model directory given (--model DIR)"); return -1; }
+    /* Before the (long) model load: a second engine on the directory is refused at once. */
+    if (o->kv_dir && (e->kv_lock_fd = kv_dir_lock(o->kv_dir, err, errlen)) < 0) return -1;
     kernels_init(o->portable);
     if (o->threads) omp_set_num_threads(o->threads);
     else if (!getenv("OMP_NUM_THREADS") && physical_cores() > 0) omp_set_num_threads(physical_cores());
     if (o->batch) forward_max_batch = o->batch;
-    if (model_load(&e->model, o->model_dir, err, errlen)) return -1;
-    if (o->kv_set && model_set_kv_type(&e->model, o->kv_type, err, errlen)) { model_free(&e->model); return -1; }
+    if (model_load(&e->model, o->model_dir, err, errlen)) { engine_close(e); return -1; }
+    if (o->kv_set && model_set_kv_type(&e->model, o->kv_type, err, errlen)) { engine_close(e); return -1; }
     const Arch *a = &e->model.a;
     e->ctx = o->ctx ? o->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
     if (e->ctx > a->max_pos) {
         snprintf(err, errlen, "--ctx %d exceeds the model's max_position_embeddings %d", e->ctx, a->max_pos);
-        model_free(&e->model);
+        engine_close(e);
         return -1;
     }
     e->n_slots = o->kv_slots ? o->kv_slots : 1;
@@ -131,7 +136,7 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     if (!o->skip_tokenizer && stat(path, &st) == 0) {
         e->tok = tok_load(path, err, errlen);
-        if (!e->tok) { model_free(&e->model); return -1; }
+        if (!e->tok) { engine_close(e); return -1; }
     }
     if (o->kv_dir) restore_slots(e, o->kv_dir);
     return 0;
@@ -142,10 +147,12 @@ static void slot_path(const Engine *e, int slot, char *out, size_t n) {
     else snprintf(out, n, "%s/.coli_kv.%d", e->kv_dir, slot);
 }
 
-/* Warm start: every slot saved by an earlier run of this model comes back. */
+/* Warm start: every slot saved by an earlier run of this model comes back; a file that cannot
+ * be trusted is refused (the reason goes to stderr) and only its slot starts cold. */
 static void restore_slots(Engine *e, const char *dir) {
     e->kv_dir = dir;
     e->fingerprint = kv_fingerprint(e->model.ct->dir);
+    kv_dir_clean(dir); /* we hold the lock: any temporary is a dead save's */
     for (int i = 0; i < e->n_slots; i++) {
         char path[4200], err[512];
         slot_path(e, i, path, sizeof path);
@@ -166,11 +173,15 @@ static void persist_slot(Engine *e, int slot) {
 void engine_close(Engine *e) {
     for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].tokens) kv_free(&e->slots[i]);
     if (e->tok) tok_free(e->tok);
+    e->tok = NULL;
     model_free(&e->model);
+    if (e->kv_lock_fd >= 0) close(e->kv_lock_fd); /* releases the KV directory */
+    e->kv_lock_fd = -1;
 }
 
 int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t errlen) {
-    size_t cap = 16, cnt = 0;
+    size_t cap = 1, cnt = 0;
+    for (const char *c = s; *c; c++) cap += *c == ',' || *c == '\n'; /* one allocation: no growth can fail half-way */
     int32_t *out = malloc(cap * sizeof(int32_t));
     const char *p = s;
     while (out && *p) {
@@ -182,11 +193,7 @@ int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t
             free(out);
             return -1;
         }
-        if (cnt == cap) {
-            int32_t *nb = realloc(out, (cap *= 2) * sizeof(int32_t));
-            if (!nb) break;
-            out = nb;
-        }
+        if (cnt == cap) { snprintf(err, errlen, "token id list: more ids than separators (internal error)"); free(out); return -1; }
         out[cnt++] = (int32_t)v;
         p = end;
         if (*p == ',') p++;
@@ -209,9 +216,17 @@ typedef struct {
 
 static void inbox_push(Inbox *b, const Frame *f, char *payload) {
     if (b->n == b->cap) {
-        b->cap = b->cap ? b->cap * 2 : 8;
-        b->queue = realloc(b->queue, sizeof(Frame) * (size_t)b->cap);
-        b->payloads = realloc(b->payloads, sizeof(char *) * (size_t)b->cap);
+        int cap = b->cap ? b->cap * 2 : 8;
+        Frame *q = realloc(b->queue, sizeof(Frame) * (size_t)cap);
+        if (q) b->queue = q;
+        char **p = q ? realloc(b->payloads, sizeof(char *) * (size_t)cap) : NULL;
+        if (p) b->payloads = p;
+        if (!q || !p) { /* refuse this one request; the running one and the queue go on */
+            emit_error(f->id, "out_of_memory", "no memory to queue the request");
+            free(payload);
+            return;
+        }
+        b->cap = cap;
     }
     b->queue[b->n] = *f;
     b->payloads[b->n++] = payload;
@@ -226,7 +241,7 @@ static int poll_control(Inbox *b, const char *id) {
         char *payload, err[256];
         int rc = reader_next(b->in, &f, &payload, err, sizeof err);
         if (rc == 0) break;
-        if (rc < 0) { emit_error(f.id, "bad_request", err); continue; }
+        if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
         if (f.kind == FR_SUBMIT) { inbox_push(b, &f, payload); continue; }
         free(payload);
         if (strcmp(f.id, id) == 0) verdict = f.kind == FR_STOP ? 1 : 2;
@@ -250,7 +265,12 @@ static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     KvCache *kv = &own;
     emit_line("ACCEPT %s %d 0", f->id, n);
     double t0 = now_ms();
-    forward(&e->model, kv, ids, n, logits, 1);
+    if (forward(&e->model, kv, ids, n, logits, 1)) {
+        emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try fewer positions");
+        kv_free(&own);
+        free(logits);
+        return;
+    }
     char head[128];
     snprintf(head, sizeof head, "LOGITS %s %d %d %zu\n", f->id, n, V, sizeof(float) * (size_t)n * V);
     emit_blob(head, logits, sizeof(float) * (size_t)n * V);
@@ -262,39 +282,15 @@ static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     free(logits);
 }
 
-/* LOGPROB <id> <token> <logprob> <hex> <k> <tok>:<lp>:<hex>... (log-softmax of the raw logits). */
-static void emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k) {
-    const int V = e->model.a.vocab;
-    float mx = logits[0];
-    for (int i = 1; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
-    const double lse = mx + log(sum);
-    int best[20];
-    int nb = 0;
-    for (int i = 0; i < V && k > 0; i++) { /* insertion into a sorted top-k; k is at most 20 */
-        int j;
-        if (nb < k) j = nb++;
-        else if (logits[i] > logits[best[k - 1]]) j = k - 1;
-        else continue;
-        while (j > 0 && logits[i] > logits[best[j - 1]]) { best[j] = best[j - 1]; j--; }
-        best[j] = i;
-    }
-    char *line = malloc(64 + (size_t)(k + 1) * (48 + 2 * (e->tok ? tok_max_token_bytes(e->tok) : 0)));
-    if (!line) return;
-    size_t n = (size_t)sprintf(line, "LOGPROB %s", id);
-    for (int j = -1; j < nb; j++) {
-        int t = j < 0 ? tok : best[j];
-        size_t len = 0;
-        const char *bytes = e->tok ? tok_token_bytes(e->tok, t, &len) : NULL;
-        n += (size_t)sprintf(line + n, j < 0 ? " %d %.6f " : " %d:%.6f:", t, (double)logits[t] - lse);
-        if (!bytes || !len) line[n++] = '-';
-        for (size_t b = 0; bytes && b < len; b++) n += (size_t)sprintf(line + n, "%02x", (unsigned char)bytes[b]);
-        if (j < 0) n += (size_t)sprintf(line + n, " %d", nb);
-    }
-    line[n] = 0;
-    emit_line("%s", line);
+/* 0, or -1 when no memory was left for the line. */
+static int emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k) {
+    size_t cap = logprob_line_cap(strlen(id), k, e->tok ? tok_max_token_bytes(e->tok) : 0);
+    char *line = malloc(cap);
+    if (!line) return -1;
+    if (logprob_format(line, cap, id, logits, e->model.a.vocab, tok, k, e->tok) >= 0) emit_line("%s", line);
+    else emit_line("LOGPROB %s %d nan - 0", id, tok); /* cannot happen: cap is the worst case */
     free(line);
+    return 0;
 }
 
 static int is_eos(const Arch *a, int tok) {
@@ -318,12 +314,24 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         if (parse_ids(payload, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return; }
     } else {
         if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return; }
-        size_t nn = 0;
-        if (tok_encode(e->tok, payload, f->payload_len, f->parse_special, f->add_special, &ids, &nn, err, sizeof err)) {
-            emit_error(f->id, "bad_request", err);
-            return;
-        }
+        size_t nn = 0, *lit = NULL, nlit = 0;
+        int bad = f->literal && tok_literal_parse(payload, f->literal, &lit, &nlit, err, sizeof err);
+        if (!bad)
+            bad = tok_encode_literal(e->tok, payload + f->literal, f->payload_len - f->literal, f->parse_special,
+                                     f->add_special, lit, nlit, &ids, &nn, err, sizeof err);
+        free(lit);
+        if (bad) { emit_error(f->id, "bad_request", err); return; }
         n = (int)nn;
+        /* tokenizer.json comes with the model folder and is not trusted to match the embedding:
+         * an id past its rows would read outside the table. */
+        for (int i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= a->vocab) {
+                snprintf(err, sizeof err, "tokenizer.json gave token id %d, outside the model's vocabulary of %d; "
+                         "the model folder's tokenizer does not belong to its weights", ids[i], a->vocab);
+                emit_error(f->id, "bad_request", err);
+                free(ids);
+                return;
+            }
     }
     if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return; }
     if (n >= e->ctx) {
@@ -341,27 +349,32 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     emit_line("ACCEPT %s %d %d", f->id, n, reuse);
     SamplerParams sp = f->sp;
     if (!f->has_seed) sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    Sampler smp;
+    Sampler smp = {0};
     float *logits = malloc(sizeof(float) * (size_t)a->vocab);
-    if (!logits || sampler_init(&smp, &sp, a->vocab)) { emit_error(f->id, "out_of_memory", "sampler"); free(ids); free(logits); return; }
+    size_t piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
+    char *piece = malloc(piece_cap);
+    if (!logits || !piece || sampler_init(&smp, &sp, a->vocab)) {
+        emit_error(f->id, "out_of_memory", "no memory for the sampler");
+        sampler_free(&smp);
+        free(ids); free(logits); free(piece);
+        return;
+    }
     double t0 = now_ms();
     long long read0 = storage_read_bytes();
-    int verdict = 0;
+    int verdict = 0, oom = 0; /* oom: the forward pass ran out of memory; the slot keeps what completed */
     /* Prefill in batches, reading control frames between them so a cancel need not wait. */
-    for (int done = reuse, step = forward_max_batch > 0 ? forward_max_batch : 1; done < n && !verdict; done += step) {
+    for (int done = reuse, step = forward_max_batch > 0 ? forward_max_batch : 1; done < n && !verdict && !oom; done += step) {
         int m = n - done < step ? n - done : step;
-        forward(&e->model, kv, ids + done, m, done + m == n ? logits : NULL, 0);
-        if (done + m < n) verdict = poll_control(box, f->id);
+        oom = forward(&e->model, kv, ids + done, m, done + m == n ? logits : NULL, 0) != 0;
+        if (done + m < n && !oom) verdict = poll_control(box, f->id);
     }
     if (!verdict) kv_checkpoint(kv); /* a turn boundary: the next turn may resume here */
     double t_prefill = now_ms() - t0, t_first = 0;
     TokStream ts;
     tok_stream_init(&ts);
-    size_t piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
-    char *piece = malloc(piece_cap);
     int produced = 0;
     const char *finish = "length";
-    for (; !verdict;) {
+    for (; !verdict && !oom;) {
         if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
         if (kv->n >= e->ctx) { finish = "length"; break; } /* prompt + output never exceed the context */
         int tok = sampler_sample(&smp, logits);
@@ -369,17 +382,18 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         if (is_eos(a, tok)) { finish = "stop"; break; }
         size_t len = e->tok ? tok_stream_push(e->tok, &ts, tok, f->render_special, piece, piece_cap) : 0;
         emit_data(f->id, tok, piece, len);
-        if (f->logprobs) emit_logprob(e, f->id, logits, tok, f->top_logprobs);
+        if (f->logprobs && emit_logprob(e, f->id, logits, tok, f->top_logprobs)) { oom = 1; break; }
         produced++;
         verdict = poll_control(box, f->id);
         if (verdict) break;
         if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
         int32_t next = tok;
-        forward(&e->model, kv, &next, 1, logits, 0);
+        oom = forward(&e->model, kv, &next, 1, logits, 0) != 0;
     }
     size_t rest = e->tok ? tok_stream_flush(&ts, piece, piece_cap) : 0;
     if (rest) emit_data(f->id, -1, piece, rest);
-    if (verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
+    if (oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
+    else if (verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
     else {
         if (verdict == 1) finish = "stop";
         double total = now_ms() - t0, decode = total - t_first;
@@ -403,8 +417,9 @@ int engine_serve(Engine *e) {
     Inbox box = {&in, NULL, NULL, 0, 0};
     const Arch *a = &e->model.a;
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu", a->family, a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name,
-              omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type), (kv_bytes(a, 1) - sizeof(int32_t)));
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu", a->family, a->vocab, e->ctx, e->n_slots, a->n_layers,
+              kern.name, omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
+              (kv_bytes(a, 1) - sizeof(int32_t)), kv_bytes(a, e->ctx));
     for (;;) {
         Frame f;
         char *payload = NULL, err[256];
@@ -421,7 +436,7 @@ int engine_serve(Engine *e) {
                 reader_fill(&in, -1);
                 continue;
             }
-            if (rc < 0) { emit_error(f.id, "bad_request", err); continue; }
+            if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
         }
         if (f.kind == FR_SUBMIT) run_request(e, &box, &f, payload);
         /* a STOP/CANCEL with nothing running has nothing to stop */

@@ -13,6 +13,7 @@ typedef struct {
     int ctx, n_slots;
     KvCache slots[MAX_KV_SLOTS]; /* allocated on first use */
     const char *kv_dir;          /* persist slots here when set */
+    int kv_lock_fd;              /* holds kv_dir's lock (kv_dir.h) while open; -1 without kv_dir */
     uint64_t fingerprint;        /* of the model, stamped into persisted slots */
 } Engine;
 

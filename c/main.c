@@ -50,15 +50,18 @@ static int logits_main(int argc, char **argv) {
     if (n > e.model.a.max_pos) /* RoPE extends past it, as transformers does; quality may suffer */
         fprintf(stderr, "colibri logits: warning: %d ids exceed the model's max_position_embeddings %d\n", n,
                 e.model.a.max_pos);
-    KvCache kv;
+    KvCache kv = {0};
     size_t bytes = sizeof(float) * (size_t)n * e.model.a.vocab;
     float *logits = malloc(bytes);
-    if (!logits || kv_init(&kv, &e.model.a, n)) { fprintf(stderr, "colibri logits: out of memory\n"); return 1; }
-    forward(&e.model, &kv, ids, n, logits, 1);
-    FILE *f = fopen(out, "wb");
-    int rc = !f || fwrite(logits, 1, bytes, f) != bytes;
-    if (f && fclose(f)) rc = 1;
-    if (rc) fprintf(stderr, "colibri logits: cannot write %s\n", out);
+    int rc = 1;
+    if (!logits || kv_init(&kv, &e.model.a, n) || forward(&e.model, &kv, ids, n, logits, 1)) {
+        fprintf(stderr, "colibri logits: out of memory for %d positions\n", n);
+    } else {
+        FILE *f = fopen(out, "wb");
+        rc = !f || fwrite(logits, 1, bytes, f) != bytes;
+        if (f && fclose(f)) rc = 1;
+        if (rc) fprintf(stderr, "colibri logits: cannot write %s\n", out);
+    }
     kv_free(&kv);
     free(logits);
     free(ids);

@@ -115,8 +115,9 @@ int kv_reuse(KvCache *kv, const int32_t *ids, int n);
 void kv_checkpoint(KvCache *kv);
 
 /* Runs tokens[0..T) at positions kv->n.. and appends them to the cache. When logits is not
- * NULL it receives [T][vocab] (all_logits) or [vocab] for the last position only. */
-void forward(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *logits, int all_logits);
+ * NULL it receives [T][vocab] (all_logits) or [vocab] for the last position only. 0, or -1
+ * when memory ran out: the cache then holds a consistent prefix (the chunks that completed). */
+int forward(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *logits, int all_logits);
 
 /* Largest batch one forward call processes; longer prompts go in chunks of this size. */
 extern int forward_max_batch;

@@ -51,7 +51,7 @@ static int parse_globals(BlockLoader *L, Arch *a, const JsonValue *man) {
         return -1;
     }
     a->inv_freq = malloc(sizeof(float) * (inv->len + 1));
-    if (!a->inv_freq) { snprintf(L->err, L->errlen, "out of memory"); return -1; }
+    if (!a->inv_freq) { snprintf(L->err, L->errlen, "out of memory loading the architecture"); return -1; }
     for (size_t i = 0; i < inv->len; i++) a->inv_freq[i] = (float)inv->items[i].num;
     a->bos = (int)json_get_int(man, "bos_token_id", -1);
     const JsonValue *eos = json_get(man, "eos_token_ids");

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fwd_alloc.h"
+
 #define ROW_TILE 8
 #define N_SCRATCH 4
 
@@ -14,9 +16,8 @@ static _Thread_local size_t tl_cap[N_SCRATCH];
 float *scratch(int slot, size_t n) {
     if (tl_cap[slot] < n) {
         free(tl_buf[slot]);
-        tl_cap[slot] = n + 64;
-        tl_buf[slot] = aligned_alloc(64, ((tl_cap[slot] * sizeof(float)) + 63) & ~(size_t)63);
-        if (!tl_buf[slot]) abort(); /* scratch is small relative to the model; failing here is fatal */
+        tl_buf[slot] = fwd_aligned_alloc(64, (((n + 64) * sizeof(float)) + 63) & ~(size_t)63);
+        tl_cap[slot] = tl_buf[slot] ? n + 64 : 0; /* NULL: the caller skips its work, fwd_oom() fails the pass */
     }
     return tl_buf[slot];
 }
@@ -54,6 +55,7 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
     const int rows = w->rows, cols = w->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
     const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2; /* int16 blocks, in floats */
     float *buf = scratch(2, qfloats + 2 * nblk);
+    if (!buf) return;
     const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
     const QDotFn qdot = kern.qdot[w->qt];
     const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;
@@ -82,6 +84,7 @@ void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
 #pragma omp parallel for schedule(static)
     for (int tile = 0; tile < tiles; tile++) {
         float *buf = scratch(0, padded * ROW_TILE);
+        if (!buf) continue;
         int r0 = tile * ROW_TILE, nr = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
         for (int i = 0; i < nr; i++) kern.dequant_row(w->qt, w->data + (size_t)(r0 + i) * w->row_bytes, cols, buf + i * padded);
         for (int t = 0; t < T; t++) {

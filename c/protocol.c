@@ -67,6 +67,7 @@ static int submit_option(Frame *f, const char *key, const char *val, char *err, 
     else if (!strcmp(key, "render_special")) bad = parse_flag(val, &f->render_special);
     else if (!strcmp(key, "logprobs")) bad = parse_flag(val, &f->logprobs);
     else if (!strcmp(key, "top_logprobs")) { bad = parse_long(val, 0, 20, &n); f->top_logprobs = (int)n; }
+    else if (!strcmp(key, "literal")) { bad = parse_long(val, 1, PROTO_MAX_PAYLOAD, &n); f->literal = (size_t)n; }
     else { snprintf(err, errlen, "unknown SUBMIT option '%s'", key); return -1; }
     if (bad) snprintf(err, errlen, "bad value '%s' for SUBMIT option '%s'", val, key);
     return bad ? -1 : 0;
@@ -110,6 +111,10 @@ int frame_parse(const char *line, size_t len, Frame *f, char *err, size_t errlen
         *eq = 0;
         if (submit_option(f, kv, eq + 1, err, errlen)) return -1;
     }
+    if (f->literal && (f->ids || f->literal > f->payload_len)) {
+        snprintf(err, errlen, "SUBMIT literal=%zu needs a text payload (ids=0) of at least that many bytes", f->literal);
+        return -1;
+    }
     return 0;
 }
 
@@ -127,9 +132,13 @@ void reader_fill(FrameReader *r, int timeout_ms) {
     if (r->cap - r->len < 65536) {
         size_t cap = r->cap ? r->cap * 2 : 131072;
         char *nb = realloc(r->buf, cap);
-        if (!nb) return;
-        r->buf = nb;
-        r->cap = cap;
+        if (nb) {
+            r->buf = nb;
+            r->cap = cap;
+        } else if (r->len == r->cap) { /* full and cannot grow: reader_next drops the frame that needs the room */
+            r->oom = 1;
+            return;
+        }
     }
     ssize_t got = read(r->fd, r->buf + r->len, r->cap - r->len);
     if (got > 0) r->len += (size_t)got;
@@ -169,10 +178,17 @@ int reader_next(FrameReader *r, Frame *f, char **payload, char *err, size_t errl
     size_t need = hl + 1 + f->payload_len;
     if (r->len < need) {
         if (r->eof) { consume(r, r->len); snprintf(err, errlen, "input ended inside a SUBMIT payload"); return -1; }
+        if (r->oom) { /* the buffer is full and this frame is longer: discard it as it arrives */
+            r->oom = 0;
+            r->skip = need - r->len;
+            consume(r, r->len);
+            snprintf(err, errlen, "no memory to hold a %zu-byte payload", f->payload_len);
+            return -2;
+        }
         return 0;
     }
     char *p = malloc(f->payload_len + 1);
-    if (!p) { consume(r, need); snprintf(err, errlen, "out of memory for payload"); return -1; }
+    if (!p) { consume(r, need); snprintf(err, errlen, "no memory to hold a %zu-byte payload", f->payload_len); return -2; }
     memcpy(p, r->buf + hl + 1, f->payload_len);
     p[f->payload_len] = 0;
     consume(r, need);

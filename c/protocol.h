@@ -27,6 +27,7 @@ typedef struct {
     int render_special;/* emit special tokens' text in DATA */
     int logprobs;      /* send a LOGPROB line after each DATA */
     int top_logprobs;  /* alternatives in each LOGPROB line (0-20) */
+    size_t literal;    /* the payload's first `literal` bytes list literal spans of the text after them */
     int has_seed;
     SamplerParams sp;
 } Frame;
@@ -42,6 +43,7 @@ typedef struct {
     size_t len, cap;
     int eof;
     size_t skip; /* payload bytes of a rejected frame still to discard */
+    int oom;     /* the buffer could not grow: the frame being read is dropped, not the engine */
 } FrameReader;
 
 void reader_init(FrameReader *r, int fd);
@@ -49,7 +51,8 @@ void reader_free(FrameReader *r);
 /* Reads what is available, waiting at most timeout_ms (-1: until something arrives). */
 void reader_fill(FrameReader *r, int timeout_ms);
 /* 1: a frame (and *payload, malloc'd, NUL-terminated) was taken; 0: need more input;
- * -1: a malformed frame was consumed, err/f->id describe it. */
+ * -1: a malformed frame was consumed, err/f->id describe it; -2: likewise, a well-formed frame
+ * dropped because no memory was left to hold its payload (answer: out_of_memory). */
 int reader_next(FrameReader *r, Frame *f, char **payload, char *err, size_t errlen);
 
 /* Writers: one call writes one whole frame and flushes. */

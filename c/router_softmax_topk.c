@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fwd_alloc.h"
 #include "blocks.h"
 #include "ops.h"
 
@@ -38,8 +39,8 @@ static void top_k(const float *p, int n, int k, int *idx, float *val) {
 static void route(const void *self, const float *x, int T, int *sel, float *wts) {
     const SoftmaxTopk *p = self;
     const int E = p->E, K = p->K;
-    float *probs = malloc(sizeof(float) * (size_t)T * E);
-    if (!probs) abort();
+    float *probs = fwd_malloc(sizeof(float) * (size_t)T * E);
+    if (!probs) return; /* fwd_oom() tells the caller, which leaves sel unread */
     matmul_f32(probs, x, T, p->w, E, p->H);
     for (int t = 0; t < T; t++) {
         softmax(probs + (size_t)t * E, E);

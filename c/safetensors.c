@@ -35,6 +35,7 @@ int st_open(StFile *f, const char *path, char *err, size_t errlen) {
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { close(fd); snprintf(err, errlen, "%s: not a regular file", path); return -1; }
     f->size = (size_t)st.st_size;
     f->path = strdup(path);
+    if (!f->path) FAIL("%s: out of memory", path);
     if (f->size < 8) FAIL("%s: file too short for a safetensors header (%zu bytes)", path, f->size);
     f->map = mmap(NULL, f->size, PROT_READ, MAP_SHARED, fd, 0);
     if (f->map == MAP_FAILED) { f->map = NULL; FAIL("%s: mmap failed", path); }

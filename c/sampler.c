@@ -40,9 +40,8 @@ static int by_prob_desc(const void *a, const void *b) {
     return *(const int *)a - *(const int *)b;
 }
 
-int sampler_sample(Sampler *s, const float *logits) {
+int sampler_candidates(Sampler *s, const float *logits) {
     const int n = s->n;
-    if (s->p.temperature <= 0) return argmax(logits, n);
     float mx = -INFINITY;
     for (int i = 0; i < n; i++) mx = fmaxf(mx, logits[i]);
     double sum = 0;
@@ -70,6 +69,12 @@ int sampler_sample(Sampler *s, const float *logits) {
         while (i < keep && s->prob[s->idx[i]] >= floor) i++;
         keep = i;
     }
+    return keep;
+}
+
+int sampler_sample(Sampler *s, const float *logits) {
+    if (s->p.temperature <= 0) return argmax(logits, s->n);
+    int keep = sampler_candidates(s, logits);
     double total = 0;
     for (int i = 0; i < keep; i++) total += s->prob[s->idx[i]];
     double r = (double)(next_u64(&s->state) >> 11) * (1.0 / 9007199254740992.0) * total, acc = 0;

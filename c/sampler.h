@@ -21,6 +21,10 @@ typedef struct {
 int sampler_init(Sampler *s, const SamplerParams *p, int vocab);
 void sampler_free(Sampler *s);
 int sampler_sample(Sampler *s, const float *logits);
+/* The candidates sampler_sample draws from (temperature > 0): s->idx holds the token ids by
+ * probability, highest first (equal probabilities: lower id first), s->prob their softmax
+ * probabilities by id; returns how many of s->idx survive top-k, then top-p, then min-p. */
+int sampler_candidates(Sampler *s, const float *logits);
 int argmax(const float *x, int n);
 
 #endif

@@ -5,8 +5,11 @@
  *     --ids-only: one comma-separated line. --no-special: special tokens in TEXT are plain
  *     text. --add-special: apply the post-processor (BOS etc.) like add_special_tokens=True.
  *   tokenize --model DIR --batch [--no-special] [--add-special]   (for tests and tools)
- *     stdin holds records "<byte length>\n<text bytes>"; prints one line per record: the
- *     comma-separated ids, or "ERR <message>" (the tokenizer is loaded once). --timing adds
+ *     stdin holds records "<byte length>[ <K>]\n<bytes>"; with K, the first K bytes are literal
+ *     spans (tokenizer.h, the grammar of SUBMIT's literal= in docs/protocol.md) over the text
+ *     after them. Prints one line per record: the
+ *     comma-separated ids, or "ERR <message>", flushed per record (the tokenizer is loaded
+ *     once, so a server keeps one running). --timing adds
  *     a final stderr line "encode_seconds=S bytes=N" (time inside tok_encode only).
  *   detokenize --model DIR IDS...   (ids separated by commas/spaces, or - for stdin)
  *     prints the decoded text exactly (no newline added), special tokens rendered.
@@ -113,7 +116,10 @@ static int run_batch(Tokenizer *t, int parse_special, int add_special, int timin
     unsigned long long len;
     int rc = 0;
     while (scanf("%llu", &len) == 1) {
-        if (getchar() != '\n' || len > MAX_INPUT) { rc = fail("tokenize", "--batch: bad record header"); break; }
+        unsigned long long lit_len = 0; /* "<len> <K>": the record's first K bytes are literal spans */
+        int c = getchar();
+        if (c == ' ' && (scanf("%llu", &lit_len) != 1 || (c = getchar()) != '\n')) c = 0;
+        if (c != '\n' || len > MAX_INPUT || lit_len > len) { rc = fail("tokenize", "--batch: bad record header"); break; }
         if (len + 1 > cap) {
             char *nb = realloc(buf, (size_t)len + 1);
             if (!nb) { rc = fail("tokenize", "out of memory"); break; }
@@ -125,7 +131,12 @@ static int run_batch(Tokenizer *t, int parse_special, int add_special, int timin
         size_t n;
         char err[300];
         double t0 = now_s();
-        int erc = tok_encode(t, buf, (size_t)len, parse_special, add_special, &ids, &n, err, sizeof err);
+        size_t *lit = NULL, nlit = 0;
+        int erc = lit_len ? tok_literal_parse(buf, (size_t)lit_len, &lit, &nlit, err, sizeof err) : 0;
+        if (!erc)
+            erc = tok_encode_literal(t, buf + lit_len, (size_t)(len - lit_len), parse_special, add_special, lit, nlit, &ids,
+                                     &n, err, sizeof err);
+        free(lit);
         secs += now_s() - t0;
         total += len;
         if (erc) {
@@ -135,6 +146,7 @@ static int run_batch(Tokenizer *t, int parse_special, int add_special, int timin
             putchar('\n');
             free(ids);
         }
+        fflush(stdout); /* one answer per record: a long-lived caller waits for each line */
     }
     free(buf);
     tok_free(t);

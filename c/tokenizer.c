@@ -583,13 +583,21 @@ static size_t prev_cp_start(const unsigned char *s, size_t p) {
 }
 
 /* HF AddedVocabulary::find_matches: leftmost-longest matches; skipped special tokens when
- * !parse_special, single_word/lstrip/rstrip rules with Unicode \w and \s. */
-static int split_added(const Tokenizer *t, const Trie *tr, const unsigned char *s, size_t n, int parse_special, Segs *out) {
+ * !parse_special, single_word/lstrip/rstrip rules with Unicode \w and \s. lit: literal spans
+ * (pairs, see tok_encode_literal): no match inside one or across its edges, no strip into one. */
+static int split_added(const Tokenizer *t, const Trie *tr, const unsigned char *s, size_t n, int parse_special,
+                       const size_t *lit, size_t nlit, Segs *out) {
     out->n = 0;
-    size_t start_off = 0, i = 0, adv;
+    size_t start_off = 0, i = 0, adv, li = 0, floor = 0;
     while (i < n) {
+        while (li < nlit && lit[2 * li + 1] <= i) floor = lit[2 * li++ + 1];
+        size_t lim = n;
+        if (li < nlit) {
+            if (lit[2 * li] <= i) { i = lit[2 * li + 1]; continue; } /* inside a literal span: text */
+            lim = lit[2 * li];
+        }
         size_t mlen = 0;
-        int32_t k = trie_longest(tr, s + i, n - i, &mlen);
+        int32_t k = trie_longest(tr, s + i, lim - i, &mlen);
         if (k < 0) { i++; continue; }
         const Added *ad = &t->added[k];
         size_t start = i, stop = i + mlen;
@@ -607,10 +615,11 @@ static int split_added(const Tokenizer *t, const Trie *tr, const unsigned char *
                 if (!(uni_props(u8_decode(s + p, &adv)) & UNI_F_SPACE)) break;
                 ns = p;
             }
+            if (ns < floor) ns = floor;
             start = ns > start_off ? ns : start_off;
         }
         if (ad->rstrip) {
-            while (stop < n) {
+            while (stop < lim) {
                 uint32_t cp = u8_decode(s + stop, &adv);
                 if (!(uni_props(cp) & UNI_F_SPACE)) break;
                 stop += adv;
@@ -625,8 +634,66 @@ static int split_added(const Tokenizer *t, const Trie *tr, const unsigned char *
     return 0;
 }
 
+/* The literal spans of raw segment [rs, re) in the coordinates of its normalized text, which
+ * goes to *ns, *nn. Identity normalizers map offsets 1:1; otherwise the pieces between span
+ * edges are normalized one by one (only when normalized added tokens exist, so that HF's
+ * whole-segment normalization is kept everywhere else). */
+static int norm_segment(const Tokenizer *t, const unsigned char *s, size_t rs, size_t re, const size_t *lit, size_t nlit,
+                        TokBuf *nbuf, TokBuf *pbuf, const unsigned char **ns, size_t *nn, size_t **sub, size_t *nsub,
+                        size_t *subcap) {
+    size_t first = 0, cnt = 0;
+    while (first < nlit && lit[2 * first + 1] <= rs) first++;
+    while (first + cnt < nlit && lit[2 * (first + cnt)] < re) cnt++;
+    *nsub = 0;
+    if (!cnt || !t->trie_norm.n) return tok_normalize(t->norm, t->nnorm, s + rs, re - rs, nbuf, ns, nn);
+    if (cnt > *subcap) {
+        size_t *v = realloc(*sub, 2 * cnt * sizeof *v);
+        if (!v) return -1;
+        *sub = v;
+        *subcap = cnt;
+    }
+    if (!t->nnorm) {
+        for (size_t k = 0; k < cnt; k++) {
+            size_t a = lit[2 * (first + k)], b = lit[2 * (first + k) + 1];
+            (*sub)[2 * k] = (a > rs ? a : rs) - rs;
+            (*sub)[2 * k + 1] = (b < re ? b : re) - rs;
+        }
+        *nsub = cnt;
+        *ns = s + rs;
+        *nn = re - rs;
+        return 0;
+    }
+    pbuf->n = 0;
+    size_t pos = rs;
+    for (size_t k = 0; k <= cnt; k++) {
+        size_t a = k < cnt ? lit[2 * (first + k)] : re, b = k < cnt ? lit[2 * (first + k) + 1] : re;
+        if (a < rs) a = rs;
+        if (b > re) b = re;
+        for (int part = 0; part < 2; part++) { /* the text before the span, then the span */
+            size_t from = part ? a : pos, to = part ? b : a;
+            const unsigned char *o;
+            size_t on;
+            if (part && k < cnt) (*sub)[2 * k] = pbuf->n;
+            if (to > from) {
+                if (tok_normalize(t->norm, t->nnorm, s + from, to - from, nbuf, &o, &on) || tok_buf_put(pbuf, o, on)) return -1;
+            }
+            if (part && k < cnt) (*sub)[2 * k + 1] = pbuf->n;
+        }
+        pos = b;
+    }
+    *nsub = cnt;
+    *ns = pbuf->p;
+    *nn = pbuf->n;
+    return 0;
+}
+
 int tok_encode(const Tokenizer *t, const char *text, size_t len, int parse_special, int add_special,
                int32_t **ids_out, size_t *n_out, char *err, size_t errlen) {
+    return tok_encode_literal(t, text, len, parse_special, add_special, NULL, 0, ids_out, n_out, err, errlen);
+}
+
+int tok_encode_literal(const Tokenizer *t, const char *text, size_t len, int parse_special, int add_special,
+                       const size_t *lit, size_t nlit, int32_t **ids_out, size_t *n_out, char *err, size_t errlen) {
     *ids_out = NULL;
     *n_out = 0;
     const unsigned char *s = (const unsigned char *)text;
@@ -636,25 +703,28 @@ int tok_encode(const Tokenizer *t, const char *text, size_t len, int parse_speci
         snprintf(err, errlen, "input is not valid UTF-8 (invalid byte 0x%02X at offset %zu)", s[bad], bad);
         return -1;
     }
+    if (nlit && !lit) return set_err(err, errlen, "NULL literal spans");
+    if (nlit && tok_literal_check(text, len, lit, nlit, err, errlen)) return -1;
     TokIds ids = {0};
     Segs raw = {0}, nrm = {0};
-    TokBuf nbuf = {0};
+    TokBuf nbuf = {0}, pbuf = {0};
     TokPieces pieces = {0};
     TokArena *arena = NULL;
     TokBpeScratch *scratch = NULL;
+    size_t *sub = NULL, nsub = 0, subcap = 0;
     uint64_t steps = 2000 * (uint64_t)len + 1000000; /* ~30 per byte in practice */
     int rc = -1;
     for (size_t i = 0; i < t->npre && add_special; i++) if (tok_ids_push(&ids, t->pp_pre[i])) goto oom;
-    if (split_added(t, &t->trie_raw, s, len, parse_special, &raw)) goto oom;
+    if (split_added(t, &t->trie_raw, s, len, parse_special, lit, nlit, &raw)) goto oom;
     for (size_t a = 0; a < raw.n; a++) {
         if (raw.v[a].added >= 0) {
             if (tok_ids_push(&ids, t->added[raw.v[a].added].id)) goto oom;
             continue;
         }
-        const unsigned char *seg = s + raw.v[a].s, *ns;
-        size_t seg_n = raw.v[a].e - raw.v[a].s, nn;
-        if (tok_normalize(t->norm, t->nnorm, seg, seg_n, &nbuf, &ns, &nn)) goto oom;
-        if (split_added(t, &t->trie_norm, ns, nn, parse_special, &nrm)) goto oom;
+        const unsigned char *ns;
+        size_t nn;
+        if (norm_segment(t, s, raw.v[a].s, raw.v[a].e, lit, nlit, &nbuf, &pbuf, &ns, &nn, &sub, &nsub, &subcap)) goto oom;
+        if (split_added(t, &t->trie_norm, ns, nn, parse_special, sub, nsub, &nrm)) goto oom;
         for (size_t b = 0; b < nrm.n; b++) {
             if (nrm.v[b].added >= 0) {
                 if (tok_ids_push(&ids, t->added[nrm.v[b].added].id)) goto oom;
@@ -684,6 +754,8 @@ done:
     free(raw.v);
     free(nrm.v);
     free(nbuf.p);
+    free(pbuf.p);
+    free(sub);
     free(pieces.v);
     tok_arena_free(arena);
     tok_bpe_scratch_free(scratch);

@@ -21,6 +21,18 @@ int tok_vocab_size(const Tokenizer *t); /* max id + 1 over vocab and added token
 int tok_encode(const Tokenizer *t, const char *text, size_t len, int parse_special, int add_special,
                int32_t **ids_out, size_t *n_out, char *err, size_t errlen);
 
+/* tok_encode with literal spans: npairs byte ranges [pairs[2i], pairs[2i+1]) of text, ascending
+ * and disjoint, inside which no added token (special or not) matches; a token cannot straddle
+ * a span's edge either. The spans' text is ordinary text for the normalizer, pre-tokenizer and
+ * BPE, joined with the text around it, so a span holding a special token's text encodes as HF's
+ * encode_special_tokens=True would encode it. Outside the spans nothing changes. */
+int tok_encode_literal(const Tokenizer *t, const char *text, size_t len, int parse_special, int add_special,
+                       const size_t *pairs, size_t npairs, int32_t **ids_out, size_t *n_out, char *err, size_t errlen);
+/* Parses a literal span list "START-END[,START-END...]" (docs/protocol.md) into malloc'd pairs. */
+int tok_literal_parse(const char *spec, size_t n, size_t **pairs, size_t *npairs, char *err, size_t errlen);
+/* 0 when the spans are non-empty, ascending, disjoint, inside text and on character starts. */
+int tok_literal_check(const char *text, size_t len, const size_t *pairs, size_t npairs, char *err, size_t errlen);
+
 /* Decoded bytes of one token (byte-level map undone, like HF's ByteLevel decoder); NULL if id
  * invalid. The bytes may be an incomplete UTF-8 sequence. */
 const char *tok_token_bytes(const Tokenizer *t, int32_t id, size_t *len);

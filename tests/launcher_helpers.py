@@ -30,10 +30,10 @@ def clean_env(**extra):
     return env
 
 
-def coli(*args, env=None, input=None, timeout=120):
+def coli(*args, env=None, input=None, timeout=120, cwd=None):
     """Runs ./coli; returns CompletedProcess with text stdout/stderr."""
     return subprocess.run([sys.executable, str(ROOT / "coli"), *map(str, args)], capture_output=True, text=True,
-                          env=env or clean_env(), input=input, timeout=timeout)
+                          env=env or clean_env(), input=input, timeout=timeout, cwd=cwd)
 
 
 def convert_tiny(oracle_root, out, family="qwen3_moe", template=CHATML):

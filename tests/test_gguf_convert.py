@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from needs import need
 
-from test_gguf_common import CTokenizer, convert, engine
+from test_gguf_common import ROOT, CTokenizer, convert, engine
 
-gguf = pytest.importorskip("gguf", reason="the gguf package is a test dependency (requirements-test.txt)")
+gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 import convert_gguf  # noqa: E402
@@ -559,3 +560,17 @@ def test_sharded_output(oracle_root, tmp_path, monkeypatch):
         assert layers or f == shards[0] or f == shards[-1]
     got = logits(out, info["ids"], tmp_path / "l.f32")
     assert float(np.abs(got - ref).max() / np.abs(ref).max()) <= EXACT_TOL
+
+
+def test_info_reports_the_storage_each_tensor_class_got(oracle_root, tmp_path):
+    """A 4-bit GGUF converted with the default --dense q8 keeps its 4-bit blocks; `coli info`
+    says so from the shard tables instead of repeating the requested q8."""
+    src = write_gguf(tmp_path / "m.gguf", Path(oracle_root) / "llama_gqa" / "hf", matrix_type=T.Q4_1,
+                     types={"model.embed_tokens.weight": T.Q8_0})
+    out = convert(src, tmp_path / "c")
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "info", "--model", str(out)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    quant = next(ln for ln in r.stdout.splitlines() if ln.startswith("quant"))
+    assert "attention q4" in quant and "dense mlp q4" in quant and "embed q8" in quant and "norm f32" in quant, quant
+    assert "dense q8" not in quant and "expert" not in quant, quant  # a dense model: no expert class to report

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from needs import need
 
-gguf = pytest.importorskip("gguf", reason="the gguf package is a test dependency (requirements-test.txt)")
+gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
 

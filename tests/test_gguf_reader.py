@@ -4,11 +4,12 @@ import struct
 
 import numpy as np
 import pytest
+from needs import need
 
 import gguf_reader
 from gguf_reader import GGUFError, read_gguf
 
-gguf = pytest.importorskip("gguf", reason="the gguf package is a test dependency (requirements-test.txt)")
+gguf = need("gguf")
 
 
 def s(text):

@@ -10,10 +10,11 @@ import sys
 
 import numpy as np
 import pytest
+from needs import need
 
 from test_gguf_common import ENGINE_OPTS, ROOT, CTokenizer, engine, reference, smollm2_container  # noqa: F401
 
-gguf = pytest.importorskip("gguf", reason="the gguf package is a test dependency (requirements-test.txt)")
+gguf = need("gguf")
 
 KL_MEAN_BOUND = 1e-3   # same weights, f32 math on both sides: measured 2e-11
 GREEDY_TOKENS = 24

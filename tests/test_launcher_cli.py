@@ -197,3 +197,54 @@ def test_engine_status_reports_version_and_kernels():
 def test_model_from_the_environment(model):
     r = coli("info", env=clean_env(COLI_MODEL=model))
     assert r.returncode == 0 and "qwen3_moe" in r.stdout
+
+
+def test_no_arguments_is_a_usage_error():
+    r = coli()
+    assert r.returncode == 2  # as for any usage error; 0 would tell a script that something ran
+    assert r.stderr.startswith("usage: coli") and "convert" in r.stderr and not r.stdout
+
+
+@pytest.fixture
+def store(model, tmp_path):
+    """A model store holding `model` under the pulled name tiny-moe."""
+    (tmp_path / "home" / "models").mkdir(parents=True)
+    (tmp_path / "home" / "models" / "tiny-moe").symlink_to(model, target_is_directory=True)
+    return clean_env(COLI_HOME=tmp_path / "home", COLI_PROFILE_DIR=tmp_path / "profiles")
+
+
+@pytest.mark.parametrize("cmd,extra", [("plan", ["--no-measure"]), ("doctor", []), ("info", [])])
+def test_pulled_names_work_for_every_model_command(store, tmp_path, cmd, extra):
+    r = coli(cmd, "--model", "tiny-moe", *extra, env=store, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert str(tmp_path / "home" / "models" / "tiny-moe") in r.stdout
+    # a name that is not pulled: refused with what there is, and nothing is downloaded for a read-only command
+    r = coli(cmd, "--model", "smollm2", *extra, env=store, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no such directory or pulled model (pulled: tiny-moe)" in r.stdout + r.stderr
+    assert not (tmp_path / "home" / "downloads").exists()
+
+
+def _tokens(eng, **opts):
+    return [ev[1] for ev in eng.generate([1, 2, 3, 4], max_tokens=16, **opts) if ev[0] == "data" and ev[1] >= 0]
+
+
+def test_top_p_through_the_engine(model):
+    """End to end, no statistics: a top_p so small that one token is left gives the greedy
+    stream at a high temperature for every seed, while the same temperature with top_p 1 leaves it."""
+    import engine_client
+    with engine_client.Engine(model, threads=1) as eng:
+        greedy = _tokens(eng, temp=0)
+        assert len(greedy) == 16
+        for seed in (1, 2, 3, 4, 5):
+            assert _tokens(eng, temp=3.0, top_p=1e-6, seed=seed) == greedy, seed
+        sampled = [_tokens(eng, temp=3.0, top_p=1.0, seed=seed) for seed in (1, 2, 3, 4, 5)]
+    assert any(s != greedy for s in sampled)  # the check above would notice top_p being ignored
+
+
+def test_tokenize_takes_the_model_after_the_text(model):
+    want = coli("tokenize", "--model", model, "hello")
+    assert want.returncode == 0 and want.stdout
+    for args in (("tokenize", "hello", "--model", model), ("tokenize", "hello", f"--model={model}")):
+        r = coli(*args)
+        assert r.returncode == 0 and r.stdout == want.stdout, r.stderr

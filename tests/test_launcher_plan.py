@@ -223,9 +223,21 @@ def test_plan_json_is_complete(tiny):
     assert set(res) == {"machine", "model", "bandwidth", "plan"}
     p = res["plan"]
     assert p["ctx"] == 256 and p["kv_slots"] == 2
-    assert p["tiers"]["kv"] == res["model"]["kv_bytes_per_token"] * 256 * 2
     assert res["bandwidth"]["memory_source"].startswith("not measured")
     assert p["engine_today"]["fits"] is True
+
+
+@pytest.mark.parametrize("ctx,slots", [(256, 2), (512, 1), (77, 3)])
+def test_planned_kv_cache_is_what_the_engine_allocates(tiny, ctx, slots):
+    """The plan's KV tier against the engine's own report of what it allocates per slot."""
+    import engine_client
+    r = coli("plan", "--model", tiny, "--json", "--no-measure", "--ctx", ctx, "--kv-slots", slots)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)["plan"]
+    with engine_client.Engine(tiny, ctx=ctx, kv_slots=slots, threads=1) as eng:
+        info = eng.info
+    assert (int(info["ctx"]), int(info["slots"])) == (ctx, slots)
+    assert plan["tiers"]["kv"] == int(info["kv_slot_bytes"]) * slots
 
 
 def test_plan_measures_memory_when_not_given(tiny):

@@ -107,3 +107,5 @@ def test_errors(smollm2_container, setup, tmp_path):
     assert r.returncode == 2 and "fewer than one chunk" in r.stderr, r.stderr
     r = coli_ppl(smollm2_container, tmp_path / "missing.txt")
     assert r.returncode == 2 and "no such file" in r.stderr, r.stderr
+    r = coli_ppl(smollm2_container, tmp_path)
+    assert r.returncode == 2 and "a directory, not a text file" in r.stderr, r.stderr

@@ -1,5 +1,6 @@
 """The engine protocol from the launcher side: a real engine on a tiny converted model, driven
-through engine_client and through raw frames (docs/protocol.md)."""
+through engine_client and through raw frames (docs/protocol.md). Every test runs against the
+release build and the ASan+UBSan build of the engine (engine_binaries.py)."""
 import subprocess
 import sys
 import time
@@ -11,6 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import engine_client  # noqa: E402
+from engine_binaries import assert_clean_exit, engine_bin  # noqa: E402, F401
+
+
+@pytest.fixture(scope="module", autouse=True)
+def every_binary(engine_bin):  # noqa: F811
+    return engine_bin
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +32,7 @@ def model(oracle_root, tmp_path_factory):
 def engine(model):
     with engine_client.Engine(model, ctx=64, kv_slots=2) as eng:
         yield eng
+    assert_clean_exit(eng)
 
 
 def events(eng, payload, **opts):
@@ -235,6 +243,7 @@ def test_kv_slots_persist_across_restarts(model, tmp_path):
         assert ev[0] == ("accept", len(turn2), len(prompt) + 4)  # warm: nothing re-read but the new tokens
         assert [e[1] for e in ev if e[0] == "data" and e[1] >= 0] == uninterrupted
         assert any("restored KV slot 1" in line for line in eng.stderr_tail)
+    assert_clean_exit(eng)
 
 
 def test_corrupt_or_foreign_kv_state_is_ignored(model, tmp_path):
@@ -249,3 +258,4 @@ def test_corrupt_or_foreign_kv_state_is_ignored(model, tmp_path):
     (tmp_path / ".coli_kv").write_bytes(data[:-10])  # torn write
     with engine_client.Engine(model, ctx=64, kv_dir=tmp_path) as eng:
         assert events(eng, [1, 2, 3, 4], max_tokens=1)[0] == ("accept", 4, 0)
+    assert_clean_exit(eng)

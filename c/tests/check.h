@@ -20,7 +20,10 @@ void test_safetensors(void);
 void test_protocol(void);
 void test_json(void);
 void test_sampler(void);
+void test_sampler_top_p(void);
 void test_tokenizer(void);
 void test_blocks(void);
+void test_kv_persist(void);
+void test_logprob(void);
 
 #endif

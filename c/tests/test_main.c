@@ -10,8 +10,11 @@ int main(void) {
     test_safetensors();
     test_protocol();
     test_sampler();
+    test_sampler_top_p();
     test_tokenizer();
     test_blocks();
+    test_kv_persist();
+    test_logprob();
     printf("c unit tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
     return checks_failed != 0;
 }

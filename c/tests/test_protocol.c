@@ -16,6 +16,7 @@ void test_protocol(void) {
     CHECK(f.kind == FR_SUBMIT && !strcmp(f.id, "r1") && f.payload_len == 5 && f.slot == 2 && f.ids == 1, "fields");
     CHECK(f.sp.top_k == 40 && f.has_seed && f.sp.seed == 42 && f.max_tokens == 16 && f.sp.temperature > 0.69f, "sampling");
     CHECK(parse("SUBMIT r2 0", &f, err) == 0 && f.max_tokens == -1 && f.sp.top_p == 1.0f && f.parse_special, "defaults");
+    CHECK(parse("SUBMIT r3 20 literal=4", &f, err) == 0 && f.literal == 4 && !f.ids, "literal: %s", err);
     CHECK(parse("STOP r1", &f, err) == 0 && f.kind == FR_STOP, "STOP");
     CHECK(parse("CANCEL abc-9", &f, err) == 0 && f.kind == FR_CANCEL, "CANCEL");
     struct { const char *line, *needle; } bad[] = {
@@ -30,6 +31,9 @@ void test_protocol(void) {
         {"SUBMIT r1 5 seed=-1", "bad value"},
         {"SUBMIT r1 5 color=red", "unknown SUBMIT option"},
         {"SUBMIT r1 5 novalue", "not key=value"},
+        {"SUBMIT r1 5 literal=6", "literal=6 needs a text payload"},
+        {"SUBMIT r1 5 literal=2 ids=1", "needs a text payload"},
+        {"SUBMIT r1 5 literal=0", "bad value"},
         {"SUBMIT bad/id 5", "request id"},
         {"STOP r1 extra", "only a request id"},
         {"HELLO r1", "unknown frame"},

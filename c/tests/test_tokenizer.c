@@ -55,6 +55,58 @@ static int encode_eq(const Tokenizer *t, const char *text, int ps, int as, const
 
 #define IDS(...) (const int32_t[]){__VA_ARGS__}, sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t)
 
+static int encode_lit_eq(const Tokenizer *t, const char *text, const char *spans, const int32_t *want, size_t nwant) {
+    size_t *lit = NULL, nlit = 0, n = 0;
+    int32_t *ids = NULL;
+    char err[256];
+    if (tok_literal_parse(spans, strlen(spans), &lit, &nlit, err, sizeof err) ||
+        tok_encode_literal(t, text, strlen(text), 1, 0, lit, nlit, &ids, &n, err, sizeof err)) {
+        fprintf(stderr, "literal encode '%s' [%s] failed: %s\n", text, spans, err);
+        free(lit);
+        return 0;
+    }
+    int ok = n == nwant && !memcmp(ids, want, n * sizeof *ids);
+    if (!ok) {
+        fprintf(stderr, "literal encode '%s' [%s] ->", text, spans);
+        for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "\n");
+    }
+    free(lit);
+    free(ids);
+    return ok;
+}
+
+/* Literal spans with what the real tokenizers lack: lstrip/rstrip next to a span, and a
+ * normalized added token under NFC (offsets move when the text before the span composes). */
+static void test_literal(void) {
+    char err[256];
+    char *j = make_json(NULL, 0, "[]",
+                        "\"normalizer\":{\"type\":\"NFC\"},"
+                        "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false},"
+                        "\"added_tokens\":[{\"id\":256,\"content\":\"<a>\",\"special\":true,\"lstrip\":true,\"normalized\":false},"
+                        "{\"id\":257,\"content\":\"<b>\",\"special\":false,\"normalized\":true},"
+                        "{\"id\":258,\"content\":\"<c>\",\"special\":true,\"rstrip\":true,\"normalized\":false}],");
+    Tokenizer *t = load_str(j, err);
+    CHECK(t != NULL, "%s", err);
+    if (t) {
+        CHECK(encode_lit_eq(t, "x <a><a>", "5-8", IDS('x', 256, '<', 'a', '>')), "special token kept as text");
+        CHECK(encode_lit_eq(t, "x  <a>", "1-2", IDS('x', ' ', 256)), "lstrip stops at a span");
+        CHECK(encode_lit_eq(t, "<c> \t", "4-5", IDS(258, '\t')), "rstrip stops at a span");
+        CHECK(encode_lit_eq(t, "<a>", "0-1", IDS('<', 'a', '>')), "no token across a span's edge");
+        CHECK(encode_lit_eq(t, "e\xCC\x81<b><b>", "3-6", IDS(0xC3, 0xA9, '<', 'b', '>', 257)),
+              "normalized token kept as text after NFC moved the offsets");
+        CHECK(encode_lit_eq(t, "e\xCC\x81<b><b>", "6-9", IDS(0xC3, 0xA9, 257, '<', 'b', '>')), "second one kept");
+        size_t *lit, nlit, n;
+        int32_t *ids;
+        size_t bad[] = {2, 1};
+        CHECK(tok_encode_literal(t, "abc", 3, 1, 0, bad, 1, &ids, &n, err, sizeof err) == -1 && strstr(err, "literal span"),
+              "reversed span refused: %s", err);
+        CHECK(tok_literal_parse("1-2,", 4, &lit, &nlit, err, sizeof err) == -1, "trailing comma refused");
+        tok_free(t);
+    }
+    free(j);
+}
+
 static void test_bpe(void) {
     const char *extra[] = {"he", "ll", "hell", "hello", "Ġw", "Ġwo"};
     char err[256];
@@ -286,4 +338,5 @@ void test_tokenizer(void) {
     test_added_and_template();
     test_regex();
     test_hostile();
+    test_literal();
 }
