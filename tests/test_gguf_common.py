@@ -42,8 +42,9 @@ class CTokenizer:
         if cls._lib is None:
             import ctypes
             import tempfile
-            srcs = [ROOT / "c" / n for n in ("tokenizer.c", "tok_bpe.c", "tok_normalize.c", "tok_pretok.c",
-                                             "tok_regex.c", "unicode_tables.c", "json.c")]
+            # the tokenizer is tokenizer.c and every tok_*.c, on the Unicode tables and the JSON reader
+            srcs = [ROOT / "c" / n for n in ("tokenizer.c", "unicode_tables.c", "json.c")]
+            srcs += sorted((ROOT / "c").glob("tok_*.c"))
             so = Path(tempfile.mkdtemp()) / "libcolitok.so"
             r = subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-shared", "-fPIC", "-o", str(so)] +
                                [str(x) for x in srcs] + ["-lm"], capture_output=True, text=True)
