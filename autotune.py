@@ -11,7 +11,7 @@ import random
 import statistics
 import time
 
-from cli_common import UserError, model_arg, require_model
+from colibri.cli.common import UserError, model_arg, require_model
 
 HELP = "measure threads / prefill batch on this machine and save the fastest as a profile"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -52,7 +52,7 @@ class Bench:
         self.body = [rng.randrange(vocab) for _ in range(args.prompt_tokens - 1)]
 
     def engine(self, cfg):
-        import engine_client
+        from colibri import engine_client
         key = tuple(sorted(cfg.items()))
         if key not in self.engines:
             try:
@@ -114,7 +114,7 @@ def clear_win(ratios, threshold):
 
 
 def run(args):
-    import tune_profile
+    from colibri.machine import tune_profile
     d = require_model(args)
     if args.show or args.reset:
         return show_or_reset(args, d, tune_profile)
@@ -122,7 +122,7 @@ def run(args):
         raise UserError("--runs needs at least 1, --tokens and --prompt-tokens at least 2")
     if args.threshold < 0:
         raise UserError(f"--threshold {args.threshold}: needs 0 or more")
-    import container_scan
+    from colibri.model import container_scan
     try:
         man = container_scan.read_manifest(d)
     except container_scan.ContainerError as e:

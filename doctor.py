@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from cli_common import UserError, check_arch, model_arg, model_path
+from colibri.cli.common import UserError, check_arch, model_arg, model_path
 
 HELP = "check that the engine, the machine and a model are ready (read-only)"
 DESCRIPTION = """Read-only readiness checks with a fix for each problem:
@@ -49,7 +49,7 @@ class Report:
 # ---------------------------------------------------------------- machine and engine
 
 def check_engine(rep):
-    import build_cli
+    from colibri.cli import build as build_cli
     st = build_cli.engine_status()
     if not st["built"]:
         return rep.add("engine", "fail", f"{st['path']} is not built", "run `make` (or `coli build`) in the colibri directory")
@@ -86,10 +86,10 @@ def check_overcommit(rep, mem):
 
 def check_model_dir(rep, model):
     """Returns the manifest, or None when the model cannot be checked further."""
-    import container_scan
+    from colibri.model import container_scan
     d = Path(model)
     if not d.exists():
-        import model_store
+        from colibri.model import store as model_store
         pulled = ", ".join(model_store.list_models()) or "none"
         rep.add("model", "fail", f"{d}: no such directory or pulled model (pulled: {pulled})",
                 "pass --model DIR of a converted container, or a name `coli pull NAME` has fetched")
@@ -150,7 +150,7 @@ def fmt_bytes(n):
 
 def check_shards(rep, d, man, deep):
     """Presence, headers, truncation; with deep, every tensor. Returns {shard: (header, start, size)}."""
-    import container_scan as cs
+    from colibri.model import container_scan as cs
     missing, problems, opened = [], [], {}
     for s in man["shards"]:
         p = d / s
@@ -183,7 +183,7 @@ def check_shards(rep, d, man, deep):
 
 
 def check_tensors(rep, man, opened):
-    import container_scan as cs
+    from colibri.model import container_scan as cs
     problems, warnings, seen = [], [], {}
     count = 0
     experts = {}  # (layer, expert) -> [(offset, end, shard, proj)]
@@ -257,7 +257,7 @@ def check_tokenizer(rep, d):
             rep.add("tokenizer", "fail", f"tokenizer.json is unreadable ({err})",
                     "copy tokenizer.json again from the source checkpoint")
     try:
-        import chat_template
+        from colibri.chat_template import render as chat_template
         chat_template.load_chat_template(str(d))
         rep.add("chat template", "pass", "found")
     except ImportError:
@@ -269,8 +269,8 @@ def check_tokenizer(rep, d):
 
 
 def check_memory(rep, d, man, mem):
-    import container_scan
-    import launch_opts
+    from colibri.model import container_scan
+    from colibri.cli import launch_opts
     import resource_plan
     usable = mem["usable"]
     weights = sum((d / s).stat().st_size for s in man["shards"] if (d / s).is_file())
@@ -326,7 +326,7 @@ def check_o_direct(rep, d, man):
 
 def check_engine_load(rep, d):
     """--deep: the engine's own loader validates every tensor the architecture needs."""
-    import engine_client
+    from colibri import engine_client
     if not engine_client.ENGINE.exists():
         return rep.add("engine load", "fail", "skipped: the engine is not built", "run `make`")
     t0 = time.monotonic()

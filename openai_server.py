@@ -23,18 +23,18 @@ import traceback
 import uuid
 from urllib.parse import unquote, urlsplit
 
-import server_config
-from cli_common import UserError
-from server_anthropic import MessagesResponder, parse_count_tokens, parse_messages
-from server_conns import Server
-from server_engine import Scheduler, ServedEngine, SlotTable
-from server_generate import Generation
-from server_http import BaseHandler
-from server_metrics import Metrics
-from server_model import ModelInfo
-from server_openai import ChatResponder, CompletionResponder, parse_chat, parse_completion
-from server_params import ApiError, parse_json_object
-from server_tokens import TokenCounter
+from colibri.server import config as server_config
+from colibri.cli.common import UserError
+from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
+from colibri.server.conns import Server
+from colibri.server.scheduler import Scheduler, ServedEngine, SlotTable
+from colibri.server.generate import Generation
+from colibri.server.http import BaseHandler
+from colibri.server.metrics import Metrics
+from colibri.server.model import ModelInfo
+from colibri.server.openai import ChatResponder, CompletionResponder, parse_chat, parse_completion
+from colibri.server.params import ApiError, parse_json_object
+from colibri.server.tokens import TokenCounter
 from version import VERSION
 
 HELP = "serve the model over HTTP: OpenAI-compatible and Anthropic Messages APIs"

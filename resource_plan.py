@@ -8,9 +8,9 @@ import json
 import os
 from pathlib import Path
 
-from cli_common import UserError, check_arch, missing_model_message, model_arg, model_path
+from colibri.cli.common import UserError, check_arch, missing_model_message, model_arg, model_path
 # discovery lives in machine_probe; the planner API re-exports it
-from machine_probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
+from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
                            measure_memory_bw, memory_info)
 
 HELP = "plan RAM and disk use for a model on this machine (reads headers only)"
@@ -285,7 +285,7 @@ def add_arguments(p):
     p.add_argument("--ctx", type=int, help="context length to plan for (default: min(model max, 4096))")
     p.add_argument("--kv-slots", type=int, dest="kv_slots", default=1, help="KV slots (concurrent conversations, default 1)")
     p.add_argument("--cap", type=int, help="expert cache slots per layer to plan with (default: as many as fit)")
-    import launch_opts
+    from colibri.cli import launch_opts
     launch_opts.add_kv_flag(p)
     p.add_argument("--threads", type=int, help="compute threads to plan with (default: usable CPUs)")
     p.add_argument("--mem-bw", type=float, dest="mem_bw", metavar="GB/s", help="memory read bandwidth (default: measured)")
@@ -326,7 +326,7 @@ def build(args):
     model_dir = str(model_path(args.model)) if args.model else None
     scan = None
     if model_dir:
-        import container_scan
+        from colibri.model import container_scan
         if not os.path.lexists(model_dir):
             raise UserError(missing_model_message(args.model))
         if not Path(model_dir).is_dir():
@@ -360,7 +360,7 @@ def build(args):
     if scan is not None:
         measured = None
         try:
-            import tune_profile
+            from colibri.machine import tune_profile
             prof = tune_profile.load(model_dir)
             measured = (prof or {}).get("measured", {}).get("decode_tok_s")
         except ImportError:

@@ -1,12 +1,9 @@
 """Shared pytest fixtures."""
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "tools") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tools"))
 
 
 @pytest.fixture(scope="session")

@@ -3,14 +3,12 @@ ASan+UBSan build (`make build/colibri_asan`), so a memory error or undefined beh
 engine fails a test instead of passing unseen. Import the fixture into a test module:
 `from engine_binaries import engine_bin  # noqa: F401`."""
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import engine_client  # noqa: E402
+from colibri import engine_client  # noqa: E402
 
 BINARIES = {"release": "build/colibri", "asan": "build/colibri_asan"}
 

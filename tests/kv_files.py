@@ -1,10 +1,8 @@
 """Crafted KV state files (the format kv_persist.c writes) for tests of the restore path."""
 import json
 import struct
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import family_registry  # noqa: E402
 
 MAGIC = b"COLIKV02"

@@ -8,11 +8,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tools"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 
-import safetensors_io  # noqa: E402
+from colibri.convert import safetensors_io  # noqa: E402
 
 # A ChatML template (the tiny oracles ship none); THINK_TEMPLATE opens <think> for the answer.
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

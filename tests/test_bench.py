@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +18,8 @@ def moe_model(oracle_root, tmp_path_factory):
 
 
 def test_bytes_per_token_counts_top_k_experts_only(moe_model):
-    import bench
-    import container_scan
+    from colibri.cli import bench
+    from colibri.model import container_scan
     scan = container_scan.scan(moe_model)
     a = scan["arch"]
     want = scan["dense_bytes"] - scan["classes"]["embed"] + scan["expert_bytes"] * a["top_k"] / a["experts"]

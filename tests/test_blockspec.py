@@ -3,15 +3,13 @@ engine reports against the planner's, and the KV element type (--kv)."""
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import container_scan  # noqa: E402
+from colibri.model import container_scan  # noqa: E402
 import family_registry  # noqa: E402
 from launcher_helpers import coli  # noqa: E402
 

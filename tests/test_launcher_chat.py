@@ -12,7 +12,7 @@ import pytest
 
 from launcher_helpers import CHATML, ROOT, THINK_TEMPLATE, clean_env, coli, convert_tiny
 
-import chat_cli
+from colibri.cli import chat as chat_cli
 
 
 @pytest.fixture(scope="module")

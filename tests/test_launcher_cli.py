@@ -9,7 +9,7 @@ import pytest
 
 from launcher_helpers import ROOT, clean_env, coli, convert_tiny
 
-import tune_profile
+from colibri.machine import tune_profile
 
 MODEL_COMMANDS = ["info", "plan", "doctor", "run", "chat", "tune"]
 
@@ -185,7 +185,7 @@ def test_build_dry_run_passes_flags_through_the_environment():
 
 
 def test_engine_status_reports_version_and_kernels():
-    import build_cli
+    from colibri.cli import build as build_cli
     st = build_cli.engine_status()
     assert st["built"], "run make first"
     assert st["version"] == st["expected_version"]
@@ -232,7 +232,7 @@ def _tokens(eng, **opts):
 def test_top_p_through_the_engine(model):
     """End to end, no statistics: a top_p so small that one token is left gives the greedy
     stream at a high temperature for every seed, while the same temperature with top_p 1 leaves it."""
-    import engine_client
+    from colibri import engine_client
     with engine_client.Engine(model, threads=1) as eng:
         greedy = _tokens(eng, temp=0)
         assert len(greedy) == 16

@@ -7,8 +7,8 @@ import pytest
 
 from launcher_helpers import clean_env, coli, convert_tiny, write_synthetic
 
-import container_scan
-import machine_probe
+from colibri.model import container_scan
+from colibri.machine import probe as machine_probe
 import resource_plan
 
 GB = 1e9
@@ -230,7 +230,7 @@ def test_plan_json_is_complete(tiny):
 @pytest.mark.parametrize("ctx,slots", [(256, 2), (512, 1), (77, 3)])
 def test_planned_kv_cache_is_what_the_engine_allocates(tiny, ctx, slots):
     """The plan's KV tier against the engine's own report of what it allocates per slot."""
-    import engine_client
+    from colibri import engine_client
     r = coli("plan", "--model", tiny, "--json", "--no-measure", "--ctx", ctx, "--kv-slots", slots)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)["plan"]

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 import make_oracles  # noqa: E402  (imports no torch at module level)
 
 VARIANTS = list(make_oracles.VARIANTS)

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import engine_client  # noqa: E402
+from colibri import engine_client  # noqa: E402
 from engine_binaries import assert_clean_exit, engine_bin  # noqa: E402, F401
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from test_gguf_common import CACHE, ROOT, gguf_engine
 
-import model_store  # noqa: E402
-from cli_common import UserError  # noqa: E402
+from colibri.model import store as model_store  # noqa: E402
+from colibri.cli.common import UserError  # noqa: E402
 
 
 class FakeHub:

@@ -1,14 +1,12 @@
 """family_registry: agrees with the engine, and resolves RoPE exactly as transformers does."""
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 import family_registry  # noqa: E402
 
 
@@ -83,7 +81,7 @@ def test_kv_bytes_per_token_sums_the_layers_state():
 def test_kv_slot_bytes_is_what_the_engine_allocates(variant, oracle_root, tmp_path):
     """Asked of the engine (READY kv_slot_bytes, what kv_init allocates), not of a copy of the formula."""
     from launcher_helpers import convert_tiny
-    import engine_client
+    from colibri import engine_client
     d = convert_tiny(oracle_root, tmp_path / "m", family=variant, template=None)
     man = json.loads((d / "colibri.json").read_text())
     with engine_client.Engine(d, ctx=200, kv_slots=1, threads=1) as eng:

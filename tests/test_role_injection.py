@@ -7,7 +7,6 @@ added_tokens_decoder), then end to end through `coli serve` with the official op
 the anthropic client, `coli run` and `coli chat` on a tiny model whose tokenizer has ChatML's special tokens."""
 import json
 import re
-import sys
 from pathlib import Path
 
 import anthropic
@@ -15,12 +14,9 @@ import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tools", ROOT / "tests"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 
-import chat_template  # noqa: E402
-import chat_template_literal as ctl  # noqa: E402
+from colibri.chat_template import render as chat_template  # noqa: E402
+from colibri.chat_template import literal as ctl  # noqa: E402
 import fetch_chat_templates  # noqa: E402
 import fetch_tokenizers  # noqa: E402
 from launcher_helpers import CHATML, clean_env, coli, convert_tiny  # noqa: E402
@@ -204,7 +200,7 @@ def test_template_variables_and_prefill():
 def test_unreadable_added_tokens_disable_chat(tmp_path):
     """Without the added-token list message text could not be kept as text: chat is refused
     with the reason (raw completions still work), never served unprotected."""
-    from server_model import ModelInfo
+    from colibri.server.model import ModelInfo
     (tmp_path / "colibri.json").write_text("{}")
     (tmp_path / "chat_template.jinja").write_text(CHATML)
     for bad in ('{"added_tokens": "nope"}', "{not json"):
@@ -283,7 +279,7 @@ def expected_counts(model_dir, content):
 def test_engine_literal_frames(chatml_model):
     """The engine itself: literal= spans change the prompt's token count as the reference says;
     malformed span lists are a bad_request naming the problem, and the engine keeps serving."""
-    import engine_client
+    from colibri import engine_client
     safe, unsafe = expected_counts(chatml_model, INJECTED)
     prompt = ctl.render_for_model(str(chatml_model), [{"role": "user", "content": INJECTED}])
     body, literal = prompt.frame()

@@ -19,9 +19,8 @@ MID = "qwen3_moe"
 KEY = "s3cret-key"
 HI = [{"role": "user", "content": "hi"}]
 ROOT = COLI.parent
-sys.path.insert(0, str(ROOT))
-import server_config  # noqa: E402
-from cli_common import UserError  # noqa: E402
+from colibri.server import config as server_config  # noqa: E402
+from colibri.cli.common import UserError  # noqa: E402
 
 
 @pytest.fixture(scope="module")

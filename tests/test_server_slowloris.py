@@ -147,7 +147,8 @@ def _limited(args, files=300):
 def test_connection_caps_respect_the_open_files_limit(model):  # noqa: F811
     r = _limited([sys.executable, str(COLI), "serve", "--model", str(model), "--max-connections", "150"])
     assert r.returncode == 2 and "--max-connections 150 needs 364 open files" in r.stderr and "ulimit -n" in r.stderr
-    code = ("import argparse, server_config; p = argparse.ArgumentParser(); server_config.add_arguments(p); "
+    code = ("import argparse; from colibri.server import config as server_config; p = argparse.ArgumentParser(); "
+            "server_config.add_arguments(p); "
             f"args = p.parse_args(['--model', {str(model)!r}, '--no-kv-persist']); "
             "print(server_config.resolve(args).max_connections)")
     r = _limited([sys.executable, "-c", code])

@@ -1,14 +1,11 @@
 """The server's text stream logic without a server: stop sequences across arbitrary piece
 boundaries, <think> splitting, UTF-8 split across DATA frames, the KV slot table."""
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from server_engine import SlotTable  # noqa: E402
-from server_text import StopMatcher, TextPipeline, ThinkSplitter  # noqa: E402
+from colibri.server.scheduler import SlotTable  # noqa: E402
+from colibri.server.text import StopMatcher, TextPipeline, ThinkSplitter  # noqa: E402
 
 
 def run_stop(pieces, stops):

@@ -11,12 +11,11 @@ import pytest
 
 from server_helpers import ROOT, model  # noqa: F401
 
-sys.path.insert(0, str(ROOT))
 import openai_server  # noqa: E402
-import server_config  # noqa: E402
-from server_engine import Job, Scheduler, ServedEngine, SlotTable, Unavailable  # noqa: E402
-from server_generate import engine_error  # noqa: E402
-from server_metrics import Metrics  # noqa: E402
+from colibri.server import config as server_config  # noqa: E402
+from colibri.server.scheduler import Job, Scheduler, ServedEngine, SlotTable, Unavailable  # noqa: E402
+from colibri.server.generate import engine_error  # noqa: E402
+from colibri.server.metrics import Metrics  # noqa: E402
 
 FAKE = Path(__file__).with_name("fake_engine.py")
 SECRET_PATH = "/opt/secret-place/build/colibri"
@@ -201,7 +200,7 @@ def test_health_hides_fault_details_unless_allowed(harness, model):  # noqa: F81
 
 
 def test_restarts_back_off_while_the_engine_keeps_failing(harness):
-    from server_engine import restart_delay
+    from colibri.server.scheduler import restart_delay
     assert [restart_delay(n) for n in range(1, 9)] == [0, 1, 2, 4, 8, 16, 30, 30]
     h = harness([PermissionError(13, "Permission denied"), PermissionError(13, "Permission denied"),
                  PermissionError(13, "Permission denied"), "ok"])

@@ -10,7 +10,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 import unicodedata
 from pathlib import Path
@@ -19,10 +18,8 @@ import pytest
 from needs import need
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 import fetch_tokenizers  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "tests"))
 from test_gguf_common import smollm2_container  # noqa: E402,F401  (a session fixture)
 from literal_reference import LiteralReference  # noqa: E402
 

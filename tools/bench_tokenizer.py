@@ -14,10 +14,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+import fetch_tokenizers  # a sibling: `python tools/bench_tokenizer.py` puts tools/ on the path
 
-import fetch_tokenizers  # noqa: E402
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def corpus_records(mb):

@@ -4,11 +4,11 @@ import json
 import time
 import uuid
 
-import chat_template
-import chat_template_runtime
-from server_params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
+from colibri.chat_template import render as chat_template
+from colibri.chat_template import runtime as chat_template_runtime
+from colibri.server.params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
                            message_text, refuse_nonzero, sampling_options, unsupported)
-from server_text import token_text
+from colibri.server.text import token_text
 from version import VERSION
 
 FINGERPRINT = f"colibri-{VERSION}"

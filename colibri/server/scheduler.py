@@ -14,7 +14,7 @@ import time
 import traceback
 from collections import deque
 
-import engine_client
+from colibri import engine_client
 
 
 class QueueFull(Exception):

@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import launch_opts
-from cli_common import UserError, model_arg, require_model
-from server_text import partial_suffix  # the same held-back-tag rule the server streams with
+from colibri.cli import launch_opts
+from colibri.cli.common import UserError, model_arg, require_model
+from colibri.server.text import partial_suffix  # the same held-back-tag rule the server streams with
 
 HELP = "chat with a model in the terminal (streams tokens; Ctrl-C stops an answer)"
 DESCRIPTION = """Loads the model once and chats. Commands:
@@ -178,7 +178,7 @@ class Chat:
 
     def render(self, add_generation_prompt=True):
         """The prompt as a chat_template_literal.Prompt: what the user typed stays text."""
-        import chat_template_literal
+        from colibri.chat_template import literal as chat_template_literal
         if self.args.raw:  # plain text continuation: the messages one after another (the user owns it all)
             return chat_template_literal.Prompt(
                 "".join(m["content"] + ("\n" if m["role"] == "user" else "") for m in self.conversation()))
@@ -217,7 +217,7 @@ class Chat:
         pieces, stats = [], {}
         previous = signal.signal(signal.SIGINT, on_sigint)
         try:
-            import engine_client
+            from colibri import engine_client
             try:
                 body, literal = payload.frame()
                 for ev in self.eng.generate(body, rid=rid, slot=0, special=1, max_tokens=self.cap, **literal,
@@ -275,7 +275,7 @@ class Chat:
             return
         prompt, gen, so_far = self.last
         # the engine's KV already holds prompt + answer: only the new tokens are computed
-        import chat_template_literal
+        from colibri.chat_template import literal as chat_template_literal
         # the answer so far is the model's own output: appended after the spans, which stay valid
         text, finish, stopped = self.answer(chat_template_literal.Prompt(prompt.text + so_far, prompt.literal),
                                             gen + so_far, continuing=True)
@@ -391,7 +391,7 @@ def add_arguments(p):
 
 
 def run(args):
-    import engine_client
+    from colibri import engine_client
     d = require_model(args)
     if not args.raw and launch_opts.template_supports_thinking(d) is None:
         raise UserError(f"{d} has no chat template (chat_template.jinja or tokenizer_config.json's chat_template); "

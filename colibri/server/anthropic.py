@@ -3,8 +3,8 @@ event-stream shapes the official `anthropic` client expects."""
 import json
 import uuid
 
-from server_openai import check_model, render_prompt
-from server_params import (GenSpec, bad, cache_slot, get_bool, get_max_tokens, get_stop, message_text,
+from colibri.server.openai import check_model, render_prompt
+from colibri.server.params import (GenSpec, bad, cache_slot, get_bool, get_max_tokens, get_stop, message_text,
                            sampling_options, unsupported)
 
 

@@ -10,8 +10,8 @@ import socket
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
-from server_conns import ConnReader, ConnWriter
-from server_params import ApiError
+from colibri.server.conns import ConnReader, ConnWriter
+from colibri.server.params import ApiError
 from version import VERSION
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")

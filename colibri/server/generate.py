@@ -5,9 +5,9 @@ Nothing is sent to the client before the engine ACCEPTs the prompt, so a full qu
 timeout or a prompt that does not fit is a plain HTTP error, never a broken stream."""
 import time
 
-from server_engine import Job, QueueFull, Unavailable
-from server_params import ApiError
-from server_text import TextPipeline
+from colibri.server.scheduler import Job, QueueFull, Unavailable
+from colibri.server.params import ApiError
+from colibri.server.text import TextPipeline
 
 ENGINE_ERRORS = {  # kind -> (HTTP status, error code)
     "context_exceeded": (400, "context_length_exceeded"),

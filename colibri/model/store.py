@@ -27,11 +27,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-if str(ROOT / "tools") not in sys.path:
-    sys.path.insert(1, str(ROOT / "tools"))
-
-from cli_common import UserError  # noqa: E402
+from colibri.cli.common import UserError
 
 HELP = "download a model into the local store and convert it once (smollm2, hf:ORG/REPO[:TAG])"
 DESCRIPTION = __doc__
@@ -358,7 +354,7 @@ def fetch_hf(name, log):
 def pull(name, experts="q4", dense="q8", log=None):
     """Fetches and converts `name`; returns the container directory."""
     log = log or (lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True))
-    import convert_hf
+    from colibri.convert import hf as convert_hf
     if name in BUILTIN:
         pass
     elif name.startswith("hf:"):
@@ -375,7 +371,7 @@ def pull(name, experts="q4", dense="q8", log=None):
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         if kind == "gguf":
-            import convert_gguf
+            from colibri.convert import gguf as convert_gguf
             convert_gguf.convert(src, dest, experts=experts, dense=dense, log=log)
         else:
             convert_hf.convert(src, dest, experts=experts, dense=dense, log=log)

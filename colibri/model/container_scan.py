@@ -6,16 +6,11 @@ trips over it. Stdlib only.
 """
 import json
 import re
-import sys
 from pathlib import Path
 
-TOOLS = str(Path(__file__).resolve().parent / "tools")
-if TOOLS not in sys.path:
-    sys.path.insert(1, TOOLS)
-
-from family_registry import TENSOR_CLASSES  # noqa: E402  (one table for every tool)
-from safetensors_io import DTYPE_SIZE, SafetensorsError  # noqa: E402  (shared with the converter)
-from safetensors_io import read_raw_header as _read_raw_header  # noqa: E402
+from family_registry import TENSOR_CLASSES  # one table for every tool
+from colibri.convert.safetensors_io import DTYPE_SIZE, SafetensorsError  # shared with the converter
+from colibri.convert.safetensors_io import read_raw_header as _read_raw_header
 
 FORMAT_VERSION = 1
 QBLOCK = 32

@@ -25,8 +25,8 @@ import os
 from collections import abc
 from functools import lru_cache
 
-from chat_template_runtime import Renderer, Scope, TemplateError, Undefined, type_name
-from chat_template_syntax import Parser, lex
+from colibri.chat_template.runtime import Renderer, Scope, TemplateError, Undefined, type_name
+from colibri.chat_template.syntax import Parser, lex
 
 __all__ = [
     "TemplateError", "ChatTemplate", "render_chat", "render_for_model",

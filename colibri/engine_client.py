@@ -7,7 +7,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+from colibri import ROOT
 # COLI_ENGINE picks another engine binary (the tests run the sanitizer build this way).
 ENGINE = Path(os.environ["COLI_ENGINE"]).resolve() if os.environ.get("COLI_ENGINE") else ROOT / "build" / "colibri"
 

@@ -11,8 +11,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-import engine_client
-from server_params import ApiError
+from colibri import engine_client
+from colibri.server.params import ApiError
 
 TIMEOUT_S = 30.0
 

@@ -21,12 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import family_registry  # noqa: E402
-from version import VERSION  # noqa: E402
-from safetensors_io import SafetensorsError, build_header, read_header  # noqa: E402
+import family_registry
+from colibri import ROOT
+from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
+from version import VERSION
 
 FORMAT_VERSION = 1
 EXPERT_CHOICES = ("q4", "q8", "bf16", "f32")

@@ -22,8 +22,8 @@ import re
 from collections import abc
 from functools import lru_cache
 
-import chat_template
-from chat_template_runtime import TemplateError
+from colibri.chat_template import render as chat_template
+from colibri.chat_template.runtime import TemplateError
 
 # Supplementary private-use planes: no tokenizer or template uses them for structure.
 _PUA_FIRST, _PUA_LAST = 0xF0000, 0x10FFFD

@@ -24,18 +24,13 @@ rotary layout; they are put back in HF order (one convert job per row).
 import json
 import os
 import struct
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import convert_hf  # noqa: E402
-import family_registry  # noqa: E402
-from convert_hf import ConvertError  # noqa: E402
-from gguf_reader import GGUFError, read_gguf  # noqa: E402
-from version import VERSION  # noqa: E402
+import family_registry
+from colibri.convert import hf as convert_hf
+from colibri.convert.gguf_reader import GGUFError, read_gguf
+from colibri.convert.hf import ConvertError
+from version import VERSION
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -221,7 +216,7 @@ def storage_for(gtype, qtype):
 
 
 def _gguf_row_bytes(info):
-    from gguf_reader import GGML_TYPES
+    from colibri.convert.gguf_reader import GGML_TYPES
     _, block, size = GGML_TYPES[info.type]
     return info.shape[0] // block * size
 

@@ -17,7 +17,7 @@ from itertools import repeat
 from operator import mul, sub
 from pathlib import Path
 
-from cli_common import UserError, model_arg, require_model
+from colibri.cli.common import UserError, model_arg, require_model
 
 HELP = "perplexity of a text file (and KL-divergence / top-1 agreement against reference logits)"
 DESCRIPTION = __doc__
@@ -32,13 +32,13 @@ def add_arguments(p):
     p.add_argument("--ref-logits", dest="ref_logits", help="reference logits, float32 [chunks*ctx, vocab]")
     p.add_argument("--save-logits", dest="save_logits", help="write this model's logits in the --ref-logits layout")
     p.add_argument("--threads", type=int, help="compute threads (default: all cores)")
-    import launch_opts
+    from colibri.cli import launch_opts
     launch_opts.add_kv_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
 def tokenize(model_dir, path):
-    import engine_client
+    from colibri import engine_client
     exe = engine_client.ensure_built()
     r = subprocess.run([str(exe), "tokenize", "--model", str(model_dir), "--ids-only", "--no-special", "--add-special",
                         "--file", str(path)], capture_output=True, text=True)
@@ -75,7 +75,7 @@ def argmax(row):
 
 def measure(model_dir, ids, ctx, chunks, threads=None, ref_path=None, save_path=None, progress=None, kv=None):
     """Returns a dict of results; see run() for the fields."""
-    import engine_client
+    from colibri import engine_client
     n_chunks = len(ids) // ctx
     if chunks is not None:
         n_chunks = min(n_chunks, chunks)

@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli_common import UserError, model_arg, require_model
+from colibri.cli.common import UserError, model_arg, require_model
 
 MAX_KV_SLOTS = 16  # the engine's limit (docs/protocol.md: slot 0-15)
 
@@ -70,7 +70,7 @@ def add_arguments(p):
     p.add_argument("--ctx", type=int, help="context length in tokens per slot (default min(model max, 4096))")
     p.add_argument("--threads", type=int, help="compute threads (default: all cores)")
     p.add_argument("--batch", type=int, help="positions per forward pass during prefill (default 128)")
-    import launch_opts
+    from colibri.cli import launch_opts
     launch_opts.add_kv_flag(p)
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
     p.add_argument("--header-timeout", type=float, default=10.0,

@@ -12,7 +12,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from cli_common import UserError, model_arg, require_model
+from colibri.cli.common import UserError, model_arg, require_model
 
 HELP = "prefill/decode speed and achieved bandwidth, side by side with llama.cpp when given"
 DESCRIPTION = __doc__
@@ -45,7 +45,7 @@ def bytes_per_decoded_token(scan):
 
 
 def colibri_run(model, args, first_token, vocab):
-    import engine_client
+    from colibri import engine_client
     span = max(min(vocab, 1001) - 1, 1)  # ids 1..1000, inside the vocabulary of a small model too
     ids = [(first_token + i * 7) % span + 1 for i in range(args.prompt_tokens)]
     try:
@@ -83,7 +83,7 @@ def default_gguf(model):
     src = man.get("source", {}).get("gguf_path") or ""
     if src and Path(src).is_file():
         return Path(src)
-    import model_store
+    from colibri.model import store as model_store
     downloads = model_store.store_root() / "downloads"
     name = Path(model).name
     hits = sorted(downloads.glob(f"*{name}*/*.gguf")) if downloads.is_dir() else []
@@ -91,8 +91,8 @@ def default_gguf(model):
 
 
 def run(args):
-    import container_scan
-    import machine_probe
+    from colibri.model import container_scan
+    from colibri.machine import probe as machine_probe
     model = require_model(args)
     for flag in ("prompt_tokens", "gen_tokens", "repeat"):
         if getattr(args, flag) < 1:

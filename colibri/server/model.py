@@ -5,8 +5,8 @@ import json
 import os
 from pathlib import Path
 
-import chat_template
-import chat_template_literal
+from colibri.chat_template import render as chat_template
+from colibri.chat_template import literal as chat_template_literal
 
 # Used when a checkpoint ships no chat template (like the tiny test models), so chat endpoints
 # still work; the start-up log and /health say so. --chat-template FILE gives the right one.

@@ -7,7 +7,7 @@ precedence and the error cases match jinja2's; the output is a small tuple AST.
 
 import re
 
-from chat_template_runtime import FILTERS, JINJA_ONLY_FILTERS, TESTS, TemplateError
+from colibri.chat_template.runtime import FILTERS, JINJA_ONLY_FILTERS, TESTS, TemplateError
 
 
 # --------------------------------------------------------------------------------------

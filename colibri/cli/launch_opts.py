@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from cli_common import UserError
+from colibri.cli.common import UserError
 
 MAX_KV_SLOTS = 16  # c/engine.h
 GB = 1e9
@@ -61,7 +61,7 @@ def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (defa
 
 
 def _manifest(model_dir):
-    import container_scan
+    from colibri.model import container_scan
     try:
         return container_scan.read_manifest(model_dir)
     except container_scan.ContainerError as e:
@@ -117,7 +117,7 @@ def resolve(args, model_dir, log=None):
 
     # tuned profile: only for knobs the user left unset
     if not getattr(args, "no_profile", False) and os.environ.get("COLI_NO_PROFILE") != "1":
-        import tune_profile
+        from colibri.machine import tune_profile
         prof = tune_profile.load(model_dir)
         if prof and prof["knobs"]:
             applied, kept = {}, []
@@ -226,7 +226,7 @@ def thinking_switch(model_dir):
 def template_supports_thinking(model_dir):
     """True when the model's chat template reads its thinking switch; None without a template."""
     try:
-        import chat_template
+        from colibri.chat_template import render as chat_template
         source = chat_template.load_chat_template(str(model_dir))
     except Exception:  # noqa: BLE001 - no template, or none readable
         return None

@@ -20,13 +20,13 @@ def model_path(name, fetch=False):
     p = Path(name)
     if os.path.lexists(p):
         return p
-    import model_store  # short names: the local model store
+    from colibri.model import store as model_store  # short names: the local model store
     found = model_store.resolve_model(name, fetch=fetch)
     return Path(found) if found is not None else p
 
 
 def missing_model_message(name):
-    import model_store
+    from colibri.model import store as model_store
     pulled = ", ".join(model_store.list_models()) or "none"
     return (f"--model {name}: no such directory or pulled model (pulled: {pulled}); "
             "`coli pull smollm2` fetches one")
@@ -48,7 +48,7 @@ def require_model(args, fetch=True):
     if not os.path.lexists(d / "colibri.json") and (d / "config.json").is_file():
         raise UserError(f"{d} is a Hugging Face checkpoint, not a colibri container; convert it first: "
                         f"coli convert {d} OUT")
-    import container_scan
+    from colibri.model import container_scan
     try:
         container_scan.scan(d)
         check_arch(d)
@@ -65,7 +65,7 @@ ARCH_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_hea
 
 
 def check_arch(d):
-    import container_scan
+    from colibri.model import container_scan
     arch = container_scan.read_manifest(d)["arch"]
     bad = [k for k in ARCH_KEYS if not (isinstance(arch.get(k), int) and not isinstance(arch.get(k), bool)
                                         and arch[k] >= 1)]

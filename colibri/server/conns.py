@@ -23,7 +23,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 
-from server_params import ApiError
+from colibri.server.params import ApiError
 
 MAX_HEAD = 64 * 1024           # request line and headers together
 HEAD_END = re.compile(rb"\r?\n\r?\n")

@@ -6,9 +6,9 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from cli_common import UserError
+from colibri import ROOT
+from colibri.cli.common import UserError
 
 HELP = "build the engine (make) and report its version and SIMD kernels"
 DESCRIPTION = """Builds build/colibri with make, using all CPUs. The engine picks its kernels at
@@ -16,7 +16,6 @@ run time (AVX2+FMA+F16C when the CPU has them, else portable C), so the default 
 any x86-64 or ARM machine. Flags are passed through the environment so the Makefile's own
 flags (C11, OpenMP, warnings) always stay; a change of flags forces a full rebuild."""
 
-ROOT = Path(__file__).resolve().parent
 ENGINE = ROOT / "build" / "colibri"
 STATE = ROOT / "build" / ".coli_build.json"
 
