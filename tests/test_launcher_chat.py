@@ -23,7 +23,7 @@ def model(oracle_root, tmp_path_factory):
 # ---------------------------------------------------------------- units
 
 def split_all(pieces, thinking=False):
-    s = chat_cli.ThinkSplitter(thinking=thinking)
+    s = chat_cli.ThinkSplitter(True, in_reasoning=thinking, marks=True)
     out = []
     for p in pieces:
         out += s.feed(p)
@@ -41,22 +41,27 @@ def test_think_tags_split_across_pieces():
     text = "<think>\nhmm, let me see</think>\n\nThe answer is 4."
     for cut in range(1, len(text)):
         ev = split_all([text[:cut], text[cut:]])
-        assert ev == [("think_start",), ("think", "\nhmm, let me see"), ("think_end",),
-                      ("answer", "\n\nThe answer is 4.")], cut
+        assert ev == [("think_start",), ("reasoning", "\nhmm, let me see"), ("think_end",),
+                      ("content", "The answer is 4.")], cut
 
 
 def test_a_template_that_opens_think_starts_inside_it():
     assert split_all(["reasoning", "</thi", "nk>done"], thinking=True) == \
-        [("think", "reasoning"), ("think_end",), ("answer", "done")]
+        [("reasoning", "reasoning"), ("think_end",), ("content", "done")]
 
 
 def test_think_tag_inside_an_answer_is_text():
     assert split_all(["Use the <think> tag", " like <think>this"]) == \
-        [("answer", "Use the <think> tag like <think>this")]
+        [("content", "Use the <think> tag like <think>this")]
 
 
 def test_an_unfinished_tag_is_flushed_as_text():
-    assert split_all(["a <", "thi"]) == [("answer", "a <thi")]
+    assert split_all(["a <", "thi"]) == [("content", "a <thi")]
+
+
+def test_a_continued_answer_keeps_a_leading_think_tag_as_text():
+    s = chat_cli.ThinkSplitter(True, answered=True, marks=True)
+    assert s.feed("<think>x") + s.flush() == [("content", "<think>x")]
 
 
 def test_opens_thinking():

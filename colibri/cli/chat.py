@@ -16,7 +16,7 @@ from pathlib import Path
 
 from colibri.cli import launch_opts
 from colibri.cli.common import UserError, model_arg, require_model
-from colibri.server.text import partial_suffix  # the same held-back-tag rule the server streams with
+from colibri.server.text import ThinkSplitter  # the server's splitter: one rule for <think> everywhere
 
 HELP = "chat with a model in the terminal (streams tokens; Ctrl-C stops an answer)"
 DESCRIPTION = """Loads the model once and chats. Commands:
@@ -28,61 +28,6 @@ Ctrl-C stops the current answer; a second Ctrl-C leaves."""
 
 DEFAULT_ANSWER_CAP = 1024  # per answer, when the registry names no interactive cap; :more continues
 COMMANDS = {":reset", ":more", ":system", ":think", ":help", ":quit", ":exit", ":q"}
-
-
-class ThinkSplitter:
-    """Splits streamed text into thinking and answer parts at <think> / </think>, holding back a
-    partial tag that a later piece may complete. <think> counts only before any answer text."""
-
-    OPEN, CLOSE = "<think>", "</think>"
-
-    def __init__(self, thinking=False):
-        self.thinking = thinking
-        self.answered = False
-        self.pending = ""
-
-    def feed(self, text):
-        s, out = self.pending + text, []
-        self.pending = ""
-        while s:
-            if self.thinking:
-                i = s.find(self.CLOSE)
-                if i >= 0:
-                    self._emit(out, s[:i])
-                    self.thinking = False
-                    out.append(("think_end",))
-                    s = s[i + len(self.CLOSE):]
-                    continue
-                keep = partial_suffix(s, self.CLOSE)
-                self._emit(out, s[:len(s) - keep])
-                self.pending = s[len(s) - keep:]
-                break
-            if not self.answered:
-                body = s.lstrip()
-                if body.startswith(self.OPEN):
-                    self.thinking = True
-                    out.append(("think_start",))
-                    s = body[len(self.OPEN):]
-                    continue
-                if not body or self.OPEN.startswith(body):
-                    self.pending = s  # only whitespace, or what may still become <think>
-                    break
-            self._emit(out, s)
-            break
-        return out
-
-    def _emit(self, out, text):
-        if not text:
-            return
-        if not self.thinking and text.strip():
-            self.answered = True
-        out.append(("think" if self.thinking else "answer", text))
-
-    def flush(self):
-        rest, self.pending = self.pending, ""
-        out = []
-        self._emit(out, rest)
-        return out
 
 
 class Screen:
@@ -103,7 +48,7 @@ class Screen:
         elif kind == "think_end":
             self.write("\033[22m\n" if self.color else "\n[/thinking]\n")
             self.after_think = True
-        elif kind == "think":
+        elif kind == "reasoning":
             self.write(ev[1])
         else:
             text = ev[1]
@@ -209,9 +154,8 @@ class Chat:
             state["stopping"] = True
             self.eng.control("STOP", rid)
 
-        splitter = ThinkSplitter(thinking=opens_thinking(think_context))
-        splitter.answered = continuing
-        if splitter.thinking:
+        splitter = ThinkSplitter(True, in_reasoning=opens_thinking(think_context), answered=continuing, marks=True)
+        if splitter.state == "reasoning":
             self.screen.event(("think_start",))
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces, stats = [], {}
@@ -242,7 +186,7 @@ class Chat:
         finally:
             signal.signal(signal.SIGINT, previous)
             self.screen.reset()
-        if splitter.thinking:
+        if splitter.state == "reasoning":
             self.screen.write("\n" if self.color else "\n[/thinking]\n")
         self.screen.write("\n")
         self.screen.write(self.screen.dim(footer(stats, state["stopping"] and stats.get("finish") == "stop")) + "\n")
@@ -385,7 +329,7 @@ def add_arguments(p):
     p.add_argument("--system", help="system prompt")
     p.add_argument("--raw", action="store_true", help="no chat template: the conversation is plain text that the "
                    "model continues (for base models)")
-    launch_opts.add_engine_flags(p, kv_slots=False)
+    launch_opts.add_engine_flags(p, tuple(n for n in launch_opts.LAUNCH_FLAGS if n != "kv-slots"))
     launch_opts.add_sampling_flags(p, max_tokens_help=f"cap per answer (default {DEFAULT_ANSWER_CAP}, or the "
                                    "family's interactive cap); :more continues a capped answer")
 

@@ -48,12 +48,17 @@ class ThinkSplitter:
     """Splits text into ('reasoning', s) and ('content', s) pieces at <think> / </think>.
 
     `in_reasoning`: the prompt already opened a <think> block (the template ends with it).
-    Otherwise an output that starts with <think> (after whitespace) opens one.
+    Otherwise an output that starts with <think> (after whitespace) opens one, unless `answered`
+    (the output continues an answer, so a <think> in it is text). `marks` also yields
+    ("think_start",) and ("think_end",) where a block opens and closes (the terminal chat shows them).
     """
 
-    def __init__(self, enabled, in_reasoning=False):
-        self.enabled = enabled
-        self.state = "content" if not enabled else ("reasoning" if in_reasoning else "start")
+    def __init__(self, enabled, in_reasoning=False, answered=False, marks=False):
+        self.enabled, self.marks = enabled, marks
+        if not enabled or (answered and not in_reasoning):
+            self.state = "content"
+        else:
+            self.state = "reasoning" if in_reasoning else "start"
         self.buf = ""
         self.strip_next = False  # drop the blank lines the model puts after </think>
 
@@ -68,6 +73,8 @@ class ThinkSplitter:
                 if s.startswith(THINK_OPEN):
                     self.buf = s[len(THINK_OPEN):]
                     self.state = "reasoning"
+                    if self.marks:
+                        out.append(("think_start",))
                     continue
                 if THINK_OPEN.startswith(s):  # empty or a partial tag: wait
                     return out
@@ -80,6 +87,8 @@ class ThinkSplitter:
                         out.append(("reasoning", self.buf[:i]))
                     self.buf = self.buf[i + len(THINK_CLOSE):]
                     self.state, self.strip_next = "content", True
+                    if self.marks:
+                        out.append(("think_end",))
                     continue
                 cut = len(self.buf) - partial_suffix(self.buf, THINK_CLOSE)
                 if cut:
