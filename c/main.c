@@ -22,6 +22,7 @@ static const char *USAGE =
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
     "       colibri detokenize --model DIR 1,2,3\n"
     "       colibri families   (the model families this engine implements)\n"
+    "       colibri limits     (KV slots and quantized block sizes, one `name value` a line)\n"
     "       colibri version\n";
 
 static int logits_main(int argc, char **argv) {
@@ -78,6 +79,11 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "version")) {
         kernels_init(0);
         printf("colibri %s kernels=%s\n", COLI_VERSION, kern.name);
+        return 0;
+    }
+    if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */
+        printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\n", MAX_KV_SLOTS, QBLOCK,
+               qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK));
         return 0;
     }
     if (!strcmp(cmd, "families")) {

@@ -27,9 +27,11 @@ import struct
 from pathlib import Path
 
 import family_registry
+from colibri.checksum import sha256_file
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
 from colibri.convert.hf import ConvertError
+from colibri.limits import row_bytes
 from version import VERSION
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
@@ -420,7 +422,7 @@ def shard_anchors(planner):
     sizes = {}
     for o in planner.outputs:
         key = o["order"][0]
-        sizes[key] = sizes.get(key, 0) + o["rows"] * convert_hf.row_bytes(o["qtype"], o["cols"])
+        sizes[key] = sizes.get(key, 0) + o["rows"] * row_bytes(o["qtype"], o["cols"])
     group, acc, anchor_of = 0, 0, {}
     for key in sorted(sizes):
         if acc and acc + sizes[key] > SHARD_BYTES:
@@ -503,27 +505,11 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
     gen = {"bos_token_id": bos_id, "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}
     write_json(out / "generation_config.json", {k: v for k, v in gen.items() if v is not None and v != []})
     log("checksumming the source")
-    manifest = {
-        "format": "colibri-container",
-        "format_version": convert_hf.FORMAT_VERSION,
-        "converter_version": VERSION,
-        "family": fam,
-        "arch": arch,
-        "trunk": trunk,
-        "layers": layers,
-        "quant": {"experts": experts, "dense": dense, "embed": dense, "lm_head": dense,
-                  "norms": "f32", "router": "f32", "biases": "f32",
-                  "q8": "blocks of 32, f16 scale", "q4": "blocks of 32, f16 scale + f16 min",
-                  "from_gguf": kept},
-        "bos_token_id": bos_id if bos_id is not None else -1,
-        "eos_token_ids": eos_ids,
-        "shards": [fname for fname, _ in shards],
-        "source": {"files": {src.name: convert_hf.sha256_file(src)}, "model_type": cfg["model_type"],
-                   "gguf": {"version": g.version, "architecture": g.metadata.get("general.architecture"),
-                            "name": g.metadata.get("general.name"), "file_type": g.metadata.get("general.file_type")}},
-    }
-    tmp = out / "colibri.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / "colibri.json")
+    convert_hf.write_manifest(
+        out, family=fam, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
+        bos=bos_id if bos_id is not None else -1, eos=eos_ids, shards=shards, quant_extra={"from_gguf": kept},
+        source={"files": {src.name: sha256_file(src)}, "model_type": cfg["model_type"],
+                "gguf": {"version": g.version, "architecture": g.metadata.get("general.architecture"),
+                         "name": g.metadata.get("general.name"), "file_type": g.metadata.get("general.file_type")}})
     log(f"wrote {out}")
     return out

@@ -11,7 +11,6 @@ NAME.partial and renamed when complete; `.coli_convert.json` records finished sh
 settings, so an interrupted conversion resumes and a conversion with other settings into the
 same directory is refused. colibri.json is written last: its presence means complete.
 """
-import hashlib
 import json
 import os
 import re
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import family_registry
 from colibri import ROOT
+from colibri.checksum import sha256_file
+from colibri.limits import STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
 
@@ -39,15 +40,6 @@ IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
 class ConvertError(RuntimeError):
     pass
-
-
-def storage_dtype(qtype):
-    return {"f32": "F32", "bf16": "BF16", "f16": "F16"}.get(qtype, "U8")
-
-
-def row_bytes(qtype, cols):
-    blocks = (cols + 31) // 32
-    return {"f32": 4 * cols, "bf16": 2 * cols, "f16": 2 * cols, "q8": 34 * blocks, "q4": 20 * blocks}[qtype]
 
 
 def source_files(src):
@@ -198,18 +190,10 @@ def layout_shards(planner, src_files):
         outs = [o for o in planner.outputs if o["anchor"] == f]
         if not outs:
             continue
-        outs.sort(key=lambda o: (size_rank[storage_dtype(o["qtype"])], o["order"],
+        outs.sort(key=lambda o: (size_rank[STORAGE_DTYPE[o["qtype"]]], o["order"],
                                  kind_rank.get(o["name"].split(".")[-2], 9), o["name"]))
         shards.append((f"model-{k + 1:05d}-of-{n:05d}.safetensors", outs))
     return shards
-
-
-def sha256_file(path, progress=None):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def engine_binary():
@@ -225,7 +209,7 @@ def write_shard(out, fname, outs, log):
     entries, infos = [], {}
     for o in outs:
         rb = row_bytes(o["qtype"], o["cols"])
-        dtype = storage_dtype(o["qtype"])
+        dtype = STORAGE_DTYPE[o["qtype"]]
         shape = [o["rows"], rb] if dtype == "U8" else ([o["cols"]] if o["rows"] == 1 else [o["rows"], o["cols"]])
         entries.append((o["name"], dtype, shape, o["rows"] * rb))
         infos[o["name"]] = [o["qtype"], o["rows"], o["cols"]]
@@ -307,6 +291,16 @@ def convert(src, out, experts="q4", dense="q8", log=print):
         if (src / name).is_file():
             shutil.copyfile(src / name, out / name)
     log("checksumming sources")
+    write_manifest(out, family=family, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
+                   bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src), shards=shards,
+                   source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")})
+    log(f"wrote {out}")
+    return out
+
+
+def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None):
+    """colibri.json, for every converter: written last and renamed into place, so its presence
+    means the container is complete (docs/container.md)."""
     manifest = {
         "format": "colibri-container",
         "format_version": FORMAT_VERSION,
@@ -317,17 +311,15 @@ def convert(src, out, experts="q4", dense="q8", log=print):
         "layers": layers,
         "quant": {"experts": experts, "dense": dense, "embed": dense, "lm_head": dense,
                   "norms": "f32", "router": "f32", "biases": "f32",
-                  "q8": "blocks of 32, f16 scale", "q4": "blocks of 32, f16 scale + f16 min"},
-        "bos_token_id": token_id(cfg, src, "bos_token_id"),
-        "eos_token_ids": eos_ids(cfg, src),
+                  "q8": "blocks of 32, f16 scale", "q4": "blocks of 32, f16 scale + f16 min", **(quant_extra or {})},
+        "bos_token_id": bos,
+        "eos_token_ids": eos,
         "shards": [fname for fname, _ in shards],
-        "source": {"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")},
+        "source": source,
     }
     tmp = out / "colibri.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / "colibri.json")
-    log(f"wrote {out}")
-    return out
 
 
 def start_conversion(out, settings, n_shards, log):

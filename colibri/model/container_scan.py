@@ -9,19 +9,11 @@ import re
 from pathlib import Path
 
 from family_registry import TENSOR_CLASSES  # one table for every tool
+from colibri.limits import STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import DTYPE_SIZE, SafetensorsError  # shared with the converter
 from colibri.convert.safetensors_io import read_raw_header as _read_raw_header
 
 FORMAT_VERSION = 1
-QBLOCK = 32
-# storage type -> (safetensors dtype, bytes per stored row for `cols` logical columns)
-STORAGE = {
-    "f32": ("F32", lambda cols: cols * 4),
-    "bf16": ("BF16", lambda cols: cols * 2),
-    "f16": ("F16", lambda cols: cols * 2),
-    "q8": ("U8", lambda cols: -(-cols // QBLOCK) * 34),
-    "q4": ("U8", lambda cols: -(-cols // QBLOCK) * 20),
-}
 
 EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
@@ -129,12 +121,12 @@ def check_entries(header, data_start, size, path):
 
 def check_storage(name, t, entry):
     """Compares a tensor's stored dtype/shape with its colibri.tensors entry (as the engine does)."""
-    if (not isinstance(entry, list) or len(entry) != 3 or entry[0] not in STORAGE
+    if (not isinstance(entry, list) or len(entry) != 3 or entry[0] not in STORAGE_DTYPE
             or not all(isinstance(x, int) and x >= 1 for x in entry[1:])):
         return f"tensor '{name}' has no valid [storage, rows, cols] entry in colibri.tensors"
     storage, rows, cols = entry
-    dtype, row_bytes = STORAGE[storage]
-    want_cols = row_bytes(cols) if dtype == "U8" else cols
+    dtype = STORAGE_DTYPE[storage]
+    want_cols = row_bytes(storage, cols) if dtype == "U8" else cols
     shape = t["shape"]
     ok = t["dtype"] == dtype and (shape == [rows, want_cols] or (rows == 1 and shape == [want_cols]))
     if not ok:

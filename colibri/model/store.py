@@ -27,6 +27,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from colibri.checksum import sha256_file
 from colibri.cli.common import UserError
 
 HELP = "download a model into the local store and convert it once (smollm2, hf:ORG/REPO[:TAG])"
@@ -89,14 +90,6 @@ def list_models():
 
 
 # ---------------------------------------------------------------- checksums and progress
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def git_blob_sha1(path):
     h = hashlib.sha1()

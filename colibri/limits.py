@@ -1,0 +1,25 @@
+"""The engine's fixed numbers as the launcher uses them: how many KV slots it has and how a
+quantized row is laid out. Defined here once for Python; `colibri limits` prints the engine's
+own values (c/engine.h, c/quant.h) and tests/test_limits.py checks that the two agree."""
+
+MAX_KV_SLOTS = 16  # c/engine.h MAX_KV_SLOTS
+QBLOCK = 32  # values per quantized block, c/quant.h QBLOCK
+BLOCK_BYTES = {"q8": 34, "q4": 20}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble bytes
+
+# storage type -> safetensors dtype of its tensors (the quantized ones are raw bytes)
+STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8"}
+_VALUE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def row_bytes(storage, cols):
+    """Bytes one stored row of `cols` logical columns takes (KeyError for an unknown storage)."""
+    if storage in BLOCK_BYTES:
+        return -(-cols // QBLOCK) * BLOCK_BYTES[storage]
+    return _VALUE_BYTES[storage] * cols
+
+
+def engine_report(exe):
+    """`colibri limits` as a dict of ints (name -> value)."""
+    import subprocess
+    out = subprocess.run([str(exe), "limits"], capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}

@@ -1,0 +1,17 @@
+"""The launcher's copy of the engine's fixed numbers (colibri/limits.py) equals what the engine
+reports (`colibri limits`): a change on one side that the other missed fails here."""
+from engine_binaries import engine_bin  # noqa: F401  (fixture)
+
+from colibri import limits
+
+
+def test_python_limits_equal_the_engine_report(engine_bin):  # noqa: F811
+    assert limits.engine_report(engine_bin) == {
+        "max_kv_slots": limits.MAX_KV_SLOTS, "qblock": limits.QBLOCK,
+        "q8_block_bytes": limits.BLOCK_BYTES["q8"], "q4_block_bytes": limits.BLOCK_BYTES["q4"]}
+
+
+def test_row_bytes_round_up_to_whole_blocks():
+    assert limits.row_bytes("q8", 33) == 2 * limits.BLOCK_BYTES["q8"]
+    assert limits.row_bytes("q4", 32) == limits.BLOCK_BYTES["q4"]
+    assert limits.row_bytes("bf16", 33) == 66 and limits.row_bytes("f32", 3) == 12
