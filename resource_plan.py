@@ -280,14 +280,14 @@ def format_plan(res):
 def add_arguments(p):
     model_arg(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--ram", type=float, metavar="GB", help="RAM budget in GB (default: 90%% of usable memory, "
-                   "cgroup limits included)")
-    p.add_argument("--ctx", type=int, help="context length to plan for (default: min(model max, 4096))")
-    p.add_argument("--kv-slots", type=int, dest="kv_slots", default=1, help="KV slots (concurrent conversations, default 1)")
-    p.add_argument("--cap", type=int, help="expert cache slots per layer to plan with (default: as many as fit)")
-    from colibri.cli import launch_opts
-    launch_opts.add_kv_flag(p)
-    p.add_argument("--threads", type=int, help="compute threads to plan with (default: usable CPUs)")
+    from colibri.cli import launch_opts  # the engine flags, declared once; here they are what to plan for
+    launch_opts.add_engine_flags(
+        p, ("ram", "ctx", "kv-slots", "cap", "kv", "threads"), group=None,
+        ram={"help": "RAM budget in GB (default: 90%% of usable memory, cgroup limits included)"},
+        ctx={"help": "context length to plan for (default: min(model max, 4096))"},
+        kv_slots={"default": 1, "help": "KV slots (concurrent conversations, default 1)"},
+        cap={"help": "expert cache slots per layer to plan with (default: as many as fit)"},
+        threads={"help": "compute threads to plan with (default: usable CPUs)"})
     p.add_argument("--mem-bw", type=float, dest="mem_bw", metavar="GB/s", help="memory read bandwidth (default: measured)")
     p.add_argument("--disk-bw", type=float, dest="disk_bw", metavar="GB/s",
                    help="disk read bandwidth with O_DIRECT (default: measured on the model's shards)")

@@ -37,3 +37,11 @@ def test_only_coli_sets_the_import_path():
 
 def test_top_level_python_is_only_the_entry_points():
     assert {f.name for f in ROOT.glob("*.py")} == ENTRY_POINTS, "move runtime modules into colibri/<concern>/"
+
+
+def test_engine_flags_are_declared_once():
+    """--ctx, --threads, ... mean one thing in every command: they come from launch_opts.ENGINE_FLAGS."""
+    flag = re.compile(r"""add_argument\(\s*["']--(ctx|threads|batch|kv-slots|kv|ram|cap|no-profile)["']""")
+    files = [ROOT / "coli", *ROOT.glob("*.py"), *ROOT.glob("colibri/**/*.py")]
+    found = [f"{f.relative_to(ROOT)}: --{m.group(1)}" for f in files for m in flag.finditer(f.read_text(encoding="utf-8"))]
+    assert not found, f"declare engine flags through launch_opts.add_engine_flags: {found}"

@@ -23,8 +23,9 @@ def add_arguments(p):
     p.add_argument("--prompt-tokens", type=int, default=64, help="prefill length (default 64)")
     p.add_argument("--gen-tokens", type=int, default=64, help="decoded tokens per run (default 64)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each side, alternating (default 3)")
-    p.add_argument("--threads", type=int, help="threads for both sides (default: the engine's choice, "
-                                                "physical cores; the peer gets the same number)")
+    from colibri.cli import launch_opts  # the engine flags, declared once for every command
+    launch_opts.add_engine_flags(p, ("threads",), group=None, threads={
+        "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"})
     p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
                    help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")
     p.add_argument("--gguf", help="GGUF file the peer runs (default: the file a pulled model came from)")

@@ -10,40 +10,50 @@ import sys
 from pathlib import Path
 
 from colibri.cli.common import UserError
+from colibri.limits import MAX_KV_SLOTS
 
-MAX_KV_SLOTS = 16  # c/engine.h
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kv_kernels.c
 
 
-def add_kv_flag(p):
-    """--kv: the KV cache's element type, for every command that starts an engine."""
-    p.add_argument("--kv", choices=KV_TYPES, default=None,
-                   help="KV cache element type (default f16, half the memory of f32; f32 keeps K/V exactly)")
+# The engine flags, declared once. Each command that starts (or plans) an engine names the ones
+# it honours and may say its own default in the help; the meaning and type stay the same.
+ENGINE_FLAGS = {
+    "ctx": dict(type=int, help="context length in tokens (default: min(model max, 4096))"),
+    "threads": dict(type=int, help="compute threads (default: tuned profile, else all CPUs)"),
+    "batch": dict(type=int, help="positions per forward pass during prefill (default: tuned profile, else 128; "
+                  "1 = token by token)"),
+    "kv-slots": dict(type=int, dest="kv_slots", help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)"),
+    "kv": dict(choices=KV_TYPES, default=None,
+               help="KV cache element type (default f16, half the memory of f32; f32 keeps K/V exactly)"),
+    "ram": dict(type=float, metavar="GB", help="RAM budget in GB; refused when the engine cannot stay within it "
+                "(today it maps every weight)"),
+    "cap": dict(type=int, help="expert cache slots per layer; today only the full count is possible "
+                "(the engine keeps every expert mapped)"),
+    "no-profile": dict(action="store_true", dest="no_profile",
+                       help="ignore the profile saved by `coli tune` (also COLI_NO_PROFILE=1)"),
+}
+LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv", "ram", "cap", "no-profile")  # run, chat
 
 
-def kv_flags(args):
-    """Engine arguments for --kv (none when the engine default applies)."""
-    v = getattr(args, "kv", None)
-    return ["--kv", v] if v else []
+def add_engine_flags(p, names=LAUNCH_FLAGS, group="engine", **overrides):
+    """Adds the named ENGINE_FLAGS to parser p (in an argument group unless group is None).
+    overrides: flag name with '_' for '-' -> a dict that replaces parts of its declaration
+    (a command's own default or help text)."""
+    g = p.add_argument_group(group) if group else p
+    for name in names:
+        spec = {**ENGINE_FLAGS[name], **overrides.get(name.replace("-", "_"), {})}
+        g.add_argument(f"--{name}", **spec)
 
 
-def add_engine_flags(p, kv_slots=True):
-    g = p.add_argument_group("engine")
-    g.add_argument("--ctx", type=int, help="context length in tokens (default: min(model max, 4096))")
-    g.add_argument("--threads", type=int, help="compute threads (default: tuned profile, else all CPUs)")
-    g.add_argument("--batch", type=int, help="positions per forward pass during prefill (default: tuned profile, "
-                   "else 128; 1 = token by token)")
-    if kv_slots:
-        g.add_argument("--kv-slots", type=int, dest="kv_slots",
-                       help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)")
-    add_kv_flag(g)
-    g.add_argument("--ram", type=float, metavar="GB", help="RAM budget in GB; refused when the engine cannot stay "
-                   "within it (today it maps every weight)")
-    g.add_argument("--cap", type=int, help="expert cache slots per layer; today only the full count is possible "
-                   "(the engine keeps every expert mapped)")
-    g.add_argument("--no-profile", action="store_true", dest="no_profile",
-                   help="ignore the profile saved by `coli tune` (also COLI_NO_PROFILE=1)")
+def engine_args(args):
+    """The engine command-line arguments for the engine flags set in args."""
+    out = []
+    for name in ("ctx", "threads", "batch", "kv"):
+        v = getattr(args, name, None)
+        if v is not None:
+            out += [f"--{name}", str(v)]
+    return out
 
 
 def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (default: end of context)"):

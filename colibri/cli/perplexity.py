@@ -27,13 +27,13 @@ DEFAULT_CTX = 512
 def add_arguments(p):
     model_arg(p)
     p.add_argument("--file", required=True, help="UTF-8 text file to score")
-    p.add_argument("--ctx", type=int, default=None, help=f"tokens per chunk (default {DEFAULT_CTX}, at most the model's)")
     p.add_argument("--chunks", type=int, default=None, help="score at most N chunks")
     p.add_argument("--ref-logits", dest="ref_logits", help="reference logits, float32 [chunks*ctx, vocab]")
     p.add_argument("--save-logits", dest="save_logits", help="write this model's logits in the --ref-logits layout")
-    p.add_argument("--threads", type=int, help="compute threads (default: all cores)")
-    from colibri.cli import launch_opts
-    launch_opts.add_kv_flag(p)
+    from colibri.cli import launch_opts  # the engine flags, declared once for every command
+    launch_opts.add_engine_flags(p, ("ctx", "threads", "kv"), group=None,
+                                 ctx={"help": f"tokens per chunk (default {DEFAULT_CTX}, at most the model's)"},
+                                 threads={"help": "compute threads (default: all cores)"})
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colibri.cli.common import UserError, model_arg, require_model
+from colibri.limits import MAX_KV_SLOTS
 
-MAX_KV_SLOTS = 16  # the engine's limit (docs/protocol.md: slot 0-15)
 
 
 @dataclass
@@ -52,7 +52,6 @@ def add_arguments(p):
     p.add_argument("--api-key-file", help="read the key from this file (keeps it out of the process list)")
     p.add_argument("--allow-remote-without-key", action="store_true",
                    help="allow a non-loopback --host without an API key (anyone who can reach the port can use it)")
-    p.add_argument("--kv-slots", type=int, help="independent KV caches, 1-16 (default 4; $COLI_KV_SLOTS)")
     p.add_argument("--max-queue", type=int, help="requests that may wait behind the running one (default 8; $COLI_MAX_QUEUE)")
     p.add_argument("--queue-timeout", type=float,
                    help="seconds a request may wait in the queue before a 429 (default 300; $COLI_QUEUE_TIMEOUT)")
@@ -67,11 +66,13 @@ def add_arguments(p):
     p.add_argument("--kv-dir", help="directory where KV slots persist across restarts (default: .coli_serve in the "
                                     "model directory if writable, else ~/.cache/colibri/serve/...)")
     p.add_argument("--no-kv-persist", action="store_true", help="keep KV slots in memory only")
-    p.add_argument("--ctx", type=int, help="context length in tokens per slot (default min(model max, 4096))")
-    p.add_argument("--threads", type=int, help="compute threads (default: all cores)")
-    p.add_argument("--batch", type=int, help="positions per forward pass during prefill (default 128)")
-    from colibri.cli import launch_opts
-    launch_opts.add_kv_flag(p)
+    from colibri.cli import launch_opts  # the engine flags, declared once for every command
+    launch_opts.add_engine_flags(
+        p, ("ctx", "threads", "batch", "kv-slots", "kv"), group=None,
+        ctx={"help": "context length in tokens per slot (default min(model max, 4096))"},
+        threads={"help": "compute threads (default: all cores)"},
+        batch={"help": "positions per forward pass during prefill (default 128)"},
+        kv_slots={"help": f"independent KV caches, 1-{MAX_KV_SLOTS} (default 4; $COLI_KV_SLOTS)"})
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client has to send its request headers (default 10)")
