@@ -132,7 +132,8 @@ def check_family(rep, man):
 
 def engine_families():
     """The engine's own family list (`colibri families`), or None when this build has no such command."""
-    exe = ROOT / "build" / "colibri"
+    from colibri import engine_client
+    exe = engine_client.RELEASE
     if not exe.exists():
         return None
     try:

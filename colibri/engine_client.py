@@ -3,13 +3,15 @@ read frames. Shared by `coli` and the HTTP server; stdlib only."""
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections import deque
 from pathlib import Path
 
 from colibri import ROOT
 # COLI_ENGINE picks another engine binary (the tests run the sanitizer build this way).
-ENGINE = Path(os.environ["COLI_ENGINE"]).resolve() if os.environ.get("COLI_ENGINE") else ROOT / "build" / "colibri"
+RELEASE = ROOT / "build" / "colibri"  # what `make` builds
+ENGINE = Path(os.environ["COLI_ENGINE"]).resolve() if os.environ.get("COLI_ENGINE") else RELEASE
 
 
 class EngineError(RuntimeError):
@@ -21,13 +23,26 @@ class EngineError(RuntimeError):
 
 
 def ensure_built():
+    """The engine to run: $COLI_ENGINE if set, else build/colibri (built now when missing)."""
     if os.environ.get("COLI_ENGINE") and not ENGINE.exists():
         raise EngineError("not_built", f"COLI_ENGINE names {ENGINE}, which does not exist; build it or unset COLI_ENGINE")
     if not ENGINE.exists():
-        r = subprocess.run(["make", "-s", "-C", str(ROOT), "build/colibri"])
-        if r.returncode or not ENGINE.exists():
-            raise EngineError("not_built", "the engine is not built and `make` failed; run `make` in the colibri directory")
+        _make(ENGINE)
     return ENGINE
+
+
+def release_engine():
+    """build/colibri whatever $COLI_ENGINE says (the converter's byte mover), built now when missing."""
+    if not RELEASE.exists():
+        _make(RELEASE)
+    return RELEASE
+
+
+def _make(exe):
+    # make's chatter goes to stderr: stdout may carry a command's answer
+    r = subprocess.run(["make", "-s", "-C", str(ROOT), "build/colibri"], stdout=sys.stderr)
+    if r.returncode or not exe.exists():
+        raise EngineError("not_built", "the engine is not built and `make` failed; run `make` in the colibri directory")
 
 
 def engine_env():

@@ -6,6 +6,9 @@ MAX_KV_SLOTS = 16  # c/engine.h MAX_KV_SLOTS
 QBLOCK = 32  # values per quantized block, c/quant.h QBLOCK
 BLOCK_BYTES = {"q8": 34, "q4": 20}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble bytes
 
+EXPERT_STORAGE = ("q4", "q8", "bf16", "f32")  # what a container may hold routed experts as
+DENSE_STORAGE = ("q8", "bf16", "f32")  # and the dense trunk
+
 # storage type -> safetensors dtype of its tensors (the quantized ones are raw bytes)
 STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8"}
 _VALUE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}

@@ -9,6 +9,7 @@ import time
 
 from colibri import ROOT
 from colibri.cli.common import UserError
+from colibri.engine_client import RELEASE
 
 HELP = "build the engine (make) and report its version and SIMD kernels"
 DESCRIPTION = """Builds build/colibri with make, using all CPUs. The engine picks its kernels at
@@ -16,7 +17,7 @@ run time (AVX2+FMA+F16C when the CPU has them, else portable C), so the default 
 any x86-64 or ARM machine. Flags are passed through the environment so the Makefile's own
 flags (C11, OpenMP, warnings) always stay; a change of flags forces a full rebuild."""
 
-ENGINE = ROOT / "build" / "colibri"
+ENGINE = RELEASE
 STATE = ROOT / "build" / ".coli_build.json"
 
 

@@ -73,3 +73,10 @@ def check_arch(d):
         raise UserError(f"{d / 'colibri.json'} is damaged: arch.{bad[0]} is missing or not a positive integer"
                         f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; re-run coli convert "
                         f"(`coli doctor --model {d}` checks the rest)")
+
+
+def add_storage_flags(p):
+    """--experts / --dense: how `coli convert` and `coli pull` store the weights."""
+    from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE
+    p.add_argument("--experts", default="q4", choices=EXPERT_STORAGE, help="routed-expert storage (default q4)")
+    p.add_argument("--dense", default="q8", choices=DENSE_STORAGE, help="dense trunk storage (default q8)")

@@ -16,20 +16,17 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri import ROOT
 from colibri.checksum import sha256_file
-from colibri.limits import STORAGE_DTYPE, row_bytes
+from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
 
 FORMAT_VERSION = 1
-EXPERT_CHOICES = ("q4", "q8", "bf16", "f32")
-DENSE_CHOICES = ("q8", "bf16", "f32")
+EXPERT_CHOICES, DENSE_CHOICES = EXPERT_STORAGE, DENSE_STORAGE
 SOURCE_DTYPES = ("F32", "F16", "BF16")
 COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
                 "special_tokens_map.json", "chat_template.jinja")
@@ -197,12 +194,11 @@ def layout_shards(planner, src_files):
 
 
 def engine_binary():
-    exe = ROOT / "build" / "colibri"
-    if not exe.exists():
-        r = subprocess.run(["make", "-s", "-C", str(ROOT), "build/colibri"], stdout=sys.stderr)
-        if r.returncode or not exe.exists():
-            raise ConvertError("the engine is not built and `make` failed; run `make` in the colibri directory")
-    return exe
+    from colibri import engine_client
+    try:
+        return engine_client.release_engine()
+    except engine_client.EngineError as e:
+        raise ConvertError(e.message) from None
 
 
 def write_shard(out, fname, outs, log):

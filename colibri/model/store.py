@@ -1,4 +1,4 @@
-"""`coli pull NAME`: fetch a model into the local model store, convert it once, print where it lives.
+"""The local model store: `coli pull NAME` fetches a model into it, converts it once, prints where it lives.
 
 The store is $COLI_HOME (default ~/.cache/colibri): converted containers in models/NAME,
 downloads in downloads/. Later commands accept the short name (resolve_model).
@@ -30,8 +30,6 @@ from pathlib import Path
 from colibri.checksum import sha256_file
 from colibri.cli.common import UserError
 
-HELP = "download a model into the local store and convert it once (smollm2, hf:ORG/REPO[:TAG])"
-DESCRIPTION = __doc__
 
 BUILTIN = {
     "smollm2": {
@@ -372,25 +370,3 @@ def pull(name, experts="q4", dense="q8", log=None):
         raise UserError(f"converting {name}: {e}") from None
     (dest / ".coli_pull.json").write_text(json.dumps({"name": name, "source": str(src), "revision": revision}))
     return dest
-
-
-def add_arguments(p):
-    p.add_argument("name", nargs="?", help="smollm2, or hf:ORG/REPO[:TAG]; without a name, list the pulled models")
-    p.add_argument("--experts", default="q4", choices=["q4", "q8", "bf16", "f32"], help="routed-expert storage (default q4)")
-    p.add_argument("--dense", default="q8", choices=["q8", "bf16", "f32"], help="dense trunk storage (default q8)")
-
-
-def run(args):
-    if not args.name:
-        names = list_models()
-        print(f"model store: {models_dir()}")
-        for n in names:
-            print(f"  {n}")
-        if not names:
-            print("  (empty; try `coli pull smollm2`)")
-        return 0
-    dest = pull(args.name, experts=args.experts, dense=args.dense)
-    print(dest)
-    short = args.name
-    print(f"use it with --model {short} (or --model {dest})", file=sys.stderr)
-    return 0
