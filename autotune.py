@@ -4,7 +4,7 @@ Each candidate runs against the current best in paired, alternating runs (both e
 loaded; each pair sends the same prompt to both, in swapped order every other pair, so drift
 cancels). A change is kept only when it wins clearly (median speed-up above the threshold and
 faster in every pair, or all but one from 5 pairs) and its greedy tokens are identical in every
-pair. The profile (tune_profile.py) is keyed by machine and model; `coli run` and `coli chat`
+pair. The profile (colibri/machine/tune_profile.py) is keyed by machine and model; `coli run` and `coli chat`
 apply it and say so, and an explicit flag always wins.
 """
 import random

@@ -1,15 +1,15 @@
 """`coli serve`: an OpenAI-compatible (and Anthropic Messages) HTTP server around one engine.
 
-Stdlib only. The pieces, one job per module:
-  server_config     flags, environment, validation
-  server_conns      connections: request heads read without a thread each, caps, eviction
-  server_http       HTTP plumbing and the security checks
-  server_engine     the engine process, admission queue, KV slot table
-  server_generate   one generation request from queue to last byte
-  server_openai / server_anthropic   request parsing and response shapes per dialect
-  server_text       stop sequences and <think> splitting on the text stream
-  server_metrics    /health counters and /metrics (Prometheus)
-  server_tokens     prompt token counts for /v1/messages/count_tokens
+Stdlib only. The pieces, one job per module of colibri/server/:
+  config        flags, environment, validation
+  conns         connections: request heads read without a thread each, caps, eviction
+  http          HTTP plumbing and the security checks
+  scheduler     the engine process, admission queue, KV slot table
+  generate      one generation request from queue to last byte
+  openai / anthropic   request parsing and response shapes per dialect
+  text          stop sequences and <think> splitting on the text stream
+  metrics       /health counters and /metrics (Prometheus)
+  tokens        prompt token counts for /v1/messages/count_tokens
 """
 import ipaddress
 import os

@@ -10,7 +10,7 @@ colibri's launcher is stdlib-only, so it carries its own interpreter for the par
 Jinja2 that chat templates use, following jinja2's own lexer, parser and runtime rules:
 
     source --lex()--> tokens --Parser--> tuple AST --Renderer--> text
-           chat_template_syntax.py             chat_template_runtime.py
+           syntax.py                           runtime.py
 
 Anything outside that subset raises TemplateError naming the construct and the line: a
 template renders byte-for-byte as transformers renders it, or not at all.

@@ -3,7 +3,7 @@
 What a rendered jinja2 template sees at run time, with the semantics of jinja2 3.1 in the
 ImmutableSandboxedEnvironment that transformers builds: Undefined, Markup, namespace(),
 the loop variable, macros, sandboxed attribute/item access, the filters, tests and
-globals, and the Renderer that walks the tuple AST of chat_template_syntax.py.
+globals, and the Renderer that walks the tuple AST of syntax.py.
 """
 
 import json

@@ -2,7 +2,7 @@
 server, and checked before the engine starts.
 
 A value the engine cannot honour is refused with the reason, never clamped. A tuned profile
-(tune_profile.py) fills only the knobs the user did not give; an explicit flag always wins.
+(colibri/machine/tune_profile.py) fills only the knobs the user did not give; an explicit flag always wins.
 """
 import json
 import os

@@ -1,7 +1,7 @@
 """`coli serve` settings: command-line flags, their environment fallbacks and validation.
 
 An explicit flag always wins over the environment; a value the server cannot honour is refused
-with the reason (cli_common.UserError), never clamped.
+with the reason (colibri.cli.common.UserError), never clamped.
 """
 import hashlib
 import ipaddress
@@ -138,7 +138,7 @@ def check_origin(origin):
 
 
 # Descriptors per connection: its socket, plus at most one socket closing after a last answer
-# (server_conns lingers at most --max-connections of them); and a margin for engine and tokenizer
+# (conns.py lingers at most --max-connections of them); and a margin for engine and tokenizer
 # pipes, job pipes, KV and model files.
 FD_PER_CONNECTION = 2
 FD_MARGIN = 64

@@ -5,7 +5,7 @@ reads each request head (and a small body, up to BUFFERED_BODY bytes) into a buf
 header (body) deadline and keeps idle keep-alive connections. Only a complete request reaches a
 worker thread. A slow or silent client therefore costs a buffer and a file descriptor, never a
 thread, and cannot starve the workers. Larger bodies are read by the worker, under the body
-deadline (server_http).
+deadline (http.py).
 
 Caps (--max-connections in total, --max-connections-per-ip per address) count every open
 connection. When a new one would exceed a cap, the connection of that scope that has waited
@@ -382,7 +382,7 @@ class Server:
         except OSError:
             sock.close()
             return
-        if len(self.lingering) >= min(MAX_LINGER, self.settings.max_connections):  # descriptors: server_config
+        if len(self.lingering) >= min(MAX_LINGER, self.settings.max_connections):  # descriptors: config.py
             self._linger_end(next(iter(self.lingering)))
         self.lingering[sock] = time.monotonic() + LINGER_S
         self.sel.register(sock, selectors.EVENT_READ, "linger")

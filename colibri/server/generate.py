@@ -62,7 +62,7 @@ class Generation:
         self.job = None
 
     def run(self):
-        """Returns the outcome (see server_metrics.OUTCOMES); raises ApiError before any header."""
+        """Returns the outcome (see metrics.OUTCOMES); raises ApiError before any header."""
         spec = self.spec
         self.job = job = Job(spec.payload, spec.opts, spec.cache_slot, spec.key_text)
         try:

@@ -1,6 +1,6 @@
 """HTTP plumbing on http.server's request handler: the body deadline and limits, the Host /
 Origin / API-key checks, JSON and SSE (chunked) responses, client-disconnect detection.
-Connections, request heads and their deadlines are server_conns' job."""
+Connections, request heads and their deadlines are conns.py's job."""
 import hashlib
 import hmac
 import ipaddress
