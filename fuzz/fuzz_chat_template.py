@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris target: a chat template source from arbitrary bytes, parsed and rendered over a
 conversation that exercises the variables real templates read. Anything but success or
 TemplateError (another exception type, a hang, a memory blow-up) is a finding."""

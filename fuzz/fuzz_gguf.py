@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris target: tools/gguf_reader.read_gguf on an arbitrary file. A hostile file must be refused
 with GGUFError; a file it accepts must have every tensor inside the file, without overlaps."""
 import os

@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 mode=$1; shift
 failed=0
 for t in "$@"; do
-    if [ -f "fuzz/fuzz_$t.py" ]; then cmd=(env PYTHONPATH=.:tools build/fuzz-venv/bin/python "fuzz/fuzz_$t.py")
+    # a Python target runs as its own executable (libFuzzer's merge re-runs argv[0]), with the
+    # fuzz venv's python first on PATH for its #! line
+    if [ -f "fuzz/fuzz_$t.py" ]; then cmd=(env "PATH=$PWD/build/fuzz-venv/bin:$PATH" PYTHONPATH=.:tools "fuzz/fuzz_$t.py")
     else cmd=("build/fuzz/fuzz_$t"); fi
     kept="fuzz/corpus/$t" work="build/fuzz/corpus/$t" crashes="build/fuzz/crashes/$t" log="build/fuzz/$t.log"
     mkdir -p "$kept" "$work" "$crashes"
@@ -20,8 +22,12 @@ for t in "$@"; do
         fresh="build/fuzz/merged/$t"
         # the kept entries (named seeds, regress-* reproducers) stay; only working-corpus inputs
         # that add coverage beyond them are added, under libFuzzer's hash names
-        rm -rf "$fresh" && mkdir -p "$fresh" && cp "$kept"/* "$fresh"/ 2>/dev/null
-        if "${cmd[@]}" -merge=1 "${opts[@]}" "$fresh" "$work" >"$log" 2>&1; then
+        # only inputs up to MERGE_MAX_BYTES, so the committed corpus stays small
+        small="build/fuzz/merge-in/$t"
+        rm -rf "$fresh" "$small" && mkdir -p "$fresh" "$small" && cp "$kept"/* "$fresh"/ 2>/dev/null
+        find "$work" -maxdepth 1 -type f -size -"${MERGE_MAX_BYTES:-2048}"c -exec cp {} "$small"/ \;
+        if "${cmd[@]}" -merge=1 "${opts[@]}" "$fresh" "$small" >"$log" 2>&1 && grep -q '^MERGE-OUTER: .* new files' "$log" &&
+            ! grep -q -E 'Permission denied|not found|Traceback' "$log"; then
             added=$(( $(ls "$fresh" | wc -l) - $(ls "$kept" | wc -l) ))
             cp -n "$fresh"/* "$kept"/
             echo "$t: kept corpus +$added entries, now $(ls "$kept" | wc -l) ($(du -sk "$kept" | cut -f1) KiB)"
