@@ -61,7 +61,6 @@ FUZZ_PLAIN_SRC := c/quant.c c/kernels_avx2.c
 FUZZ_C_TARGETS := json safetensors container manifest tokenizer_load tokenizer_encode protocol kv
 FUZZ_PY_TARGETS := gguf chat_template
 FUZZ_VENV := build/fuzz-venv
-FUZZ_PY := $(FUZZ_VENV)/bin/python
 
 build/fuzz/libcoli.a: $(FUZZ_LIB_SRC) $(FUZZ_PLAIN_SRC) $(HEADERS)
 	mkdir -p build/fuzz/obj
