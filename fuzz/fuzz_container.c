@@ -22,14 +22,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!err[0]) abort();
         return 0;
     }
-    /* a loaded model's matrices must lie inside the mapping: touch their last bytes */
+    /* a loaded model's trunk matrices must lie inside the mapping: touch their last bytes (the
+     * layers' blocks keep their matrices private; they come through the same bl_mat_named checks) */
     volatile unsigned sum = m.embed.data[(size_t)m.embed.rows * m.embed.row_bytes - 1];
     sum += m.lm_head.data[(size_t)m.lm_head.rows * m.lm_head.row_bytes - 1];
-    for (int l = 0; l < m.a.n_layers; l++) {
-        const Layer *y = &m.layers[l];
-        sum += y->wq.data[(size_t)y->wq.rows * y->wq.row_bytes - 1] + y->wo.data[(size_t)y->wo.rows * y->wo.row_bytes - 1];
-        if (!m.a.layer_is_moe[l]) sum += y->mlp.down.data[(size_t)y->mlp.down.rows * y->mlp.down.row_bytes - 1];
-    }
     model_free(&m);
     (void)sum;
     return 0;

@@ -1,5 +1,5 @@
 /* kv_restore on an arbitrary KV state file, into a cache sized for the fixture model as the
- * engine sizes it (kv_init in c/forward.c), with the fixture's fingerprint so the fuzzer can
+ * engine sizes it (kv_init in c/kv.c, from the layers' state descriptors), with the fixture's fingerprint so the fuzzer can
  * get past the header into the token and tensor reads. */
 #include "harness.h"
 #include "kv_persist.h"
@@ -19,9 +19,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const Arch *a = &model.a;
-    size_t per = (size_t)a->n_layers * CTX * a->n_kv_heads * a->head_dim;
-    KvCache kv = {CTX, 0, malloc(per * sizeof(float)), malloc(per * sizeof(float)), malloc(sizeof(int32_t) * CTX)};
-    if (!kv.k || !kv.v || !kv.tokens) abort();
+    KvCache kv;
+    if (kv_init(&kv, a, CTX)) abort();
     const char *path = fuzz_write(fuzz_tmpdir(), ".coli_kv", data, size);
     char err[512] = "";
     int rc = kv_restore(&kv, a, fp, path, err, sizeof err);
@@ -30,8 +29,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (kv.n < 0 || kv.n > CTX) abort();
         for (int i = 0; i < kv.n; i++) if (kv.tokens[i] < 0 || kv.tokens[i] >= a->vocab) abort();
     }
-    free(kv.k);
-    free(kv.v);
-    free(kv.tokens);
+    kv_free(&kv);
     return 0;
 }
