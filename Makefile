@@ -15,7 +15,7 @@ CTEST_SRC := $(wildcard c/tests/*.c)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: all test ctest pytest clean venv
+.PHONY: all test ctest pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv
 all: build/colibri
 
 build/colibri: $(ENGINE_SRC) $(HEADERS) | build
@@ -48,7 +48,52 @@ ctest: build/c_tests build/c_tests_asan
 pytest: build/colibri build/colibri_asan $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests
 
-test: ctest pytest
+test: ctest pytest fuzz-test
+
+# Fuzzing (fuzz/README.md): libFuzzer harnesses over every parser of untrusted bytes, built with
+# clang under ASan+UBSan; the Python parsers run under atheris in their own venv. `make fuzz`
+# runs each target FUZZ_SECONDS on its kept corpus (fuzz/corpus/<target>/); `make test` runs
+# each for FUZZ_TEST_SECONDS. A finding fails the run and names its reproducer.
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 20
+FUZZ_TEST_SECONDS ?= 5
+FUZZ_FLAGS = -O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wno-unknown-pragmas -fno-sanitize-recover=all -Ic \
+	-DCOLI_VERSION='"$(VERSION)"' -DFUZZ_ASSETS='"$(CURDIR)/fuzz/assets/tiny"'
+# Not parsers: kernels and the OpenMP ops (clang 14 rejects quant.c's CPU check, and has no
+# libomp here), built by $(CC) without instrumentation. Everything else is instrumented, so a new
+# engine file is fuzzed with its parsers' callers without editing this list.
+FUZZ_PLAIN_SRC := c/quant.c c/kernels_avx2.c c/kv_kernels.c c/ops.c
+FUZZ_LIB_SRC := $(filter-out c/main.c c/engine.c $(FUZZ_PLAIN_SRC),$(ENGINE_SRC))
+FUZZ_C_TARGETS := json safetensors container manifest tokenizer_load tokenizer_encode protocol kv
+FUZZ_PY_TARGETS := gguf chat_template
+FUZZ_VENV := build/fuzz-venv
+
+build/fuzz/libcoli.a: $(FUZZ_LIB_SRC) $(FUZZ_PLAIN_SRC) $(HEADERS)
+	mkdir -p build/fuzz/obj
+	cd build/fuzz/obj && $(FUZZ_CC) $(subst -Ic,-I$(CURDIR)/c,$(FUZZ_FLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
+		-c $(addprefix $(CURDIR)/,$(FUZZ_LIB_SRC))
+	cd build/fuzz/obj && $(CC) -O1 -std=c11 -D_GNU_SOURCE -fopenmp -I$(CURDIR)/c -c $(addprefix $(CURDIR)/,$(FUZZ_PLAIN_SRC))
+	rm -f $@ && ar rcs $@ $(addprefix build/fuzz/obj/,$(notdir $(FUZZ_LIB_SRC:.c=.o) $(FUZZ_PLAIN_SRC:.c=.o)))
+
+build/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/*.h build/fuzz/libcoli.a
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< build/fuzz/libcoli.a -lgomp -lm
+
+$(FUZZ_VENV)/.installed: fuzz/requirements.txt
+	$(PYTHON) -m venv $(FUZZ_VENV)
+	$(FUZZ_VENV)/bin/pip install --quiet -r fuzz/requirements.txt
+	touch $@
+
+fuzz-build: $(addprefix build/fuzz/fuzz_,$(FUZZ_C_TARGETS)) $(FUZZ_VENV)/.installed
+
+fuzz: fuzz-build
+	fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_C_TARGETS) $(FUZZ_PY_TARGETS)
+
+fuzz-test: fuzz-build
+	fuzz/run.sh $(FUZZ_TEST_SECONDS) $(FUZZ_C_TARGETS) $(FUZZ_PY_TARGETS)
+
+# Adds to the kept corpus the inputs `make fuzz` found (build/fuzz/corpus/) that add coverage.
+fuzz-merge: fuzz-build
+	fuzz/run.sh merge $(FUZZ_C_TARGETS) $(FUZZ_PY_TARGETS)
 
 clean:
 	rm -rf build

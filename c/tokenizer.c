@@ -471,11 +471,15 @@ Tokenizer *tok_load_buffer(const char *json, size_t len, char *err, size_t errle
     for (size_t i = 0; i < t->nadded; i++) if (t->added[i].id > max_id) max_id = t->added[i].id;
     t->n_ids = (int32_t)(max_id + 1);
     if (load_post(t, json_get(root, "post_processor"), 0, err, errlen)) goto fail;
+    if (build_decode_table(t, vocab, decoder_is_byte_level(json_get(root, "decoder")), err, errlen)) goto fail;
+    /* after the table: an id below the largest one can still be a gap no token fills */
     for (size_t i = 0; i < t->npre + t->npost; i++) {
         int32_t id = i < t->npre ? t->pp_pre[i] : t->pp_post[i - t->npre];
-        if (id >= t->n_ids) { snprintf(err, errlen, "post_processor: token id %d is not in the vocabulary", id); goto fail; }
+        if (id >= t->n_ids || !(t->flags[id] & TF_PRESENT)) {
+            snprintf(err, errlen, "post_processor: token id %d is not in the vocabulary", id);
+            goto fail;
+        }
     }
-    if (build_decode_table(t, vocab, decoder_is_byte_level(json_get(root, "decoder")), err, errlen)) goto fail;
     json_free(doc);
     return t;
 fail:

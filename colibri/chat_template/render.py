@@ -45,7 +45,11 @@ class ChatTemplate:
         if not isinstance(source, str):
             raise TemplateError(f"a chat template must be a string, got {type_name(source)}")
         self.source = source
-        self.body = Parser(lex(source)).parse()
+        try:
+            self.body = Parser(lex(source)).parse()
+        except RecursionError:  # the parser recurses once per nesting level
+            raise TemplateError("the template nests blocks or expressions too deeply to "
+                                "parse") from None
 
     def render(self, **variables):
         out = []

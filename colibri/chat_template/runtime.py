@@ -27,6 +27,90 @@ class TemplateError(Exception):
         super().__init__(message if lineno is None else f"line {lineno}: {message}")
 
 
+# Bounds. jinja2's sandbox blocks unsafe attribute access but not a template that runs forever
+# or builds gigabytes ('x' * 10**10, nested loops, 9 ** 10**9, '{:999999999}'.format(1)). A
+# chat template only builds a prompt, so one render may build at most MAX_LENGTH characters
+# (or items) in one value and in all its output together (16M characters is at most 64 MiB of
+# UTF-8, the engine's largest prompt), and may run at most MAX_STEPS loop iterations and macro
+# calls. Anything larger is refused before it is built.
+MAX_LENGTH = 1 << 24
+MAX_STEPS = 1_000_000
+MAX_POW_BITS = 1 << 16
+
+
+def _too_big(what, n):
+    raise TemplateError(f"the template would build {what} of {n} characters or items; a chat "
+                        f"template may build at most {MAX_LENGTH}")
+
+
+def _weight(value):
+    """About how many characters value takes as text, counted only until it passes
+    MAX_LENGTH (a list repeated inside another counts each time, as printing it would)."""
+    stack, total = [value], 0
+    while stack and total <= MAX_LENGTH:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v) + 2
+        elif isinstance(v, int):
+            total += abs(v).bit_length() // 3 + 2
+        elif isinstance(v, abc.Mapping):
+            total += 4 * len(v) + 2
+            if total <= MAX_LENGTH:
+                stack.extend(v.keys())
+                stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            total += 2 * len(v) + 2
+            if total <= MAX_LENGTH:
+                stack.extend(v)
+        else:
+            total += 24
+    return total
+
+
+def _checked(value):
+    """value, unless it is a string or container larger than a render may build."""
+    if isinstance(value, (str, list, tuple, abc.Mapping)) and len(value) > MAX_LENGTH:
+        _too_big(f"a {type_name(value)}", len(value))
+    return value
+
+
+def _check_width(what, n):
+    if isinstance(n, int) and n > MAX_LENGTH:
+        _too_big(what, n)
+
+
+def _check_spec(spec):
+    """Widths and precisions in a format spec ('>999999999', '.999999999f')."""
+    for digits in re.findall(r"\d+", spec):
+        if len(digits) > 9 or int(digits) > MAX_LENGTH:  # int() of a huge digit run is slow itself
+            _too_big("a formatted field", int(digits[:20]))
+
+
+def _mul(a, b):
+    for seq, n in ((a, b), (b, a)):
+        if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and n > 1:
+            size = len(seq) if isinstance(seq, str) else _weight(seq)
+            if size * n > MAX_LENGTH:
+                _too_big(f"a {type_name(seq)}", size * n)
+    return a * b
+
+
+def _pow(a, b):
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and (abs(a).bit_length() - 1) * b > MAX_POW_BITS:
+        raise TemplateError(f"{a} ** {b} is too large a number for a chat template")
+    return a ** b
+
+
+def _mod(a, b):
+    if isinstance(a, str):  # printf-style formatting
+        for spec in re.findall(r"%[-#0 +(),.\w]*", a):
+            _check_spec(spec)
+        for arg in b if isinstance(b, tuple) else (b,):
+            if "*" in a:
+                _check_width("a formatted field", arg)
+    return a % b
+
+
 class _Break(Exception):
     pass
 
@@ -289,6 +373,7 @@ class _Macro:
                 value = (self.renderer.eval(default, scope) if default is not None
                          else Undefined(f"parameter {name!r} was not provided"))
             scope.set(name, value)
+        self.renderer.step()
         out = []
         self.renderer.exec_body(self.body, scope, out)
         return "".join(out)
@@ -411,6 +496,10 @@ class _SandboxedFormatter(string.Formatter):
             obj = get_attr(obj, part) if is_attr else get_item(obj, part)
         return obj, first
 
+    def format_field(self, value, format_spec):
+        _check_spec(format_spec)
+        return _checked(super().format_field(value, format_spec))
+
 
 _FORMATTER = _SandboxedFormatter()
 
@@ -424,6 +513,8 @@ def to_str(value):
     if callable(value) or isinstance(value, abc.Iterator):
         # jinja2 would print a repr with a memory address: never meaningful in a prompt
         raise TemplateError(f"cannot render a {type_name(value)} object as text")
+    if isinstance(value, (list, tuple, abc.Mapping)) and _weight(value) > MAX_LENGTH:
+        _too_big(f"the text of a {type_name(value)}", _weight(value))
     return str(value)
 
 
@@ -432,7 +523,7 @@ def to_str(value):
 # --------------------------------------------------------------------------------------
 
 def _soft_str(value):
-    return value if isinstance(value, str) else str(value)
+    return value if isinstance(value, str) else to_str(value) if isinstance(value, (list, tuple, abc.Mapping)) else str(value)
 
 
 def _attr_parts(attribute):
@@ -461,6 +552,8 @@ def _ignore_case(value):
 
 def f_tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     # transformers overrides jinja2's HTML-safe tojson with plain json.dumps
+    if _weight(x) * (1 + (indent if isinstance(indent, int) else len(indent or ""))) > MAX_LENGTH:
+        _too_big("JSON text", _weight(x))
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
@@ -474,7 +567,10 @@ def f_default(value, default_value="", boolean=False):
 def f_join(value, d="", attribute=None):
     if attribute is not None:
         value = map(_attrgetter(attribute), value)
-    return str(d).join(map(to_str, value))
+    parts = [to_str(v) for v in value]
+    if sum(map(len, parts)) + len(str(d)) * len(parts) > MAX_LENGTH:
+        _too_big("a joined string", sum(map(len, parts)) + len(str(d)) * len(parts))
+    return str(d).join(parts)
 
 
 def f_first(seq):
@@ -500,6 +596,9 @@ def f_items(value):
 
 
 def f_indent(s, width=4, first=False, blank=False):
+    _check_width("an indent", len(width) if isinstance(width, str) else width)
+    if (len(width) if isinstance(width, str) else width) * (str(s).count("\n") + 1) > MAX_LENGTH:
+        _too_big("an indented string", width)
     indention = width if isinstance(width, str) else " " * width
     markup = isinstance(s, _Markup)  # jinja2 keeps Markup, with the same characters
     s = str.__str__(s) + "\n"  # jinja2's quirk so splitlines keeps a trailing empty line
@@ -534,7 +633,10 @@ def f_float(value, default=0.0):
 
 
 def f_replace(s, old, new, count=None):
-    return str(s).replace(str(old), str(new), -1 if count is None else count)
+    s, old, new = str(s), str(old), str(new)
+    if len(new) > len(old) and len(s) + s.count(old) * (len(new) - len(old)) > MAX_LENGTH:
+        _too_big("a replaced string", len(s) + s.count(old) * (len(new) - len(old)))
+    return s.replace(old, new, -1 if count is None else count)
 
 
 def f_format(value, *args, **kwargs):
@@ -693,7 +795,7 @@ def f_truncate(s, length=255, killwords=False, end="...", leeway=None):
 
 FILTERS = {
     "abs": abs, "attr": f_attr, "capitalize": lambda s: _soft_str(s).capitalize(),
-    "center": lambda value, width=80: _soft_str(value).center(width),
+    "center": lambda value, width=80: _check_width("a centered string", width) or _soft_str(value).center(width),
     "count": len, "length": len, "d": f_default, "default": f_default,
     "dictsort": f_dictsort, "e": _escape_html, "escape": _escape_html,
     "forceescape": lambda value: _escape_html(str(value)),
@@ -763,7 +865,7 @@ def _call_filter(name, value, args, kwargs):
     if func is None:
         raise TemplateError(f"filter {name!r} is not supported by colibri's chat-template "
                             f"renderer")
-    return func(value, *args, **kwargs)
+    return _checked(func(value, *args, **kwargs))
 
 
 def _call_test(name, value, args, kwargs):
@@ -802,9 +904,9 @@ _GLOBALS = {
 # --------------------------------------------------------------------------------------
 
 _BINOPS = {
-    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b, "//": lambda a, b: a // b, "%": lambda a, b: a % b,
-    "**": lambda a, b: a ** b,
+    "+": lambda a, b: _checked(a + b), "-": lambda a, b: a - b, "*": _mul,
+    "/": lambda a, b: a / b, "//": lambda a, b: a // b, "%": _mod,
+    "**": _pow,
 }
 _CMPOPS = {
     "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
@@ -827,6 +929,20 @@ class Renderer:
     """Runs statement nodes (_s_*), appending text to `out`, and evaluates expression nodes
     (_e_*) in a Scope."""
 
+    steps = produced = 0  # work done by this render: see MAX_STEPS and MAX_LENGTH
+
+    def step(self):
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise TemplateError(f"the template ran more than {MAX_STEPS} loop iterations and "
+                                f"macro calls; a chat template never needs that many")
+
+    def emit(self, out, text):
+        self.produced += len(text)
+        if self.produced > MAX_LENGTH:
+            _too_big("output", self.produced)
+        out.append(text)
+
     def exec_body(self, body, scope, out):
         for node in body:
             try:
@@ -840,10 +956,10 @@ class Renderer:
     def _s_output(self, node, scope, out):
         for item in node[2]:
             if isinstance(item, str):
-                out.append(item)
+                self.emit(out, item)
                 continue
             try:  # one output node spans several lines; report the expression's own
-                out.append(to_str(self.eval(item, scope)))
+                self.emit(out, to_str(self.eval(item, scope)))
             except Exception as e:
                 raise _located(e, item[1]) from None
 
@@ -859,6 +975,7 @@ class Renderer:
         if test is not None:  # `for x in xs if cond`: loop.* counts only kept items
             kept = []
             for item in items:
+                self.step()
                 probe = Scope(scope)
                 self.assign(target, item, probe)
                 if self.eval(test, probe):
@@ -866,6 +983,7 @@ class Renderer:
             items = kept
         loop = _Loop(items)
         for item in items:
+            self.step()
             loop.index0 += 1
             inner = Scope(scope)  # jinja2 gives every iteration a fresh frame
             self.assign(target, item, inner)
@@ -898,12 +1016,12 @@ class Renderer:
     def _s_callblock(self, node, scope, out):
         _, lineno, call, params, defaults, body, flags = node
         caller = _Macro(self, "caller", params, defaults, body, scope, flags)
-        out.append(to_str(self.eval_call(call, scope, extra_kwargs={"caller": caller})))
+        self.emit(out, to_str(self.eval_call(call, scope, extra_kwargs={"caller": caller})))
 
     def _s_filterblock(self, node, scope, out):
         buf = []
         self.exec_body(node[3], Scope(scope), buf)
-        out.append(to_str(self.apply_filter(node[2], "".join(buf), scope)))
+        self.emit(out, to_str(self.apply_filter(node[2], "".join(buf), scope)))
 
     def _s_with(self, node, scope, out):
         _, _, targets, values, body = node
@@ -996,7 +1114,7 @@ class Renderer:
         return _BINOPS[node[2]](self.eval(node[3], scope), self.eval(node[4], scope))
 
     def _e_concat(self, node, scope):
-        return "".join(to_str(self.eval(item, scope)) for item in node[2])
+        return _checked("".join(to_str(self.eval(item, scope)) for item in node[2]))
 
     def _e_compare(self, node, scope):
         left = self.eval(node[2], scope)
@@ -1042,7 +1160,7 @@ class Renderer:
             func._fail()
         if not callable(func):
             raise TemplateError(f"{type_name(func)!r} object is not callable", node[1])
-        return func(*args, **kwargs)
+        return _checked(func(*args, **kwargs))
 
     def apply_filter(self, node, value, scope):
         args, kwargs = self._args(node[4:8], scope)
