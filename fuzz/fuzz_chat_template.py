@@ -7,9 +7,9 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    import chat_template
-    import chat_template_runtime
-    import chat_template_syntax  # noqa: F401  (instrumented for coverage)
+    from colibri.chat_template import render as chat_template
+    from colibri.chat_template import runtime as chat_template_runtime
+    from colibri.chat_template import syntax  # noqa: F401  (instrumented for coverage)
 
 # Smaller bounds than a real render's, so one input runs in milliseconds and a libFuzzer timeout
 # means an unbounded path, not a long bounded one (the same checks fire, only sooner).

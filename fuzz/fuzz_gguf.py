@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""atheris target: tools/gguf_reader.read_gguf on an arbitrary file. A hostile file must be refused
+"""atheris target: colibri/convert/gguf_reader.read_gguf on an arbitrary file. A hostile file must be refused
 with GGUFError; a file it accepts must have every tensor inside the file, without overlaps."""
 import os
 import sys
@@ -8,7 +8,7 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports():
-    import gguf_reader
+    from colibri.convert import gguf_reader
 
 PATH = os.path.join(tempfile.mkdtemp(prefix="coli_fuzz_"), "x.gguf")
 

@@ -12,7 +12,7 @@ failed=0
 for t in "$@"; do
     # a Python target runs as its own executable (libFuzzer's merge re-runs argv[0]), with the
     # fuzz venv's python first on PATH for its #! line
-    if [ -f "fuzz/fuzz_$t.py" ]; then cmd=(env "PATH=$PWD/build/fuzz-venv/bin:$PATH" PYTHONPATH=.:tools "fuzz/fuzz_$t.py")
+    if [ -f "fuzz/fuzz_$t.py" ]; then cmd=(env "PATH=$PWD/build/fuzz-venv/bin:$PATH" PYTHONPATH=. "fuzz/fuzz_$t.py")
     else cmd=("build/fuzz/fuzz_$t"); fi
     kept="fuzz/corpus/$t" work="build/fuzz/corpus/$t" crashes="build/fuzz/crashes/$t" log="build/fuzz/$t.log"
     mkdir -p "$kept" "$work" "$crashes"

@@ -3,17 +3,14 @@ each must end in the module's own TemplateError naming the problem, never in ano
 type, a hang or gigabytes of memory. The sizes are chosen so the unbounded renderer finished
 them quickly but wrongly (a 20M-character prompt, RecursionError); fuzz/fuzz_chat_template.py
 found the classes and fuzz/corpus/chat_template/ keeps reproducers."""
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import chat_template as ct  # noqa: E402
-import chat_template_runtime as rt  # noqa: E402
+from colibri.chat_template import render as ct
+from colibri.chat_template import runtime as rt
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 BIG = rt.MAX_LENGTH + 10
