@@ -34,6 +34,8 @@ MAX_LINGER = 256               # for at most this many sockets: closing with unr
                                # connection, and the client could lose the answer
 ACCEPT_PAUSE_S = 0.5           # after accept() failed (out of descriptors), so the log is not flooded
 EXPIRE_EVERY = 0.1             # seconds between deadline sweeps (deadlines are that precise)
+NO_ROOM_WAIT_S = 0.5           # a connection that meets a cap waits this long for a slot before its 503,
+NO_ROOM_MAX = 64               # and at most this many wait (beyond that: the 503 at once)
 
 
 def canned(status, reason, message, code, extra=""):
@@ -231,6 +233,7 @@ class Server:
         self.waiting = Evictable()         # connections not inside a request
         self.waiting_ip = {}               # ip -> Evictable of that address
         self.lingering = OrderedDict()     # socket -> deadline: answered for the last time, closing
+        self.no_room = deque()             # (conn, deadline): accepted at a cap, waiting for a slot
         self.draining = False
         self._stop = False
         self._done = threading.Event()
@@ -295,7 +298,7 @@ class Server:
         elif self._accept_paused_until and not self.draining and time.monotonic() >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self.sel.register(self.socket, selectors.EVENT_READ, "listen")
-        timeout = min(poll_interval, EXPIRE_EVERY) if self.waiting else poll_interval
+        timeout = min(poll_interval, EXPIRE_EVERY) if self.waiting or self.no_room else poll_interval
         for key, _ in self.sel.select(timeout):
             if key.data == "listen":
                 self._accept()
@@ -310,6 +313,8 @@ class Server:
                 self._readable(key.data)
         self._take_returned()
         now = time.monotonic()
+        if self.no_room:
+            self._retry_no_room(now)
         if now - self._expired_at >= EXPIRE_EVERY:
             self._expired_at = now
             self._expire(now)
@@ -336,18 +341,43 @@ class Server:
             sock.setblocking(False)
             c = Conn(sock, addr)
             if not self._make_room(c.ip):
-                self.app.metrics.count("connections_refused")
-                self._refuse(sock)
+                # Every connection of its scope is inside a request. One may be about to come
+                # back (its answer already sent, its worker not yet done): a client that
+                # reconnects at once must not get a 503 for that, so the new one waits briefly.
+                if len(self.no_room) < NO_ROOM_MAX:
+                    self.no_room.append((c, time.monotonic() + NO_ROOM_WAIT_S))
+                else:
+                    self._refuse_new(c)
                 continue
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # SSE events go out at once
-            except OSError:
-                pass
-            self.total += 1
-            self.per_ip[c.ip] = self.per_ip.get(c.ip, 0) + 1
-            self.sel.register(sock, selectors.EVENT_READ, c)
-            self._wait(c, "head", self.settings.header_timeout)
-            self._readable(c)  # a normal client's head is usually there already
+            self._admit(c)
+
+    def _admit(self, c):
+        try:
+            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # SSE events go out at once
+        except OSError:
+            pass
+        self.total += 1
+        self.per_ip[c.ip] = self.per_ip.get(c.ip, 0) + 1
+        self.sel.register(c.sock, selectors.EVENT_READ, c)
+        self._wait(c, "head", self.settings.header_timeout)
+        self._readable(c)  # a normal client's head is usually there already
+
+    def _refuse_new(self, c):
+        self.app.metrics.count("connections_refused")
+        self._refuse(c.sock)
+
+    def _retry_no_room(self, now):
+        """Connections that met a cap get a slot once one frees, or a 503 when their wait ends."""
+        for _ in range(len(self.no_room)):
+            c, deadline = self.no_room.popleft()
+            if self.draining:
+                c.sock.close()
+            elif self._make_room(c.ip):
+                self._admit(c)
+            elif now >= deadline:
+                self._refuse_new(c)
+            else:
+                self.no_room.append((c, deadline))
 
     def _make_room(self, ip):
         s = self.settings
@@ -549,4 +579,6 @@ class Server:
                 self._close(key.data)
         for sock in list(self.lingering):
             self._linger_end(sock)
+        while self.no_room:
+            self.no_room.popleft()[0].sock.close()
         self.sel.close()
