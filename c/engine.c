@@ -419,7 +419,7 @@ int engine_serve(Engine *e) {
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d kv=%s "
               "kv_bytes_per_token=%zu kv_slot_bytes=%zu", a->family, a->vocab, e->ctx, e->n_slots, a->n_layers,
               kern.name, omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
-              (kv_bytes(a, 1) - sizeof(int32_t)), kv_bytes(a, e->ctx));
+              kv_bytes_per_token(a), kv_bytes(a, e->ctx));
     for (;;) {
         Frame f;
         char *payload = NULL, err[256];

@@ -12,6 +12,12 @@ size_t kv_bytes(const Arch *a, int ctx) {
     return b;
 }
 
+size_t kv_bytes_per_token(const Arch *a) {
+    size_t b = 0;
+    for (int l = 0; l < a->n_layers; l++) b += a->state[l].per_pos;
+    return b;
+}
+
 int kv_held(const KvCache *kv, int l) { return kv->n < kv->layer[l].cap ? kv->n : kv->layer[l].cap; }
 
 int kv_init(KvCache *kv, const Arch *a, int ctx) {

@@ -104,6 +104,7 @@ typedef struct {
 int kv_init(KvCache *kv, const Arch *a, int ctx);
 void kv_free(KvCache *kv);
 size_t kv_bytes(const Arch *a, int ctx); /* what kv_init allocates for ctx positions */
+size_t kv_bytes_per_token(const Arch *a); /* per-position state over the layers (no token id, no fixed state) */
 /* Positions of layer l's per-position state held in the slot: min(n, cap). */
 int kv_held(const KvCache *kv, int l);
 /* Rewinds kv so that a prompt ids[0..n) can continue from it; returns the positions kept

@@ -197,6 +197,7 @@ void test_blocks(void) {
     CHECK(m.state[0].per_pos == 2 * HD * 2 && m.state[0].fixed == 0 && m.state[0].truncatable, "gqa: f16 K+V per position");
     CHECK(m.state[1].per_pos == 0 && m.state[1].fixed == sizeof(float) * H && !m.state[1].truncatable, "toy: fixed state");
     CHECK(kv_bytes(&m.a, 10) == 10 * (2 * HD * 2 + 4) + sizeof(float) * H, "kv_bytes sums the descriptors");
+    CHECK(kv_bytes_per_token(&m.a) == 2 * HD * 2, "per token: only per-position state, not the fixed state");
     CHECK(model_set_kv_type(&m, QT_F32, err, sizeof err) == 0 && m.state[0].per_pos == 2 * HD * 4, "f32 K+V");
 
     const int32_t A[SEQ] = {1, 5, 7, 2, 9, 3}, B[SEQ] = {1, 5, 7, 2, 4, 8}, C[SEQ] = {1, 5, 6, 6, 6, 6};
