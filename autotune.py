@@ -12,11 +12,10 @@ import statistics
 import time
 
 from colibri.cli.common import UserError, model_arg, require_model
+from colibri.limits import DEFAULT_BATCH
 
 HELP = "measure threads / prefill batch on this machine and save the fastest as a profile"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
-
-DEFAULT_BATCH = 128  # c/forward.c forward_max_batch
 
 
 def add_arguments(p):

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from colibri.cli.common import UserError, check_arch, missing_model_message, model_arg, model_path
+from colibri.limits import DEFAULT_BATCH
 # discovery lives in machine_probe; the planner API re-exports it
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
                            measure_memory_bw, memory_info)
@@ -27,9 +28,9 @@ RUNTIME_BASE = 64 << 20  # engine code, tokenizer, OpenMP pools, allocator slack
 
 # ---------------------------------------------------------------- the plan
 
-def runtime_bytes(scan, ctx, batch=128, threads=1):
-    """Engine working memory besides weights and KV: per-chunk activations (c/forward.c,
-    attention.c, mlp.c), the logits row, per-thread attention scores. An estimate."""
+def runtime_bytes(scan, ctx, batch=DEFAULT_BATCH, threads=1):
+    """Engine working memory besides weights and KV: per-chunk activations (c/forward.c and
+    the block_*.c files), the logits row, per-thread attention scores. An estimate."""
     a = scan["arch"]
     h, heads, hd, kvh = a["hidden"] or 0, a["heads"] or 0, a["head_dim"] or 0, a["kv_heads"] or 0
     wide = max(a["intermediate"], a["moe_intermediate"] * max(a["top_k"], 1))
@@ -77,7 +78,7 @@ def kv_state(scan, ctx, kv=None):
 
 
 def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
-         batch=128, threads=None, measured_tok_s=None, kv_type=None):
+         batch=DEFAULT_BATCH, threads=None, measured_tok_s=None, kv_type=None):
     """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s."""
     a, ex = scan["arch"], scan["experts"]
     mem = machine["memory"]

@@ -22,7 +22,7 @@ static const char *USAGE =
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
     "       colibri detokenize --model DIR 1,2,3\n"
     "       colibri families   (the model families this engine implements)\n"
-    "       colibri limits     (KV slots and quantized block sizes, one `name value` a line)\n"
+    "       colibri limits     (KV slots, quantized block sizes, default --batch; one `name value` a line)\n"
     "       colibri version\n";
 
 static int logits_main(int argc, char **argv) {
@@ -82,8 +82,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */
-        printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\n", MAX_KV_SLOTS, QBLOCK,
-               qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK));
+        printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\ndefault_batch %d\n", MAX_KV_SLOTS,
+               QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK), forward_max_batch);
         return 0;
     }
     if (!strcmp(cmd, "families")) {

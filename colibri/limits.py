@@ -1,8 +1,9 @@
 """The engine's fixed numbers as the launcher uses them: how many KV slots it has and how a
 quantized row is laid out. Defined here once for Python; `colibri limits` prints the engine's
-own values (c/engine.h, c/quant.h) and tests/test_limits.py checks that the two agree."""
+own values (c/engine.h, c/quant.h, c/forward.c) and tests/test_limits.py checks that the two agree."""
 
 MAX_KV_SLOTS = 16  # c/engine.h MAX_KV_SLOTS
+DEFAULT_BATCH = 128  # positions per prefill forward pass without --batch, c/forward.c forward_max_batch
 QBLOCK = 32  # values per quantized block, c/quant.h QBLOCK
 BLOCK_BYTES = {"q8": 34, "q4": 20}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble bytes
 

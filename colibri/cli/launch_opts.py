@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from colibri.cli.common import UserError
-from colibri.limits import MAX_KV_SLOTS
+from colibri.limits import DEFAULT_BATCH, MAX_KV_SLOTS
 
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kv_kernels.c
@@ -21,7 +21,7 @@ KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kv_kernels.c
 ENGINE_FLAGS = {
     "ctx": dict(type=int, help="context length in tokens (default: min(model max, 4096))"),
     "threads": dict(type=int, help="compute threads (default: tuned profile, else all CPUs)"),
-    "batch": dict(type=int, help="positions per forward pass during prefill (default: tuned profile, else 128; "
+    "batch": dict(type=int, help=f"positions per forward pass during prefill (default: tuned profile, else {DEFAULT_BATCH}; "
                   "1 = token by token)"),
     "kv-slots": dict(type=int, dest="kv_slots", help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)"),
     "kv": dict(choices=KV_TYPES, default=None,

@@ -14,7 +14,7 @@ import time
 import traceback
 from collections import deque
 
-from colibri import engine_client
+from colibri import engine_client, limits
 
 
 class QueueFull(Exception):
@@ -158,8 +158,6 @@ FAULTS = {
     "load_failed": "the engine could not be started; the server keeps retrying",
 }
 
-DEFAULT_PREFILL_BATCH = 128  # the engine's default --batch (positions per prefill forward pass)
-
 
 def restart_delay(failures):
     """Seconds to wait before starting the engine again after `failures` faults in a row: the
@@ -181,7 +179,7 @@ class Scheduler:
     def __init__(self, engine_factory, max_queue, slots, metrics, log, engine_timeout=None, prefill_batch=None):
         self.factory, self.max_queue, self.slots, self.metrics, self.log = engine_factory, max_queue, slots, metrics, log
         self.engine_timeout = engine_timeout        # None: no liveness deadline
-        self.prefill_batch = prefill_batch or DEFAULT_PREFILL_BATCH
+        self.prefill_batch = prefill_batch or limits.DEFAULT_BATCH
         self.cond = threading.Condition()
         self.write_lock = threading.Lock()
         self.queue = deque()
