@@ -72,7 +72,7 @@ class App:
         slots_file = str(settings.kv_dir / "slots.json") if settings.kv_dir else None
         self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint)
         ServedEngine.log = log
-        extra = ["--kv-dir", str(settings.kv_dir)] if settings.kv_dir else []
+        extra = (["--kv-dir", str(settings.kv_dir)] if settings.kv_dir else []) + settings.stream_args
 
         def factory():
             return ServedEngine(settings.model_dir, ctx=settings.ctx, kv_slots=settings.kv_slots,
@@ -122,8 +122,11 @@ class App:
             "queue": {"max": self.settings.max_queue, "timeout_s": self.settings.queue_timeout},
             "kv_slots": {"total": self.settings.kv_slots, "used": st["slots_used"],
                          "persistent": self.settings.kv_dir is not None, "slots": self.slots.occupancy()},
-            "experts": {**self.model.expert_summary(), "hit_rate": self.metrics.hit_rate,
-                        "bytes_read": self.metrics.bytes_read},
+            "experts": {**self.model.expert_summary(), **self.metrics.experts(),
+                        "cache_slots_per_layer": _int(info.get("cap")), "pinned_at_start": _int(info.get("pinned")),
+                        "direct_io": _flag(info.get("direct")), "readahead": _flag(info.get("readahead"))},
+            "memory": {k: _int(info.get(k)) for k in ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes",
+                                                      "expert_cache_bytes")},
             "last_cancel": self.metrics.last_cancel,
         }
         return (200 if st["state"] == "ready" else 503), body
@@ -133,6 +136,15 @@ class App:
         ctx = st["info"].get("ctx")
         return {"id": self.model.id, "object": "model", "created": self.model.created, "owned_by": "colibri",
                 "max_model_len": int(ctx) if ctx and ctx.isdigit() else None}
+
+
+def _int(v):
+    """A READY integer field, or None when the engine did not send it."""
+    return int(v) if isinstance(v, str) and v.isdigit() else None
+
+
+def _flag(v):
+    return None if v is None else v == "1"
 
 
 class Handler(BaseHandler):

@@ -78,6 +78,13 @@ def test_footer():
     assert chat_cli.footer({"finish": "stop"}, True).endswith("stopped]")
 
 
+def test_footer_shows_streamed_experts():
+    f = chat_cli.footer({"completion_tokens": "8", "decode_tok_s": "3.0", "ttft_ms": "900", "prompt_tokens": "20",
+                         "reused_tokens": "0", "hit_rate": "0.250", "bytes_read": "734000000", "read_gbps": "1.53",
+                         "io_wait_ms": "480.4", "rss_mb": "90", "peak_rss_mb": "97", "finish": "stop"}, False)
+    assert "hit rate 25%, read 734 MB at 1.53 GB/s, I/O wait 480 ms, RSS 90 MB (peak 97)" in f
+
+
 # ---------------------------------------------------------------- piped (no terminal)
 
 def test_piped_conversation_with_more_and_reset(model):
@@ -139,8 +146,8 @@ def test_context_overflow_is_explained_and_the_chat_goes_on(model):
 def test_refusals_before_the_engine_starts(model, tmp_path, oracle_root):
     r = coli("chat", "--model", model, "--think")
     assert r.returncode == 2 and "no thinking switch" in r.stderr
-    r = coli("chat", "--model", model, "--cap", "2")
-    assert r.returncode == 2 and "not implemented yet" in r.stderr
+    r = coli("chat", "--model", model, "--cap", "99")
+    assert r.returncode == 2 and "give 1 to" in r.stderr
     d = tmp_path / "notemplate"
     shutil.copytree(model, d)
     (d / "chat_template.jinja").unlink()

@@ -36,11 +36,15 @@ def test_help_lists_every_command_and_starts_fast():
 
 
 @pytest.mark.parametrize("cmd,flags", [
+    ("serve", ["--ram", "--cap", "--no-direct", "--readahead", "--pin", "--kv-slots"]),
+    ("logits", ["--ram", "--cap", "--no-direct", "--readahead", "--pin", "--ctx"]),
+    ("perplexity", ["--ram", "--cap", "--no-direct", "--readahead", "--pin"]),
+    ("bench", ["--ram", "--cap", "--no-direct", "--readahead", "--pin"]),
     ("plan", ["--json", "--ram", "--ctx", "--kv-slots", "--cap", "--mem-bw", "--disk-bw"]),
     ("doctor", ["--deep", "--json"]),
     ("chat", ["--ram", "--ctx", "--cap", "--temp", "--top-p", "--max-tokens", "--threads", "--think", "--no-think",
               ":reset", ":more", "--no-profile"]),
-    ("run", ["--ram", "--ctx", "--cap", "--temp", "--top-p", "--max-tokens", "--threads", "--think", "--no-think"]),
+    ("run", ["--ram", "--ctx", "--cap", "--no-direct", "--readahead", "--pin", "--temp", "--top-p", "--max-tokens", "--threads", "--think", "--no-think"]),
     ("tune", ["--runs", "--tokens", "--show", "--reset"]),
     ("build", ["--clean", "--debug", "--native", "--jobs"]),
     ("info", ["--model"]),
@@ -100,9 +104,10 @@ def test_info_on_a_damaged_manifest(model, tmp_path):
 @pytest.mark.parametrize("flags,message", [
     (["--ctx", "100000"], "holds 1 to 512 positions"),
     (["--ctx", "0"], "holds 1 to"),
-    (["--cap", "3"], "bounded expert cache is not implemented yet"),
-    (["--ram", "0.001"], "cannot stay within"),
+    (["--cap", "9"], "give 1 to 8 cache slots per layer"),
+    (["--cap", "0"], "give 1 to 8 cache slots per layer"),
     (["--ram", "100000"], "in all"),
+    (["--ram", "-1"], "positive number of GB"),
     (["--max-tokens", "600"], "give at most 511"),
     (["--max-tokens", "0"], "at least 1"),
     (["--temp", "101"], "0 (greedy) to 100"),

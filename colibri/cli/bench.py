@@ -24,7 +24,7 @@ def add_arguments(p):
     p.add_argument("--gen-tokens", type=int, default=64, help="decoded tokens per run (default 64)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each side, alternating (default 3)")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
-    launch_opts.add_engine_flags(p, ("threads",), group=None, threads={
+    launch_opts.add_engine_flags(p, ("threads",) + launch_opts.STREAM_FLAGS, group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"})
     p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
                    help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")
@@ -50,7 +50,7 @@ def colibri_run(model, args, first_token, vocab):
     span = max(min(vocab, 1001) - 1, 1)  # ids 1..1000, inside the vocabulary of a small model too
     ids = [(first_token + i * 7) % span + 1 for i in range(args.prompt_tokens)]
     try:
-        with engine_client.Engine(model, threads=args.threads) as eng:
+        with engine_client.Engine(model, threads=args.threads, extra=args.stream_args) as eng:
             for ev in eng.generate(ids, max_tokens=args.gen_tokens, temp=0):
                 if ev[0] == "end":
                     stats = ev[1]
@@ -99,6 +99,9 @@ def run(args):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
     scan = container_scan.scan(model)
+    from colibri.cli import launch_opts
+    launch_opts.check_cap(args.cap, {"num_experts": scan["arch"]["experts"]})
+    args.stream_args = launch_opts.stream_args(args)
     per_token = bytes_per_decoded_token(scan)
     peer = None
     if args.llama_bench:

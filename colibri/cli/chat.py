@@ -75,7 +75,11 @@ def footer(stats, stopped):
     f = lambda k, d=0.0: float(stats.get(k, d) or d)  # noqa: E731
     parts = [f"{int(f('completion_tokens'))} tokens", f"{f('decode_tok_s'):.1f} tok/s", f"TTFT {f('ttft_ms'):.0f} ms",
              f"prompt {int(f('prompt_tokens'))} ({int(f('reused_tokens'))} reused)",
-             f"hit rate {f('hit_rate', 1.0):.0%}", f"RSS {int(f('rss_mb'))} MB"]
+             f"hit rate {f('hit_rate', 1.0):.0%}"]
+    if f("bytes_read") > 0:  # experts streamed this turn
+        parts.append(f"read {f('bytes_read') / 1e6:.0f} MB at {f('read_gbps'):.2f} GB/s, "
+                     f"I/O wait {f('io_wait_ms'):.0f} ms")
+    parts.append(f"RSS {int(f('rss_mb'))} MB" + (f" (peak {int(f('peak_rss_mb'))})" if "peak_rss_mb" in stats else ""))
     if stopped:
         parts.append("stopped")
     elif stats.get("finish") == "length":
@@ -351,7 +355,8 @@ def run(args):
     # ignored across exec, so the engine never dies of it: Ctrl-C becomes STOP, sent by us.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        eng = engine_client.Engine(d, ctx=kw["ctx"], threads=kw["threads"], batch=kw["batch"], kv=kw["kv"])
+        eng = engine_client.Engine(d, ctx=kw["ctx"], threads=kw["threads"], batch=kw["batch"], kv=kw["kv"],
+                                   extra=kw["extra"])
     except engine_client.EngineError as e:
         if sys.stderr.isatty():
             sys.stderr.write("\n")

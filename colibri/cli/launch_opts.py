@@ -26,14 +26,22 @@ ENGINE_FLAGS = {
     "kv-slots": dict(type=int, dest="kv_slots", help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)"),
     "kv": dict(choices=KV_TYPES, default=None,
                help="KV cache element type (default f16, half the memory of f32; f32 keeps K/V exactly)"),
-    "ram": dict(type=float, metavar="GB", help="RAM budget in GB; refused when the engine cannot stay within it "
-                "(today it maps every weight)"),
-    "cap": dict(type=int, help="expert cache slots per layer; today only the full count is possible "
-                "(the engine keeps every expert mapped)"),
+    "ram": dict(type=float, metavar="GB",
+                help="RAM budget in GB, fractions allowed (default: $COLI_RAM_GB, else 90%% of the memory available "
+                     "now, cgroup limits included). The dense weights, KV cache and working memory stay resident; "
+                     "routed experts stream from disk through a cache sized from what is left"),
+    "cap": dict(type=int, metavar="N", help="expert cache slots per MoE layer, 1 to the layer's expert count "
+                "(default: as many as the RAM budget holds)"),
+    "no-direct": dict(action="store_true", dest="no_direct", default=None,
+                      help="read experts with buffered reads instead of O_DIRECT"),
+    "readahead": dict(choices=("on", "off"), help="prefetch the next layer's likely experts while this one computes"),
+    "pin": dict(choices=("auto", "off"), help="pin the experts this model used most (.coli_usage) at start-up "
+                "(default auto)"),
     "no-profile": dict(action="store_true", dest="no_profile",
                        help="ignore the profile saved by `coli tune` (also COLI_NO_PROFILE=1)"),
 }
-LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv", "ram", "cap", "no-profile")  # run, chat
+STREAM_FLAGS = ("ram", "cap", "no-direct", "readahead", "pin")  # the expert store's knobs
+LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv") + STREAM_FLAGS + ("no-profile",)  # run, chat
 
 
 def add_engine_flags(p, names=LAUNCH_FLAGS, group="engine", **overrides):
@@ -47,13 +55,47 @@ def add_engine_flags(p, names=LAUNCH_FLAGS, group="engine", **overrides):
 
 
 def engine_args(args):
-    """The engine command-line arguments for the engine flags set in args."""
+    """The engine command-line arguments for the engine flags set in args, the RAM budget
+    included (ram_budget_gb: the flag, $COLI_RAM_GB or the default)."""
     out = []
     for name in ("ctx", "threads", "batch", "kv"):
         v = getattr(args, name, None)
         if v is not None:
             out += [f"--{name}", str(v)]
+    return out + stream_args(args)
+
+
+def stream_args(args):
+    """The expert store's engine arguments (STREAM_FLAGS) for args."""
+    out = ["--ram", f"{ram_budget_gb(args):.6g}"] if ram_budget_gb(args) is not None else []
+    if getattr(args, "cap", None) is not None:
+        out += ["--cap", str(args.cap)]
+    if getattr(args, "no_direct", None):
+        out.append("--no-direct")
+    for name in ("readahead", "pin"):
+        if getattr(args, name, None) is not None:
+            out += [f"--{name}", getattr(args, name)]
     return out
+
+
+def ram_budget_gb(args):
+    """The RAM budget in GB: --ram, else $COLI_RAM_GB, else 90% of the memory usable now
+    (resource_plan's default budget); None when none of them is known."""
+    ram = getattr(args, "ram", None)
+    source = "--ram"
+    if ram is None and os.environ.get("COLI_RAM_GB", "").strip():
+        raw, source = os.environ["COLI_RAM_GB"].strip(), "COLI_RAM_GB"
+        try:
+            ram = float(raw)
+        except ValueError:
+            raise UserError(f"COLI_RAM_GB={raw}: needs a number of GB, e.g. 8 or 0.5") from None
+    if ram is not None:
+        if not ram > 0 or ram != ram or ram == float("inf"):
+            raise UserError(f"{source} {ram:g}: needs a positive number of GB")
+        return ram
+    import resource_plan
+    budget = resource_plan.memory_info()["default_budget"]
+    return budget / GB if budget else None
 
 
 def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (default: end of context)"):
@@ -70,7 +112,7 @@ def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (defa
         g.add_argument("--no-think", dest="think", action="store_false", help="ask a thinking model to answer directly")
 
 
-def _manifest(model_dir):
+def manifest(model_dir):
     from colibri.model import container_scan
     try:
         return container_scan.read_manifest(model_dir)
@@ -108,7 +150,7 @@ def resolve(args, model_dir, log=None):
     """Checks the engine flags against the model and this machine, applies the tuned profile to
     knobs left unset, and returns the Engine keyword arguments. Prints notes through log."""
     log = log or (lambda msg: print(f"coli: {msg}", file=sys.stderr))
-    man = _manifest(model_dir)
+    man = manifest(model_dir)
     arch = man["arch"]
     max_ctx = int(arch.get("max_position_embeddings") or 1)
     ctx, threads, batch = getattr(args, "ctx", None), getattr(args, "threads", None), getattr(args, "batch", None)
@@ -146,7 +188,8 @@ def resolve(args, model_dir, log=None):
     usable_cpus = _usable_cpus()
     if threads is not None and threads > usable_cpus:
         log(f"--threads {threads} is more than the {usable_cpus} CPUs this process may use; decoding will be slower")
-    return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots, "kv": getattr(args, "kv", None)}
+    return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots, "kv": getattr(args, "kv", None),
+            "extra": stream_args(args)}
 
 
 def _usable_cpus():
@@ -169,37 +212,30 @@ def check_cap(cap, arch):
     E = int(arch.get("num_experts") or 0)
     if not E:
         raise UserError(f"--cap {cap}: this model has no routed experts to cache")
-    if cap != E:
-        raise UserError(f"--cap {cap}: this engine keeps all {E} experts of each layer memory-mapped; a bounded "
-                        "expert cache is not implemented yet, so only --cap {0} can be honoured "
-                        "(`coli plan --cap N` projects the effect)".format(E))
+    if not 1 <= cap <= E:
+        raise UserError(f"--cap {cap}: each MoE layer has {E} experts; give 1 to {E} cache slots per layer")
 
 
 def check_memory(args, model_dir, man, ctx, slots, log):
-    """Refuses --ram the engine cannot stay within and explicit KV sizes that cannot fit; warns
-    when the defaults will page from disk. Uses file sizes and the manifest, not the headers."""
+    """Refuses a RAM budget larger than the machine and explicit KV sizes that cannot fit; warns
+    when a budget exceeds the memory available now. Whether the dense weights, KV cache and
+    working memory fit the budget is the engine's to decide (it prints the split and refuses
+    with the numbers); `coli plan` shows the same split beforehand."""
     import family_registry
     import resource_plan
     mem = resource_plan.memory_info()
     usable, total = mem["usable"], mem["total"]
-    weights = sum((Path(model_dir) / s).stat().st_size for s in man["shards"] if (Path(model_dir) / s).is_file())
     kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx,
                                        getattr(args, "kv", None) or family_registry.KV_DEFAULT) * slots
-    need = weights + kv + resource_plan.RUNTIME_BASE
-    ram = getattr(args, "ram", None)
-    if ram is not None:
-        if ram <= 0:
-            raise UserError(f"--ram {ram:g}: needs a positive number of GB")
+    explicit_ram = getattr(args, "ram", None) is not None or bool(os.environ.get("COLI_RAM_GB", "").strip())
+    ram = ram_budget_gb(args)
+    if explicit_ram:
         budget = ram * GB
+        where = "--ram" if getattr(args, "ram", None) is not None else "COLI_RAM_GB"
         if total and budget > total:
-            raise UserError(f"--ram {ram:g}: this machine (or its cgroup) has {total / GB:.1f} GB in all")
-        if need > budget:
-            raise UserError(f"--ram {ram:g}: the engine maps every weight ({weights / GB:.2f} GB) and needs "
-                            f"{need / GB:.2f} GB with a {ctx}-token KV cache x {slots} slot(s); a bounded expert cache "
-                            f"is not implemented yet, so it cannot stay within {ram:g} GB. Give at least "
-                            f"--ram {need / GB:.2f} or leave --ram out")
+            raise UserError(f"{where} {ram:g}: this machine (or its cgroup) has {total / GB:.1f} GB in all")
         if usable and budget > usable:
-            log(f"--ram {ram:g} GB is more than the {usable / GB:.1f} GB available now")
+            log(f"{where} {ram:g} GB is more than the {usable / GB:.1f} GB available now")
     explicit = getattr(args, "ctx", None) is not None or getattr(args, "kv_slots", None) is not None
     if usable and kv + resource_plan.RUNTIME_BASE > usable:
         msg = (f"a {ctx}-token KV cache x {slots} slot(s) needs {kv / GB:.2f} GB but only {usable / GB:.2f} GB "
@@ -207,9 +243,6 @@ def check_memory(args, model_dir, man, ctx, slots, log):
         if explicit:
             raise UserError(msg + "; lower --ctx or --kv-slots")
         log(msg + "; long conversations may be killed for memory (lower --ctx)")
-    elif usable and need > usable:
-        log(f"the model needs {need / GB:.2f} GB resident but {usable / GB:.2f} GB is available: the engine maps "
-            "every weight, so the kernel will page weights from disk and decoding will be slow")
 
 
 def sampling_opts(args, default_max_tokens=None):

@@ -31,7 +31,7 @@ def add_arguments(p):
     p.add_argument("--ref-logits", dest="ref_logits", help="reference logits, float32 [chunks*ctx, vocab]")
     p.add_argument("--save-logits", dest="save_logits", help="write this model's logits in the --ref-logits layout")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
-    launch_opts.add_engine_flags(p, ("ctx", "threads", "kv"), group=None,
+    launch_opts.add_engine_flags(p, ("ctx", "threads", "kv") + launch_opts.STREAM_FLAGS, group=None,
                                  ctx={"help": f"tokens per chunk (default {DEFAULT_CTX}, at most the model's)"},
                                  threads={"help": "compute threads (default: all cores)"})
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -73,7 +73,8 @@ def argmax(row):
     return row.index(max(row))
 
 
-def measure(model_dir, ids, ctx, chunks, threads=None, ref_path=None, save_path=None, progress=None, kv=None):
+def measure(model_dir, ids, ctx, chunks, threads=None, ref_path=None, save_path=None, progress=None, kv=None,
+            extra=()):
     """Returns a dict of results; see run() for the fields."""
     from colibri import engine_client
     n_chunks = len(ids) // ctx
@@ -85,7 +86,7 @@ def measure(model_dir, ids, ctx, chunks, threads=None, ref_path=None, save_path=
     per_chunk = []
     try:
         # one position more than a chunk: the engine keeps a slot free for output even for logits=1
-        with engine_client.Engine(model_dir, ctx=ctx + 1, threads=threads, kv=kv) as eng:
+        with engine_client.Engine(model_dir, ctx=ctx + 1, threads=threads, kv=kv, extra=extra) as eng:
             vocab = int(eng.info.get("vocab", 0))
             if ref_path:
                 size = Path(ref_path).stat().st_size
@@ -157,6 +158,9 @@ def run(args):
     if args.ref_logits and not Path(args.ref_logits).is_file():
         raise UserError(f"--ref-logits {args.ref_logits}: " + ("a directory, not a logits file"
                                                                 if Path(args.ref_logits).is_dir() else "no such file"))
+    from colibri.cli import launch_opts
+    launch_opts.check_cap(args.cap, man["arch"])
+    extra = launch_opts.stream_args(args)
     ids = tokenize(d, path)
     if len(ids) < ctx:
         raise UserError(f"{path} has {len(ids)} tokens, fewer than one chunk of --ctx {ctx}; use a smaller --ctx "
@@ -167,7 +171,7 @@ def run(args):
             print(f"\r[{done}/{total}] ppl {ppl:.4f}", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
     r = measure(d, ids, ctx, args.chunks, threads=args.threads, kv=args.kv, ref_path=args.ref_logits,
-                save_path=args.save_logits, progress=progress)
+                save_path=args.save_logits, progress=progress, extra=extra)
     if args.json:
         print(json.dumps(r))
         return 0

@@ -42,6 +42,7 @@ class Settings:
     shutdown_timeout: float = 20.0
     quiet: bool = False
     engine_timeout: float = None    # seconds of engine silence per forward step before it counts as hung
+    stream_args: list = field(default_factory=list)  # the expert store's engine flags (--ram, --cap, ...)
 
 
 def add_arguments(p):
@@ -68,7 +69,7 @@ def add_arguments(p):
     p.add_argument("--no-kv-persist", action="store_true", help="keep KV slots in memory only")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(
-        p, ("ctx", "threads", "batch", "kv-slots", "kv"), group=None,
+        p, ("ctx", "threads", "batch", "kv-slots", "kv") + launch_opts.STREAM_FLAGS, group=None,
         ctx={"help": "context length in tokens per slot (default min(model max, 4096))"},
         threads={"help": "compute threads (default: all cores)"},
         batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH})"},
@@ -240,6 +241,9 @@ def resolve(args):
     _check_range("--ctx", s.ctx, 2, 1 << 24)
     _check_range("--threads", s.threads, 1, 1024)
     _check_range("--batch", s.batch, 1, 1 << 16)
+    from colibri.cli import launch_opts
+    launch_opts.check_cap(args.cap, launch_opts.manifest(model_dir)["arch"])
+    s.stream_args = launch_opts.stream_args(args)
     if args.chat_template:
         s.chat_template = Path(args.chat_template)
         if not s.chat_template.is_file():

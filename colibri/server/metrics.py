@@ -42,9 +42,16 @@ class Metrics:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.reused_tokens = 0
-        self.bytes_read = 0
-        self.hit_rate = None
+        self.bytes_read = 0          # expert bytes the engine read from the model files
+        self.expert_hits = 0
+        self.expert_misses = 0
+        self.io_wait_ms = 0.0        # compute threads waiting on expert reads
+        self.compute_ms = 0.0
+        self.hit_rate = None         # of the last turn
+        self.read_gbps = None        # of the last turn that read anything
         self.rss_mb = None
+        self.peak_rss_mb = None
+        self.tiers = None            # experts pinned / cached (in RAM) / total, after the last turn
         self.connections_refused = 0
         self.connections_evicted = 0  # waited longest without a request when a connection cap was reached
         self.slow_clients = 0       # connections dropped by the header/body deadlines
@@ -74,14 +81,36 @@ class Metrics:
                     setattr(self, attr, getattr(self, attr) + int(stats.get(key, 0)))
                 except ValueError:
                     pass
+            for key, attr in (("hits", "expert_hits"), ("misses", "expert_misses")):
+                setattr(self, attr, getattr(self, attr) + _num(stats, key, int, 0))
+            self.io_wait_ms += _num(stats, "io_wait_ms", float, 0.0)
+            self.compute_ms += _num(stats, "compute_ms", float, 0.0)
+            for key, attr, kind in (("hit_rate", "hit_rate", float), ("rss_mb", "rss_mb", int),
+                                    ("peak_rss_mb", "peak_rss_mb", int)):
+                v = _num(stats, key, kind, None)
+                if v is not None:
+                    setattr(self, attr, v)
+            if _num(stats, "bytes_read", int, 0) > 0 and _num(stats, "read_gbps", float, None) is not None:
+                self.read_gbps = _num(stats, "read_gbps", float, None)
+            tiers = [_num(stats, k, int, None) for k in ("experts_pinned", "experts_cached", "experts_total")]
+            if None not in tiers:
+                self.tiers = dict(zip(("pinned", "cached", "total"), tiers))
             try:
                 self.ttft.observe(float(stats["ttft_ms"]) / 1000)
                 if int(stats.get("completion_tokens", 0)) > 1:
                     self.decode.observe(float(stats["decode_tok_s"]))
-                self.hit_rate = float(stats["hit_rate"])
-                self.rss_mb = int(stats["rss_mb"])
             except (KeyError, ValueError):
                 pass
+
+    def experts(self):
+        """The expert-store figures for /health: totals since start and the last turn's."""
+        with self.lock:
+            looked_up = self.expert_hits + self.expert_misses
+            return {"hits": self.expert_hits, "misses": self.expert_misses,
+                    "hit_rate_total": round(self.expert_hits / looked_up, 4) if looked_up else None,
+                    "hit_rate": self.hit_rate, "bytes_read": self.bytes_read, "read_gbps": self.read_gbps,
+                    "io_wait_s": round(self.io_wait_ms / 1000, 3), "compute_s": round(self.compute_ms / 1000, 3),
+                    "tiers": self.tiers, "rss_mb": self.rss_mb, "peak_rss_mb": self.peak_rss_mb}
 
     def snapshot(self):
         with self.lock:
@@ -109,11 +138,29 @@ class Metrics:
             metric("colibri_completion_tokens_total", "counter", "tokens generated", [({}, self.completion_tokens)])
             metric("colibri_reused_tokens_total", "counter", "prompt tokens served from the KV cache",
                    [({}, self.reused_tokens)])
-            metric("colibri_expert_bytes_read_total", "counter", "expert bytes read from disk", [({}, self.bytes_read)])
+            metric("colibri_expert_bytes_read_total", "counter", "expert bytes read from the model files",
+                   [({}, self.bytes_read)])
+            metric("colibri_expert_hits_total", "counter", "routed experts found in RAM", [({}, self.expert_hits)])
+            metric("colibri_expert_misses_total", "counter", "routed experts read from disk", [({}, self.expert_misses)])
+            metric("colibri_expert_io_wait_seconds_total", "counter", "time compute waited for expert reads",
+                   [({}, round(self.io_wait_ms / 1000, 6))])
+            metric("colibri_compute_seconds_total", "counter", "engine compute time of the turns",
+                   [({}, round(self.compute_ms / 1000, 6))])
             if self.hit_rate is not None:
                 metric("colibri_expert_hit_rate", "gauge", "expert cache hit rate of the last turn", [({}, self.hit_rate)])
+            if self.read_gbps is not None:
+                metric("colibri_expert_read_gbps", "gauge", "expert read bandwidth of the last turn that read",
+                       [({}, self.read_gbps)])
+            if self.tiers is not None:
+                metric("colibri_experts", "gauge", "routed experts by tier after the last turn",
+                       [({"tier": "pinned"}, self.tiers["pinned"]),
+                        ({"tier": "cached"}, self.tiers["cached"] - self.tiers["pinned"]),
+                        ({"tier": "disk"}, self.tiers["total"] - self.tiers["cached"])])
             if self.rss_mb is not None:
                 metric("colibri_engine_rss_bytes", "gauge", "engine resident memory", [({}, self.rss_mb << 20)])
+            if self.peak_rss_mb is not None:
+                metric("colibri_engine_peak_rss_bytes", "gauge", "engine peak resident memory",
+                       [({}, self.peak_rss_mb << 20)])
             metric("colibri_connections_refused_total", "counter", "connections refused by --max-connections",
                    [({}, self.connections_refused)])
             metric("colibri_connections_evicted_total", "counter",
@@ -132,6 +179,14 @@ class Metrics:
             out += self.decode.render("colibri_decode_tokens_per_second", "decode speed per turn")
             out += self.queue_wait.render("colibri_queue_wait_seconds", "time spent waiting for the engine")
             return "\n".join(out) + "\n"
+
+
+def _num(stats, key, kind, default):
+    """stats[key] as kind, or default when absent or malformed (an older engine, a fake one)."""
+    try:
+        return kind(stats[key])
+    except (KeyError, TypeError, ValueError):
+        return default
 
 
 def _esc(v):

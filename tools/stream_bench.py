@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""Expert streaming, side by side with llama.cpp, with memory made equally scarce for both.
+
+  python tools/stream_bench.py gen   DIR [--layers 48]     synthetic Qwen3-30B-A3B-like checkpoint
+  python tools/stream_bench.py prep  DIR --llama-cpp SRC   colibri container + llama.cpp Q4_0 GGUF
+  python tools/stream_bench.py run   DIR --llama-cpp SRC --limit-gb G [--ram G]
+
+`gen` writes random bf16 weights with the per-token geometry of Qwen3-30B-A3B (hidden 2048, 128
+experts, top-8, expert width 768, 32/4 heads x 128) and the real Qwen3 tokenizer, one shard per
+layer (bounded RAM). `prep` converts them with `coli convert` (q4 experts, q8 dense) and with
+llama.cpp's converter + quantizer (Q8_0, requantized to Q4_0). `run` alternates the two engines
+inside one memory cgroup (v1 or v2) whose limit counts page cache too, so the mmap peer and the
+streaming engine get the same RAM; the page cache is dropped before each run. It measures the
+machine's O_DIRECT read bandwidth the same day and prints one table: decode tok/s, TTFT of a
+512-token prompt, expert hit rate, bytes read per token, achieved read GB/s, the disk-bound limit.
+
+Dev tool only: needs root (cgroup, drop_caches), numpy, and a llama.cpp build outside the repo.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GEOMETRY = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, intermediate_size=6144)
+
+
+# ---------------------------------------------------------------- gen
+
+def random_bf16(rng, shape, np):
+    """Random bf16 bit patterns of magnitude 2^-7..2^-6 with random signs: cheap to draw at
+    disk speed, and small enough that activations stay finite through 48 layers."""
+    bits = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
+    return (bits & np.uint16(0x807F)) | np.uint16(0x3C00)
+
+
+def gen(args):
+    import numpy as np
+    out = Path(args.dir) / "hf"
+    out.mkdir(parents=True, exist_ok=True)
+    tok = ROOT / ".cache" / "tokenizers" / "qwen3"
+    if not (tok / "tokenizer.json").is_file():
+        sys.exit("the Qwen3 tokenizer is missing: run `make test` once (it fetches .cache/tokenizers)")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / f, out / f)
+    V = 151936
+    H, nh, nkv, hd = (GEOMETRY[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"))
+    E, I, L = GEOMETRY["num_experts"], GEOMETRY["moe_intermediate_size"], args.layers
+    cfg = dict(GEOMETRY, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=V,
+               num_hidden_layers=L, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+               tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+               torch_dtype="bfloat16", bos_token_id=151643, eos_token_id=151645, attention_bias=False)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    rng = np.random.default_rng(args.seed)
+    ones = lambda n: np.full(n, 0x3F80, dtype=np.uint16)  # noqa: E731  bf16 1.0
+    shards = [("trunk", lambda: {"model.embed_tokens.weight": random_bf16(rng, (V, H), np),
+                                 "lm_head.weight": random_bf16(rng, (V, H), np), "model.norm.weight": ones(H)})]
+
+    def layer(l):
+        p = f"model.layers.{l}"
+        t = {f"{p}.input_layernorm.weight": ones(H), f"{p}.post_attention_layernorm.weight": ones(H),
+             f"{p}.self_attn.q_proj.weight": random_bf16(rng, (nh * hd, H), np),
+             f"{p}.self_attn.k_proj.weight": random_bf16(rng, (nkv * hd, H), np),
+             f"{p}.self_attn.v_proj.weight": random_bf16(rng, (nkv * hd, H), np),
+             f"{p}.self_attn.o_proj.weight": random_bf16(rng, (H, nh * hd), np),
+             f"{p}.self_attn.q_norm.weight": ones(hd), f"{p}.self_attn.k_norm.weight": ones(hd),
+             f"{p}.mlp.gate.weight": random_bf16(rng, (E, H), np)}
+        for e in range(E):
+            for proj, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+                t[f"{p}.mlp.experts.{e}.{proj}.weight"] = random_bf16(rng, shape, np)
+        return t
+    shards += [(f"layer{l}", lambda l=l: layer(l)) for l in range(L)]
+    index = {"metadata": {}, "weight_map": {}}
+    for k, (tag, make) in enumerate(shards):
+        name = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        path = out / name
+        tensors = None
+        if not path.is_file():  # resumable: a shard already written is kept
+            tensors = make()
+            save_bf16(tensors, str(path) + ".tmp")
+            os.replace(str(path) + ".tmp", path)
+            print(f"gen: {name} ({tag}) {path.stat().st_size / 1e9:.2f} GB", flush=True)
+        keys = tensors.keys() if tensors is not None else shard_keys(path)
+        index["weight_map"].update({n: name for n in keys})
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+
+
+def save_bf16(tensors, path):
+    """Writes uint16 arrays as a BF16 safetensors file (safetensors.numpy has no bf16 dtype)."""
+    header, off = {}, 0
+    for name, a in tensors.items():
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for a in tensors.values():
+            f.write(a.tobytes())
+
+
+def shard_keys(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return [k for k in json.loads(f.read(n)) if k != "__metadata__"]
+
+
+# ---------------------------------------------------------------- prep
+
+def prep(args):
+    d = Path(args.dir)
+    hf, col, gq8, gq4 = d / "hf", d / "colibri", d / "model-q8_0.gguf", d / "model-q4_0.gguf"
+    py = str(ROOT / ".venv" / "bin" / "python")
+    if not (col / "colibri.json").is_file():
+        t = time.time()
+        subprocess.run([str(ROOT / "coli"), "convert", str(hf), str(col)], check=True)
+        print(f"prep: coli convert {time.time() - t:.0f} s", flush=True)
+    src = Path(args.llama_cpp)
+    if not gq4.is_file():
+        if not gq8.is_file():
+            t = time.time()
+            env = dict(os.environ, PYTHONPATH=str(src / "gguf-py"))
+            subprocess.run([py, str(src / "convert_hf_to_gguf.py"), str(hf), "--outtype", "q8_0",
+                            "--outfile", str(gq8)], check=True, env=env)
+            print(f"prep: llama.cpp convert (Q8_0) {time.time() - t:.0f} s", flush=True)
+        t = time.time()
+        subprocess.run([str(src / "build" / "bin" / "llama-quantize"), "--allow-requantize", str(gq8), str(gq4),
+                        "Q4_0", "2"], check=True)
+        gq8.unlink()
+        print(f"prep: llama-quantize Q4_0 {time.time() - t:.0f} s", flush=True)
+
+
+# ---------------------------------------------------------------- run
+
+class MemoryCgroup:
+    """A memory cgroup (v2 if mounted, else v1) whose limit includes page cache."""
+
+    def __init__(self, limit_bytes):
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        self.v2 = v2.is_file() and "memory" in v2.read_text()
+        base = Path("/sys/fs/cgroup") if self.v2 else Path("/sys/fs/cgroup/memory")
+        self.path = base / f"colibri-bench-{os.getpid()}"
+        self.path.mkdir()
+        (self.path / ("memory.max" if self.v2 else "memory.limit_in_bytes")).write_text(str(limit_bytes))
+        if not self.v2:
+            try:
+                (self.path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+            except OSError:
+                pass  # no swap accounting: there is no swap on these machines either
+
+    def peak(self):
+        f = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
+        try:
+            return int((self.path / f).read_text())
+        except OSError:
+            return None
+
+    def reset_peak(self):
+        if not self.v2:
+            (self.path / "memory.max_usage_in_bytes").write_text("0")
+
+    def preexec(self):
+        procs = self.path / "cgroup.procs"
+        return lambda: procs.write_text(str(os.getpid()))
+
+    def close(self):
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def drop_caches():
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def direct_read_gbps(files, seconds=8.0, block=4 << 20):
+    """Sequential O_DIRECT read rate over the model's largest shards (page cache bypassed)."""
+    import mmap
+    buf = mmap.mmap(-1, block)
+    done, t0 = 0, time.perf_counter()
+    for f in sorted(files, key=lambda p: -p.stat().st_size):
+        fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+        try:
+            while time.perf_counter() - t0 < seconds:
+                n = os.readv(fd, [buf])
+                if n <= 0:
+                    break
+                done += n
+        finally:
+            os.close(fd)
+        if time.perf_counter() - t0 >= seconds:
+            break
+    return done / (time.perf_counter() - t0) / 1e9
+
+
+def prompt_ids(n, seed):
+    return [1000 + (seed * 7919 + i * 104729) % 140000 for i in range(n)]
+
+
+def colibri_turn(cg, col, args, seed):
+    sys.path.insert(0, str(ROOT))
+    from colibri import engine_client
+    extra = ["--ram", f"{args.ram:g}"] + (["--readahead", args.readahead] if args.readahead else [])
+    env = engine_client.engine_env()
+    cmd = [str(engine_client.ensure_built()), "serve", "--model", str(col), "--ctx", "1024",
+           "--threads", str(args.threads)] + extra
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=cg.preexec(), env=env)
+    eng = engine_client.Engine.__new__(engine_client.Engine)  # wrap the process started in the cgroup
+    eng.proc, eng.info, eng._next_id = p, {}, 0
+    from collections import deque
+    import threading
+    eng.stderr_tail = deque(maxlen=20)
+    eng._err_thread = threading.Thread(target=eng._drain_stderr, daemon=True)
+    eng._err_thread.start()
+    line = p.stdout.readline().decode().split()
+    if not line or line[0] != "READY":
+        p.wait()
+        sys.exit("colibri did not start: " + "\n".join(eng.stderr_tail))
+    eng.info = dict(kv.partition("=")[::2] for kv in line[1:])
+    stats = {}
+    for ev in eng.generate(prompt_ids(args.prompt, seed), max_tokens=args.gen, temp=0):
+        if ev[0] == "end":
+            stats = ev[1]
+    p.stdin.close()
+    p.wait()
+    f = lambda k: float(stats[k])  # noqa: E731
+    n = int(stats["completion_tokens"])
+    return {"ttft_s": f("ttft_ms") / 1000, "decode_tok_s": f("decode_tok_s"), "hit_rate": f("hit_rate"),
+            "bytes_per_token": f("bytes_read") / max(n + args.prompt, 1), "read_gbps": f("read_gbps"),
+            "peak_rss_mb": f("peak_rss_mb"), "tokens": n, "info": eng.info}
+
+
+def llama_turn(cg, src, gguf, args):
+    exe = Path(src) / "build" / "bin" / "llama-batched-bench"
+    cmd = [str(exe), "-m", str(gguf), "-c", "1024", "-b", "512", "-ub", "512", "-npp", str(args.prompt),
+           "-ntg", str(args.gen), "-npl", "1", "-t", str(args.threads), "-nr", "--no-warmup"]
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=cg.preexec(), timeout=3600)
+    if r.returncode:
+        sys.exit(f"llama-batched-bench failed ({r.returncode}): {r.stderr[-800:]}")
+    for line in r.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 10 and cells[0] == str(args.prompt):
+            # PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s
+            return {"ttft_s": float(cells[4]), "decode_tok_s": float(cells[7])}
+    sys.exit(f"cannot parse llama-batched-bench output:\n{r.stdout[-800:]}")
+
+
+def run(args):
+    d = Path(args.dir)
+    col, gguf = d / "colibri", d / "model-q4_0.gguf"
+    man = json.loads((col / "colibri.json").read_text())
+    expert_files = [col / s for s in man["shards"]]
+    cg = MemoryCgroup(int(args.limit_gb * 1e9))
+    try:
+        drop_caches()
+        disk = direct_read_gbps(expert_files)
+        ours, theirs = [], []
+        for i in range(args.repeat):
+            drop_caches()
+            cg.reset_peak()
+            ours.append(colibri_turn(cg, col, args, seed=i))
+            ours[-1]["cgroup_peak"] = cg.peak()
+            print("colibri", json.dumps({k: v for k, v in ours[-1].items() if k != "info"}), flush=True)
+            drop_caches()
+            cg.reset_peak()
+            theirs.append(llama_turn(cg, args.llama_cpp, gguf, args))
+            theirs[-1]["cgroup_peak"] = cg.peak()
+            print("llama.cpp", json.dumps(theirs[-1]), flush=True)
+    finally:
+        cg.close()
+    med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
+    info = ours[0]["info"]
+    expert_bytes = int(info.get("expert_bytes", 0))
+    top_k, moe_layers = GEOMETRY["num_experts_per_tok"], int(info.get("moe_layers", 0))
+    miss_bytes = (1 - med(ours, "hit_rate")) * top_k * moe_layers * expert_bytes
+    limit = disk * 1e9 / miss_bytes if miss_bytes else None
+    res = {"limit_gb": args.limit_gb, "ram_gb": args.ram, "threads": args.threads, "repeat": args.repeat,
+           "o_direct_read_gbps": disk, "prompt": args.prompt, "gen": args.gen,
+           "colibri": {k: med(ours, k) for k in ("decode_tok_s", "ttft_s", "hit_rate", "bytes_per_token",
+                                                 "read_gbps", "peak_rss_mb")},
+           "llama_cpp": {k: med(theirs, k) for k in ("decode_tok_s", "ttft_s")},
+           "disk_bound_tok_s": limit, "cgroup_peak_bytes": {"colibri": max(r["cgroup_peak"] or 0 for r in ours),
+                                                          "llama_cpp": max(r["cgroup_peak"] or 0 for r in theirs)}}
+    c, l = res["colibri"], res["llama_cpp"]
+    print(json.dumps(res, indent=1))
+    print(f"\n| | colibri | llama.cpp (mmap, no repack) | ratio |\n|---|---|---|---|")
+    print(f"| decode tok/s | {c['decode_tok_s']:.2f} | {l['decode_tok_s']:.2f} | {c['decode_tok_s'] / l['decode_tok_s']:.2f}x |")
+    print(f"| TTFT, {args.prompt}-token prompt | {c['ttft_s']:.1f} s | {l['ttft_s']:.1f} s | "
+          f"{l['ttft_s'] / c['ttft_s']:.2f}x faster |")
+    print(f"| expert hit rate | {c['hit_rate']:.3f} | - | |")
+    print(f"| bytes read per token | {c['bytes_per_token'] / 1e6:.0f} MB | - | |")
+    print(f"| achieved read GB/s | {c['read_gbps']:.2f} of {disk:.2f} O_DIRECT | - | |")
+    if limit:
+        print(f"| disk-bound limit | {limit:.2f} tok/s; colibri at {100 * c['decode_tok_s'] / limit:.0f}% | | |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("gen")
+    g.add_argument("dir")
+    g.add_argument("--layers", type=int, default=48)
+    g.add_argument("--seed", type=int, default=1)
+    p = sub.add_parser("prep")
+    p.add_argument("dir")
+    p.add_argument("--llama-cpp", required=True, help="llama.cpp source tree with a build/ (outside this repo)")
+    r = sub.add_parser("run")
+    r.add_argument("dir")
+    r.add_argument("--llama-cpp", required=True)
+    r.add_argument("--limit-gb", type=float, required=True, help="memory cgroup limit for both engines")
+    r.add_argument("--ram", type=float, help="colibri's --ram (default: 90%% of the limit)")
+    r.add_argument("--readahead", choices=("on", "off"))
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--prompt", type=int, default=512)
+    r.add_argument("--gen", type=int, default=32)
+    r.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    if args.cmd == "run" and args.ram is None:
+        args.ram = 0.9 * args.limit_gb
+    {"gen": gen, "prep": prep, "run": run}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
