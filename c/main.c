@@ -17,6 +17,7 @@ int detokenize_cli_main(int argc, char **argv);
 
 static const char *USAGE =
     "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
+    "                       [--ram GB] [--cap N] [--no-direct] [--readahead on|off] [--pin auto|off] [--io-threads N]\n"
     "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
@@ -39,6 +40,8 @@ static int logits_main(int argc, char **argv) {
         i = next;
     }
     if (!ids_arg || !out) { fprintf(stderr, "colibri logits: --ids and --out are required\n"); return 2; }
+    o.logits_rows = 1; /* the budget holds this pass's KV and logits */
+    for (const char *c = ids_arg; *c; c++) o.logits_rows += *c == ',';
     Engine e;
     if (engine_open(&e, &o, err, sizeof err)) { fprintf(stderr, "colibri: %s\n", err); return 1; }
     int32_t *ids;

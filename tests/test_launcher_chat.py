@@ -139,8 +139,8 @@ def test_context_overflow_is_explained_and_the_chat_goes_on(model):
 def test_refusals_before_the_engine_starts(model, tmp_path, oracle_root):
     r = coli("chat", "--model", model, "--think")
     assert r.returncode == 2 and "no thinking switch" in r.stderr
-    r = coli("chat", "--model", model, "--cap", "2")
-    assert r.returncode == 2 and "not implemented yet" in r.stderr
+    r = coli("chat", "--model", model, "--cap", "99")
+    assert r.returncode == 2 and "give 1 to" in r.stderr
     d = tmp_path / "notemplate"
     shutil.copytree(model, d)
     (d / "chat_template.jinja").unlink()

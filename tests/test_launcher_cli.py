@@ -100,8 +100,8 @@ def test_info_on_a_damaged_manifest(model, tmp_path):
 @pytest.mark.parametrize("flags,message", [
     (["--ctx", "100000"], "holds 1 to 512 positions"),
     (["--ctx", "0"], "holds 1 to"),
-    (["--cap", "3"], "bounded expert cache is not implemented yet"),
-    (["--ram", "0.001"], "cannot stay within"),
+    (["--cap", "9"], "8 experts per MoE layer; give 1 to 8"),
+    (["--cap", "0"], "give 1 to 8"),
     (["--ram", "100000"], "in all"),
     (["--max-tokens", "600"], "give at most 511"),
     (["--max-tokens", "0"], "at least 1"),
@@ -124,6 +124,13 @@ def test_run_accepts_the_full_expert_count(model):
     r = coli("run", "--model", model, "--cap", "8", "--ram", "1", "--max-tokens", "3", "--stats", "--raw", "hi")
     assert r.returncode == 0, r.stderr
     assert "completion_tokens=3" in r.stderr
+
+
+def test_run_streams_experts_and_the_engine_refuses_a_budget_too_small(model):
+    r = coli("run", "--model", model, "--cap", "1", "--max-tokens", "3", "--stats", "--raw", "hi")
+    assert r.returncode == 0 and "misses=" in r.stderr and "misses=0 " not in r.stderr, r.stderr
+    r = coli("run", "--model", model, "--ram", "0.001", "--max-tokens", "3", "--raw", "hi")
+    assert r.returncode != 0 and "give at least --ram" in r.stderr and not r.stdout, r.stderr
 
 
 def test_profile_is_applied_said_and_explicit_flags_win(model, profiles, monkeypatch):

@@ -26,10 +26,9 @@ ENGINE_FLAGS = {
     "kv-slots": dict(type=int, dest="kv_slots", help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)"),
     "kv": dict(choices=KV_TYPES, default=None,
                help="KV cache element type (default f16, half the memory of f32; f32 keeps K/V exactly)"),
-    "ram": dict(type=float, metavar="GB", help="RAM budget in GB; refused when the engine cannot stay within it "
-                "(today it maps every weight)"),
-    "cap": dict(type=int, help="expert cache slots per layer; today only the full count is possible "
-                "(the engine keeps every expert mapped)"),
+    "ram": dict(type=float, metavar="GB", help="RAM budget in GB: the engine keeps the dense trunk, KV and runtime "
+                "resident and streams routed experts through a cache of the rest (refused when it cannot fit)"),
+    "cap": dict(type=int, help="expert cache slots per MoE layer, 1 to the expert count (overrides the budget's)"),
     "no-profile": dict(action="store_true", dest="no_profile",
                        help="ignore the profile saved by `coli tune` (also COLI_NO_PROFILE=1)"),
 }
@@ -49,11 +48,16 @@ def add_engine_flags(p, names=LAUNCH_FLAGS, group="engine", **overrides):
 def engine_args(args):
     """The engine command-line arguments for the engine flags set in args."""
     out = []
-    for name in ("ctx", "threads", "batch", "kv"):
+    for name in ("ctx", "threads", "batch", "kv", "ram", "cap"):
         v = getattr(args, name, None)
         if v is not None:
-            out += [f"--{name}", str(v)]
+            out += [f"--{name}", f"{v:g}" if isinstance(v, float) else str(v)]
     return out
+
+
+def stream_args(args):
+    """The expert-streaming engine flags (--ram, --cap) set in args."""
+    return [a for pair in zip(*[iter(engine_args(args))] * 2) if pair[0] in ("--ram", "--cap") for a in pair]
 
 
 def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (default: end of context)"):
@@ -146,7 +150,8 @@ def resolve(args, model_dir, log=None):
     usable_cpus = _usable_cpus()
     if threads is not None and threads > usable_cpus:
         log(f"--threads {threads} is more than the {usable_cpus} CPUs this process may use; decoding will be slower")
-    return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots, "kv": getattr(args, "kv", None)}
+    return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots, "kv": getattr(args, "kv", None),
+            "extra": stream_args(args)}
 
 
 def _usable_cpus():
@@ -169,10 +174,8 @@ def check_cap(cap, arch):
     E = int(arch.get("num_experts") or 0)
     if not E:
         raise UserError(f"--cap {cap}: this model has no routed experts to cache")
-    if cap != E:
-        raise UserError(f"--cap {cap}: this engine keeps all {E} experts of each layer memory-mapped; a bounded "
-                        "expert cache is not implemented yet, so only --cap {0} can be honoured "
-                        "(`coli plan --cap N` projects the effect)".format(E))
+    if not 1 <= cap <= E:
+        raise UserError(f"--cap {cap}: this model has {E} experts per MoE layer; give 1 to {E}")
 
 
 def check_memory(args, model_dir, man, ctx, slots, log):
@@ -193,11 +196,7 @@ def check_memory(args, model_dir, man, ctx, slots, log):
         budget = ram * GB
         if total and budget > total:
             raise UserError(f"--ram {ram:g}: this machine (or its cgroup) has {total / GB:.1f} GB in all")
-        if need > budget:
-            raise UserError(f"--ram {ram:g}: the engine maps every weight ({weights / GB:.2f} GB) and needs "
-                            f"{need / GB:.2f} GB with a {ctx}-token KV cache x {slots} slot(s); a bounded expert cache "
-                            f"is not implemented yet, so it cannot stay within {ram:g} GB. Give at least "
-                            f"--ram {need / GB:.2f} or leave --ram out")
+        # whether the dense trunk, KV and runtime fit is the engine's split; it refuses with the numbers
         if usable and budget > usable:
             log(f"--ram {ram:g} GB is more than the {usable / GB:.1f} GB available now")
     explicit = getattr(args, "ctx", None) is not None or getattr(args, "kv_slots", None) is not None
