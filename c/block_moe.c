@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "expert_store.h"
 #include "fwd_alloc.h"
 #include "layers.h"
 #include "ops.h"
@@ -12,6 +13,7 @@ typedef struct {
     const RouterKind *router;
     void *router_self;
     Mlp *experts; /* [E] */
+    ExpertLayer xl; /* where the experts come from: the mapping or the expert store */
 } Moe;
 
 static int load(void *self, const JsonValue *spec, BlockLoader *L) {
@@ -31,37 +33,21 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     if (p->router->load(p->router_self, rs, p->E, p->K, L)) return -1;
     if (!(p->experts = calloc((size_t)p->E, sizeof(Mlp)))) return bl_fail(L, "out of memory");
     for (int e = 0; e < p->E && !L->failed; e++) mlp_load(L, &p->experts[e], ex, e, L->a->hidden, p->width, 0);
+    p->xl = (ExpertLayer){.layer = L->layer, .E = p->E, .K = p->K, .H = L->a->hidden, .width = p->width,
+                          .experts = p->experts, .router = p->router, .router_self = p->router_self};
     return L->failed ? -1 : 0;
 }
 
 static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
     const Moe *p = self;
-    const int E = p->E, K = p->K, H = r->a->hidden;
-    int *sel = fwd_malloc(sizeof(int) * (size_t)T * K);
-    float *wts = fwd_malloc(sizeof(float) * (size_t)T * K);
-    int *count = fwd_calloc((size_t)E, sizeof(int)), *rows = fwd_malloc(sizeof(int) * (size_t)T * K);
-    float *xin = fwd_malloc(sizeof(float) * (size_t)T * H), *yout = fwd_malloc(sizeof(float) * (size_t)T * H);
-    if (!sel || !wts || !count || !rows || !xin || !yout) goto out; /* fwd_oom() tells the caller */
-    p->router->route(p->router_self, x, T, sel, wts);
-    if (fwd_oom()) goto out; /* the router could not finish: sel is not filled */
-    for (int i = 0; i < T * K; i++) count[sel[i]]++;
-    memset(out, 0, sizeof(float) * (size_t)T * H);
-    /* Batch-union: each selected expert runs once over all the positions that chose it. */
-    for (int e = 0; e < E && !fwd_oom(); e++) {
-        if (!count[e]) continue;
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < K; j++)
-                if (sel[t * K + j] == e) { rows[n] = t * K + j; memcpy(xin + (size_t)n * H, x + (size_t)t * H, sizeof(float) * H); n++; }
-        mlp_swiglu(&p->experts[e], xin, n, p->width, yout);
-        for (int i = 0; i < n; i++) {
-            int t = rows[i] / K;
-            float w = wts[rows[i]];
-            for (int d = 0; d < H; d++) out[(size_t)t * H + d] += w * yout[(size_t)i * H + d];
-        }
-    }
-out:
-    free(sel); free(wts); free(count); free(rows); free(xin); free(yout);
+    (void)r;
+    int *sel = fwd_malloc(sizeof(int) * (size_t)T * p->K);
+    float *wts = fwd_malloc(sizeof(float) * (size_t)T * p->K);
+    if (sel && wts) p->router->route(p->router_self, x, T, sel, wts);
+    /* fwd_oom() tells the caller when an allocation (or the router) could not finish */
+    if (sel && wts && !fwd_oom()) expert_layer_run(&p->xl, x, T, sel, wts, out);
+    free(sel);
+    free(wts);
 }
 
 static void release(void *self) {
@@ -72,3 +58,5 @@ static void release(void *self) {
 }
 
 const BlockKind block_moe = {ROLE_MLP, "moe", sizeof(Moe), load, run, NULL, release};
+
+ExpertLayer *moe_expert_layer(const Block *b) { return b->kind == &block_moe ? &((Moe *)b->self)->xl : NULL; }

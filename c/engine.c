@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "container.h"
+#include "engine_stream.h"
 #include "kv_kernels.h"
 #include "kv_dir.h"
 #include "kv_persist.h"
@@ -24,16 +25,6 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static long rss_mb(void) {
-    long pages = 0, rss = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
-        fclose(f);
-    }
-    return rss * (sysconf(_SC_PAGESIZE) / 1024) / 1024;
 }
 
 /* Physical cores among the CPUs this process may run on: SMT siblings share one core's
@@ -63,18 +54,6 @@ static int physical_cores(void) {
     return n;
 }
 
-/* Bytes this process fetched from storage (read() and mmap page faults), from /proc/self/io. */
-static long long storage_read_bytes(void) {
-    long long v = 0;
-    char line[128];
-    FILE *f = fopen("/proc/self/io", "r");
-    if (!f) return 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "read_bytes: %lld", &v) == 1) break;
-    fclose(f);
-    return v;
-}
-
 static int opt_int(const char *flag, const char *v, int lo, int hi, int *out, char *err, size_t errlen) {
     char *end;
     errno = 0;
@@ -100,6 +79,23 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
         else if (!strcmp(a, "--kv")) {
             if (!v || kv_type_from_name(v, &o->kv_type)) { snprintf(err, errlen, "--kv needs f16, bf16 or f32"); return -1; }
             o->kv_set = 1;
+            i++;
+        }
+        else if (!strcmp(a, "--ram")) {
+            char *end;
+            double g = v ? strtod(v, &end) : 0;
+            if (!v || end == v || *end || !(g > 0 && g < 1e6)) { snprintf(err, errlen, "--ram needs a positive number of GB (e.g. 0.5)"); return -1; }
+            o->ram_gb = g;
+            i++;
+        }
+        else if (!strcmp(a, "--cap")) { rc = opt_int(a, v, 1, 1 << 20, &o->cap, err, errlen); i++; }
+        else if (!strcmp(a, "--io-threads")) { rc = opt_int(a, v, 1, 64, &o->io_threads, err, errlen); i++; }
+        else if (!strcmp(a, "--no-direct")) o->no_direct = 1;
+        else if (!strcmp(a, "--readahead") || !strcmp(a, "--pin")) {
+            const char *on = a[2] == 'r' ? "on" : "auto";
+            if (!v || (strcmp(v, on) && strcmp(v, "off"))) { snprintf(err, errlen, "%s needs %s or off", a, on); return -1; }
+            if (a[2] == 'r') o->readahead = !strcmp(v, "on") ? 1 : 2;
+            else o->pin_off = !strcmp(v, "off");
             i++;
         }
         else if (!strcmp(a, "--kv-dir")) { if (!v) { snprintf(err, errlen, "--kv-dir needs a directory"); return -1; } o->kv_dir = v; i++; }
@@ -138,6 +134,7 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
         e->tok = tok_load(path, err, errlen);
         if (!e->tok) { engine_close(e); return -1; }
     }
+    if (engine_stream_open(e, o, omp_get_max_threads(), err, errlen)) { engine_close(e); return -1; }
     if (o->kv_dir) restore_slots(e, o->kv_dir);
     return 0;
 }
@@ -171,6 +168,7 @@ static void persist_slot(Engine *e, int slot) {
 }
 
 void engine_close(Engine *e) {
+    engine_stream_close(e); /* stops the I/O threads before the model goes */
     for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].tokens) kv_free(&e->slots[i]);
     if (e->tok) tok_free(e->tok);
     e->tok = NULL;
@@ -264,6 +262,7 @@ static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     }
     KvCache *kv = &own;
     emit_line("ACCEPT %s %d 0", f->id, n);
+    engine_stream_turn_begin(e);
     double t0 = now_ms();
     if (forward(&e->model, kv, ids, n, logits, 1)) {
         emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try fewer positions");
@@ -275,9 +274,12 @@ static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     snprintf(head, sizeof head, "LOGITS %s %d %d %zu\n", f->id, n, V, sizeof(float) * (size_t)n * V);
     emit_blob(head, logits, sizeof(float) * (size_t)n * V);
     double ms = now_ms() - t0;
+    char stats[600];
+    engine_stream_end_fields(e, ms, stats, sizeof stats);
+    if (f->routing) engine_stream_routing(e, f->id);
     emit_line("END %s prompt_tokens=%d completion_tokens=0 reused_tokens=0 ttft_ms=%.1f prefill_tok_s=%.1f "
-              "decode_tok_s=0.0 finish=logits hit_rate=1.000 bytes_read=0 rss_mb=%ld",
-              f->id, n, ms, n / (ms / 1e3 + 1e-9), rss_mb());
+              "decode_tok_s=0.0 finish=logits%s", f->id, n, ms, n / (ms / 1e3 + 1e-9), stats);
+    engine_stream_learn(e);
     kv_free(&own);
     free(logits);
 }
@@ -359,8 +361,8 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         free(ids); free(logits); free(piece);
         return;
     }
+    engine_stream_turn_begin(e);
     double t0 = now_ms();
-    long long read0 = storage_read_bytes();
     int verdict = 0, oom = 0; /* oom: the forward pass ran out of memory; the slot keeps what completed */
     /* Prefill in batches, reading control frames between them so a cancel need not wait. */
     for (int done = reuse, step = forward_max_batch > 0 ? forward_max_batch : 1; done < n && !verdict && !oom; done += step) {
@@ -397,14 +399,17 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     else {
         if (verdict == 1) finish = "stop";
         double total = now_ms() - t0, decode = total - t_first;
+        char stats[600];
+        engine_stream_end_fields(e, total, stats, sizeof stats);
+        if (f->routing) engine_stream_routing(e, f->id);
         emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
-                  "decode_tok_s=%.1f finish=%s hit_rate=1.000 bytes_read=%lld rss_mb=%ld",
+                  "decode_tok_s=%.1f finish=%s%s",
                   f->id, n, produced, reuse, t_first, (n - reuse) / (t_prefill / 1e3 + 1e-9),
-                  produced > 1 ? (produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish,
-                  storage_read_bytes() - read0, rss_mb());
+                  produced > 1 ? (produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish, stats);
     }
     kv_checkpoint(kv);
     persist_slot(e, f->slot); /* after END: the client never waits for the disk */
+    if (!oom && verdict != 2) engine_stream_learn(e);
     sampler_free(&smp);
     free(piece);
     free(logits);
@@ -416,10 +421,12 @@ int engine_serve(Engine *e) {
     reader_init(&in, 0);
     Inbox box = {&in, NULL, NULL, 0, 0};
     const Arch *a = &e->model.a;
+    char stream[600];
+    engine_stream_ready(e, stream, sizeof stream);
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu kv_slot_bytes=%zu", a->family, a->vocab, e->ctx, e->n_slots, a->n_layers,
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu%s", a->family, a->vocab, e->ctx, e->n_slots, a->n_layers,
               kern.name, omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
-              kv_bytes_per_token(a), kv_bytes(a, e->ctx));
+              kv_bytes_per_token(a), kv_bytes(a, e->ctx), stream);
     for (;;) {
         Frame f;
         char *payload = NULL, err[256];

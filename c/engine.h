@@ -1,7 +1,10 @@
 /* The protocol loop: one loaded model, up to 16 KV slots, requests served in arrival order. */
 #ifndef COLI_ENGINE_H
 #define COLI_ENGINE_H
+#include "expert_store.h"
 #include "model.h"
+#include "ram_budget.h"
+#include "usage.h"
 
 #define MAX_KV_SLOTS 16
 
@@ -15,6 +18,11 @@ typedef struct {
     const char *kv_dir;          /* persist slots here when set */
     int kv_lock_fd;              /* holds kv_dir's lock (kv_dir.h) while open; -1 without kv_dir */
     uint64_t fingerprint;        /* of the model, stamped into persisted slots */
+    ExpertStore store;           /* routed experts: mapped, or streamed through a cache */
+    BudgetIn budget_in;          /* the RAM budget split (READY, the start-up line) */
+    BudgetOut budget;
+    Usage usage;                 /* .coli_usage: routing counts over turns */
+    int usage_warned;
 } Engine;
 
 typedef struct {
@@ -24,6 +32,13 @@ typedef struct {
     int skip_tokenizer; /* logits needs none, and a broken one must not block it */
     QType kv_type;      /* --kv: KV cache element type, when kv_set */
     int kv_set;
+    double ram_gb;      /* --ram; 0: none */
+    int cap;            /* --cap; 0: none */
+    int no_direct;      /* --no-direct */
+    int readahead;      /* --readahead: 0 default, 1 on, 2 off */
+    int pin_off;        /* --pin off (default auto) */
+    int io_threads;     /* --io-threads; 0: default */
+    int logits_rows;    /* one-shot `colibri logits`: positions it holds (its KV and logits) */
 } EngineOptions;
 
 /* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */

@@ -21,6 +21,7 @@ typedef struct {
     int slot;
     int ids;           /* payload is comma-separated token ids, not text */
     int logits;        /* teacher-forced: return logits for every position, generate nothing */
+    int routing;       /* send a ROUTING frame (this turn's expert counts) before END */
     int max_tokens;    /* -1: until end of context */
     int parse_special; /* special-token text in the prompt becomes special tokens */
     int add_special;   /* apply the tokenizer's post-processor (e.g. BOS) */

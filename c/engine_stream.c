@@ -1,0 +1,178 @@
+#include "engine_stream.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "container.h"
+#include "protocol.h"
+
+#define READAHEAD_DEFAULT 0 /* measured: see docs/architecture.md */
+#define IO_THREADS_DEFAULT 4
+
+/* The largest value of key over the layer specs' block (attn or mlp). */
+static long long spec_max(const JsonValue *layers, const char *block, const char *key) {
+    long long m = 0;
+    for (size_t l = 0; layers && layers->type == JSON_ARR && l < layers->len; l++) {
+        const JsonValue *b = json_get(&layers->items[l], block);
+        long long v = b ? json_get_int(b, key, 0) : 0;
+        if (v > m) m = v;
+    }
+    return m;
+}
+
+uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes) {
+    const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
+    const uint64_t H = (uint64_t)m->a.hidden, V = (uint64_t)m->a.vocab;
+    uint64_t qd = (uint64_t)(spec_max(layers, "attn", "heads") * spec_max(layers, "attn", "head_dim"));
+    uint64_t W = (uint64_t)spec_max(layers, "mlp", "width"), K = (uint64_t)spec_max(layers, "mlp", "top_k");
+    uint64_t E = (uint64_t)spec_max(layers, "mlp", "experts");
+    if (qd < H) qd = H;
+    if (W < H) W = H;
+    /* floats per position: residual, norm, block output; q, k, v, attention output; MLP gate
+     * and up; MoE gathered input, per-choice outputs, router probabilities; quantized activations */
+    uint64_t per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W;
+    uint64_t b = (uint64_t)(batch > 0 ? batch : 1);
+    uint64_t r = RUNTIME_BASE_BYTES + 4 * b * per_pos;
+    r += (uint64_t)threads * (4ull * (uint64_t)ctx + 4ull * 8 * (qd > W ? qd : W)); /* per-thread scores, rows */
+    r += 4 * V * 4;                             /* decode logits and the sampler's buffers */
+    if (logits_rows) r += 4 * V * (uint64_t)(logits_rows < batch ? logits_rows : batch); /* one chunk of logits */
+    r += tokenizer_bytes * 6;                   /* parsed vocabulary and merges */
+    return r;
+}
+
+static void usage_path(const Engine *e, char *out, size_t n) { snprintf(out, n, "%s/.coli_usage", e->model.ct->dir); }
+
+/* Temporaries of writers that died before their rename. */
+static void usage_clean(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    if (!d) return;
+    while ((de = readdir(d))) {
+        long pid;
+        if (sscanf(de->d_name, ".coli_usage.tmp.%ld", &pid) != 1 || pid <= 0) continue;
+        if (kill((pid_t)pid, 0) == 0 || pid == getpid()) continue;
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+}
+
+int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err, size_t errlen) {
+    ExpertStore *s = &e->store;
+    if (expert_store_init(s, &e->model, err, errlen)) return -1;
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    uint64_t tok_bytes = !o->skip_tokenizer && stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+    int slots = o->logits_rows ? 1 : e->n_slots, kv_ctx = o->logits_rows ? o->logits_rows : e->ctx;
+    BudgetIn *in = &e->budget_in;
+    *in = (BudgetIn){.ram = (uint64_t)(o->ram_gb * 1e9), .dense = expert_store_dense_bytes(s),
+                     .kv = (uint64_t)slots * kv_bytes(&e->model.a, kv_ctx),
+                     .runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads,
+                                                     o->logits_rows, tok_bytes),
+                     .moe_layers = s->n, .experts = s->experts, .slot_bytes = s->slot_bytes, .cap = o->cap};
+    if (ram_budget_split(in, &e->budget, err, errlen)) return -1;
+    if (s->n && s->experts && usage_init(&e->usage, s->n, s->experts)) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (e->usage.counts) {
+        char warn[600];
+        usage_path(e, path, sizeof path);
+        usage_clean(e->model.ct->dir);
+        if (usage_load(&e->usage, path, warn, sizeof warn) < 0) fprintf(stderr, "colibri: %s\n", warn);
+    }
+    if (e->budget.streaming && s->n) {
+        int pin = !o->pin_off && e->usage.turns > 0;
+        StoreOptions so = {.cap = e->budget.cap, .direct = !o->no_direct,
+                           .readahead = o->readahead ? o->readahead == 1 : READAHEAD_DEFAULT,
+                           .io_threads = o->io_threads > 0 ? o->io_threads : IO_THREADS_DEFAULT,
+                           .pin_counts = pin ? e->usage.counts : NULL};
+        if (expert_store_stream(s, &so, err, errlen)) return -1;
+    }
+    const BudgetOut *b = &e->budget;
+    char total[32] = "none";
+    if (in->ram) snprintf(total, sizeof total, "%.3f GB", in->ram / 1e9);
+    if (b->streaming || in->ram)
+        fprintf(stderr, "colibri: ram budget %s = dense %.1f MB + kv %.1f MB + runtime %.1f MB + expert cache %.1f MB "
+                "(cap %d of %d per layer, %d pinned)\n", total, in->dense / 1e6, in->kv / 1e6,
+                in->runtime / 1e6, b->cache / 1e6, b->cap, in->experts, s->pinned);
+    return 0;
+}
+
+void engine_stream_close(Engine *e) {
+    expert_store_free(&e->store);
+    usage_free(&e->usage);
+}
+
+void engine_stream_ready(const Engine *e, char *buf, size_t n) {
+    const BudgetIn *in = &e->budget_in;
+    const ExpertStore *s = &e->store;
+    snprintf(buf, n, " ram_budget=%llu dense_bytes=%llu kv_bytes=%llu runtime_bytes=%llu expert_cache_bytes=%llu cap=%d "
+             "experts=%d moe_layers=%d expert_bytes=%llu pinned=%d direct=%d readahead=%d",
+             (unsigned long long)in->ram, (unsigned long long)in->dense, (unsigned long long)in->kv,
+             (unsigned long long)in->runtime, (unsigned long long)e->budget.cache, e->budget.cap, in->experts,
+             in->moe_layers, (unsigned long long)s->expert_bytes, s->pinned, s->streaming && s->direct,
+             s->streaming && s->readahead);
+}
+
+void engine_stream_turn_begin(Engine *e) { expert_store_turn_begin(&e->store); }
+
+/* VmHWM and VmRSS of this process, in MB. */
+static void rss_now(long *peak, long *rss) {
+    char line[256];
+    *peak = *rss = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    while (fgets(line, sizeof line, f)) {
+        long v;
+        if (sscanf(line, "VmHWM: %ld kB", &v) == 1) *peak = v / 1024;
+        else if (sscanf(line, "VmRSS: %ld kB", &v) == 1) *rss = v / 1024;
+    }
+    fclose(f);
+}
+
+void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n) {
+    ExpertStore *s = &e->store;
+    expert_store_turn_end(s);
+    const ExpertStats *st = &s->st;
+    uint64_t look = st->hits + st->misses;
+    long peak, rss;
+    rss_now(&peak, &rss);
+    double compute = turn_ms - st->io_wait_ms;
+    snprintf(buf, n, " hits=%llu misses=%llu hit_rate=%.3f bytes_read=%llu read_gbps=%.2f io_wait_ms=%.1f "
+             "compute_ms=%.1f peak_rss_mb=%ld rss_mb=%ld experts_pinned=%d experts_cached=%llu experts_total=%llu",
+             (unsigned long long)st->hits, (unsigned long long)st->misses, look ? (double)st->hits / look : 1.0,
+             (unsigned long long)st->bytes_read, st->read_busy_s > 0 ? st->bytes_read / st->read_busy_s / 1e9 : 0.0,
+             st->io_wait_ms, compute > 0 ? compute : 0.0, peak, rss, s->pinned,
+             (unsigned long long)expert_store_cached(s), (unsigned long long)s->n * s->experts);
+}
+
+void engine_stream_routing(const Engine *e, const char *id) {
+    const ExpertStore *s = &e->store;
+    size_t cnt = (size_t)s->n * s->experts, bytes = cnt * 4;
+    unsigned char *b = malloc(bytes + 1);
+    char head[200];
+    if (!b) { emit_error(id, "out_of_memory", "no memory for the ROUTING frame"); return; }
+    for (size_t i = 0; i < cnt; i++) {
+        uint32_t v = s->turn_counts[i];
+        b[4 * i] = v & 255; b[4 * i + 1] = (v >> 8) & 255; b[4 * i + 2] = (v >> 16) & 255; b[4 * i + 3] = v >> 24;
+    }
+    snprintf(head, sizeof head, "ROUTING %s %d %d %zu\n", id, s->n, s->experts, bytes);
+    emit_blob(head, b, bytes);
+    free(b);
+}
+
+void engine_stream_learn(Engine *e) {
+    if (!e->usage.counts) return;
+    usage_add(&e->usage, e->store.turn_counts);
+    char path[4200], err[600];
+    usage_path(e, path, sizeof path);
+    if (usage_save(&e->usage, path, err, sizeof err) && !e->usage_warned) {
+        fprintf(stderr, "colibri: warning: %s; expert usage is not learned from this run\n", err);
+        e->usage_warned = 1;
+    }
+}

@@ -1,0 +1,25 @@
+/* The engine's side of expert streaming: the RAM budget split at start-up, the expert store's
+ * READY and END fields, the ROUTING frame and `.coli_usage` (docs/protocol.md). */
+#ifndef COLI_ENGINE_STREAM_H
+#define COLI_ENGINE_STREAM_H
+#include "engine.h"
+
+/* Splits the budget (threads: the compute team's size), prints it, and switches the store to
+ * streaming when asked. 0 ok; -1 with err (a budget that cannot fit names the smallest --ram). */
+int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err, size_t errlen);
+void engine_stream_close(Engine *e);
+/* The READY fields, " ram_budget=... readahead=N". */
+void engine_stream_ready(const Engine *e, char *buf, size_t n);
+void engine_stream_turn_begin(Engine *e);
+/* The END fields of the turn that ran turn_ms, " hits=... experts_total=N". */
+void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n);
+/* Sends the turn's ROUTING frame for request id. */
+void engine_stream_routing(const Engine *e, const char *id);
+/* Adds the turn's routing to .coli_usage and writes it (a failure warns once). */
+void engine_stream_learn(Engine *e);
+/* Bytes of scratch the forward pass and the protocol loop need beyond weights and KV. */
+uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes);
+
+#define RUNTIME_BASE_BYTES (16ull << 20) /* binary, libc/libgomp, thread stacks, the JSON manifest */
+
+#endif

@@ -1,0 +1,126 @@
+/* The RAM budget split, the I/O pool and .coli_usage, without a model. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "io_pool.h"
+#include "ram_budget.h"
+#include "usage.h"
+
+static void test_budget(void) {
+    char err[512];
+    BudgetOut o;
+    /* 40 MB fixed, 4 layers x 1 MB slots: 100 MB leaves 60 MB = 15 slots per layer */
+    BudgetIn in = {.ram = 100000000, .dense = 30000000, .kv = 6000000, .runtime = 4000000, .moe_layers = 4,
+                   .experts = 64, .slot_bytes = 1000000};
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0, "%s", err);
+    CHECK(o.streaming && o.cap == 15 && o.cache == 60000000ull, "cap %d cache %llu", o.cap, (unsigned long long)o.cache);
+    CHECK(o.min_ram == 44000000ull, "min_ram %llu", (unsigned long long)o.min_ram);
+    in.ram = 10000000000ull; /* plenty: every expert, never more */
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.cap == 64 && o.cache == 256000000ull, "cap %d", o.cap);
+    in.ram = 43999999; /* one byte short of cap 1 */
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == -1, "a budget below cap 1 must be refused");
+    CHECK(strstr(err, "--ram 0.05") != NULL, "the refusal names the smallest budget: %s", err);
+    in.ram = 44000000;
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.cap == 1, "exactly cap 1 fits");
+    in.cap = 20; /* an explicit cap beyond the budget */
+    in.ram = 100000000;
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == -1 && strstr(err, "--cap 20"), "%s", err);
+    in.cap = 3;
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.cap == 3 && o.cache == 12000000ull, "cap %d", o.cap);
+    in.cap = 65;
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == -1 && strstr(err, "1 to 64"), "%s", err);
+    in.ram = 0; /* --cap alone streams without a budget */
+    in.cap = 2;
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.streaming && o.cap == 2, "cap %d", o.cap);
+    in.cap = 0; /* neither: resident */
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && !o.streaming && o.cap == 64 && o.cache == 0, "resident");
+    BudgetIn dense = {.ram = 50000000, .dense = 30000000, .kv = 6000000, .runtime = 4000000};
+    CHECK(ram_budget_split(&dense, &o, err, sizeof err) == 0 && o.cap == 0 && o.cache == 0, "no MoE: no cache");
+    dense.cap = 1;
+    CHECK(ram_budget_split(&dense, &o, err, sizeof err) == -1 && strstr(err, "no routed experts"), "%s", err);
+    dense.cap = 0;
+    dense.ram = 39000000;
+    CHECK(ram_budget_split(&dense, &o, err, sizeof err) == -1 && strstr(err, "--ram 0.04"), "%s", err);
+}
+
+static void test_pool(void) {
+    char path[] = "/tmp/coli_io_test_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    enum { N = 3 * 4096 + 100 };
+    unsigned char *data = malloc(N);
+    for (int i = 0; i < N; i++) data[i] = (unsigned char)(i * 7 + 3);
+    CHECK(write(fd, data, N) == N, "write");
+    int fdd = open(path, O_RDONLY | O_DIRECT);
+    IoPool p;
+    CHECK(io_pool_start(&p, 3) == 0, "start");
+    IoReq r[8];
+    unsigned char *buf[8];
+    for (int i = 0; i < 8; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        CHECK(posix_memalign((void **)&buf[i], 4096, 4 * 4096) == 0, "memalign");
+        /* the last page is short: an aligned request past the end still gets what exists */
+        r[i].nseg = 1;
+        r[i].seg[0] = (IoSeg){fdd, fd, (uint64_t)(i % 4) * 4096, 4 * 4096 - (size_t)(i % 4) * 4096,
+                              (size_t)N - (size_t)(i % 4) * 4096, buf[i]};
+        io_submit(&p, &r[i], i % 2);
+    }
+    io_promote(&p, &r[7]);
+    for (int i = 0; i < 8; i++) {
+        CHECK(io_wait(&p, &r[i]) == 0, "read %d: %s", i, strerror(r[i].err));
+        CHECK(memcmp(buf[i], data + (i % 4) * 4096, (size_t)N - (size_t)(i % 4) * 4096) == 0, "bytes of read %d", i);
+    }
+    IoReq past = {.nseg = 1, .seg = {{-1, fd, 0, 2 * N, 2 * N, buf[0]}}};
+    io_submit(&p, &past, 0);
+    CHECK(io_wait(&p, &past) == EIO, "a file shorter than needed is an error");
+    io_pool_stop(&p);
+    for (int i = 0; i < 8; i++) free(buf[i]);
+    free(data);
+    if (fdd >= 0) close(fdd);
+    close(fd);
+    unlink(path);
+}
+
+static void test_usage(void) {
+    char dir[] = "/tmp/coli_usage_test_XXXXXX", path[256], warn[600], err[600];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(path, sizeof path, "%s/.coli_usage", dir);
+    Usage u, v;
+    CHECK(usage_init(&u, 2, 3) == 0, "init");
+    uint32_t turn[6] = {1, 0, 5, 2, 2, 0};
+    usage_add(&u, turn);
+    usage_add(&u, turn);
+    CHECK(usage_save(&u, path, err, sizeof err) == 0, "%s", err);
+    usage_init(&v, 2, 3);
+    CHECK(usage_load(&v, path, warn, sizeof warn) == 1, "%s", warn);
+    CHECK(v.turns == 2 && v.counts[2] == 10 && v.counts[3] == 4, "turns %llu", (unsigned long long)v.turns);
+    usage_free(&v);
+    usage_init(&v, 2, 4); /* another geometry is ignored with the reason */
+    CHECK(usage_load(&v, path, warn, sizeof warn) == -1 && strstr(warn, "2 x 4"), "%s", warn);
+    usage_free(&v);
+    FILE *f = fopen(path, "w");
+    fputs("{\"version\": 1, \"layers\": 2, \"experts\": 3, \"counts\": [[1, 2", f);
+    fclose(f);
+    usage_init(&v, 2, 3);
+    CHECK(usage_load(&v, path, warn, sizeof warn) == -1 && v.counts[0] == 0, "a torn file is ignored");
+    usage_free(&v);
+    uint32_t big[6] = {0};
+    u.counts[0] = USAGE_MAX_COUNT; /* bounded: one count past the limit halves them all */
+    big[0] = 2;
+    usage_add(&u, big);
+    CHECK(u.counts[0] == (USAGE_MAX_COUNT + 2) / 2 && u.counts[2] == 5, "halved %llu", (unsigned long long)u.counts[0]);
+    usage_free(&u);
+    unlink(path);
+    rmdir(dir);
+}
+
+void test_expert_streaming(void) {
+    test_budget();
+    test_pool();
+    test_usage();
+}

@@ -1,0 +1,278 @@
+"""Expert streaming (docs/architecture.md): the bounded expert cache gives byte-identical logits
+and greedy tokens to the resident run under every setting, the engine's peak RSS stays within
+its budget, the stats are honest, and .coli_usage learns across runs and survives SIGKILL."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+import make_oracles  # noqa: E402
+import streaming_model  # noqa: E402
+
+MOE = [v for v, s in make_oracles.VARIANTS.items() if s["family"] == "qwen3_moe"]
+# engine flags that may change where experts come from, never what they compute
+SETTINGS = [["--cap", "1"], ["--cap", "2"], ["--ram", "0.1", "--ctx", "256"], ["--cap", "1", "--readahead", "on"],
+            ["--cap", "3", "--readahead", "off"], ["--cap", "1", "--no-direct"], ["--cap", "2", "--threads", "1"],
+            ["--cap", "2", "--threads", "2"], ["--cap", "1", "--batch", "5"], ["--cap", "2", "--io-threads", "1"]]
+END_KEYS = {"hits", "misses", "hit_rate", "bytes_read", "read_gbps", "io_wait_ms", "compute_ms", "peak_rss_mb", "rss_mb",
+            "experts_pinned", "experts_cached", "experts_total"}
+READY_KEYS = {"ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "expert_cache_bytes", "cap", "experts",
+              "moe_layers", "expert_bytes", "pinned", "direct", "readahead"}
+
+
+def coli(*args, check=True):
+    p = subprocess.run([sys.executable, str(ROOT / "coli"), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    if check and p.returncode:
+        pytest.fail(f"coli {' '.join(map(str, args))} exited {p.returncode}: {p.stderr[-2000:]}", pytrace=False)
+    return p
+
+
+def engine():
+    if not (ROOT / "build" / "colibri").exists():
+        pytest.fail("build/colibri is missing: run `make`", pytrace=False)
+    return str(ROOT / "build" / "colibri")
+
+
+@pytest.fixture(scope="module")
+def containers(oracle_root, tmp_path_factory):
+    out = {}
+    for v in MOE:
+        d = tmp_path_factory.mktemp(v) / "c"
+        coli("convert", Path(oracle_root) / v / "hf", d)
+        out[v] = d
+    return out
+
+
+def ref_ids(oracle_root, variant, key="ids"):
+    return json.loads((Path(oracle_root) / variant / "ref.json").read_text())[key]
+
+
+LAUNCHER_FLAGS = {"--cap", "--ram", "--ctx", "--threads", "--batch"}
+
+
+def logits(model, ids, out, *flags):
+    """`coli logits`, or the engine's own logits command for the engine-only flags."""
+    args = ["logits", "--model", model, "--ids", ",".join(map(str, ids)), "--out", out, *flags]
+    if set(flags[::2]) <= LAUNCHER_FLAGS:
+        coli(*args)
+    else:
+        r = subprocess.run([engine(), *map(str, args)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    return Path(out).read_bytes()
+
+
+class Raw:
+    """The engine driven through raw frames (ROUTING included), stderr kept."""
+
+    def __init__(self, model, *flags, binary=None):
+        self.p = subprocess.Popen([binary or engine(), "--model", str(model), *map(str, flags)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = self.p.stdout.readline().decode()
+        if not line.startswith("READY"):
+            self.p.wait()
+            pytest.fail(f"engine did not start: {line!r} {self.p.stderr.read().decode()[-1500:]}", pytrace=False)
+        self.ready = dict(kv.split("=", 1) for kv in line.split()[1:])
+
+    def turn(self, ids, rid="r", **opts):
+        body = ",".join(map(str, ids)).encode()
+        o = " ".join(f"{k}={v}" for k, v in {"ids": 1, **opts}.items())
+        self.p.stdin.write(f"SUBMIT {rid} {len(body)} {o}\n".encode() + body)
+        self.p.stdin.flush()
+        frames = {"tokens": []}
+        while True:
+            parts = self.p.stdout.readline().decode().split()
+            assert parts, f"engine died: {self.p.stderr.read().decode()[-1500:]}"
+            verb = parts[0]
+            if verb in ("DATA", "ERROR", "LOGITS", "ROUTING"):
+                body = self.p.stdout.read(int(parts[3 if verb in ("DATA", "ERROR") else 4]))
+                if verb == "DATA" and int(parts[2]) >= 0:
+                    frames["tokens"].append(int(parts[2]))
+                if verb == "LOGITS":
+                    frames["logits"] = body
+                if verb == "ROUTING":
+                    frames["routing"] = np.frombuffer(body, "<u4").reshape(int(parts[2]), int(parts[3]))
+                assert verb != "ERROR", body
+            elif verb == "END":
+                frames["end"] = dict(kv.split("=", 1) for kv in parts[2:])
+                return frames
+
+    def close(self):
+        self.p.stdin.close()
+        rc = self.p.wait(timeout=60)
+        err = self.p.stderr.read().decode()
+        assert rc == 0 and "Sanitizer" not in err, err[-2000:]
+        return err
+
+
+@pytest.mark.parametrize("variant", MOE)
+def test_logits_identical_under_every_streaming_setting(variant, oracle_root, containers, tmp_path):
+    ids = ref_ids(oracle_root, variant)
+    resident = logits(containers[variant], ids, tmp_path / "r.f32")
+    for flags in SETTINGS:
+        got = logits(containers[variant], ids, tmp_path / "s.f32", *flags)
+        assert got == resident, f"{variant} {' '.join(flags)}: logits differ from the resident run"
+
+
+def test_asan_engine_streams_the_same_logits(oracle_root, containers, tmp_path):
+    """The ASan+UBSan build through the cache, the pool and read-ahead, with a clean exit."""
+    subprocess.run(["make", "-s", "build/colibri_asan"], cwd=ROOT, check=True)
+    ids = ref_ids(oracle_root, "qwen3_moe_sparse")
+    resident = logits(containers["qwen3_moe_sparse"], ids, tmp_path / "r.f32")
+    for flags in (["--cap", "1", "--readahead", "on"], ["--cap", "2", "--no-direct"]):
+        r = subprocess.run([str(ROOT / "build" / "colibri_asan"), "logits", "--model", str(containers["qwen3_moe_sparse"]),
+                            "--ids", ",".join(map(str, ids)), "--out", str(tmp_path / "a.f32"), *flags],
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and "Sanitizer" not in r.stderr, r.stderr[-2000:]
+        assert (tmp_path / "a.f32").read_bytes() == resident
+
+
+@pytest.mark.parametrize("variant", MOE)
+def test_greedy_run_tokens_identical(variant, oracle_root, containers):
+    ids = ",".join(map(str, ref_ids(oracle_root, variant, "prompt_ids")))
+    runs = {}
+    for flags in ([], ["--cap", "1"], ["--cap", "2"], ["--ram", "0.1", "--ctx", "256"], ["--cap", "1", "--threads", "1"]):
+        runs[" ".join(flags)] = coli("run", "--model", containers[variant], "--ids", ids, "--max-tokens", 20, "--temp", 0,
+                                     *flags).stdout
+    assert len(set(runs.values())) == 1, runs
+    m = containers[variant]
+    base = Raw(m, "--no-direct")
+    want = base.turn(ref_ids(oracle_root, variant, "prompt_ids"), max_tokens=20, temp=0)["tokens"]
+    base.close()
+    for flags in (["--cap", "1", "--readahead", "on"], ["--cap", "1", "--no-direct"]):
+        e = Raw(m, *flags)
+        assert e.turn(ref_ids(oracle_root, variant, "prompt_ids"), max_tokens=20, temp=0)["tokens"] == want, flags
+        e.close()
+
+
+@pytest.mark.parametrize("binary", ["colibri", "colibri_asan"])
+def test_ready_end_and_routing_frames(oracle_root, containers, binary):
+    subprocess.run(["make", "-s", f"build/{binary}"], cwd=ROOT, check=True)
+    m = containers["qwen3_moe"]
+    ids = ref_ids(oracle_root, "qwen3_moe")
+    e = Raw(m, "--cap", "2", "--pin", "off", "--readahead", "on", binary=str(ROOT / "build" / binary))
+    assert READY_KEYS <= set(e.ready)
+    r = e.ready
+    assert (r["cap"], r["experts"], r["moe_layers"], r["ram_budget"]) == ("2", "8", "2", "0")
+    assert int(r["expert_cache_bytes"]) >= 2 * 2 * int(r["expert_bytes"]) > 0
+    t = e.turn(ids, logits=1, routing=1)
+    end = t["end"]
+    assert END_KEYS <= set(end)
+    hits, misses = int(end["hits"]), int(end["misses"])
+    assert misses > 0 and float(end["hit_rate"]) == pytest.approx(hits / (hits + misses), abs=1e-3)
+    assert int(end["bytes_read"]) >= misses * int(r["expert_bytes"])
+    assert end["experts_total"] == "16" and int(end["experts_cached"]) <= 4 and int(end["peak_rss_mb"]) >= int(end["rss_mb"]) > 0
+    # every position routes top_k = 2 experts in each MoE layer
+    assert t["routing"].shape == (2, 8) and (t["routing"].sum(1) == 2 * len(ids)).all()
+    e.close()
+    res = Raw(m, binary=str(ROOT / "build" / binary))
+    assert res.ready["cap"] == "8" and res.ready["ram_budget"] == "0" and res.ready["expert_cache_bytes"] == "0"
+    end = res.turn(ids, logits=1)["end"]
+    assert (end["misses"], end["hit_rate"], end["bytes_read"]) == ("0", "1.000", "0") and int(end["hits"]) > 0
+    res.close()
+
+
+def test_a_budget_that_cannot_fit_is_refused_with_the_numbers(containers, tmp_path):
+    r = subprocess.run([engine(), "logits", "--model", str(containers["qwen3_moe"]), "--ids", "1,2", "--out",
+                        str(tmp_path / "x"), "--ram", "0.001"], capture_output=True, text=True)
+    assert r.returncode == 1 and "dense" in r.stderr and "give at least --ram 0.0" in r.stderr, r.stderr
+    r = subprocess.run([engine(), "logits", "--model", str(containers["qwen3_moe"]), "--ids", "1,2", "--out",
+                        str(tmp_path / "x"), "--cap", "9"], capture_output=True, text=True)
+    assert r.returncode == 1 and "1 to 8" in r.stderr, r.stderr
+
+
+def vm_hwm(pid):
+    """The process's peak resident set (VmHWM, bytes) as the kernel counts it."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def test_peak_rss_stays_within_the_budget():
+    """4-bit experts ~3x the budget: the kernel's peak RSS of the engine stays within 1.1 x --ram 0.1.
+    (Read from /proc while the engine is alive: a fork's ru_maxrss would inherit the test's own.)"""
+    model = streaming_model.container()
+    ids = [(i * 37 + 11) % 320 for i in range(48)]
+    out = {}
+    for name, flags in (("resident", []), ("budget", ["--ram", "0.1", "--ctx", "256"])):
+        e = Raw(model, *flags)
+        t = e.turn(ids, logits=1)
+        out[name] = (vm_hwm(e.p.pid), t["logits"], t["end"], e.ready)
+        e.close()
+    experts = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    assert experts > 3 * 0.1e9
+    peak, _, end, ready = out["budget"]
+    print(f"peak RSS resident {out['resident'][0] / 1e6:.0f} MB, --ram 0.1: {peak / 1e6:.0f} MB (cap {ready['cap']} of "
+          f"{ready['experts']}, hit rate {end['hit_rate']}, {int(end['bytes_read']) / 1e6:.0f} MB read)")
+    assert peak <= 1.1 * 0.1e9, (peak, ready)
+    assert out["budget"][1] == out["resident"][1]
+    assert out["resident"][0] > 2 * peak  # the resident run really maps more than the budget
+
+
+def test_usage_learning_raises_the_hit_rate(oracle_root, containers, tmp_path):
+    import shutil
+    m = tmp_path / "m"
+    shutil.copytree(containers["qwen3_moe_nonorm"], m)
+    (m / ".coli_usage").unlink(missing_ok=True)  # other tests' turns: this one starts unlearned
+    prompt = ref_ids(oracle_root, "qwen3_moe_nonorm", "prompt_ids")
+
+    def one_run(*flags):
+        e = Raw(m, "--cap", "4", *flags)
+        end = e.turn(prompt, max_tokens=24, temp=0)["end"]
+        e.close()
+        return e.ready, end
+
+    r1, end1 = one_run()
+    usage = json.loads((m / ".coli_usage").read_text())
+    assert (usage["version"], usage["layers"], usage["experts"], usage["turns"]) == (1, 3, 8, 1)
+    assert r1["pinned"] == "0"
+    r2, end2 = one_run()
+    assert int(r2["pinned"]) > 0 and int(end2["experts_pinned"]) == int(r2["pinned"])
+    print(f"hit rate run 1 {end1['hit_rate']}, run 2 {end2['hit_rate']} ({r2['pinned']} pinned)")
+    assert float(end2["hit_rate"]) > float(end1["hit_rate"])
+    r3, _ = one_run("--pin", "off")
+    assert r3["pinned"] == "0"
+    (m / ".coli_usage").write_text("{not json")
+    e = Raw(m, "--cap", "4")
+    assert e.ready["pinned"] == "0"
+    e.turn(prompt, max_tokens=2, temp=0)
+    assert "ignored" in e.close()
+    assert json.loads((m / ".coli_usage").read_text())["turns"] == 1  # rewritten from scratch
+
+
+def test_sigkill_during_usage_writes_never_corrupts_it(oracle_root, containers, tmp_path):
+    import shutil
+    m = tmp_path / "m"
+    shutil.copytree(containers["qwen3_moe"], m)
+    (m / ".coli_usage").unlink(missing_ok=True)
+    ids = ",".join(map(str, ref_ids(oracle_root, "qwen3_moe", "prompt_ids"))).encode()
+    turns = 0
+    for k in range(12):
+        p = subprocess.Popen([engine(), "--model", str(m), "--cap", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+        assert p.stdout.readline().startswith(b"READY")
+        for i in range(40):
+            p.stdin.write(f"SUBMIT r{i} {len(ids)} ids=1 max_tokens=1\n".encode() + ids)
+        p.stdin.flush()
+        time.sleep(0.002 * k)  # kill at a different point of the write cycle each time
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+        p.stdin.close()
+        f = m / ".coli_usage"
+        if f.exists():
+            u = json.loads(f.read_text())  # parses: the previous file or the new one, never a torn one
+            assert u["layers"] == 2 and u["experts"] == 8 and len(u["counts"]) == 2 and u["turns"] >= turns
+            turns = u["turns"]
+    assert turns > 0
+    e = Raw(m, "--cap", "2")  # a restart cleans the dead writers' temporaries
+    e.close()
+    assert not list(m.glob(".coli_usage.tmp.*"))
