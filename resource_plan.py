@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from colibri.cli.common import UserError, check_arch, missing_model_message, model_arg, model_path
-from colibri.limits import DEFAULT_BATCH
+from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE
 # discovery lives in machine_probe; the planner API re-exports it
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
                            measure_memory_bw, memory_info)
@@ -19,23 +19,72 @@ DESCRIPTION = """Discovers this machine (cores, RAM, cgroup limits, free disk, G
 model's safetensors headers (dense bytes, expert bytes per layer, expert count) and plans the
 memory tiers: dense trunk + runtime + KV cache x slots + expert cache, cache slots per layer,
 projected expert hit rate, the expected bottleneck and a tok/s range from disk and memory
-bandwidth (measured quickly unless given with --mem-bw/--disk-bw). The plan also says what the
-engine does today: it memory-maps every weight, so a bounded expert cache is a projection."""
+bandwidth (measured quickly unless given with --mem-bw/--disk-bw). The split is the one the engine
+makes for the same budget (its READY line reports it): dense trunk, KV and working memory
+resident, routed experts streamed through the cache."""
 
 GB = 1e9
-RUNTIME_BASE = 64 << 20  # engine code, tokenizer, OpenMP pools, allocator slack
 
 
-# ---------------------------------------------------------------- the plan
+# ---------------------------------------------------------------- the engine's budget split
+# These mirror c/engine_stream.c (engine_runtime_bytes) and c/ram_budget.c (ram_budget_split)
+# so that `coli plan` prints the split the engine will use; tests/test_budget_agreement.py
+# holds them equal to the engine's READY fields.
 
-def runtime_bytes(scan, ctx, batch=DEFAULT_BATCH, threads=1):
-    """Engine working memory besides weights and KV: per-chunk activations (c/forward.c and
-    the block_*.c files), the logits row, per-thread attention scores. An estimate."""
-    a = scan["arch"]
-    h, heads, hd, kvh = a["hidden"] or 0, a["heads"] or 0, a["head_dim"] or 0, a["kv_heads"] or 0
-    wide = max(a["intermediate"], a["moe_intermediate"] * max(a["top_k"], 1))
-    per_pos = 4 * (5 * h + 2 * heads * hd + 2 * kvh * hd + 2 * wide + (a["experts"] or 0))
-    return RUNTIME_BASE + batch * per_pos + 4 * (a["vocab"] or 0) + 4 * threads * ctx * max(heads, 1)
+def _spec_max(layers, block, key):
+    """The largest integer value of key in the layer specs' block (attn or mlp); 0 when none."""
+    best = 0
+    for spec in layers or []:
+        b = spec.get(block) if isinstance(spec, dict) else None
+        v = b.get(key) if isinstance(b, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > best:
+            best = v
+    return best
+
+
+def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, tokenizer_bytes=0):
+    """Engine working memory besides weights and KV: per-position scratch of one prefill chunk,
+    per-thread attention scores and rows, the logits and sampler buffers, the parsed tokenizer."""
+    a, layers = man["arch"], man.get("layers")
+    H, V = int(a.get("hidden_size") or 0), int(a.get("vocab_size") or 0)
+    qd = max(_spec_max(layers, "attn", "heads") * _spec_max(layers, "attn", "head_dim"), H)
+    W = max(_spec_max(layers, "mlp", "width"), H)
+    K, E = _spec_max(layers, "mlp", "top_k"), _spec_max(layers, "mlp", "experts")
+    per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W
+    r = RUNTIME_BASE + 4 * max(batch, 1) * per_pos
+    r += threads * (4 * ctx + 4 * 8 * max(qd, W))
+    r += 4 * V * 4
+    r += 4 * V * min(logits_rows, max(batch, 1))  # one chunk of teacher-forced logits
+    return r + tokenizer_bytes * 6
+
+
+def budget_split(scan, ram, kv, runtime, cap=None):
+    """The engine's split of a RAM budget (bytes; None or 0: no budget, every expert mapped):
+    dense trunk + KV + runtime fixed, the expert cache in whole slots of the rest. Returns
+    streaming, dense, cap (slots per MoE layer), cache (bytes), min_ram (smallest budget that
+    fits) and fits."""
+    ex = scan["experts"]
+    dense = scan["tensor_bytes"] - scan["expert_bytes"] + scan["dense_f32_bytes"]
+    fixed = dense + kv + runtime
+    n, E = ex["layers"], ex["per_layer"] if ex["layers"] else 0
+    per_cap = n * ex["slot_bytes"]
+    out = {"streaming": bool(ram or cap), "dense": dense, "kv": kv, "runtime": runtime, "cap": E, "cache": 0,
+           "slot_bytes": ex["slot_bytes"], "fits": True}
+    if not out["streaming"]:
+        out["min_ram"] = fixed + E * per_cap
+        return out
+    out["min_ram"] = fixed + ((cap or 1) if E else 0) * per_cap
+    if ram and ram < out["min_ram"]:
+        out["fits"] = False
+        return out
+    if E and not cap and ram:
+        out["cap"] = min(E, (ram - fixed) // per_cap)
+    if cap:
+        out["cap"] = cap
+    out["cache"] = out["cap"] * per_cap if E else 0
+    if not E:
+        out["cap"] = 0
+    return out
 
 
 def zipf_mass(c, n, s=1.0):
@@ -87,35 +136,28 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     budget = ram if ram is not None else mem["default_budget"]
     kv_per_token, kv_fixed, kv_slot = kv_state(scan, ctx, kv_type)
     kv = kv_slot * kv_slots
-    runtime = runtime_bytes(scan, ctx, batch, threads)
-    dense = scan["dense_bytes"]
+    man = scan["manifest"]
+    runtime = runtime_bytes(man, ctx, batch, threads, tokenizer_bytes=scan["tokenizer_bytes"])
+    split = budget_split(scan, budget, kv, runtime, cap)
+    dense = split["dense"]
     n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
     expert_each = ex["bytes_each"]
     notes, problems = [], []
     fixed = dense + kv + runtime
-    cache_bytes = (budget or 0) - fixed
     if budget is None:
         problems.append("available memory is unknown; pass --ram GB")
-        cache_bytes = 0
-    if budget is not None and cache_bytes < 0:
-        problems.append(f"dense weights + KV + runtime need {fixed / GB:.2f} GB but the budget is {budget / GB:.2f} GB; "
-                        "lower --ctx or --kv-slots, or raise --ram")
-    slots = 0
-    if E:
-        fit = int(max(cache_bytes, 0) // (expert_each * n_moe)) if expert_each and n_moe else 0
-        slots = min(fit, E)
-        if cap is not None:
-            if cap > fit:
-                problems.append(f"--cap {cap} needs {cap * expert_each * n_moe / GB:.2f} GB of expert cache; "
-                                f"only {max(cache_bytes, 0) / GB:.2f} GB are left (at most {fit} slots per layer)")
-            slots = min(cap, E)
+    elif not split["fits"]:
+        problems.append(f"dense weights + KV + runtime{' + one expert slot per MoE layer' if E else ''} need "
+                        f"{split['min_ram'] / GB:.2f} GB but the budget is {budget / GB:.2f} GB: the engine refuses "
+                        "to start; lower --ctx or --kv-slots, or raise --ram")
+    slots = split["cap"] if split["fits"] and budget is not None else 0
     hit_lo = slots / E if E else 1.0
     hit_hi = zipf_mass(slots, E) if E else 1.0
-    cache_used = slots * expert_each * n_moe
+    cache_used = split["cache"] if split["fits"] else 0
 
     # Bytes and work per decoded token
     embed = scan["classes"].get("embed", 0)
-    dense_read = dense - (embed if "lm_head" in scan["classes"] else 0)
+    dense_read = scan["dense_bytes"] - (embed if "lm_head" in scan["classes"] else 0)
     active_experts = k * n_moe
     expert_read = active_experts * expert_each
     kv_read = (kv_slot - kv_fixed) // 2 + kv_fixed  # an average position halfway through the context
@@ -149,20 +191,12 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
                 "seconds_per_token": {k: v for k, v in parts_hi.items()}}
 
     planned = projection(hit_lo, hit_hi)
-    # Today the engine maps every weight: it runs from RAM when the whole model fits.
-    resident_today = scan["tensor_bytes"] + kv + runtime
-    fits_today = budget is not None and resident_today <= budget
-    if fits_today:
-        today = projection(1.0, 1.0)
-        today["summary"] = "every weight is memory-mapped and fits in the budget: experts are read from RAM"
-    else:
-        today = {"tok_s_low": None, "tok_s_high": None, "bottleneck": "disk (page faults)",
-                 "summary": "every weight is memory-mapped but the model does not fit: the kernel evicts and "
-                            "re-reads pages on demand, far slower than the planned streaming cache"}
-    today["resident_bytes"] = resident_today
-    today["fits"] = fits_today
+    if E and split["fits"] and budget is not None:
+        planned["summary"] = ("every routed expert fits in the cache: after the first reads they are served from RAM"
+                              if slots >= E else
+                              f"{slots} of {E} experts per layer stay in RAM; the rest stream from disk on demand")
     if measured_tok_s:
-        today["measured_decode_tok_s"] = measured_tok_s
+        planned["measured_decode_tok_s"] = measured_tok_s
     notes.append("compute is estimated as 25% of the cores' peak float32 FMA rate "
                  f"({min(cpu['physical_cores'], threads)} cores x {ghz:.2f} GHz x {lanes} lanes x 4)")
     if E:
@@ -182,7 +216,10 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
         "per_token": {"dense_bytes": dense_read, "expert_bytes": expert_read, "kv_bytes": kv_read, "flops": flops},
         "bandwidth": {"memory_gbps": mem_bw, "disk_gbps": disk_bw, "compute_gflops": compute_rate / 1e9},
         "planned": planned,
-        "engine_today": today,
+        # the engine's READY fields for this budget (tests/test_budget_agreement.py)
+        "engine_split": {"ram_budget": budget or 0, "dense_bytes": dense, "kv_bytes": kv, "runtime_bytes": runtime,
+                         "expert_cache_bytes": split["cache"], "cap": split["cap"] if split["fits"] else None,
+                         "experts": E if n_moe else 0, "moe_layers": n_moe},
         "problems": problems,
         "notes": notes,
     }
@@ -249,7 +286,7 @@ def format_plan(res):
                 f"{p['kv_slots']} KV slot(s); {p['threads']} threads)",
             f"  {'tier':<14}{'bytes':>12}",
             f"  {'dense trunk':<14}{fmt_bytes(t['dense']):>12}",
-            f"  {'runtime':<14}{fmt_bytes(t['runtime']):>12}   (estimate)",
+            f"  {'runtime':<14}{fmt_bytes(t['runtime']):>12}   (working memory)",
             f"  {'KV cache':<14}{fmt_bytes(t['kv']):>12}   ({p['kv_type']}: {fmt_bytes(p['kv_bytes_per_token_per_slot'])} per token per slot"
             f"{', ' + fmt_bytes(p['kv_fixed_bytes_per_slot']) + ' fixed' if p['kv_fixed_bytes_per_slot'] else ''})",
             f"  {'expert cache':<14}{fmt_bytes(t['expert_cache']):>12}",
@@ -261,15 +298,10 @@ def format_plan(res):
                    + f"; projected hit rate {pe['hit_rate_low']:.0%}-{pe['hit_rate_high']:.0%}")
     pl = p["planned"]
     out.append(f"  projected    {_rate(pl['tok_s_low'])}-{_rate(pl['tok_s_high'])} tok/s, bottleneck: {pl['bottleneck']}")
-    td = p["engine_today"]
-    out += ["", "what the engine does today",
-            f"  {td['summary']}",
-            f"  resident need {fmt_bytes(td['resident_bytes'])} (all weights + KV + runtime)"
-            + (f"; expected {_rate(td['tok_s_low'])}-{_rate(td['tok_s_high'])} tok/s, bottleneck: {td['bottleneck']}"
-               if td["fits"] else "")]
-    if td.get("measured_decode_tok_s"):
-        out.append(f"  measured by coli tune: {td['measured_decode_tok_s']:.1f} tok/s decode")
-    out.append("  the bounded expert cache above is the plan for expert streaming, not yet implemented")
+    if pl.get("summary"):
+        out.append(f"  {pl['summary']}")
+    if pl.get("measured_decode_tok_s"):
+        out.append(f"  measured by coli tune: {pl['measured_decode_tok_s']:.1f} tok/s decode")
     for prob in p["problems"]:
         out.append(f"problem: {prob}")
     out += ["", "notes"] + [f"  {n}" for n in p["notes"]]

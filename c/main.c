@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "engine_stream.h"
 #include "model.h"
 #include "quant.h"
 #ifndef COLI_VERSION
@@ -23,7 +24,7 @@ static const char *USAGE =
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
     "       colibri detokenize --model DIR 1,2,3\n"
     "       colibri families   (the model families this engine implements)\n"
-    "       colibri limits     (KV slots, quantized block sizes, default --batch; one `name value` a line)\n"
+    "       colibri limits     (KV slots, quantized block sizes, default --batch, runtime base bytes; one `name value` a line)\n"
     "       colibri version\n";
 
 static int logits_main(int argc, char **argv) {
@@ -96,8 +97,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */
-        printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\ndefault_batch %d\n", MAX_KV_SLOTS,
-               QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK), forward_max_batch);
+        printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\ndefault_batch %d\nruntime_base %llu\n",
+               MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK), forward_max_batch,
+               (unsigned long long)RUNTIME_BASE_BYTES);
         return 0;
     }
     if (!strcmp(cmd, "families")) {

@@ -4,6 +4,7 @@ own values (c/engine.h, c/quant.h, c/forward.c) and tests/test_limits.py checks 
 
 MAX_KV_SLOTS = 16  # c/engine.h MAX_KV_SLOTS
 DEFAULT_BATCH = 128  # positions per prefill forward pass without --batch, c/forward.c forward_max_batch
+RUNTIME_BASE = 16 << 20  # engine working memory before any scratch, c/engine_stream.h RUNTIME_BASE_BYTES
 QBLOCK = 32  # values per quantized block, c/quant.h QBLOCK
 BLOCK_BYTES = {"q8": 34, "q4": 20}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble bytes
 

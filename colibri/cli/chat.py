@@ -376,6 +376,9 @@ def run(args):
         print(f"ready: {Path(d).name} ({info.get('family')}), context {info.get('ctx')}, {info.get('threads')} threads, "
               f"{info.get('kernels')} kernels; loaded in {load_s:.2f} s, {rss if rss is not None else '?'} MB resident"
               + (f"; thinking {'on' if template_vars['enable_thinking'] else 'off'}" if template_vars else ""))
+        budget = launch_opts.budget_line(info)
+        if budget:
+            print(chat.screen.dim(budget))
         if interactive:
             print(chat.screen.dim(":help lists commands; Ctrl-C stops an answer, Ctrl-D leaves"))
         sys.stdout.flush()

@@ -78,6 +78,24 @@ def stream_args(args):
     return out
 
 
+def budget_line(info):
+    """The engine's RAM split from its READY fields, one line; None from an engine without them."""
+    try:
+        b = {k: int(info[k]) for k in ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "expert_cache_bytes",
+                                      "cap", "experts")}
+    except (KeyError, ValueError):
+        return None
+    from resource_plan import fmt_bytes
+    mb = lambda k: fmt_bytes(b[k])  # noqa: E731
+    line = (f"RAM budget {b['ram_budget'] / 1e9:.2f} GB: dense {mb('dense_bytes')} + KV {mb('kv_bytes')} + "
+            f"runtime {mb('runtime_bytes')} + expert cache {mb('expert_cache_bytes')}")
+    if b["experts"]:
+        line += (f" ({b['cap']} of {b['experts']} experts per layer"
+                 + (", every expert in RAM" if b["cap"] >= b["experts"] else ", the rest stream from disk")
+                 + (f", {info.get('pinned')} pinned" if info.get("pinned", "0") != "0" else "") + ")")
+    return line
+
+
 def ram_budget_gb(args):
     """The RAM budget in GB: --ram, else $COLI_RAM_GB, else 90% of the memory usable now
     (resource_plan's default budget); None when none of them is known."""

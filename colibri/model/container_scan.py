@@ -134,6 +134,22 @@ def check_storage(name, t, entry):
     return None
 
 
+PAGE = 4096
+
+
+def expert_slot_bytes(segs):
+    """What one expert cache slot holds for an expert stored as segs [(shard, offset, bytes)]:
+    one read of the whole range when its tensors sit together in one shard (what coli convert
+    writes), else one read per tensor; each read lands as its enclosing O_DIRECT-aligned range
+    (c/expert_store.c, expert_geom and seg_room)."""
+    room = lambda n: (n + PAGE - 1) // PAGE * PAGE + PAGE  # noqa: E731
+    lo, hi = min(o for _, o, _ in segs), max(o + n for _, o, n in segs)
+    total = sum(n for _, _, n in segs)
+    if len({f for f, _, _ in segs}) == 1 and hi - lo <= total + PAGE:
+        return room(hi - lo)
+    return sum(room(n) for _, _, n in segs)
+
+
 def scan(model_dir):
     """Summarizes a container's bytes by tensor class. Raises ContainerError on the first problem."""
     d = Path(model_dir)
@@ -141,8 +157,10 @@ def scan(model_dir):
     arch = man["arch"]
     classes, shards, elems = {}, [], {}
     per_expert = {}  # (layer, expert) -> [bytes, elements]
+    segments = {}    # (layer, expert) -> [(shard index, offset, bytes)] of its tensors
+    dense_f32 = 0
     total_tensors = 0
-    for s in man["shards"]:
+    for k, s in enumerate(man["shards"]):
         p = d / s
         if not p.is_file():
             raise ContainerError(f"{p}: shard listed in colibri.json is missing; re-run coli convert")
@@ -163,6 +181,9 @@ def scan(model_dir):
                 acc = per_expert.setdefault((int(m.group(1)), int(m.group(2))), [0, 0])
                 acc[0] += t["nbytes"]
                 acc[1] += n_el
+                segments.setdefault((int(m.group(1)), int(m.group(2))), []).append((k, t["offset"], t["nbytes"]))
+            elif t["dtype"] == "F32":
+                dense_f32 += t["nbytes"]
         total_tensors += len(tensors)
         shards.append({"file": s, "bytes": size, "tensors": len(tensors), "data_start": start})
     layer_bytes, layer_experts = {}, {}
@@ -172,8 +193,11 @@ def scan(model_dir):
     n_exp = len(per_expert)
     expert_bytes = classes.get("expert", 0)
     layer_kinds = arch.get("layer_mlp") or []
+    tok = d / "tokenizer.json"
     return {
         "dir": str(d),
+        "manifest": man,
+        "tokenizer_bytes": tok.stat().st_size if tok.is_file() else 0,
         "family": man.get("family"),
         "converter_version": man.get("converter_version"),
         "format_version": man.get("format_version"),
@@ -196,7 +220,9 @@ def scan(model_dir):
         "class_elements": dict(sorted(elems.items())),
         "dense_bytes": sum(v for k, v in classes.items() if k != "expert"),
         "expert_bytes": expert_bytes,
+        "dense_f32_bytes": dense_f32,  # the engine copies these out of the mapping (norms, routers, biases)
         "experts": {
+            "slot_bytes": max((expert_slot_bytes(v) for v in segments.values()), default=0),
             "count": n_exp,
             "layers": len(layer_bytes),
             "per_layer": max(layer_experts.values()) if layer_experts else 0,
