@@ -134,7 +134,7 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
         e->tok = tok_load(path, err, errlen);
         if (!e->tok) { engine_close(e); return -1; }
     }
-    if (engine_stream_open(e, o, err, errlen)) { engine_close(e); return -1; }
+    if (engine_stream_open(e, o, omp_get_max_threads(), err, errlen)) { engine_close(e); return -1; }
     if (o->kv_dir) restore_slots(e, o->kv_dir);
     return 0;
 }

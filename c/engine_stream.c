@@ -1,7 +1,6 @@
 #include "engine_stream.h"
 
 #include <dirent.h>
-#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +40,7 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     uint64_t r = RUNTIME_BASE_BYTES + 4 * b * per_pos;
     r += (uint64_t)threads * (4ull * (uint64_t)ctx + 4ull * 8 * (qd > W ? qd : W)); /* per-thread scores, rows */
     r += 4 * V * 4;                             /* decode logits and the sampler's buffers */
-    if (logits_rows) r += 4 * V * (uint64_t)logits_rows; /* the teacher-forced output */
+    if (logits_rows) r += 4 * V * (uint64_t)(logits_rows < batch ? logits_rows : batch); /* one chunk of logits */
     r += tokenizer_bytes * 6;                   /* parsed vocabulary and merges */
     return r;
 }
@@ -64,7 +63,7 @@ static void usage_clean(const char *dir) {
     closedir(d);
 }
 
-int engine_stream_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
+int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err, size_t errlen) {
     ExpertStore *s = &e->store;
     if (expert_store_init(s, &e->model, err, errlen)) return -1;
     char path[4200];
@@ -75,7 +74,7 @@ int engine_stream_open(Engine *e, const EngineOptions *o, char *err, size_t errl
     BudgetIn *in = &e->budget_in;
     *in = (BudgetIn){.ram = (uint64_t)(o->ram_gb * 1e9), .dense = expert_store_dense_bytes(s),
                      .kv = (uint64_t)slots * kv_bytes(&e->model.a, kv_ctx),
-                     .runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, omp_get_max_threads(),
+                     .runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads,
                                                      o->logits_rows, tok_bytes),
                      .moe_layers = s->n, .experts = s->experts, .slot_bytes = s->slot_bytes, .cap = o->cap};
     if (ram_budget_split(in, &e->budget, err, errlen)) return -1;

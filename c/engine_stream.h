@@ -4,9 +4,9 @@
 #define COLI_ENGINE_STREAM_H
 #include "engine.h"
 
-/* Splits the budget, prints it, and switches the store to streaming when asked. 0 ok; -1 with
- * err (a budget that cannot fit names the smallest --ram that would). */
-int engine_stream_open(Engine *e, const EngineOptions *o, char *err, size_t errlen);
+/* Splits the budget (threads: the compute team's size), prints it, and switches the store to
+ * streaming when asked. 0 ok; -1 with err (a budget that cannot fit names the smallest --ram). */
+int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err, size_t errlen);
 void engine_stream_close(Engine *e);
 /* The READY fields, " ram_budget=... readahead=N". */
 void engine_stream_ready(const Engine *e, char *buf, size_t n);

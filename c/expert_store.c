@@ -115,16 +115,13 @@ int expert_store_init(ExpertStore *s, const Model *m, char *err, size_t errlen) 
             int r = expert_geom(m->ct, &xl->experts[e], &g);
             if (r < 0) { snprintf(err, errlen, "layer %d expert %d: a tensor lies outside the shards", l, e); return -1; }
             s->split_reason |= r;
-            uint64_t bytes = 0, room = 0;
-            for (int i = 0; i < 3; i++) bytes += g.len[i];
-            if (g.nseg == 1) bytes = g.len[0];
+            uint64_t room = 0;
             for (int i = 0; i < g.nseg; i++) room += seg_room(g.len[i]);
             const Mlp *x = &xl->experts[e];
             uint64_t eb = mat_bytes(&x->gate) + mat_bytes(&x->up) + mat_bytes(&x->down);
             s->expert_total += eb;
             if (eb > s->expert_bytes) s->expert_bytes = eb;
             if (room > s->slot_bytes) s->slot_bytes = room;
-            (void)bytes;
         }
     }
     s->cap = s->experts;

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "model.h"
@@ -40,7 +41,7 @@ static int logits_main(int argc, char **argv) {
         i = next;
     }
     if (!ids_arg || !out) { fprintf(stderr, "colibri logits: --ids and --out are required\n"); return 2; }
-    o.logits_rows = 1; /* the budget holds this pass's KV and logits */
+    o.logits_rows = 1; /* the budget holds this pass's KV and one chunk of its logits */
     for (const char *c = ids_arg; *c; c++) o.logits_rows += *c == ',';
     Engine e;
     if (engine_open(&e, &o, err, sizeof err)) { fprintf(stderr, "colibri: %s\n", err); return 1; }
@@ -54,18 +55,30 @@ static int logits_main(int argc, char **argv) {
     if (n > e.model.a.max_pos) /* RoPE extends past it, as transformers does; quality may suffer */
         fprintf(stderr, "colibri logits: warning: %d ids exceed the model's max_position_embeddings %d\n", n,
                 e.model.a.max_pos);
+    /* Chunk by chunk, as forward() would split the pass anyway: only one chunk's logits are
+     * held, so the RAM budget need not hold [n][vocab]. */
     KvCache kv = {0};
-    size_t bytes = sizeof(float) * (size_t)n * e.model.a.vocab;
-    float *logits = malloc(bytes);
+    const int V = e.model.a.vocab, step = forward_max_batch > 0 ? forward_max_batch : 1;
+    float *logits = malloc(sizeof(float) * (size_t)(n < step ? n : step) * V);
+    FILE *f = NULL;
     int rc = 1;
-    if (!logits || kv_init(&kv, &e.model.a, n) || forward(&e.model, &kv, ids, n, logits, 1)) {
-        fprintf(stderr, "colibri logits: out of memory for %d positions\n", n);
-    } else {
-        FILE *f = fopen(out, "wb");
-        rc = !f || fwrite(logits, 1, bytes, f) != bytes;
-        if (f && fclose(f)) rc = 1;
-        if (rc) fprintf(stderr, "colibri logits: cannot write %s\n", out);
+    if (!logits || kv_init(&kv, &e.model.a, n)) fprintf(stderr, "colibri logits: out of memory for %d positions\n", n);
+    else if (!(f = fopen(out, "wb"))) fprintf(stderr, "colibri logits: cannot write %s\n", out);
+    else {
+        rc = 0;
+        for (int s = 0; s < n && !rc; s += step) {
+            int m = n - s < step ? n - s : step;
+            if (forward(&e.model, &kv, ids + s, m, logits, 1)) {
+                fprintf(stderr, "colibri logits: out of memory for %d positions\n", n);
+                rc = 1;
+            } else if (fwrite(logits, sizeof(float) * V, (size_t)m, f) != (size_t)m) {
+                fprintf(stderr, "colibri logits: cannot write %s\n", out);
+                rc = 1;
+            }
+        }
     }
+    if (f && fclose(f) && !rc) { fprintf(stderr, "colibri logits: cannot write %s\n", out); rc = 1; }
+    if (f && rc) unlink(out); /* no partial logits file */
     kv_free(&kv);
     free(logits);
     free(ids);

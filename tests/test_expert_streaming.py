@@ -152,10 +152,12 @@ def test_greedy_run_tokens_identical(variant, oracle_root, containers):
         e.close()
 
 
-def test_ready_end_and_routing_frames(oracle_root, containers):
+@pytest.mark.parametrize("binary", ["colibri", "colibri_asan"])
+def test_ready_end_and_routing_frames(oracle_root, containers, binary):
+    subprocess.run(["make", "-s", f"build/{binary}"], cwd=ROOT, check=True)
     m = containers["qwen3_moe"]
     ids = ref_ids(oracle_root, "qwen3_moe")
-    e = Raw(m, "--cap", "2", "--pin", "off")
+    e = Raw(m, "--cap", "2", "--pin", "off", "--readahead", "on", binary=str(ROOT / "build" / binary))
     assert READY_KEYS <= set(e.ready)
     r = e.ready
     assert (r["cap"], r["experts"], r["moe_layers"], r["ram_budget"]) == ("2", "8", "2", "0")
@@ -170,7 +172,7 @@ def test_ready_end_and_routing_frames(oracle_root, containers):
     # every position routes top_k = 2 experts in each MoE layer
     assert t["routing"].shape == (2, 8) and (t["routing"].sum(1) == 2 * len(ids)).all()
     e.close()
-    res = Raw(m)
+    res = Raw(m, binary=str(ROOT / "build" / binary))
     assert res.ready["cap"] == "8" and res.ready["ram_budget"] == "0" and res.ready["expert_cache_bytes"] == "0"
     end = res.turn(ids, logits=1)["end"]
     assert (end["misses"], end["hit_rate"], end["bytes_read"]) == ("0", "1.000", "0") and int(end["hits"]) > 0
@@ -219,6 +221,7 @@ def test_usage_learning_raises_the_hit_rate(oracle_root, containers, tmp_path):
     import shutil
     m = tmp_path / "m"
     shutil.copytree(containers["qwen3_moe_nonorm"], m)
+    (m / ".coli_usage").unlink(missing_ok=True)  # other tests' turns: this one starts unlearned
     prompt = ref_ids(oracle_root, "qwen3_moe_nonorm", "prompt_ids")
 
     def one_run(*flags):
@@ -249,6 +252,7 @@ def test_sigkill_during_usage_writes_never_corrupts_it(oracle_root, containers, 
     import shutil
     m = tmp_path / "m"
     shutil.copytree(containers["qwen3_moe"], m)
+    (m / ".coli_usage").unlink(missing_ok=True)
     ids = ",".join(map(str, ref_ids(oracle_root, "qwen3_moe", "prompt_ids"))).encode()
     turns = 0
     for k in range(12):
