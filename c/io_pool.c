@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,7 +24,8 @@ static void do_read(IoPool *p, IoReq *r) {
         __atomic_load(&p->direct_failed, &direct, __ATOMIC_RELAXED);
         int fd = s->fd_direct >= 0 && !direct ? s->fd_direct : s->fd_buf;
         while (done < s->len) {
-            ssize_t n = pread(fd, s->dst + done, s->len - done, (off_t)(s->off + done));
+            ssize_t n = fd == s->fd_direct && p->fake_einval ? (errno = EINVAL, -1)
+                                                             : pread(fd, s->dst + done, s->len - done, (off_t)(s->off + done));
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && errno == EINVAL && fd == s->fd_direct) {
                 int one = 1;
@@ -88,6 +90,8 @@ int io_pool_start(IoPool *p, int n) {
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->done, NULL);
     p->ahead_max = n / 2 > 0 ? n / 2 : 1;
+    const char *hook = getenv("COLI_TEST_DIRECT_EINVAL");
+    p->fake_einval = hook && !strcmp(hook, "1");
     p->threads = calloc((size_t)n, sizeof(pthread_t));
     if (!p->threads) return -1;
     for (int i = 0; i < n; i++) {

@@ -40,6 +40,7 @@ typedef struct {
     int n_threads, stop, ahead_running, ahead_max, in_flight;
     IoReq *head[2], *tail[2];
     int direct_failed;  /* a read met EINVAL with O_DIRECT: the pool reads buffered from then on */
+    int fake_einval;    /* test hook COLI_TEST_DIRECT_EINVAL=1: every O_DIRECT read fails with EINVAL */
     double busy_since;  /* seconds, when in_flight went above 0 */
     double busy_s;      /* time with at least one read in flight */
     uint64_t bytes;     /* bytes read */

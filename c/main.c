@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "engine_stream.h"
@@ -78,6 +79,7 @@ static int logits_main(int argc, char **argv) {
         }
     }
     if (f && fclose(f) && !rc) { fprintf(stderr, "colibri logits: cannot write %s\n", out); rc = 1; }
+    if (f && rc) unlink(out); /* no partial logits file */
     kv_free(&kv);
     free(logits);
     free(ids);

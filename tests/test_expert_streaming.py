@@ -276,3 +276,52 @@ def test_sigkill_during_usage_writes_never_corrupts_it(oracle_root, containers, 
     e = Raw(m, "--cap", "2")  # a restart cleans the dead writers' temporaries
     e.close()
     assert not list(m.glob(".coli_usage.tmp.*"))
+
+
+def test_o_direct_reads_that_fail_fall_back_to_buffered_reads(oracle_root, containers, tmp_path, monkeypatch):
+    """A filesystem that opens O_DIRECT but fails its reads with EINVAL (simulated by the engine's
+    test hook): the engine says so once, reads buffered, and the logits are the same."""
+    ids = ref_ids(oracle_root, "qwen3_moe")
+    want = logits(containers["qwen3_moe"], ids, tmp_path / "r.f32")
+    d = Raw(containers["qwen3_moe"], "--cap", "1")
+    assert d.ready["direct"] == "1"  # where the filesystem takes it, O_DIRECT is the default
+    d.close()
+    nd = Raw(containers["qwen3_moe"], "--cap", "1", "--no-direct")
+    assert nd.ready["direct"] == "0"
+    nd.close()
+    monkeypatch.setenv("COLI_TEST_DIRECT_EINVAL", "1")
+    e = Raw(containers["qwen3_moe"], "--cap", "1")
+    assert e.ready["direct"] == "0"
+    t = e.turn(ids, logits=1)
+    assert t["logits"] == want and int(t["end"]["misses"]) > 0
+    assert "O_DIRECT reads fail here" in e.close()
+
+
+def test_an_expert_that_is_not_one_byte_range_is_read_tensor_by_tensor(oracle_root, containers, tmp_path):
+    """Swapping two experts' up projections (bytes and header entries) splits both: the engine
+    says why and reads them tensor by tensor, with the same logits."""
+    import shutil
+    import struct as st
+    m = tmp_path / "m"
+    shutil.copytree(containers["qwen3_moe"], m)
+    shard = next(m.glob("*.safetensors"))
+    raw = bytearray(shard.read_bytes())
+    n = st.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    a, b = (f"model.layers.1.mlp.experts.{e}.up_proj.weight" for e in (0, 7))
+    (a0, a1), (b0, b1) = head[a]["data_offsets"], head[b]["data_offsets"]
+    assert a1 - a0 == b1 - b0
+    base = 8 + n
+    raw[base + a0:base + a1], raw[base + b0:base + b1] = raw[base + b0:base + b1], raw[base + a0:base + a1]
+    head[a]["data_offsets"], head[b]["data_offsets"] = [b0, b1], [a0, a1]
+    text = json.dumps(head, separators=(",", ":")).encode()
+    assert len(text) <= n
+    raw[8:8 + n] = text + b" " * (n - len(text))
+    shard.write_bytes(bytes(raw))
+    ids = ref_ids(oracle_root, "qwen3_moe")
+    want = logits(m, ids, tmp_path / "r.f32")
+    assert want == logits(containers["qwen3_moe"], ids, tmp_path / "o.f32")  # the same model, stored otherwise
+    r = subprocess.run([engine(), "logits", "--model", str(m), "--ids", ",".join(map(str, ids)), "--out",
+                        str(tmp_path / "s.f32"), "--cap", "1"], capture_output=True, text=True)
+    assert r.returncode == 0 and "tensor by tensor" in r.stderr, r.stderr
+    assert (tmp_path / "s.f32").read_bytes() == want
