@@ -270,24 +270,37 @@ def check_tokenizer(rep, d):
 
 
 def check_memory(rep, d, man, mem):
+    """The engine's split of the default budget (resource_plan.budget_split, the same as
+    `coli plan`): refused when the dense trunk, KV and runtime do not fit; routed experts that
+    do not fit stream from disk."""
     from colibri.model import container_scan
     from colibri.cli import launch_opts
+    from colibri.limits import DEFAULT_BATCH
+    import family_registry
     import resource_plan
-    usable = mem["usable"]
-    weights = sum((d / s).stat().st_size for s in man["shards"] if (d / s).is_file())
-    ctx = launch_opts.default_ctx(man)
-    kv = container_scan.kv_bytes_per_token(man["arch"]) * ctx
-    need = weights + kv + resource_plan.RUNTIME_BASE
-    gb = fmt_bytes
-    if usable is None:
+    budget = mem["default_budget"]
+    if budget is None:
         return rep.add("memory", "warn", "available memory is unknown (no /proc/meminfo)", "check `free -g` by hand")
-    if need <= usable:
-        return rep.add("memory", "pass", f"needs {gb(need)} (weights {gb(weights)} + {ctx}-token KV {gb(kv)} + "
-                       f"runtime), {gb(usable)} available")
-    return rep.add("memory", "warn" if kv + resource_plan.RUNTIME_BASE < usable else "fail",
-                   f"needs {gb(need)} resident but {gb(usable)} is available: the engine maps every weight, so "
-                   "the kernel will page weights from disk and decoding will be slow",
-                   "free memory, use a smaller quantization (`coli convert --experts q4`), or a machine with more RAM")
+    try:
+        scan = container_scan.scan(d)
+    except container_scan.ContainerError:
+        return rep.add("memory", "warn", "not checked: the shards are damaged (see above)", None)
+    ctx = launch_opts.default_ctx(man)
+    kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx, family_registry.KV_DEFAULT)
+    runtime = resource_plan.runtime_bytes(man, ctx, DEFAULT_BATCH, launch_opts.usable_cpus(),
+                                          tokenizer_bytes=scan["tokenizer_bytes"])
+    split = resource_plan.budget_split(scan, budget, kv, runtime)
+    gb = fmt_bytes
+    parts = f"dense {gb(split['dense'])} + {ctx}-token KV {gb(kv)} + runtime {gb(runtime)}"
+    if not split["fits"]:
+        return rep.add("memory", "fail", f"{parts} need {gb(split['min_ram'])} but the default budget (90% of "
+                       f"available memory) is {gb(budget)}: the engine will refuse to start",
+                       "free memory, lower --ctx, or convert with a smaller dense quantization (`--dense q8`)")
+    E = scan["experts"]["per_layer"]
+    if E and split["cap"] < E:
+        return rep.add("memory", "pass", f"{parts} fit the default budget {gb(budget)}; {split['cap']} of {E} experts "
+                       "per layer stay in RAM and the rest stream from disk (decoding is bound by disk reads)")
+    return rep.add("memory", "pass", f"{parts}{' + every expert' if E else ''} fit the default budget {gb(budget)}")
 
 
 def check_disk(rep, d, mem):

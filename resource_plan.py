@@ -147,7 +147,9 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     if budget is None:
         problems.append("available memory is unknown; pass --ram GB")
     elif not split["fits"]:
-        problems.append(f"dense weights + KV + runtime{' + one expert slot per MoE layer' if E else ''} need "
+        slots_needed = f" + {cap} expert slots per MoE layer (--cap {cap})" if cap else \
+            (" + one expert slot per MoE layer" if E else "")
+        problems.append(f"dense weights + KV + runtime{slots_needed} need "
                         f"{split['min_ram'] / GB:.2f} GB but the budget is {budget / GB:.2f} GB: the engine refuses "
                         "to start; lower --ctx or --kv-slots, or raise --ram")
     slots = split["cap"] if split["fits"] and budget is not None else 0
@@ -221,6 +223,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
                          "expert_cache_bytes": split["cache"], "cap": split["cap"] if split["fits"] else None,
                          "experts": E if n_moe else 0, "moe_layers": n_moe},
         "problems": problems,
+        "min_ram": split["min_ram"],
         "notes": notes,
     }
 
