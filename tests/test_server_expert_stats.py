@@ -54,3 +54,28 @@ def test_an_engine_without_expert_stats_leaves_them_absent():
     s = samples(m.prometheus(Sched(), "m"))
     assert "colibri_expert_hit_rate" not in s and 'colibri_experts{tier="disk"}' not in s
     assert s["colibri_expert_hits_total"] == 0
+
+
+def test_a_streaming_server_reports_its_expert_store(oracle_root, tmp_path):
+    """`coli serve --ram/--cap` reaches the engine; /health and /metrics show the real counts."""
+    import json
+
+    from server_helpers import ServerProc, convert
+    model = convert(oracle_root, "qwen3_moe", tmp_path / "m")
+    srv = ServerProc(model, "--cap", "1", "--ram", "0.5", "--no-kv-persist")
+    try:
+        h = srv.health()
+        assert h["experts"]["cache_slots_per_layer"] == 1 and h["memory"]["ram_budget"] == 500_000_000
+        assert h["memory"]["dense_bytes"] > 0 and h["memory"]["runtime_bytes"] > 0
+        body = json.dumps({"prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 4, "temperature": 0})
+        status, _, _ = srv.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        assert status == 200
+        e = srv.health()["experts"]
+        assert e["misses"] > 0 and e["hits"] + e["misses"] > 0 and e["bytes_read"] > 0
+        assert e["tiers"]["total"] == h["experts"]["moe_layers"] * h["experts"]["experts_per_layer"]
+        assert e["tiers"]["cached"] <= h["experts"]["moe_layers"]  # one slot per MoE layer
+        _, _, text = srv.request("GET", "/metrics")
+        s = samples(text.decode())
+        assert s["colibri_expert_misses_total"] == e["misses"] and s["colibri_expert_hits_total"] == e["hits"]
+    finally:
+        srv.stop()
