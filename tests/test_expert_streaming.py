@@ -202,7 +202,7 @@ def test_peak_rss_stays_within_the_budget():
     model = streaming_model.container()
     ids = [(i * 37 + 11) % 320 for i in range(48)]
     out = {}
-    for name, flags in (("resident", []), ("budget", ["--ram", "0.1", "--ctx", "256"])):
+    for name, flags in (("resident", []), ("budget", ["--ram", "0.1", "--ctx", "256"]), ("cap1", ["--cap", "1", "--batch", "7"])):
         e = Raw(model, *flags)
         t = e.turn(ids, logits=1)
         out[name] = (vm_hwm(e.p.pid), t["logits"], t["end"], e.ready)
@@ -213,7 +213,7 @@ def test_peak_rss_stays_within_the_budget():
     print(f"peak RSS resident {out['resident'][0] / 1e6:.0f} MB, --ram 0.1: {peak / 1e6:.0f} MB (cap {ready['cap']} of "
           f"{ready['experts']}, hit rate {end['hit_rate']}, {int(end['bytes_read']) / 1e6:.0f} MB read)")
     assert peak <= 1.1 * 0.1e9, (peak, ready)
-    assert out["budget"][1] == out["resident"][1]
+    assert out["budget"][1] == out["resident"][1] == out["cap1"][1]
     assert out["resident"][0] > 2 * peak  # the resident run really maps more than the budget
 
 
