@@ -55,7 +55,7 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     r += threads * (4 * ctx + 4 * 8 * max(qd, W))
     r += 4 * V * 4
     r += 4 * V * min(logits_rows, max(batch, 1))  # one chunk of teacher-forced logits
-    return r + tokenizer_bytes * 6
+    return r + tokenizer_bytes * 8  # the tokenizer parse peak
 
 
 def budget_split(scan, ram, kv, runtime, cap=None):
