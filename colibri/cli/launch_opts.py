@@ -203,9 +203,9 @@ def resolve(args, model_dir, log=None):
                     + (f" (explicit {', '.join(kept)} kept)" if kept else "")
                     + f" from {prof['path']}; --no-profile ignores it")
     check_memory(args, model_dir, man, eff_ctx, slots or 1, log)
-    usable_cpus = usable_cpus()
-    if threads is not None and threads > usable_cpus:
-        log(f"--threads {threads} is more than the {usable_cpus} CPUs this process may use; decoding will be slower")
+    cpus = usable_cpus()
+    if threads is not None and threads > cpus:
+        log(f"--threads {threads} is more than the {cpus} CPUs this process may use; decoding will be slower")
     return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots, "kv": getattr(args, "kv", None),
             "extra": stream_args(args)}
 
