@@ -26,8 +26,10 @@ from urllib.parse import unquote, urlsplit
 from colibri.server import config as server_config
 from colibri.cli.common import UserError
 from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
+from colibri.server import dashboard
 from colibri.server.conns import Server
 from colibri.server.scheduler import Scheduler, ServedEngine, SlotTable
+from colibri.server.telemetry import Telemetry
 from colibri.server.generate import Generation
 from colibri.server.http import BaseHandler
 from colibri.server.metrics import Metrics
@@ -79,6 +81,8 @@ class App:
                                 threads=settings.threads, batch=settings.batch, extra=extra, kv=settings.kv)
         self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log,
                                engine_timeout=settings.engine_timeout, prefill_batch=settings.batch)
+        self.telemetry = Telemetry(settings.model_dir, self.model.manifest)
+        self.sched.telemetry = self.telemetry
         self.started = time.time()
         self.host_names = self._host_names()
         self.tokens = TokenCounter(settings.model_dir)
@@ -248,6 +252,9 @@ class Handler(BaseHandler):
             code, body = app.health(detail=self.may_see_details())
             headers = {"Retry-After": "2"} if code == 503 else {}
             self.send_json(code, body, headers)
+            return
+        if dashboard.handles(path):
+            dashboard.serve(self, app, method, path)
             return
         known = (path in ("/metrics", "/v1/models", COUNT_TOKENS) or path.startswith("/v1/models/")
                  or path in GENERATION)
