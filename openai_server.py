@@ -295,7 +295,8 @@ class Handler(BaseHandler):
                 app.inflight.discard(gen)
 
 
-def run(args):
+def run(args, on_listen=None):
+    """`on_listen(app, url)` is called once the port is open (`coli web` opens the browser from it)."""
     settings = server_config.resolve(args)
     log = make_log()
     app = App(settings, log)
@@ -332,6 +333,8 @@ def run(args):
     acceptor = threading.Thread(target=server.serve_forever, name="http-acceptor", daemon=True)
     acceptor.start()
     log(f"listening on http://{shown}:{port} (the model is loading; GET /health says when it is ready)")
+    if on_listen is not None:
+        on_listen(app, f"http://{shown}:{port}/")
     while not signals and acceptor.is_alive():
         time.sleep(0.2)
     return drain(app, server, signals[0] if signals else None, log)

@@ -153,6 +153,9 @@ class Browser:
                   {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600})
 
     def goto(self, url):
+        """Loads `url`; `events` then holds what this page reports (the last page's are dropped)."""
+        self.call("Page.navigate", {"url": "about:blank"})
+        self.events.clear()
         self.call("Page.navigate", {"url": url})
         self.wait("document.readyState === 'complete'")
 

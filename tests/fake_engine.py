@@ -12,9 +12,10 @@ MODE:
   garbage    answer the first SUBMIT with a DATA frame whose size is not a number
   slow:S     wait S seconds before every DATA frame
   silent     accept, then never answer again (stays alive)
-  moe        a streaming-MoE engine (INTERFACE of issue 11) for the dashboard tests: READY with the
-             expert fields of the model in --model, a scripted answer (REPLY, at most max_tokens
-             pieces), a ROUTING frame when SUBMIT asks routing=1, END with the tier and I/O stats
+  moe        a streaming-MoE engine (the READY / END / ROUTING fields of docs/protocol.md) for the
+             dashboard tests: READY with the expert fields of the model in --model, a scripted answer
+             (REPLY, at most max_tokens pieces, COLI_FAKE_DELAY s apart), a ROUTING frame when SUBMIT
+             asks routing=1, END with the tier and I/O stats, and .coli_usage updated after each turn
 """
 import json
 import os
@@ -46,6 +47,7 @@ def routed(turn, layer, experts):
 
 
 USAGE = {}
+DELAY = float(os.environ.get("COLI_FAKE_DELAY", "0"))  # seconds before each DATA frame, so a page sees a stream
 
 
 def write_usage(counts, layers, experts):
@@ -67,6 +69,7 @@ def moe_turn(rid, opts, turn, shape):
     n = len(REPLY) if n < 0 else min(n, len(REPLY))
     emit(f"ACCEPT {rid} 3 0\n".encode())
     for piece in REPLY[:n]:
+        time.sleep(DELAY)
         data = piece.encode()
         emit(f"DATA {rid} 97 {len(data)}\n".encode() + data)
     layers, experts = shape

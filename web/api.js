@@ -64,15 +64,20 @@ export async function readSSE(resp, onEvent) {
 }
 
 /**
- * Follows /v1/colibri/events, reconnecting after a pause when it drops.
+ * Follows /v1/colibri/events, reconnecting after a pause when it drops. The stream closes when
+ * the page is hidden (a browser holds only six connections per server, and a page kept in the
+ * back-forward cache would keep its stream) and reopens when the page comes back.
  * @param {(turn: any) => void} onTurn @param {() => void} [onHello]
  */
 export function followEvents(onTurn, onHello) {
   let after = -1;
+  /** @type {AbortController|null} */
+  let live = null;
   const connect = async () => {
+    const ctl = live = new AbortController();
     try {
       const q = after >= 0 ? `?after=${after}` : '';
-      const r = await fetch(`/v1/colibri/events${q}`, { headers: headers(), cache: 'no-store' });
+      const r = await fetch(`/v1/colibri/events${q}`, { headers: headers(), cache: 'no-store', signal: ctl.signal });
       if (!r.ok) throw new Error(`events: ${r.status}`);
       await readSSE(r, (name, data, id) => {
         const d = JSON.parse(data);
@@ -81,8 +86,10 @@ export function followEvents(onTurn, onHello) {
           if (onHello) onHello();
         } else if (name === 'turn') { after = Number(id); onTurn(d); }
       });
-    } catch { /* the server restarted or went away: try again shortly */ }
-    setTimeout(connect, 2000);
+    } catch { /* the server restarted or went away, or the page was hidden */ }
+    if (!ctl.signal.aborted) setTimeout(connect, 2000);
   };
+  window.addEventListener('pagehide', () => { if (live) live.abort(); });
+  window.addEventListener('pageshow', (e) => { if (e.persisted) connect(); });
   connect();
 }

@@ -21,6 +21,7 @@ export class Brain {
     this.s = state.brain = {
       layers: 0, experts: 0, layerIndex: [], cells: new Uint8Array(0), usage: null, session: new Float64Array(0),
       heat: new Float32Array(0), flash: new Float32Array(0), flashes: new Uint32Array(0), lastTurn: [], frames: 0,
+      centre: (/** @type {number} */ l, /** @type {number} */ e) => this.centre(l, e),
     };
     this.off = document.createElement('canvas');
     this.animating = false;
@@ -137,6 +138,13 @@ export class Brain {
     let cw = W / s.experts, ch = H / s.layers;
     ch = Math.min(ch, cw * 4); cw = Math.min(cw, ch * 4);
     return { x: (W - cw * s.experts) / 2, y: 0, w: cw * s.experts, h: ch * s.layers };
+  }
+
+  /** The page coordinates of a cell's centre. @param {number} layer @param {number} expert */
+  centre(layer, expert) {
+    const r = this.canvas.getBoundingClientRect(), k = (r.width || 1) / this.canvas.width, b = this.box();
+    return [r.left + (b.x + (expert + 0.5) * (b.w / this.s.experts)) * k,
+      r.top + (b.y + (layer + 0.5) * (b.h / this.s.layers)) * k];
   }
 
   /** @param {PointerEvent} e */

@@ -60,7 +60,7 @@ export class Chat {
       answer.replaceChildren(render(content));
       /** @type {HTMLElement} */ (think.querySelector('.body')).textContent = reasoning;
       const dt = tLast > tFirst ? (tLast - tFirst) / 1000 : 0;
-      this.counter.textContent = `generating… ${st.tokens} tokens` + (dt ? ` · ${num((st.tokens - 1) / dt, 1)} tok/s` : '');
+      if (st.streaming) this.counter.textContent = `generating… ${st.tokens} tokens` + (dt ? ` · ${num((st.tokens - 1) / dt, 1)} tok/s` : '');
       this.log.scrollTop = this.log.scrollHeight;
     };
     const later = () => { if (!drawn) { drawn = true; requestAnimationFrame(draw); } };

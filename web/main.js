@@ -1,6 +1,6 @@
 // The dashboard's entry point: wires the chat, the runtime panel, the Brain and the Atlas to
 // the server, and exposes their state as window.coliState (tests read it; so can a console).
-import { AuthError, apiKey, baseUrl, followEvents, setApiKey, setBaseUrl } from './api.js';
+import { AuthError, apiKey, baseUrl, followEvents, headers, setApiKey, setBaseUrl } from './api.js';
 import { Atlas } from './atlas.js';
 import { Brain, TIERS } from './brain.js';
 import { Chat } from './chat.js';
@@ -42,6 +42,7 @@ base.value = baseUrl();
 base.addEventListener('change', () => { setBaseUrl(base.value); chat.model = ''; });
 $('newchat').addEventListener('click', () => chat.reset());
 $('stop').addEventListener('click', () => chat.cancel());
+window.addEventListener('pagehide', () => chat.cancel());  // a page leaving stops its generation
 const prompt = /** @type {HTMLTextAreaElement} */ ($('prompt'));
 $('ask').addEventListener('submit', (e) => {
   e.preventDefault();
@@ -85,6 +86,15 @@ async function pollHealth() {
 let following = false;
 async function start() {
   try {
+    const auth = await (await fetch('/v1/colibri/auth', { headers: headers(), cache: 'no-store' })).json();
+    if (auth.required && !auth.authorized) {
+      if (apiKey()) setApiKey('');
+      state.needKey = true;
+      $('keyform').hidden = false;
+      /** @type {HTMLInputElement} */ ($('key')).focus();
+      return;
+    }
+    state.needKey = false;
     await refresh();
   } catch (e) {
     if (e instanceof AuthError) {
@@ -99,9 +109,10 @@ async function start() {
   if (!following) {
     following = true;
     followEvents((turn) => {
-      state.turnEvents = (state.turnEvents || 0) + 1;
+      const n = state.turnEvents = (state.turnEvents || 0) + 1;
       brain.onTurn(turn);
-      refresh().catch(() => {});
+      // syncedTurns: the panels show the state after turn n (tests wait for it)
+      refresh().catch(() => {}).finally(() => { state.syncedTurns = Math.max(state.syncedTurns || 0, n); });
     }, () => { state.following = true; });
   }
 }

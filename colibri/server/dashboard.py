@@ -2,6 +2,7 @@
 reads: /v1/colibri/experts, /v1/colibri/runtime, /v1/colibri/atlas and the /v1/colibri/events
 server-sent event stream of per-turn telemetry (telemetry.py keeps the state)."""
 import json
+import select
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -20,7 +21,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "frame-ancestors 'none'")
 STATIC_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                   "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
-API = ("/v1/colibri/experts", "/v1/colibri/runtime", "/v1/colibri/events", "/v1/colibri/atlas")
+API = ("/v1/colibri/experts", "/v1/colibri/runtime", "/v1/colibri/events", "/v1/colibri/atlas", "/v1/colibri/auth")
 HEARTBEAT_S = 15
 
 
@@ -34,6 +35,9 @@ def serve(h, app, method, path):
         raise ApiError(405, f"use GET {path}", code="method_not_allowed")
     if path not in API:
         return _static(h, path)
+    if path == "/v1/colibri/auth":  # public, so the page can ask for a key before it gets a 401
+        h.send_json(200, {"required": bool(app.settings.api_key), "authorized": h.authorized()})
+        return
     if not h.authorized():
         raise h._unauthorized()
     query = parse_qs(urlsplit(h.path).query)
@@ -112,6 +116,8 @@ def _events(h, app, query):
         if out:
             h.send_events(out)
             beat = time.monotonic()
-        if h.client_gone():
+        # client_gone() reads only once the socket is readable: on a socket with a timeout its
+        # peek would otherwise wait out that timeout
+        if select.select([h.connection], [], [], 0)[0] and h.client_gone():
             return
     h.end_stream()

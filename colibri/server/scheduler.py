@@ -455,8 +455,8 @@ class Scheduler:
         turn = None
         routing = None  # this turn's ROUTING counts, when the engine streams experts
         tel = self.telemetry
-        extra = {"routing": 1} if tel is not None and tel.wants_routing(eng.info) else {}
         try:
+            extra = {"routing": 1} if tel is not None and tel.wants_routing(eng.info) else {}
             job.slot = job.cache_slot if job.cache_slot is not None else self.slots.pick(job.key_text)
             try:
                 frame = engine_client.submit_frame(rid, job.payload, slot=job.slot, **job.opts, **extra)
@@ -500,7 +500,10 @@ class Scheduler:
                     stats = dict(kv.split("=", 1) for kv in f[1:] if "=" in kv)
                     self.metrics.turn(stats, wait_s)
                     if tel is not None:
-                        tel.on_turn(stats, routing, wait_s)
+                        try:
+                            tel.on_turn(stats, routing, wait_s)
+                        except Exception:  # noqa: BLE001 - the dashboard's bookkeeping never fails a turn
+                            self.log(f"telemetry of request {rid} dropped:\n{traceback.format_exc()}")
                     self.failures = 0
                     job.push(("end", stats))
                     return

@@ -61,7 +61,8 @@ class Telemetry:
     def wants_routing(self, info):
         """SUBMIT routing=1 only to an engine whose READY advertises experts (today's engine
         refuses unknown SUBMIT options)."""
-        return (info.get("experts") or "0").isdigit() and int(info["experts"]) > 0
+        n = info.get("experts", "")
+        return n.isdigit() and int(n) > 0
 
     def on_ready(self, info):
         with self.lock:
@@ -108,7 +109,8 @@ class Telemetry:
                "reused_tokens": _num(stats, "reused_tokens", int), "ttft_ms": _num(stats, "ttft_ms"),
                "prefill_tok_s": _num(stats, "prefill_tok_s"), "decode_tok_s": tok_s,
                "prefill_ms": _num(stats, "ttft_ms"),
-               "decode_ms": round(completion / tok_s * 1000, 1) if tok_s and completion > 1 else None,
+               # the engine's decode_tok_s counts the tokens after the first (which prefill made)
+               "decode_ms": round((completion - 1) / tok_s * 1000, 1) if tok_s and completion > 1 else None,
                "finish": stats.get("finish")}
         for k in ("hit_rate", "read_gbps", "io_wait_ms", "compute_ms"):
             rec[k] = _num(stats, k)
