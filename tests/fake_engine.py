@@ -42,8 +42,17 @@ def moe_shape():
 
 
 def routed(turn, layer, experts):
-    """The experts turn `turn` routes to in `layer` (two per layer, moving with every turn)."""
-    return sorted({(turn + layer) % experts, (3 * turn + 2 * layer + 1) % experts})
+    """The experts turn `turn` routes to in `layer`: two per layer moving with every turn in a
+    small model; in a large one eight, skewed towards a few hot experts per layer like real routing."""
+    if experts <= 16:
+        return sorted({(turn + layer) % experts, (3 * turn + 2 * layer + 1) % experts})
+    x = (turn * 7919 + layer * 104729 + 1) & 0x7FFFFFFF
+    picks = set()
+    while len(picks) < 8:
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        u = x / 0x7FFFFFFF
+        picks.add((int(experts * u ** 3) + layer * 37) % experts)  # u^3: low ranks are hot
+    return sorted(picks)
 
 
 USAGE = {}

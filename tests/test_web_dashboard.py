@@ -4,6 +4,7 @@ for the telemetry, and the real engine for a server that reports no routing. Scr
 build/screenshots/."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -310,3 +311,32 @@ def test_coli_web_opens_the_browser_when_ready(model, template, tmp_path):  # no
         finally:
             p.terminate()
             p.wait(timeout=30)
+
+
+def test_brain_at_glm5_scale(model, template, browser, tmp_path):  # noqa: F811
+    """76 MoE layers x 256 experts (GLM-5's shape): the grid is drawn from one image per frame;
+    the frame cost is printed (a measurement, not a pass mark)."""
+    big = tmp_path / "big"
+    shutil.copytree(model, big, ignore=shutil.ignore_patterns(".coli_*", "experts.json"))
+    man = json.loads((big / "colibri.json").read_text())
+    man["arch"].update(num_experts=256, layer_mlp=["moe"] * 76)
+    (big / "colibri.json").write_text(json.dumps(man))
+    with ServerProc(big, "--chat-template", template, "--no-kv-persist", env={**MOE_ENV, "COLI_FAKE_DELAY": "0"}) as s:
+        open_dashboard(browser, s)
+        for _ in range(12):
+            chat_turn(browser)
+        doc = json.loads(s.request("GET", "/v1/colibri/experts?history=1")[2])
+        assert (doc["layers"], doc["experts"]) == (76, 256)
+        routed = [[layer, row[j], row[j + 1]] for layer, row in enumerate(doc["history"][-1])
+                  for j in range(0, len(row), 2)]
+        assert browser.eval("coliState.brain.lastTurn") == routed and len(routed) == 76 * 8
+        assert browser.eval("Array.from(coliState.brain.session)") == doc["session"]
+        browser.eval("document.querySelector('[data-view=brain]').click(); 1")
+        browser.wait("coliState.brain.frames > 0 && coliState.brain.drawMs !== undefined")
+        frames = browser.eval("coliState.brain.frames")
+        chat_turn(browser)  # the flash animates: frames keep coming while it fades
+        browser.wait(f"coliState.brain.frames > {frames + 5}")
+        print(f"Brain 76x256: {browser.eval('coliState.brain.drawMs'):.2f} ms per frame")
+        browser.screenshot(SHOTS / "dashboard-brain-76x256-1280x800.png")
+        assert_clean(browser)
+        browser.goto("about:blank")

@@ -106,6 +106,7 @@ export class Brain {
     const g = /** @type {CanvasRenderingContext2D} */ (c.getContext('2d'));
     g.clearRect(0, 0, w, h);
     if (!s.layers || !s.experts) return;
+    const t0 = performance.now();
     s.frames += 1;
     const colours = TIER_VARS.map((v) => rgb(cssVar(v)));
     const o = /** @type {CanvasRenderingContext2D} */ (this.off.getContext('2d'));
@@ -113,7 +114,7 @@ export class Brain {
     const px = img.data;
     for (let i = 0; i < s.layers * s.experts; i++) {
       const col = colours[s.cells[i]] || colours[0];
-      const b = 0.22 + 0.78 * Math.min(1, s.heat[i] || 0), f = s.flash[i];
+      const b = 0.4 + 0.6 * Math.min(1, s.heat[i] || 0), f = s.flash[i];
       for (let ch = 0; ch < 3; ch++) px[4 * i + ch] = col[ch] * b * (1 - f) + 255 * f;
       px[4 * i + 3] = 255;
     }
@@ -130,12 +131,14 @@ export class Brain {
       for (let y = 0; y <= s.layers; y++) { g.moveTo(box.x, box.y + y * ch); g.lineTo(box.x + box.w, box.y + y * ch); }
       g.stroke();
     }
+    s.drawMs = performance.now() - t0;  // the cost of one frame, for the scale test
   }
 
-  /** Where the grid sits on the canvas (device pixels): cells at most 4:1 in aspect. */
+  /** Where the grid sits on the canvas (device pixels): cells at most 4:1 in aspect, 48 px at most. */
   box() {
     const s = this.s, W = this.canvas.width, H = this.canvas.height;
-    let cw = W / s.experts, ch = H / s.layers;
+    const most = 48 * (window.devicePixelRatio || 1);  // a tiny model's cells stay cells, not slabs
+    let cw = Math.min(W / s.experts, most), ch = Math.min(H / s.layers, most);
     ch = Math.min(ch, cw * 4); cw = Math.min(cw, ch * 4);
     return { x: (W - cw * s.experts) / 2, y: 0, w: cw * s.experts, h: ch * s.layers };
   }

@@ -47,7 +47,7 @@ class Telemetry:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.session = [0] * (self.layers * self.experts)   # routing counts since the server started
-        self.recent = [deque() for _ in range(self.layers)]  # per layer: experts, most recent last
+        self.last_seen = [0] * (self.layers * self.experts)  # the turn (seq) that last routed each expert
         self.turns = deque(maxlen=HISTORY)
         self.engine = {}        # the engine's READY fields
         self.tiers = None       # the last END's tier counts
@@ -79,14 +79,9 @@ class Telemetry:
                     for layer in range(layers):
                         base = layer * experts
                         row = [(e, counts[base + e]) for e in range(experts) if counts[base + e]]
-                        rec = self.recent[layer]
                         for e, c in row:
                             self.session[base + e] += c
-                            try:
-                                rec.remove(e)
-                            except ValueError:
-                                pass
-                            rec.append(e)
+                            self.last_seen[base + e] = self.seq + 1
                         routed.append([x for ec in row for x in ec])
             turn = self._turn_record(stats, queue_wait_s)
             if routed:
@@ -151,9 +146,12 @@ class Telemetry:
         if not budget or not cap or cap >= self.experts:
             return [RESIDENT] * n
         cells = [DISK] * n
-        for layer, rec in enumerate(self.recent):
-            for e in list(rec)[-cap:]:
-                cells[layer * self.experts + e] = CACHED
+        for layer in range(self.layers):
+            base = layer * self.experts
+            recent = sorted(range(base, base + self.experts), key=lambda i: -self.last_seen[i])[:cap]
+            for i in recent:
+                if self.last_seen[i]:
+                    cells[i] = CACHED
         pinned = (self.tiers or {}).get("pinned") or _num(self.engine, "pinned", int) or 0
         if pinned and usage:
             for i in sorted(range(n), key=lambda i: -usage[i])[:pinned]:
