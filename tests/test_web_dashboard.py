@@ -5,6 +5,7 @@ build/screenshots/."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -340,3 +341,19 @@ def test_brain_at_glm5_scale(model, template, browser, tmp_path):  # noqa: F811
         browser.screenshot(SHOTS / "dashboard-brain-76x256-1280x800.png")
         assert_clean(browser)
         browser.goto("about:blank")
+
+
+def test_an_open_event_stream_does_not_hold_up_shutdown(model, template):  # noqa: F811
+    import http.client
+    s = ServerProc(model, "--chat-template", template, "--no-kv-persist", "--shutdown-timeout", "120", env=MOE_ENV)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    try:
+        conn.request("GET", "/v1/colibri/events")
+        r = conn.getresponse()
+        assert r.readline() == b"event: hello\n"
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=60) == 0  # within the stream's one-second check, not --shutdown-timeout
+        assert "every request in progress finished" in s.log()
+    finally:
+        conn.close()
+        s.stop()

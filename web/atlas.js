@@ -7,6 +7,7 @@ export class Atlas {
   /** @param {HTMLCanvasElement} canvas @param {HTMLElement} note @param {any} state */
   constructor(canvas, note, state) {
     this.canvas = canvas; this.note = note;
+    /** @type {{points: number, yaw: number, pitch: number, zoom: number, loaded: boolean, error: string|null}} */
     this.s = state.atlas = { points: 0, yaw: 0.6, pitch: 0.35, zoom: 1, loaded: false, error: null };
     /** @type {number[][]} */
     this.pts = [];

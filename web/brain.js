@@ -14,10 +14,19 @@ function rgb(hex) {
   return [0, 2, 4].map((i) => parseInt(m.slice(i, i + 2), 16) || 0);
 }
 
+/**
+ * What the grid shows (window.coliState.brain): per cell, layer-major.
+ * @typedef {{layers: number, experts: number, layerIndex: number[], cells: Uint8Array, usage: Float64Array|null,
+ *   session: Float64Array, heat: Float32Array, flash: Float32Array, flashes: Uint32Array, lastTurn: number[][],
+ *   frames: number, drawMs?: number, hover?: {layer: number, expert: number},
+ *   centre: (l: number, e: number) => number[]}} BrainState
+ */
+
 export class Brain {
   /** @param {HTMLCanvasElement} canvas @param {HTMLElement} tip @param {any} state */
   constructor(canvas, tip, state) {
     this.canvas = canvas; this.tip = tip;
+    /** @type {BrainState} */
     this.s = state.brain = {
       layers: 0, experts: 0, layerIndex: [], cells: new Uint8Array(0), usage: null, session: new Float64Array(0),
       heat: new Float32Array(0), flash: new Float32Array(0), flashes: new Uint32Array(0), lastTurn: [], frames: 0,
@@ -67,6 +76,7 @@ export class Brain {
   onTurn(turn) {
     const s = this.s;
     if (!turn.routing || !s.experts) return;
+    /** @type {number[][]} */
     const routed = [];
     turn.routing.forEach((/** @type {number[]} */ row, /** @type {number} */ layer) => {
       for (let j = 0; j + 1 < row.length; j += 2) {

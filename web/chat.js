@@ -42,7 +42,7 @@ export class Chat {
     this.messages.push({ role: 'user', content: text });
     this.log.append(el('div', { class: 'msg user' }, [text]));
     const box = el('div', { class: 'msg assistant' });
-    const think = el('details', { class: 'reasoning', hidden: '' }, [el('summary', {}, ['Reasoning']), el('div', { class: 'body' })]);
+    const think = /** @type {HTMLDetailsElement} */ (el('details', { class: 'reasoning', hidden: '' }, [el('summary', {}, ['Reasoning']), el('div', { class: 'body' })]));
     const answer = el('div', { class: 'answer' });
     box.append(think, answer);
     this.log.append(box);
@@ -52,7 +52,11 @@ export class Chat {
     st.streaming = true; st.tokens = 0; st.error = null;
     this.abort = new AbortController();
     this.send.disabled = true; this.stop.disabled = false;
-    let content = '', reasoning = '', usage = null, queueMs = null, stopped = false;
+    let content = '', reasoning = '', stopped = false;
+    /** @type {{prompt_tokens: number, completion_tokens: number}|null} */
+    let usage = null;
+    /** @type {number|null} */
+    let queueMs = null;
     const t0 = performance.now();
     let tFirst = 0, tLast = 0, drawn = false;
     const draw = () => {
@@ -116,10 +120,12 @@ export class Chat {
       st.streaming = false;
     }
     if (content || reasoning) this.messages.push({ role: 'assistant', content });
-    const completion = usage ? usage.completion_tokens : st.tokens;
+    // set inside the stream's callback, which the type checker cannot follow
+    const u = /** @type {{prompt_tokens: number, completion_tokens: number}|null} */ (usage);
+    const completion = u ? u.completion_tokens : st.tokens;
     const dt = tLast > tFirst ? (tLast - tFirst) / 1000 : 0;
     const last = {
-      completion_tokens: completion, prompt_tokens: usage ? usage.prompt_tokens : null,
+      completion_tokens: completion, prompt_tokens: u ? u.prompt_tokens : null,
       tok_s: dt && completion > 1 ? (completion - 1) / dt : null,
       ttft_ms: tFirst ? tFirst - t0 : null, queue_wait_ms: queueMs, stopped,
     };

@@ -52,7 +52,7 @@ $('ask').addEventListener('submit', (e) => {
   chat.ask(text);
 });
 prompt.addEventListener('keydown', (e) => {
-  if (e.key === 'Enter' && !e.shiftKey) { e.preventDefault(); $('ask').requestSubmit(); }
+  if (e.key === 'Enter' && !e.shiftKey) { e.preventDefault(); /** @type {HTMLFormElement} */ ($('ask')).requestSubmit(); }
 });
 
 // --- the server: key, health, telemetry ------------------------------------------------------

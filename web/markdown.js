@@ -31,6 +31,7 @@ function withBreaks(lines) {
 export function render(text) {
   const frag = document.createDocumentFragment();
   const lines = text.split('\n');
+  /** @type {string[]} */
   let para = [];
   /** @type {HTMLElement|null} */
   let list = null;
