@@ -88,7 +88,8 @@ def moe_turn(rid, opts, turn, shape):
             for e in routed(turn, layer, experts):
                 counts[layer * experts + e] = 3 + n
         body = struct.pack(f"<{len(counts)}I", *counts)
-        emit(f"ROUTING {rid} {layers} {experts} {len(body)}\n".encode() + body)
+        shown = layers + int(os.environ.get("COLI_FAKE_BAD_ROUTING", "0"))  # a shape that disagrees with the body
+        emit(f"ROUTING {rid} {shown} {experts} {len(body)}\n".encode() + body)
         write_usage(counts, layers, experts)
     cached = min(layers * experts, 2 * layers * (turn + 1))
     emit(f"END {rid} prompt_tokens=3 completion_tokens={n} reused_tokens=0 ttft_ms=12.5 prefill_tok_s=240 "

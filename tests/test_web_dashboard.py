@@ -127,7 +127,8 @@ def test_brain_flashes_the_experts_the_engine_routed(served, browser):
     cells = {layer * doc["experts"] + e for layer, e, _ in routed}
     assert [i for i in range(len(after)) if after[i] != before[i]] == sorted(cells)
     assert all(after[i] == before[i] + 1 for i in cells)
-    state = browser.eval("({l: coliState.brain.layers, e: coliState.brain.experts, s: Array.from(coliState.brain.session),"
+    state = browser.eval("({l: coliState.brain.layers, e: coliState.brain.experts,"
+                         " s: Array.from(coliState.brain.session),"
                          " c: Array.from(coliState.brain.cells)})")
     assert (state["l"], state["e"]) == (doc["layers"], doc["experts"]) == (2, 8)
     assert state["s"] == doc["session"] and state["c"] == doc["cells"]
@@ -357,3 +358,14 @@ def test_an_open_event_stream_does_not_hold_up_shutdown(model, template):  # noq
     finally:
         conn.close()
         s.stop()
+
+
+def test_a_routing_frame_of_the_wrong_shape_costs_only_the_telemetry(model, template):  # noqa: F811
+    env = {**MOE_ENV, "COLI_FAKE_DELAY": "0", "COLI_FAKE_BAD_ROUTING": "1"}
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", env=env) as s:
+        status, _, body = post_json(s.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+        assert status == 200 and body["usage"]["completion_tokens"] == 13
+        doc = json.loads(s.request("GET", "/v1/colibri/experts")[2])
+        assert doc["session"] == [0] * 16 and doc["turns"] == 1  # the turn counted, its routing not
+        assert "ROUTING frame ignored: ROUTING frame of 3x8 experts carries 64 bytes" in s.log()
+        assert s.health()["engine"]["restarts"] == 0

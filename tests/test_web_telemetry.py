@@ -98,7 +98,8 @@ def test_atlas_places_co_activated_experts_together(tmp_path):
     src = tmp_path / "history.json"
     src.write_text(json.dumps(doc))
     out = tmp_path / "experts.json"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "expert_atlas.py"), "--history", str(src), "--out", str(out)],
+    tool = str(ROOT / "tools" / "expert_atlas.py")
+    r = subprocess.run([sys.executable, tool, "--history", str(src), "--out", str(out)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text()) == json.loads(json.dumps(atlas))

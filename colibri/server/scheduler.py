@@ -494,8 +494,11 @@ class Scheduler:
                     job.push(("data", int(f[1]), body))
                 elif verb == "LOGPROB":
                     job.push(("logprob",) + engine_client.parse_logprob(f))
-                elif verb == "ROUTING":
-                    routing = telemetry.parse_routing(f, body)
+                elif verb == "ROUTING":  # the body is read already, so a bad shape costs only the telemetry
+                    try:
+                        routing = telemetry.parse_routing(f, body)
+                    except (ValueError, IndexError) as e:
+                        self.log(f"request {rid}: ROUTING frame ignored: {e}")
                 elif verb == "END":
                     stats = dict(kv.split("=", 1) for kv in f[1:] if "=" in kv)
                     self.metrics.turn(stats, wait_s)
