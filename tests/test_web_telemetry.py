@@ -111,3 +111,18 @@ def test_atlas_without_routing_says_what_to_do(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "expert_atlas.py"), "--history", str(src),
                         "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "no per-turn routing yet" in r.stderr and "chat a few turns" in r.stderr
+
+
+def test_the_engine_shape_wins_over_the_manifest():
+    t = Telemetry("/nonexistent", MANIFEST)
+    t.on_ready({"experts": "6", "moe_layers": "3"})  # e.g. a family whose layer kinds the manifest spells otherwise
+    assert (t.layers, t.experts, t.layer_index) == (3, 6, [0, 1, 2])
+    t.on_turn({}, routing([0] * 17 + [2], layers=3, experts=6), 0.0)
+    assert t.experts_json()["session"][17] == 2
+
+
+def test_moe_layers_come_from_the_layer_specs():
+    man = {"arch": {"num_experts": 4, "layer_mlp": ["dense"] * 3},
+           "layers": [{"mlp": {"kind": "dense"}}, {"mlp": {"kind": "moe_shared"}}, {"mlp": {"kind": "moe"}}]}
+    t = Telemetry("/nonexistent", man)
+    assert (t.layers, t.layer_index) == (2, [1, 2])

@@ -39,15 +39,16 @@ def _num(stats, key, kind=float):
 
 class Telemetry:
     def __init__(self, model_dir, manifest):
-        arch = manifest.get("arch", {})
         self.usage_path = os.path.join(str(model_dir), ".coli_usage")
-        self.experts = int(arch.get("num_experts") or 0)
-        self.layer_index = [i for i, k in enumerate(arch.get("layer_mlp") or []) if k == "moe"]
-        self.layers = len(self.layer_index) if self.experts else 0
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
-        self.session = [0] * (self.layers * self.experts)   # routing counts since the server started
-        self.last_seen = [0] * (self.layers * self.experts)  # the turn (seq) that last routed each expert
+        # MoE layers: the layer specs' MLP kinds (moe, and any moe_* variant), else the arch's list
+        specs = manifest.get("layers") or []
+        kinds = [str((s.get("mlp") or {}).get("kind", "")) for s in specs if isinstance(s, dict)] or \
+            [str(k) for k in manifest.get("arch", {}).get("layer_mlp") or []]
+        index = [i for i, k in enumerate(kinds) if k == "moe" or k.startswith("moe_")]
+        experts = int(manifest.get("arch", {}).get("num_experts") or 0)
+        self._shape(len(index) if experts else 0, experts, index)
         self.turns = deque(maxlen=HISTORY)
         self.engine = {}        # the engine's READY fields
         self.tiers = None       # the last END's tier counts
@@ -57,6 +58,11 @@ class Telemetry:
         self.parse_s = 0.0      # time spent handling telemetry, for the overhead measurement
         self.parse_n = 0
 
+    def _shape(self, layers, experts, index):
+        self.layers, self.experts, self.layer_index = layers, experts, index
+        self.session = [0] * (layers * experts)    # routing counts since the server started
+        self.last_seen = [0] * (layers * experts)  # the turn (seq) that last routed each expert
+
     # --- what the engine says ---------------------------------------------------------------
     def wants_routing(self, info):
         """SUBMIT routing=1 only to an engine whose READY advertises experts (today's engine
@@ -65,8 +71,14 @@ class Telemetry:
         return n.isdigit() and int(n) > 0
 
     def on_ready(self, info):
+        """READY's fields; its `moe_layers` x `experts`, when given, is the shape ROUTING frames
+        will have, and wins over what the manifest suggested."""
         with self.lock:
             self.engine = dict(info)
+            layers, experts = _num(info, "moe_layers", int), _num(info, "experts", int)
+            if layers and experts and (layers, experts) != (self.layers, self.experts):
+                self._shape(layers, experts, self.layer_index if len(self.layer_index) == layers else
+                            list(range(layers)))
 
     def on_turn(self, stats, routing, queue_wait_s):
         """END stats of one turn, with its ROUTING counts (or None); publishes an SSE event."""
