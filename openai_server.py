@@ -10,6 +10,7 @@ Stdlib only. The pieces, one job per module of colibri/server/:
   text          stop sequences and <think> splitting on the text stream
   metrics       /health counters and /metrics (Prometheus)
   tokens        prompt token counts for /v1/messages/count_tokens
+  telemetry     per-turn routing and expert tiers; dashboard: web/ at / and /v1/colibri/*
 """
 import ipaddress
 import os

@@ -121,6 +121,8 @@ class Browser:
         self.events = []   # (kind, text) of console errors, exceptions, log errors, dialogs
         for domain in ("Page", "Runtime", "Log"):
             self.call(f"{domain}.enable")
+        # no CSS transitions: a screenshot shows the state, not a bar halfway there
+        self.call("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-reduced-motion", "value": "reduce"}]})
         self.viewport(width, height)
 
     def call(self, method, params=None, timeout=30):
