@@ -10,6 +10,7 @@ Stdlib only. The pieces, one job per module of colibri/server/:
   text          stop sequences and <think> splitting on the text stream
   metrics       /health counters and /metrics (Prometheus)
   tokens        prompt token counts for /v1/messages/count_tokens
+  telemetry     per-turn routing and expert tiers; dashboard: web/ at / and /v1/colibri/*
 """
 import ipaddress
 import os
@@ -26,8 +27,10 @@ from urllib.parse import unquote, urlsplit
 from colibri.server import config as server_config
 from colibri.cli.common import UserError
 from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
+from colibri.server import dashboard
 from colibri.server.conns import Server
 from colibri.server.scheduler import Scheduler, ServedEngine, SlotTable
+from colibri.server.telemetry import Telemetry
 from colibri.server.generate import Generation
 from colibri.server.http import BaseHandler
 from colibri.server.metrics import Metrics
@@ -79,6 +82,8 @@ class App:
                                 threads=settings.threads, batch=settings.batch, extra=extra, kv=settings.kv)
         self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log,
                                engine_timeout=settings.engine_timeout, prefill_batch=settings.batch)
+        self.telemetry = Telemetry(settings.model_dir, self.model.manifest)
+        self.sched.telemetry = self.telemetry
         self.started = time.time()
         self.host_names = self._host_names()
         self.tokens = TokenCounter(settings.model_dir)
@@ -261,6 +266,9 @@ class Handler(BaseHandler):
             headers = {"Retry-After": "2"} if code == 503 else {}
             self.send_json(code, body, headers)
             return
+        if dashboard.handles(path):
+            dashboard.serve(self, app, method, path)
+            return
         known = (path in ("/metrics", "/v1/models", COUNT_TOKENS) or path.startswith("/v1/models/")
                  or path in GENERATION)
         if not known:
@@ -300,7 +308,8 @@ class Handler(BaseHandler):
                 app.inflight.discard(gen)
 
 
-def run(args):
+def run(args, on_listen=None):
+    """`on_listen(app, url)` is called once the port is open (`coli web` opens the browser from it)."""
     settings = server_config.resolve(args)
     log = make_log()
     app = App(settings, log)
@@ -337,6 +346,8 @@ def run(args):
     acceptor = threading.Thread(target=server.serve_forever, name="http-acceptor", daemon=True)
     acceptor.start()
     log(f"listening on http://{shown}:{port} (the model is loading; GET /health says when it is ready)")
+    if on_listen is not None:
+        on_listen(app, f"http://{shown}:{port}/")
     while not signals and acceptor.is_alive():
         time.sleep(0.2)
     return drain(app, server, signals[0] if signals else None, log)

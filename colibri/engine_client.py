@@ -145,7 +145,7 @@ class Engine:
         parts = line.decode(errors="replace").rstrip("\n").split(" ")
         verb = parts[0]
         body = None
-        size_field = {"DATA": 3, "ERROR": 3, "LOGITS": 4}.get(verb)
+        size_field = {"DATA": 3, "ERROR": 3, "LOGITS": 4, "ROUTING": 4}.get(verb)
         if size_field is not None:
             try:
                 n = int(parts[size_field])

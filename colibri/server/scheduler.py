@@ -15,6 +15,7 @@ import traceback
 from collections import deque
 
 from colibri import engine_client, limits
+from colibri.server import telemetry
 
 
 class QueueFull(Exception):
@@ -192,6 +193,7 @@ class Scheduler:
         self.turn = None            # Turn of the running request, once its SUBMIT was written
         self.hung = {}              # engine object -> why the watchdog killed it
         self.turn_s = 1.0           # moving average of a turn's duration, for Retry-After
+        self.telemetry = None       # telemetry.Telemetry: per-turn routing and tiers for the dashboard
         self._closing = False
         self._started = False
         self._thread = threading.Thread(target=self._worker, name="engine-worker", daemon=True)
@@ -411,6 +413,8 @@ class Scheduler:
                     return False
                 self.engine, self.state = eng, "ready"
             self.log(f"engine ready (pid {eng.proc.pid}): " + " ".join(f"{k}={v}" for k, v in eng.info.items()))
+            if self.telemetry is not None:
+                self.telemetry.on_ready(eng.info)
             return True
         with self.cond:
             self.state = "failed"
@@ -449,10 +453,13 @@ class Scheduler:
         accepted = False
         produced = 0
         turn = None
+        routing = None  # this turn's ROUTING counts, when the engine streams experts
+        tel = self.telemetry
         try:
+            extra = {"routing": 1} if tel is not None and tel.wants_routing(eng.info) else {}
             job.slot = job.cache_slot if job.cache_slot is not None else self.slots.pick(job.key_text)
             try:
-                frame = engine_client.submit_frame(rid, job.payload, slot=job.slot, **job.opts)
+                frame = engine_client.submit_frame(rid, job.payload, slot=job.slot, **job.opts, **extra)
             except ValueError as e:  # text the boundary should have refused; nothing reached the engine
                 self.log(f"request {rid} not sent to the engine: {e!r}")
                 job.push(("error", "internal_error", f"the request could not be encoded: {e}"))
@@ -487,9 +494,19 @@ class Scheduler:
                     job.push(("data", int(f[1]), body))
                 elif verb == "LOGPROB":
                     job.push(("logprob",) + engine_client.parse_logprob(f))
+                elif verb == "ROUTING":  # the body is read already, so a bad shape costs only the telemetry
+                    try:
+                        routing = telemetry.parse_routing(f, body)
+                    except (ValueError, IndexError) as e:
+                        self.log(f"request {rid}: ROUTING frame ignored: {e}")
                 elif verb == "END":
                     stats = dict(kv.split("=", 1) for kv in f[1:] if "=" in kv)
                     self.metrics.turn(stats, wait_s)
+                    if tel is not None:
+                        try:
+                            tel.on_turn(stats, routing, wait_s)
+                        except Exception:  # noqa: BLE001 - the dashboard's bookkeeping never fails a turn
+                            self.log(f"telemetry of request {rid} dropped:\n{traceback.format_exc()}")
                     self.failures = 0
                     job.push(("end", stats))
                     return

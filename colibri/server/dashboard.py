@@ -1,0 +1,123 @@
+"""The dashboard on the API's port: the static files of web/ at `/`, and the telemetry the page
+reads: /v1/colibri/experts, /v1/colibri/runtime, /v1/colibri/atlas and the /v1/colibri/events
+server-sent event stream of per-turn telemetry (telemetry.py keeps the state)."""
+import json
+import select
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from colibri import ROOT
+from colibri.machine import probe
+from colibri.server.params import ApiError
+
+WEB = ROOT / "web"
+TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png",
+         ".ico": "image/x-icon", ".json": "application/json"}
+# No inline script or style, nothing from elsewhere; the chat may call another OpenAI endpoint.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self' http: https:; font-src 'self'; base-uri 'none'; form-action 'none'; "
+       "frame-ancestors 'none'")
+STATIC_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                  "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
+API = ("/v1/colibri/experts", "/v1/colibri/runtime", "/v1/colibri/events", "/v1/colibri/atlas", "/v1/colibri/auth")
+HEARTBEAT_S = 15
+
+
+def handles(path):
+    return path == "/" or path.startswith("/ui/") or path == "/favicon.ico" or path in API
+
+
+def serve(h, app, method, path):
+    """Answers a dashboard request on handler `h`; raises ApiError for what the client got wrong."""
+    if method not in ("GET", "HEAD"):
+        raise ApiError(405, f"use GET {path}", code="method_not_allowed")
+    if path not in API:
+        return _static(h, path)
+    if path == "/v1/colibri/auth":  # public, so the page can ask for a key before it gets a 401
+        h.send_json(200, {"required": bool(app.settings.api_key), "authorized": h.authorized()})
+        return
+    if not h.authorized():
+        raise h._unauthorized()
+    query = parse_qs(urlsplit(h.path).query)
+    if path == "/v1/colibri/experts":
+        h.send_json(200, app.telemetry.experts_json(history=query.get("history") == ["1"]))
+    elif path == "/v1/colibri/runtime":
+        h.send_json(200, runtime_json(app))
+    elif path == "/v1/colibri/atlas":
+        atlas = Path(app.settings.model_dir) / "experts.json"
+        if not atlas.is_file():
+            raise ApiError(404, "no expert atlas for this model yet: run `python tools/expert_atlas.py --server URL "
+                                "--out MODEL/experts.json` after a few turns", code="atlas_missing")
+        h.send_json(200, atlas.read_bytes())
+    else:
+        _events(h, app, query)
+
+
+def _static(h, path):
+    name = "index.html" if path == "/" else ("favicon.svg" if path == "/favicon.ico" else path[len("/ui/"):])
+    f = (WEB / name).resolve()
+    if ".." in name.split("/") or WEB.resolve() not in f.parents or f.suffix not in TYPES or not f.is_file():
+        raise ApiError(404, f"no such dashboard file: {path}", code="not_found")
+    h.send_json(200, f.read_bytes(), STATIC_HEADERS, content_type=TYPES[f.suffix])
+
+
+_MACHINE = {}
+
+
+def machine(model_dir):
+    """CPU and GPU are probed once (nvidia-smi is slow); memory and disk on every call."""
+    if not _MACHINE:
+        found = probe.discover(model_dir)
+        _MACHINE.update(cpu=found["cpu"], gpus=found["gpus"])
+    return {"cpu": _MACHINE["cpu"], "gpus": _MACHINE["gpus"], "memory": probe.memory_info(),
+            "disk": probe.disk_info(model_dir)}
+
+
+def runtime_json(app):
+    st = app.sched.status()
+    info, s = st["info"], app.settings
+    q = app.model.manifest.get("quant", {})
+
+    def num(k):
+        v = info.get(k)
+        return int(v) if v is not None and v.isdigit() else v
+    engine = {"state": st["state"], "pid": st["pid"], "family": info.get("family"), "threads": num("threads"),
+              "ctx": num("ctx"), "kv_slots": s.kv_slots, "kv_type": s.kv or "f16", "kernels": info.get("kernels"),
+              "quant": {"experts": q.get("experts"), "dense": q.get("dense")},
+              "ram_budget": num("ram_budget"), "cap": num("cap"), "experts": num("experts"),
+              "pinned": num("pinned"), "direct": num("direct"), "readahead": num("readahead"),
+              "dense_bytes": num("dense_bytes"), "kv_bytes": num("kv_bytes"),
+              "expert_cache_bytes": num("expert_cache_bytes"), "expert_bytes": num("expert_bytes")}
+    return {"model": app.model.id, "machine": machine(str(s.model_dir)), "engine": engine,
+            "requests": {"active": st["active"], "queued": st["queued"], **app.metrics.snapshot()},
+            "turns": app.telemetry.runtime_turns(), "telemetry": app.telemetry.overhead(),
+            "api_key_required": bool(s.api_key), "uptime_s": round(time.time() - app.started, 1)}
+
+
+def _events(h, app, query):
+    """Server-sent events, one `turn` event per finished turn; ends when the client leaves or
+    the server drains (it never holds up a shutdown for more than a second)."""
+    tel = app.telemetry
+    try:
+        seq = int(query.get("after", [""])[0])
+    except ValueError:
+        seq = tel.seq
+    h.close_connection = True
+    h.begin_stream({"Cache-Control": "no-cache"})
+    h.send_events([f"event: hello\ndata: {json.dumps({'seq': tel.seq})}\n\n".encode()])
+    beat = time.monotonic()
+    while not h.server.draining:
+        seq, evs = tel.wait_events(seq, 1.0)
+        out = [f"event: turn\nid: {n}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n".encode() for n, ev in evs]
+        if not out and time.monotonic() - beat > HEARTBEAT_S:
+            out = [b": keep-alive\n\n"]
+        if out:
+            h.send_events(out)
+            beat = time.monotonic()
+        # client_gone() reads only once the socket is readable: on a socket with a timeout its
+        # peek would otherwise wait out that timeout
+        if select.select([h.connection], [], [], 0)[0] and h.client_gone():
+            return
+    h.end_stream()
