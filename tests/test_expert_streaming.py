@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -262,7 +261,15 @@ def test_sigkill_during_usage_writes_never_corrupts_it(oracle_root, containers, 
         for i in range(40):
             p.stdin.write(f"SUBMIT r{i} {len(ids)} ids=1 max_tokens=1\n".encode() + ids)
         p.stdin.flush()
-        time.sleep(0.002 * k)  # kill at a different point of the write cycle each time
+        # kill right after the (k+1)-th END: the usage writes of turn k+1 and later are under way
+        ends = 0
+        while ends <= k:
+            line = p.stdout.readline()
+            assert line, "engine died"
+            parts = line.split()
+            if parts[0] in (b"DATA", b"ERROR"):
+                p.stdout.read(int(parts[3]))
+            ends += parts[0] == b"END"
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
