@@ -77,7 +77,20 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
                      .runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads,
                                                      o->logits_rows, tok_bytes),
                      .moe_layers = s->n, .experts = s->experts, .slot_bytes = s->slot_bytes, .cap = o->cap};
-    if (ram_budget_split(in, &e->budget, err, errlen)) return -1;
+    /* A tight budget takes a smaller prefill batch before it refuses (unless --batch was given):
+     * scratch and a chunk of logits grow with it, results do not depend on it. */
+    int lowered = 0;
+    while (ram_budget_split(in, &e->budget, err, errlen)) {
+        if (!in->ram || o->batch || forward_max_batch <= 1) return -1;
+        BudgetIn at1 = *in;
+        at1.runtime = engine_runtime_bytes(&e->model, 1, kv_ctx, threads, o->logits_rows, tok_bytes);
+        BudgetOut probe;
+        if (ram_budget_split(&at1, &probe, err, errlen)) return -1; /* not even batch 1 fits: its numbers */
+        forward_max_batch /= 2;
+        in->runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes);
+        lowered = 1;
+    }
+    if (lowered) fprintf(stderr, "colibri: --ram %g: prefill batch lowered to %d to fit the budget\n", o->ram_gb, forward_max_batch);
     if (s->n && s->experts && usage_init(&e->usage, s->n, s->experts)) { snprintf(err, errlen, "out of memory"); return -1; }
     if (e->usage.counts) {
         char warn[600];

@@ -1,3 +1,5 @@
+/* The expert store's set-up: the MoE layers' experts and their byte ranges, the caches, the
+ * unmapped expert pages, pinning, statistics. The forward pass is in expert_run.c. */
 #include "expert_store.h"
 
 #include <errno.h>
@@ -6,49 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "container.h"
-#include "fwd_alloc.h"
+#include "expert_cache.h"
 
-#define PAGE 4096u
-#define ALIGN_DOWN(x) ((x) & ~(uint64_t)(PAGE - 1))
-#define ALIGN_UP(x) (((x) + PAGE - 1) & ~(uint64_t)(PAGE - 1))
 #define MAX_GAP 4096 /* bytes between an expert's tensors that one read may still span */
-
-typedef struct {
-    int nseg;
-    int file[3];
-    uint64_t off[3], len[3]; /* segments as stored */
-    int tseg[3];             /* gate/up/down: which segment, */
-    uint64_t toff[3];        /* and the tensor's file offset */
-} ExpertGeom;
-
-enum { SLOT_EMPTY, SLOT_LOADING, SLOT_READY };
-
-typedef struct {
-    unsigned char *buf;
-    int expert, state, busy, pinned;
-    uint64_t last;
-    Mlp mlp; /* QMats into buf */
-    IoReq req;
-} Slot;
-
-struct ExpertCache {
-    int cap;
-    int *slot_of;       /* [E]: slot holding (or loading) the expert, -1 */
-    Slot *slots;        /* [cap] */
-    ExpertGeom *geom;   /* [E] */
-    uint64_t seg_dst[3];/* where each segment lands in a slot */
-    uint64_t tick;
-};
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int file_of(const Container *ct, const unsigned char *p) {
     for (size_t i = 0; i < ct->n_shards; i++)
@@ -184,7 +149,7 @@ static int unmap_experts(ExpertStore *s, char *err, size_t errlen) {
 }
 
 /* Points the slot's QMats at the expert's bytes inside buf and fills its read request. */
-static void slot_assign(ExpertStore *s, ExpertCache *c, const ExpertLayer *xl, int si, int e) {
+void slot_assign(ExpertStore *s, ExpertCache *c, const ExpertLayer *xl, int si, int e) {
     Slot *sl = &c->slots[si];
     const ExpertGeom *g = &c->geom[e];
     if (sl->expert >= 0) c->slot_of[sl->expert] = -1;
@@ -211,7 +176,7 @@ static void slot_assign(ExpertStore *s, ExpertCache *c, const ExpertLayer *xl, i
     sl->state = SLOT_LOADING;
 }
 
-static void read_failed(const ExpertStore *s, const ExpertLayer *xl, int e, int err) {
+void read_failed(const ExpertStore *s, const ExpertLayer *xl, int e, int err) {
     const ExpertGeom *g = &xl->cache->geom[e];
     fprintf(stderr, "colibri: reading expert %d of layer %d from %s failed: %s; the model files are unreadable or "
             "truncated (check the disk, or re-run coli convert)\n", e, xl->layer, s->m->ct->shards[g->file[0]].path,
@@ -221,7 +186,7 @@ static void read_failed(const ExpertStore *s, const ExpertLayer *xl, int e, int 
 
 /* A slot that may take a new expert: an empty one, else the least recently used ready one that
  * is neither pinned, in use by this layer's wave, nor (avoid != NULL) wanted. -1: none. */
-static int victim(const ExpertCache *c, const unsigned char *avoid) {
+int victim(const ExpertCache *c, const unsigned char *avoid) {
     int best = -1;
     for (int i = 0; i < c->cap; i++) {
         const Slot *sl = &c->slots[i];
@@ -376,164 +341,4 @@ uint64_t expert_store_cached(const ExpertStore *s) {
         for (int i = 0; i < c->cap; i++) n += c->slots[i].state == SLOT_READY;
     }
     return n;
-}
-
-/* ---------- the forward pass ---------- */
-
-typedef struct {
-    const ExpertLayer *xl;
-    const float *x;
-    int T, H;
-    const int *start, *rows; /* rows of expert e: rows[start[e] .. start[e + 1]) (t * K + j) */
-    float *xin, *y;          /* y: one output row per (position, choice), in rows[] order */
-} Work;
-
-static void compute(const Work *w, const Mlp *m, int e) {
-    int n = w->start[e + 1] - w->start[e];
-    const int *r = w->rows + w->start[e];
-    const int K = w->xl->K;
-    for (int i = 0; i < n; i++) memcpy(w->xin + (size_t)i * w->H, w->x + (size_t)(r[i] / K) * w->H, sizeof(float) * w->H);
-    mlp_swiglu(m, w->xin, n, w->xl->width, w->y + (size_t)w->start[e] * w->H);
-}
-
-/* Read-ahead: the next MoE layer's router, applied to this layer's input, names the experts it
- * will probably want; they load into that layer's cache at read-ahead priority, evicting only
- * experts it is not predicted to want. */
-static void read_ahead(ExpertStore *s, const ExpertLayer *nx, const float *x, int T) {
-    ExpertCache *c = nx->cache;
-    int *sel = fwd_malloc(sizeof(int) * (size_t)T * nx->K);
-    float *wts = fwd_malloc(sizeof(float) * (size_t)T * nx->K);
-    unsigned char *want = fwd_calloc((size_t)nx->E, 1);
-    if (sel && wts && want) {
-        nx->router->route(nx->router_self, x, T, sel, wts);
-        if (!fwd_oom()) {
-            for (int i = 0; i < T * nx->K; i++) want[sel[i]] = 1;
-            for (int e = 0; e < nx->E; e++) {
-                if (!want[e] || c->slot_of[e] >= 0) continue;
-                int si = victim(c, want);
-                if (si < 0) break;
-                slot_assign(s, c, nx, si, e);
-                io_submit(&s->pool, &c->slots[si].req, 1);
-            }
-        }
-    }
-    free(sel); free(wts); free(want);
-}
-
-static void wait_slot(ExpertStore *s, const ExpertLayer *xl, Slot *sl) {
-    if (sl->state != SLOT_LOADING) return;
-    io_promote(&s->pool, &sl->req);
-    double t0 = now_ms();
-    int err = io_wait(&s->pool, &sl->req);
-    s->st.io_wait_ms += now_ms() - t0;
-    if (err) read_failed(s, xl, sl->expert, err);
-    sl->state = SLOT_READY;
-}
-
-/* Waves of at most cap experts: the ones in RAM (or already loading) join at once; each miss
- * takes a slot no expert of the wave uses, its read goes to the pool, and the hits are
- * computed while the misses load. An expert leaves the cache only after its wave is done. */
-static void run_streaming(const Work *w, const int *need, int n_need) {
-    const ExpertLayer *xl = w->xl;
-    ExpertStore *s = xl->store;
-    ExpertCache *c = xl->cache;
-    int *pend = fwd_malloc(sizeof(int) * (size_t)n_need), *wave = fwd_malloc(sizeof(int) * (size_t)n_need);
-    if (!pend || !wave) { free(pend); free(wave); return; }
-    memcpy(pend, need, sizeof(int) * (size_t)n_need);
-    int n_pend = n_need, first = 1;
-    while (n_pend && !fwd_oom()) {
-        int nw = 0;
-        for (int i = 0; i < n_pend; i++) {
-            int si = c->slot_of[pend[i]];
-            if (si < 0) continue;
-            c->slots[si].busy = 1;
-            if (c->slots[si].state == SLOT_LOADING) io_promote(&s->pool, &c->slots[si].req);
-            wave[nw++] = pend[i];
-            s->st.hits++;
-        }
-        for (int i = 0; i < n_pend; i++) {
-            int e = pend[i];
-            if (c->slot_of[e] >= 0) continue;
-            int si = victim(c, NULL);
-            for (int j = 0; si < 0 && j < c->cap; j++) /* a read-ahead in flight: let it land, then reuse it */
-                if (c->slots[j].state == SLOT_LOADING && !c->slots[j].busy) { wait_slot(s, xl, &c->slots[j]); si = j; }
-            if (si < 0) break;
-            slot_assign(s, c, xl, si, e);
-            c->slots[si].busy = 1;
-            io_submit(&s->pool, &c->slots[si].req, 0);
-            wave[nw++] = e;
-            s->st.misses++;
-        }
-        if (first && s->readahead && xl->next && xl->next->cache) read_ahead(s, xl->next, w->x, w->T);
-        first = 0;
-        /* what is in RAM first, then each read as it is waited for */
-        for (int pass = 0; pass < 2; pass++)
-            for (int i = 0; i < nw; i++) {
-                Slot *sl = &c->slots[c->slot_of[wave[i]]];
-                if ((sl->state == SLOT_READY) != (pass == 0) || sl->busy != 1) continue;
-                wait_slot(s, xl, sl);
-                compute(w, &sl->mlp, wave[i]);
-                sl->busy = 2; /* computed */
-            }
-        for (int i = 0; i < nw; i++) {
-            Slot *sl = &c->slots[c->slot_of[wave[i]]];
-            sl->busy = 0;
-            sl->last = ++c->tick;
-        }
-        /* the wave's experts are done; the rest wait for the next wave */
-        int m = 0;
-        for (int i = 0; i < n_pend; i++) {
-            int done = 0;
-            for (int j = 0; j < nw && !done; j++) done = wave[j] == pend[i];
-            if (!done) pend[m++] = pend[i];
-        }
-        if (!nw) { fprintf(stderr, "colibri: expert cache of layer %d has no free slot (internal error)\n", xl->layer); exit(1); }
-        n_pend = m;
-    }
-    free(pend);
-    free(wave);
-}
-
-void expert_layer_run(const ExpertLayer *xl, const float *x, int T, const int *sel, const float *wts, float *out) {
-    const int E = xl->E, K = xl->K, H = xl->H;
-    ExpertStore *s = xl->store;
-    int *start = fwd_calloc((size_t)E + 1, sizeof(int)), *cur = fwd_malloc(sizeof(int) * (size_t)E);
-    int *rows = fwd_malloc(sizeof(int) * (size_t)T * K), *at = fwd_malloc(sizeof(int) * (size_t)T * K);
-    int *need = fwd_malloc(sizeof(int) * (size_t)E), *ord = fwd_malloc(sizeof(int) * (size_t)K);
-    float *xin = fwd_malloc(sizeof(float) * (size_t)T * H), *y = fwd_malloc(sizeof(float) * (size_t)T * K * H);
-    if (!start || !cur || !rows || !at || !need || !ord || !xin || !y) goto out;
-    /* group the (position, choice) rows by expert, in row order */
-    for (int i = 0; i < T * K; i++) start[sel[i] + 1]++;
-    int n_need = 0;
-    for (int e = 0; e < E; e++) {
-        if (start[e + 1]) need[n_need++] = e;
-        if (s) s->turn_counts[(size_t)xl->index * s->experts + e] += (uint32_t)start[e + 1];
-        start[e + 1] += start[e];
-        cur[e] = start[e];
-    }
-    for (int i = 0; i < T * K; i++) { at[i] = cur[sel[i]]++; rows[at[i]] = i; }
-    Work w = {xl, x, T, H, start, rows, xin, y};
-    if (s && xl->cache) run_streaming(&w, need, n_need);
-    else {
-        for (int i = 0; i < n_need && !fwd_oom(); i++) compute(&w, &xl->experts[need[i]], need[i]);
-        if (s) s->st.hits += (uint64_t)n_need;
-    }
-    if (fwd_oom()) goto out;
-    /* each position adds its experts' outputs in expert order, whatever order they ran in */
-    for (int t = 0; t < T; t++) {
-        for (int j = 0; j < K; j++) {
-            int v = t * K + j, i = j;
-            while (i > 0 && sel[ord[i - 1]] > sel[v]) { ord[i] = ord[i - 1]; i--; }
-            ord[i] = v;
-        }
-        float *o = out + (size_t)t * H;
-        memset(o, 0, sizeof(float) * H);
-        for (int j = 0; j < K; j++) {
-            const float *yr = y + (size_t)at[ord[j]] * H;
-            float wt = wts[ord[j]];
-            for (int d = 0; d < H; d++) o[d] += wt * yr[d];
-        }
-    }
-out:
-    free(start); free(cur); free(rows); free(at); free(need); free(ord); free(xin); free(y);
 }

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -262,7 +261,15 @@ def test_sigkill_during_usage_writes_never_corrupts_it(oracle_root, containers, 
         for i in range(40):
             p.stdin.write(f"SUBMIT r{i} {len(ids)} ids=1 max_tokens=1\n".encode() + ids)
         p.stdin.flush()
-        time.sleep(0.002 * k)  # kill at a different point of the write cycle each time
+        # kill right after the (k+1)-th END: the usage writes of turn k+1 and later are under way
+        ends = 0
+        while ends <= k:
+            line = p.stdout.readline()
+            assert line, "engine died"
+            parts = line.split()
+            if parts[0] in (b"DATA", b"ERROR"):
+                p.stdout.read(int(parts[3]))
+            ends += parts[0] == b"END"
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
@@ -325,3 +332,24 @@ def test_an_expert_that_is_not_one_byte_range_is_read_tensor_by_tensor(oracle_ro
                         str(tmp_path / "s.f32"), "--cap", "1"], capture_output=True, text=True)
     assert r.returncode == 0 and "tensor by tensor" in r.stderr, r.stderr
     assert (tmp_path / "s.f32").read_bytes() == want
+
+
+def test_a_tight_budget_lowers_the_prefill_batch_before_refusing(oracle_root, tmp_path):
+    """Just below what batch 128 needs, the engine takes a smaller batch (same logits); with
+    --batch given it refuses instead."""
+    model = streaming_model.container()
+    ids = [(i * 37 + 11) % 320 for i in range(48)]
+    base = Raw(model, "--cap", "1", "--ctx", "256", "--pin", "off")
+    r = base.ready
+    want = base.turn(ids, logits=1)["logits"]
+    base.close()
+    slot = int(r["expert_cache_bytes"]) // int(r["moe_layers"])
+    need = int(r["dense_bytes"]) + int(r["kv_bytes"]) + int(r["runtime_bytes"]) + int(r["moe_layers"]) * slot
+    ram = f"{(need - 1_000_000) / 1e9:.6f}"
+    e = Raw(model, "--ram", ram, "--ctx", "256", "--pin", "off")
+    assert e.ready["cap"] == "1" and int(e.ready["runtime_bytes"]) < int(r["runtime_bytes"])
+    assert e.turn(ids, logits=1)["logits"] == want
+    assert "prefill batch lowered to 64" in e.close()
+    p = subprocess.run([engine(), "--model", str(model), "--ram", ram, "--ctx", "256", "--batch", "128"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert p.returncode == 1 and "give at least --ram" in p.stderr and "READY" not in p.stdout
