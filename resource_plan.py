@@ -127,7 +127,7 @@ def kv_state(scan, ctx, kv=None):
 
 
 def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
-         batch=DEFAULT_BATCH, threads=None, measured_tok_s=None, kv_type=None):
+         batch=DEFAULT_BATCH, threads=None, measured_tok_s=None, kv_type=None, batch_given=False):
     """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s."""
     a, ex = scan["arch"], scan["experts"]
     mem = machine["memory"]
@@ -139,6 +139,16 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     man = scan["manifest"]
     runtime = runtime_bytes(man, ctx, batch, threads, tokenizer_bytes=scan["tokenizer_bytes"])
     split = budget_split(scan, budget, kv, runtime, cap)
+    if budget and not split["fits"] and not batch_given:
+        # the engine takes a smaller prefill batch before it refuses (c/engine_stream.c)
+        at1 = budget_split(scan, budget, kv, runtime_bytes(man, ctx, 1, threads, tokenizer_bytes=scan["tokenizer_bytes"]),
+                           cap)
+        if not at1["fits"]:
+            split = at1  # the engine refuses with the numbers at batch 1
+        while at1["fits"] and not split["fits"]:
+            batch //= 2
+            runtime = runtime_bytes(man, ctx, batch, threads, tokenizer_bytes=scan["tokenizer_bytes"])
+            split = budget_split(scan, budget, kv, runtime, cap)
     dense = split["dense"]
     n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
     expert_each = ex["bytes_each"]
@@ -207,7 +217,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
                  "fixed costs (thread hand-offs, framing) are left out, and they dominate for tiny models")
     return {
         "budget": budget, "budget_source": "--ram" if ram is not None else f"{int(BUDGET_SHARE * 100)}% of usable memory",
-        "ctx": ctx, "kv_slots": kv_slots, "threads": threads,
+        "ctx": ctx, "kv_slots": kv_slots, "threads": threads, "batch": batch,
         "tiers": {"dense": dense, "runtime": runtime, "kv": kv, "expert_cache": cache_used,
                   "free": (budget - fixed - cache_used) if budget is not None else None},
         "kv_bytes_per_token_per_slot": kv_per_token, "kv_fixed_bytes_per_slot": kv_fixed,
@@ -221,7 +231,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
         # the engine's READY fields for this budget (tests/test_budget_agreement.py)
         "engine_split": {"ram_budget": budget or 0, "dense_bytes": dense, "kv_bytes": kv, "runtime_bytes": runtime,
                          "expert_cache_bytes": split["cache"], "cap": split["cap"] if split["fits"] else None,
-                         "experts": E if n_moe else 0, "moe_layers": n_moe},
+                         "experts": E if n_moe else 0, "moe_layers": n_moe, "batch": batch},
         "problems": problems,
         "min_ram": split["min_ram"],
         "notes": notes,

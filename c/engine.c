@@ -424,9 +424,9 @@ int engine_serve(Engine *e) {
     char stream[600];
     engine_stream_ready(e, stream, sizeof stream);
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu kv_slot_bytes=%zu%s", a->family, a->vocab, e->ctx, e->n_slots, a->n_layers,
-              kern.name, omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
-              kv_bytes_per_token(a), kv_bytes(a, e->ctx), stream);
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d%s", a->family, a->vocab, e->ctx, e->n_slots,
+              a->n_layers, kern.name, omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
+              kv_bytes_per_token(a), kv_bytes(a, e->ctx), forward_max_batch, stream);
     for (;;) {
         Frame f;
         char *payload = NULL, err[256];

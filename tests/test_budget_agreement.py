@@ -13,7 +13,8 @@ import streaming_model
 from colibri import engine_client
 
 ROOT = Path(__file__).resolve().parents[1]
-FIELDS = ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "expert_cache_bytes", "cap", "experts", "moe_layers")
+FIELDS = ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "expert_cache_bytes", "cap", "experts", "moe_layers",
+          "batch")
 
 
 def coli(*args):
@@ -47,6 +48,7 @@ CASES = [  # model, --ram GB, ctx, slots, threads, cap, kv
     ("qwen3_moe", "0.05", 512, 4, 2, None, None),
     ("qwen3_moe", "2", 64, 1, 1, 1, "bf16"),
     ("llama", "0.05", 300, 3, 2, None, None),
+    ("streaming", "0.05", 512, 1, 2, None, None),  # tight: the engine lowers its prefill batch to fit
 ]
 
 

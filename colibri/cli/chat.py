@@ -376,7 +376,7 @@ def run(args):
         print(f"ready: {Path(d).name} ({info.get('family')}), context {info.get('ctx')}, {info.get('threads')} threads, "
               f"{info.get('kernels')} kernels; loaded in {load_s:.2f} s, {rss if rss is not None else '?'} MB resident"
               + (f"; thinking {'on' if template_vars['enable_thinking'] else 'off'}" if template_vars else ""))
-        budget = launch_opts.budget_line(info)
+        budget = launch_opts.budget_line(info, args.batch)
         if budget:
             print(chat.screen.dim(budget))
         if interactive:

@@ -78,8 +78,9 @@ def stream_args(args):
     return out
 
 
-def budget_line(info):
-    """The engine's RAM split from its READY fields, one line; None from an engine without them."""
+def budget_line(info, batch=None):
+    """The engine's RAM split from its READY fields, one line; None from an engine without them.
+    batch: the --batch given (the engine lowers only a default batch to fit a tight --ram)."""
     try:
         b = {k: int(info[k]) for k in ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "expert_cache_bytes",
                                       "cap", "experts")}
@@ -87,13 +88,17 @@ def budget_line(info):
         return None
     from resource_plan import fmt_bytes
     mb = lambda k: fmt_bytes(b[k])  # noqa: E731
+    if batch is None and info.get("batch", "").isdigit() and int(info["batch"]) < DEFAULT_BATCH:
+        extra_note = f"; prefill batch lowered to {info['batch']} to fit"
+    else:
+        extra_note = ""
     line = (f"RAM budget {b['ram_budget'] / 1e9:.2f} GB: dense {mb('dense_bytes')} + KV {mb('kv_bytes')} + "
             f"runtime {mb('runtime_bytes')} + expert cache {mb('expert_cache_bytes')}")
     if b["experts"]:
         line += (f" ({b['cap']} of {b['experts']} experts per layer"
                  + (", every expert in RAM" if b["cap"] >= b["experts"] else ", the rest stream from disk")
                  + (f", {info.get('pinned')} pinned" if info.get("pinned", "0") != "0" else "") + ")")
-    return line
+    return line + extra_note
 
 
 def ram_budget_gb(args):
