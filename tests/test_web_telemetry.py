@@ -12,9 +12,9 @@ import pytest
 from colibri.server import telemetry
 from colibri.server.telemetry import CACHED, DISK, PINNED, RESIDENT, Telemetry
 
+import expert_atlas  # tools/ is on the path (pytest.ini)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import expert_atlas  # noqa: E402
 
 MANIFEST = {"arch": {"num_experts": 4, "layer_mlp": ["dense", "moe", "moe"]}}
 

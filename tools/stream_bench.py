@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Expert streaming, side by side with llama.cpp, with memory made equally scarce for both.
 
-  python tools/stream_bench.py gen   DIR [--layers 48]     synthetic Qwen3-30B-A3B-like checkpoint
-  python tools/stream_bench.py prep  DIR --llama-cpp SRC   colibri container + llama.cpp Q4_0 GGUF
-  python tools/stream_bench.py run   DIR --llama-cpp SRC --limit-gb G [--ram G]
+  PYTHONPATH=. .venv/bin/python tools/stream_bench.py gen   DIR [--layers 48]    synthetic Qwen3-30B-A3B-like checkpoint
+  PYTHONPATH=. .venv/bin/python tools/stream_bench.py prep  DIR --llama-cpp SRC  colibri container + llama.cpp Q4_0 GGUF
+  PYTHONPATH=. .venv/bin/python tools/stream_bench.py run   DIR --llama-cpp SRC --limit-gb G [--ram G]
 
 `gen` writes random bf16 weights with the per-token geometry of Qwen3-30B-A3B (hidden 2048, 128
 experts, top-8, expert width 768, 32/4 heads x 128) and the real Qwen3 tokenizer, one shard per
@@ -33,11 +33,11 @@ GEOMETRY = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4,
 
 # ---------------------------------------------------------------- gen
 
-def random_bf16(rng, shape, np):
-    """Random bf16 bit patterns of magnitude 2^-7..2^-6 with random signs: cheap to draw at
-    disk speed, and small enough that activations stay finite through 48 layers."""
+def random_bf16(rng, shape, np, exponent=0x3C00):
+    """Random bf16 bit patterns of magnitude 2^-7..2^-6 (the default exponent) with random
+    signs: cheap to draw at disk speed, small enough that activations stay finite."""
     bits = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
-    return (bits & np.uint16(0x807F)) | np.uint16(0x3C00)
+    return (bits & np.uint16(0x807F)) | np.uint16(exponent)
 
 
 def gen(args):
@@ -59,7 +59,9 @@ def gen(args):
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     rng = np.random.default_rng(args.seed)
     ones = lambda n: np.full(n, 0x3F80, dtype=np.uint16)  # noqa: E731  bf16 1.0
-    shards = [("trunk", lambda: {"model.embed_tokens.weight": random_bf16(rng, (V, H), np),
+    # Embeddings of magnitude 0.5..1 dominate the residual stream, so routing follows the token
+    # (as in a trained model) instead of the context average that uniform random weights give.
+    shards = [("trunk", lambda: {"model.embed_tokens.weight": random_bf16(rng, (V, H), np, 0x3F00),
                                  "lm_head.weight": random_bf16(rng, (V, H), np), "model.norm.weight": ones(H)})]
 
     def layer(l):
@@ -208,8 +210,10 @@ def prompt_ids(n, seed):
 
 
 def colibri_turn(cg, col, args, seed):
-    sys.path.insert(0, str(ROOT))
-    from colibri import engine_client
+    try:
+        from colibri import engine_client
+    except ImportError:
+        sys.exit("run this tool from the checkout with PYTHONPATH=. (it drives the engine through colibri)")
     extra = ["--ram", f"{args.ram:g}"] + (["--readahead", args.readahead] if args.readahead else [])
     env = engine_client.engine_env()
     cmd = [str(engine_client.ensure_built()), "serve", "--model", str(col), "--ctx", "1024",
