@@ -16,7 +16,7 @@ int tokenize_cli_main(int argc, char **argv);
 int detokenize_cli_main(int argc, char **argv);
 
 static const char *USAGE =
-    "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
+    "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable] [--kernels portable|avx2|avx512]\n"
     "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
@@ -78,7 +78,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
         kernels_init(0);
-        printf("colibri %s kernels=%s\n", COLI_VERSION, kern.name);
+        printf("colibri %s kernels=%s available=", COLI_VERSION, kern.name);
+        for (int i = 0, n = 0; i < KI_COUNT; i++)
+            if (kernels_supported((KernIsa)i)) printf("%s%s", n++ ? "," : "", kernels_isa_name((KernIsa)i));
+        putchar('\n');
         return 0;
     }
     if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */
