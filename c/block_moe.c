@@ -5,6 +5,7 @@
 
 #include "fwd_alloc.h"
 #include "layers.h"
+#include "moe_exec.h"
 #include "ops.h"
 
 typedef struct {
@@ -46,6 +47,10 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     if (fwd_oom()) goto out; /* the router could not finish: sel is not filled */
     for (int i = 0; i < T * K; i++) count[sel[i]]++;
     memset(out, 0, sizeof(float) * (size_t)T * H);
+    if (moe_parallel_ok(T * K)) { /* few rows (decode): experts in parallel, same bits (moe_exec.c) */
+        moe_run_experts_parallel(p->experts, E, K, p->width, H, sel, wts, x, T, out);
+        goto out;
+    }
     /* Batch-union: each selected expert runs once over all the positions that chose it. */
     for (int e = 0; e < E && !fwd_oom(); e++) {
         if (!count[e]) continue;
