@@ -26,5 +26,6 @@ void test_blocks(void);
 void test_kv_persist(void);
 void test_logprob(void);
 void test_moe_exec(void);
+void test_sampler_sort(void);
 
 #endif

@@ -11,6 +11,7 @@ int main(void) {
     test_protocol();
     test_sampler();
     test_sampler_top_p();
+    test_sampler_sort();
     test_tokenizer();
     test_blocks();
     test_kv_persist();
