@@ -1,7 +1,8 @@
 /* One attention head group (KvAttendFn) in SIMD, included once per instruction set and element
  * type by kv_attend_x86.c, which defines:
  *   VT W TGT TGT_INLINE   vector type, lanes, function attributes
- *   VZERO VSET1 VLOADF VSTORE VFMA VMUL VSUB VMAX VHSUM VHMAX VEXP REDUCE4   vector ops
+ *   VZERO VSET1 VLOADF VSTORE VFMA VMUL VSUB VMAX VHSUM VHMAX VEXP   vector ops
+ *   STORE4(p, a, b, c, d, scale)   p[0..3] = scale * (the lane sums of a, b, c, d)
  *   LOADE(row, i)         W elements of a cache row from element i, as floats
  *   HCMAX                 query heads whose V accumulators fit in registers at once (<= 4)
  *   ATT_NAME ATT_REF      this function and the portable one it leaves hd % W != 0 to
@@ -10,6 +11,26 @@
  * values accumulate in registers for up to HCMAX heads x 4 vectors of dimensions per pass over
  * the V rows. The 1/sum of the softmax is applied once to the output. */
 
+#ifndef ATT_EXP_BODY
+/* exp for x <= 0 (softmax numerators): 2^round(x/ln2) times a degree-6 polynomial on the
+ * remainder (Cephes expf), within 2 ulp of expf; below -87.3 it clamps to ~1e-38 (not 0).
+ * FMA(a, b, c) = a*b + c, FNMA(a, b, c) = c - a*b. */
+#define ATT_EXP_BODY(VT, SET1, MAX, MUL, ADD, FMA, FNMA, ROUND, CVTI, SLLI, ADDI, SET1I, CASTI)                \
+    x = MAX(x, SET1(-87.33654f));                                                                       \
+    VT nf = ROUND(MUL(x, SET1(1.44269504088896341f)));                                                  \
+    VT r = FNMA(nf, SET1(0.693359375f), x);                                                             \
+    r = FNMA(nf, SET1(-2.12194440e-4f), r);                                                             \
+    VT p = SET1(1.9875691500e-4f);                                                                      \
+    p = FMA(p, r, SET1(1.3981999507e-3f));                                                              \
+    p = FMA(p, r, SET1(8.3334519073e-3f));                                                              \
+    p = FMA(p, r, SET1(4.1665795894e-2f));                                                              \
+    p = FMA(p, r, SET1(1.6666665459e-1f));                                                              \
+    p = FMA(p, r, SET1(5.0000001201e-1f));                                                              \
+    VT y = ADD(FMA(MUL(p, r), r, r), SET1(1.0f));                                                       \
+    return MUL(y, CASTI(SLLI(ADDI(CVTI(nf), SET1I(127)), 23)));
+#endif
+
+#ifndef ATT_EXP_ONLY
 #define ATT_TILE 64
 #define ATT_CAT_(a, b) a##b
 #define ATT_CAT(a, b) ATT_CAT_(a, b)
@@ -89,7 +110,7 @@ TGT void ATT_NAME(const float *q, int g, int hd, const void *k, const void *v, s
                     a2 = VFMA(qv, LOADE(r + 2 * stride, c * W), a2);
                     a3 = VFMA(qv, LOADE(r + 3 * stride, c * W), a3);
                 }
-                _mm_storeu_ps(s + j, _mm_mul_ps(REDUCE4(a0, a1, a2, a3), _mm_set1_ps(scale)));
+                STORE4(s + j, a0, a1, a2, a3, scale);
             }
             for (; j < j1; j++) {
                 const unsigned char *r = kb + (size_t)j * stride;
@@ -128,3 +149,4 @@ TGT void ATT_NAME(const float *q, int g, int hd, const void *k, const void *v, s
 
 #undef ATT_VACC
 #undef ATT_SOFTMAX
+#endif /* ATT_EXP_ONLY */

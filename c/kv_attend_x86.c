@@ -9,35 +9,20 @@
 
 #include "kv_kernels.h"
 
+#define ATT_EXP_ONLY
+#include "kv_attend_simd.h"
+#undef ATT_EXP_ONLY
+
 void kv_attend_ref_f32(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
 void kv_attend_ref_f16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
 void kv_attend_ref_bf16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
-
-/* exp for x <= 0 (softmax numerators): 2^round(x/ln2) times a degree-6 polynomial on the
- * remainder (Cephes expf), within 2 ulp of expf; below -87.3 it clamps to ~1e-38 (not 0). */
-#define EXP_BODY(VT, SET1, MAX, MUL, FMA, FNMA, ROUND, CVTI, SLLI, ADDI, SET1I, CASTI)                     \
-    x = MAX(x, SET1(-87.33654f));                                                                       \
-    VT nf = ROUND(MUL(x, SET1(1.44269504088896341f)));                                                  \
-    VT r = FNMA(nf, SET1(0.693359375f), x);                                                             \
-    r = FNMA(nf, SET1(-2.12194440e-4f), r);                                                             \
-    VT p = SET1(1.9875691500e-4f);                                                                      \
-    p = FMA(p, r, SET1(1.3981999507e-3f));                                                              \
-    p = FMA(p, r, SET1(8.3334519073e-3f));                                                              \
-    p = FMA(p, r, SET1(4.1665795894e-2f));                                                              \
-    p = FMA(p, r, SET1(1.6666665459e-1f));                                                              \
-    p = FMA(p, r, SET1(5.0000001201e-1f));                                                              \
-    VT y = FMA(MUL(p, r), r, r);                                                                        \
-    y = ADDF(y, SET1(1.0f));                                                                            \
-    return MUL(y, CASTI(SLLI(ADDI(CVTI(nf), SET1I(127)), 23)));
 
 /* ---------------- AVX2 ---------------- */
 #define A2 __attribute__((target("avx2,fma,f16c")))
 #define A2I A2 __attribute__((always_inline)) static inline
 
 A2I __m256 a2_round(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-#define ADDF _mm256_add_ps
-A2I __m256 a2_exp(__m256 x) { EXP_BODY(__m256, _mm256_set1_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, a2_round, _mm256_cvtps_epi32, _mm256_slli_epi32, _mm256_add_epi32, _mm256_set1_epi32, _mm256_castsi256_ps) }
-#undef ADDF
+A2I __m256 a2_exp(__m256 x) { ATT_EXP_BODY(__m256, _mm256_set1_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, a2_round, _mm256_cvtps_epi32, _mm256_slli_epi32, _mm256_add_epi32, _mm256_set1_epi32, _mm256_castsi256_ps) }
 A2I float a2_hsum(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -77,7 +62,7 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 #define VHSUM a2_hsum
 #define VHMAX a2_hmax
 #define VEXP a2_exp
-#define REDUCE4 a2_reduce4
+#define STORE4(p, a, b, c, d, scale) _mm_storeu_ps(p, _mm_mul_ps(a2_reduce4(a, b, c, d), _mm_set1_ps(scale)))
 #define HCMAX 2
 #define LOADE a2_f32
 #define ATT_NAME kv_attend_avx2_f32
@@ -116,7 +101,7 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 #undef VHSUM
 #undef VHMAX
 #undef VEXP
-#undef REDUCE4
+#undef STORE4
 #undef HCMAX
 
 /* ---------------- AVX-512 ---------------- */
@@ -124,9 +109,7 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 #define A5I A5 __attribute__((always_inline)) static inline
 
 A5I __m512 a5_round(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-#define ADDF _mm512_add_ps
-A5I __m512 a5_exp(__m512 x) { EXP_BODY(__m512, _mm512_set1_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_fnmadd_ps, a5_round, _mm512_cvtps_epi32, _mm512_slli_epi32, _mm512_add_epi32, _mm512_set1_epi32, _mm512_castsi512_ps) }
-#undef ADDF
+A5I __m512 a5_exp(__m512 x) { ATT_EXP_BODY(__m512, _mm512_set1_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps, _mm512_fnmadd_ps, a5_round, _mm512_cvtps_epi32, _mm512_slli_epi32, _mm512_add_epi32, _mm512_set1_epi32, _mm512_castsi512_ps) }
 A5I __m256 a5_fold(__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
 A5I float a5_hsum(__m512 v) { return a2_hsum(a5_fold(v)); }
 A5I float a5_hmax(__m512 v) { return a2_hmax(_mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
@@ -153,7 +136,7 @@ A5I __m512 a5_bf16(const unsigned char *r, int i) {
 #define VHSUM a5_hsum
 #define VHMAX a5_hmax
 #define VEXP a5_exp
-#define REDUCE4 a5_reduce4
+#define STORE4(p, a, b, c, d, scale) _mm_storeu_ps(p, _mm_mul_ps(a5_reduce4(a, b, c, d), _mm_set1_ps(scale)))
 #define HCMAX 4
 #define LOADE a5_f32
 #define ATT_NAME kv_attend_avx512_f32

@@ -132,12 +132,27 @@ static const KvKernels avx512_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx512_f32}
                                        {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx512_bf16}};
 #endif
 
+#if defined(__aarch64__)
+#define KV_ATTEND_NEON(NAME)                                                                                   \
+    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, \
+              float *sc, float *o);
+KV_ATTEND_NEON(kv_attend_neon_f32)
+KV_ATTEND_NEON(kv_attend_neon_f16)
+KV_ATTEND_NEON(kv_attend_neon_bf16)
+static const KvKernels neon_kv[3] = {{dot_f32, axpy_f32, kv_attend_neon_f32},
+                                     {dot_f16, axpy_f16, kv_attend_neon_f16},
+                                     {dot_bf16, axpy_bf16, kv_attend_neon_bf16}};
+#endif
+
 const KvKernels *kv_kernels_for(KernIsa isa, QType t) {
     const int ti = t == QT_F32 ? 0 : (t == QT_F16 ? 1 : 2);
     if (t != QT_F32 && t != QT_F16 && t != QT_BF16) return NULL;
 #if defined(__x86_64__) || defined(__i386__)
     if (isa == KI_AVX512) return &avx512_kv[ti];
     if (isa == KI_AVX2) return &avx2_kv[ti];
+#endif
+#if defined(__aarch64__)
+    if (isa == KI_NEON) return &neon_kv[ti];
 #endif
     if (isa != KI_PORTABLE) return NULL;
     return ti == 0 ? &portable_f32 : (ti == 1 ? &portable_f16 : &portable_bf16);

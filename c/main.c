@@ -16,7 +16,7 @@ int tokenize_cli_main(int argc, char **argv);
 int detokenize_cli_main(int argc, char **argv);
 
 static const char *USAGE =
-    "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable] [--kernels portable|avx2|avx512]\n"
+    "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable] [--kernels portable|avx2|avx512|neon]\n"
     "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"

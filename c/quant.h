@@ -49,10 +49,11 @@ typedef struct {
 typedef void (*QDotFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
                        float *y, size_t ldy);
 
-/* Kernel sets, best last: a CPU that has one has every one before it on x86. */
-typedef enum { KI_PORTABLE = 0, KI_AVX2, KI_AVX512, KI_COUNT } KernIsa;
+/* Kernel sets, best last among those a CPU runs: on x86 one that has a set has every x86 set
+ * before it; neon is the AArch64 set. */
+typedef enum { KI_PORTABLE = 0, KI_AVX2, KI_AVX512, KI_NEON, KI_COUNT } KernIsa;
 
-/* Run-time selected kernels (portable, AVX2+FMA+F16C, or AVX-512 F/BW/VL/DQ). */
+/* Run-time selected kernels (portable, AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ, or NEON). */
 typedef struct {
     const char *name;
     KernIsa isa;

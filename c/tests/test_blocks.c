@@ -228,8 +228,10 @@ static void test_kv_kernels(void) {
     test_kv_attend();
 }
 
+void test_kv_kernel_sets(void) { test_kv_kernels(); }
+
 void test_blocks(void) {
-    test_kv_kernels();
+    test_kv_kernel_sets();
     test_reuse_rule_without_model();
     char dir[] = "/tmp/coli_blocks_XXXXXX", err[512];
     if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }

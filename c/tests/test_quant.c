@@ -144,6 +144,8 @@ static void check_qdot_random(QType qt, int cols, const Kernels *port, const Ker
              * the q4 terms d*q and m can be ~3x the dequantized weight, hence 1e-5 */
             double sum_tol = 1e-5 * (mag + 1e-3);
             CHECK(fabs(gp - gf) <= sum_tol, "%s cols=%d t=%d r=%d: portable %g vs %s %g", qtype_name(qt), cols, t, r, gp, fast->name, gf);
+            if (fast->isa == KI_NEON) /* the portable arithmetic, with SIMD integer block dots */
+                CHECK(gp == gf, "%s cols=%d t=%d r=%d: neon %g is not portable's %g", qtype_name(qt), cols, t, r, gf, gp);
             CHECK(fabs(gf - ref) <= 1.01 * bound + sum_tol, "%s cols=%d t=%d r=%d: %g vs double %g (bound %g)", qtype_name(qt), cols, t, r, gf, ref, bound);
         }
     }
