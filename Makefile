@@ -15,7 +15,7 @@ CTEST_SRC := $(wildcard c/tests/*.c)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: all test ctest pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv
+.PHONY: all test ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv
 all: build/colibri
 
 build/colibri: $(ENGINE_SRC) $(HEADERS) | build
@@ -45,6 +45,19 @@ ctest: build/c_tests build/c_tests_asan
 	./build/c_tests
 	./build/c_tests_asan
 
+# The kernel tests cross-compiled for AArch64 and run under user-mode QEMU: the NEON set (and
+# the portable one) against the portable reference. Needs gcc-aarch64-linux-gnu and qemu-user.
+AARCH64_CC ?= aarch64-linux-gnu-gcc
+QEMU_AARCH64 ?= qemu-aarch64
+AARCH64_SYSROOT ?= /usr/aarch64-linux-gnu
+build/c_tests_aarch64: $(LIB_SRC) $(CTEST_SRC) $(HEADERS) | build
+	@command -v $(AARCH64_CC) >/dev/null || { echo "$(AARCH64_CC) not found: install gcc-aarch64-linux-gnu (or set AARCH64_CC)"; exit 1; }
+	$(AARCH64_CC) $(CFLAGS) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
+
+ctest-aarch64: build/c_tests_aarch64
+	@command -v $(QEMU_AARCH64) >/dev/null || { echo "$(QEMU_AARCH64) not found: install qemu-user (or set QEMU_AARCH64)"; exit 1; }
+	$(QEMU_AARCH64) -L $(AARCH64_SYSROOT) ./build/c_tests_aarch64 kernels
+
 pytest: build/colibri build/colibri_asan $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests
 
@@ -62,7 +75,7 @@ FUZZ_FLAGS = -O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wno-unknown-pragmas -fno-sanit
 # Not parsers: kernels and the OpenMP ops (clang 14 rejects quant.c's CPU check, and has no
 # libomp here), built by $(CC) without instrumentation. Everything else is instrumented, so a new
 # engine file is fuzzed with its parsers' callers without editing this list.
-FUZZ_PLAIN_SRC := c/quant.c c/kernels_avx2.c c/kv_kernels.c c/ops.c
+FUZZ_PLAIN_SRC := c/quant.c c/kernels_avx2.c c/kernels_avx512.c c/kernels_neon.c c/kv_kernels.c c/kv_attend_x86.c c/kv_attend_neon.c c/ops.c c/moe_exec.c
 FUZZ_LIB_SRC := $(filter-out c/main.c c/engine.c $(FUZZ_PLAIN_SRC),$(ENGINE_SRC))
 FUZZ_C_TARGETS := json safetensors container manifest tokenizer_load tokenizer_encode protocol kv
 FUZZ_PY_TARGETS := gguf chat_template

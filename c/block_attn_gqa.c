@@ -104,32 +104,18 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         kv_store_row(r->kv_type, k + (size_t)t * kvd, kvd, dst);
         kv_store_row(r->kv_type, v + (size_t)t * kvd, kvd, dst + (size_t)kvd * es);
     }
+    /* One task per (position, KV head): the group's query heads read each K/V row once. */
     const KvKernels *kk = kv_kernels(r->kv_type);
     const float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
-        for (int h = 0; h < nh; h++) {
-            const int n = p0 + t + 1, kh = h / group;
-            const float *qh = q + (size_t)t * qd + h * hd;
-            float *sc = scratch(1, (size_t)n);
+        for (int kh = 0; kh < nkv; kh++) {
+            const int n = p0 + t + 1;
+            float *sc = scratch(1, (size_t)n * group);
             if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
-            float *o = att + (size_t)t * qd + h * hd;
-            memset(o, 0, sizeof(float) * hd);
-            if (!kk) { /* f32 cache: the float kernels, exactly as an f32 model computes */
-                const float *kc = (const float *)cache + kh * hd, *vc = (const float *)cache + kvd + kh * hd;
-                const size_t st = 2 * (size_t)kvd;
-                for (int j = 0; j < n; j++) sc[j] = kern.dot(qh, kc + (size_t)j * st, hd) * scale;
-                softmax(sc, n);
-                for (int j = 0; j < n; j++) {
-                    const float *vj = vc + (size_t)j * st, w = sc[j];
-                    for (int d = 0; d < hd; d++) o[d] += w * vj[d];
-                }
-            } else {
-                const unsigned char *kc = cache + (size_t)kh * hd * es, *vc = cache + ((size_t)kvd + kh * hd) * es;
-                for (int j = 0; j < n; j++) sc[j] = kk->dot(qh, kc + (size_t)j * stride, hd) * scale;
-                softmax(sc, n);
-                for (int j = 0; j < n; j++) kk->axpy(sc[j], vc + (size_t)j * stride, hd, o);
-            }
+            const size_t off = (size_t)t * qd + (size_t)kh * group * hd;
+            const unsigned char *kc = cache + (size_t)kh * hd * es, *vc = cache + ((size_t)kvd + kh * hd) * es;
+            kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sc, att + off);
         }
     }
     matmul(out, att, T, &y->wo, y->bo);

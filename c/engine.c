@@ -76,6 +76,12 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
         else if (!strcmp(a, "--threads")) { rc = opt_int(a, v, 1, 1024, &o->threads, err, errlen); i++; }
         else if (!strcmp(a, "--batch")) { rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen); i++; }
         else if (!strcmp(a, "--portable")) o->portable = 1;
+        else if (!strcmp(a, "--kernels")) {
+            KernIsa isa;
+            if (!v || kernels_isa_from_name(v, &isa)) { snprintf(err, errlen, "--kernels needs portable, avx2, avx512 or neon"); return -1; }
+            o->kernels = (int)isa + 1;
+            i++;
+        }
         else if (!strcmp(a, "--kv")) {
             if (!v || kv_type_from_name(v, &o->kv_type)) { snprintf(err, errlen, "--kv needs f16, bf16 or f32"); return -1; }
             o->kv_set = 1;
@@ -114,6 +120,12 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     /* Before the (long) model load: a second engine on the directory is refused at once. */
     if (o->kv_dir && (e->kv_lock_fd = kv_dir_lock(o->kv_dir, err, errlen)) < 0) return -1;
     kernels_init(o->portable);
+    if (o->kernels && kernels_use((KernIsa)(o->kernels - 1))) {
+        snprintf(err, errlen, "--kernels %s: this CPU (or build) cannot run them; `colibri version` lists the ones it can",
+                 kernels_isa_name((KernIsa)(o->kernels - 1)));
+        engine_close(e);
+        return -1;
+    }
     if (o->threads) omp_set_num_threads(o->threads);
     else if (!getenv("OMP_NUM_THREADS") && physical_cores() > 0) omp_set_num_threads(physical_cores());
     if (o->batch) forward_max_batch = o->batch;

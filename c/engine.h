@@ -28,6 +28,7 @@ typedef struct {
 typedef struct {
     const char *model_dir;
     int ctx, kv_slots, threads, batch, portable;
+    int kernels; /* KernIsa + 1 from --kernels; 0: the best this CPU runs */
     const char *kv_dir;
     int skip_tokenizer; /* logits needs none, and a broken one must not block it */
     QType kv_type;      /* --kv: KV cache element type, when kv_set */

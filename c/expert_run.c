@@ -6,6 +6,7 @@
 
 #include "expert_cache.h"
 #include "fwd_alloc.h"
+#include "moe_exec.h"
 
 static double now_ms(void) {
     struct timespec ts;
@@ -127,6 +128,35 @@ static void run_streaming(const Work *w, const int *need, int n_need) {
     free(wave);
 }
 
+/* Few rows (decode) with every needed expert in RAM (resident, or cached and loaded): one
+ * expert per thread (moe_exec.c). It adds each position's experts in expert order as the paths
+ * below do, so the bits are the same. 0 when it does not apply. */
+static int run_parallel(const ExpertLayer *xl, const int *need, int n_need, const float *x, int T, const int *sel,
+                        const float *wts, float *out) {
+    ExpertStore *s = xl->store;
+    ExpertCache *c = s ? xl->cache : NULL;
+    const Mlp *experts = xl->experts;
+    Mlp *from_cache = NULL;
+    if (c) {
+        for (int i = 0; i < n_need; i++) {
+            int si = c->slot_of[need[i]];
+            if (si < 0 || c->slots[si].state != SLOT_READY) return 0; /* a miss: the waves handle it */
+        }
+        if (!(from_cache = fwd_calloc((size_t)xl->E, sizeof(Mlp)))) return 1; /* fwd_oom() tells the caller */
+        for (int i = 0; i < n_need; i++) {
+            Slot *sl = &c->slots[c->slot_of[need[i]]];
+            from_cache[need[i]] = sl->mlp;
+            sl->last = ++c->tick;
+        }
+        experts = from_cache;
+    }
+    memset(out, 0, sizeof(float) * (size_t)T * xl->H);
+    if (!moe_run_experts_parallel(experts, xl->E, xl->K, xl->width, xl->H, sel, wts, x, T, out) && s)
+        s->st.hits += (uint64_t)n_need;
+    free(from_cache);
+    return 1;
+}
+
 void expert_layer_run(const ExpertLayer *xl, const float *x, int T, const int *sel, const float *wts, float *out) {
     const int E = xl->E, K = xl->K, H = xl->H;
     ExpertStore *s = xl->store;
@@ -144,6 +174,7 @@ void expert_layer_run(const ExpertLayer *xl, const float *x, int T, const int *s
         start[e + 1] += start[e];
         cur[e] = start[e];
     }
+    if (moe_parallel_ok(T * K) && run_parallel(xl, need, n_need, x, T, sel, wts, out)) goto out;
     for (int i = 0; i < T * K; i++) { at[i] = cur[sel[i]]++; rows[at[i]] = i; }
     Work w = {xl, x, T, H, start, rows, xin, y};
     if (s && xl->cache) run_streaming(&w, need, n_need);

@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "ops.h"
+
 size_t kv_elem_size(QType t) { return t == QT_F32 ? 4 : 2; }
 
 int kv_type_from_name(const char *s, QType *out) {
@@ -39,7 +41,41 @@ static void axpy_bf16(float w, const void *row, int n, float *o) {
     const uint16_t *h = row;
     for (int i = 0; i < n; i++) o[i] += w * bf16_to_f32(h[i]);
 }
-static const KvKernels portable_f16 = {dot_f16, axpy_f16}, portable_bf16 = {dot_bf16, axpy_bf16};
+static float dot_f32(const float *q, const void *row, int n) {
+    const float *x = row;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += q[i] * x[i];
+    return s;
+}
+static void axpy_f32(float w, const void *row, int n, float *o) {
+    const float *x = row;
+    for (int i = 0; i < n; i++) o[i] += w * x[i];
+}
+
+/* The reference attention: per head, every score, a softmax, then the weighted V rows. */
+static void attend_ref(float (*dot)(const float *, const void *, int), void (*axpy)(float, const void *, int, float *),
+                       const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale,
+                       float *sc, float *o) {
+    const unsigned char *kb = k, *vb = v;
+    for (int i = 0; i < g; i++) {
+        float *s = sc + (size_t)i * n, *oi = o + (size_t)i * hd;
+        for (int j = 0; j < n; j++) s[j] = dot(q + (size_t)i * hd, kb + (size_t)j * stride, hd) * scale;
+        softmax(s, n);
+        memset(oi, 0, sizeof(float) * (size_t)hd);
+        for (int j = 0; j < n; j++) axpy(s[j], vb + (size_t)j * stride, hd, oi);
+    }
+}
+#define ATTEND_REF(NAME)                                                                                      \
+    void kv_attend_ref_##NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, \
+                              float scale, float *sc, float *o) {                                              \
+        attend_ref(dot_##NAME, axpy_##NAME, q, g, hd, k, v, stride, n, scale, sc, o);                           \
+    }
+ATTEND_REF(f32)
+ATTEND_REF(f16)
+ATTEND_REF(bf16)
+static const KvKernels portable_f32 = {dot_f32, axpy_f32, kv_attend_ref_f32};
+static const KvKernels portable_f16 = {dot_f16, axpy_f16, kv_attend_ref_f16};
+static const KvKernels portable_bf16 = {dot_bf16, axpy_bf16, kv_attend_ref_bf16};
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -78,13 +114,48 @@ AVX2 static inline float hsum(__m256 v) {
     }
 KV_AVX2(f16, wide_f16, f16_to_f32)
 KV_AVX2(bf16, wide_bf16, bf16_to_f32)
-static const KvKernels avx2_f16 = {dot_f16_avx2, axpy_f16_avx2}, avx2_bf16 = {dot_bf16_avx2, axpy_bf16_avx2};
+#define KV_ATTEND_DECL(NAME)                                                                                   \
+    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, \
+              float *sc, float *o);
+KV_ATTEND_DECL(kv_attend_avx2_f32)
+KV_ATTEND_DECL(kv_attend_avx2_f16)
+KV_ATTEND_DECL(kv_attend_avx2_bf16)
+KV_ATTEND_DECL(kv_attend_avx512_f32)
+KV_ATTEND_DECL(kv_attend_avx512_f16)
+KV_ATTEND_DECL(kv_attend_avx512_bf16)
+/* AVX-512 keeps the AVX2 row kernels: rows of one head are too short for 16 lanes to pay. */
+static const KvKernels avx2_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx2_f32},
+                                     {dot_f16_avx2, axpy_f16_avx2, kv_attend_avx2_f16},
+                                     {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx2_bf16}};
+static const KvKernels avx512_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx512_f32},
+                                       {dot_f16_avx2, axpy_f16_avx2, kv_attend_avx512_f16},
+                                       {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx512_bf16}};
 #endif
 
-const KvKernels *kv_kernels(QType t) {
-    if (t == QT_F32) return NULL;
-#if defined(__x86_64__) || defined(__i386__)
-    if (kern.name && !strcmp(kern.name, "avx2")) return t == QT_F16 ? &avx2_f16 : &avx2_bf16;
+#if defined(__aarch64__)
+#define KV_ATTEND_NEON(NAME)                                                                                   \
+    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, \
+              float *sc, float *o);
+KV_ATTEND_NEON(kv_attend_neon_f32)
+KV_ATTEND_NEON(kv_attend_neon_f16)
+KV_ATTEND_NEON(kv_attend_neon_bf16)
+static const KvKernels neon_kv[3] = {{dot_f32, axpy_f32, kv_attend_neon_f32},
+                                     {dot_f16, axpy_f16, kv_attend_neon_f16},
+                                     {dot_bf16, axpy_bf16, kv_attend_neon_bf16}};
 #endif
-    return t == QT_F16 ? &portable_f16 : &portable_bf16;
+
+const KvKernels *kv_kernels_for(KernIsa isa, QType t) {
+    const int ti = t == QT_F32 ? 0 : (t == QT_F16 ? 1 : 2);
+    if (t != QT_F32 && t != QT_F16 && t != QT_BF16) return NULL;
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == KI_AVX512) return &avx512_kv[ti];
+    if (isa == KI_AVX2) return &avx2_kv[ti];
+#endif
+#if defined(__aarch64__)
+    if (isa == KI_NEON) return &neon_kv[ti];
+#endif
+    if (isa != KI_PORTABLE) return NULL;
+    return ti == 0 ? &portable_f32 : (ti == 1 ? &portable_f16 : &portable_bf16);
 }
+
+const KvKernels *kv_kernels(QType t) { return kv_kernels_for(kern.isa, t); }

@@ -1,19 +1,30 @@
-/* Row kernels over the KV cache's storage type: f32 rows go through the engine's float kernels
- * unchanged; f16/bf16 rows are widened in registers (F16C/AVX2 when the engine runs its AVX2
- * kernels, a portable loop otherwise; the choice follows kernels_init at kv_init time). */
+/* Kernels over the KV cache's storage type (f32, f16, bf16): row dot/axpy and a whole
+ * attention head group. f16/bf16 rows are widened in registers. The set follows the engine's
+ * kernels (kernels_init / kernels_use): portable, AVX2+F16C, or AVX-512. */
 #ifndef COLI_KV_KERNELS_H
 #define COLI_KV_KERNELS_H
 #include <stddef.h>
 
 #include "quant.h"
 
+/* The g query heads q[i*hd ..] (i < g) that share one KV head attend over positions 0..n-1,
+ * whose K row j starts at k + j*stride bytes and V row j at v + j*stride:
+ *   o[i*hd ..] = sum_j softmax_j(scale * q_i . K_j) * V_j.
+ * sc is scratch for g*n floats. Each head's result depends only on its own inputs (not on g,
+ * the batch or the thread), so batched prefill equals token by token. */
+typedef void (*KvAttendFn)(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n,
+                           float scale, float *sc, float *o);
+
 typedef struct {
     float (*dot)(const float *q, const void *row, int n);            /* q . row */
     void (*axpy)(float w, const void *row, int n, float *o);         /* o += w * row */
+    KvAttendFn attend;
 } KvKernels;
 
-/* Kernels for rows stored as t (QT_F16 or QT_BF16); NULL for QT_F32, whose rows are plain floats. */
+/* Kernels for rows stored as t (QT_F32, QT_F16 or QT_BF16) in the current kernel set. */
 const KvKernels *kv_kernels(QType t);
+/* The same for an explicit set (tests compare each with the portable one); NULL if not built. */
+const KvKernels *kv_kernels_for(KernIsa isa, QType t);
 size_t kv_elem_size(QType t);
 /* dst[0..n) = x[0..n) stored as t (round to nearest even). */
 void kv_store_row(QType t, const float *x, int n, void *dst);

@@ -19,7 +19,8 @@ int detokenize_cli_main(int argc, char **argv);
 
 static const char *USAGE =
     "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
-    "                       [--ram GB] [--cap N] [--no-direct] [--readahead on|off] [--pin auto|off] [--io-threads N]\n"
+    "                       [--kernels portable|avx2|avx512|neon] [--ram GB] [--cap N] [--no-direct] [--readahead on|off]\n"
+    "                       [--pin auto|off] [--io-threads N]\n"
     "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
@@ -95,7 +96,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
         kernels_init(0);
-        printf("colibri %s kernels=%s\n", COLI_VERSION, kern.name);
+        printf("colibri %s kernels=%s available=", COLI_VERSION, kern.name);
+        for (int i = 0, n = 0; i < KI_COUNT; i++)
+            if (kernels_supported((KernIsa)i)) printf("%s%s", n++ ? "," : "", kernels_isa_name((KernIsa)i));
+        putchar('\n');
         return 0;
     }
     if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */

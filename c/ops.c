@@ -30,6 +30,7 @@ float *scratch(int slot, size_t n) {
 #define BLOCK_DOT_S 3e-9
 static double par_min_blocks(void) {
     static double min_blocks = -1;
+    if (omp_in_parallel()) return 0; /* a nested region runs on this thread anyway (moe_exec.c) */
     if (min_blocks < 0) {
         int n = omp_get_max_threads(), hits = 0;
         double fork = 1e9;

@@ -266,28 +266,76 @@ float dot_avx2(const float *a, const float *b, int n);
 void quantize_act_avx2(const float *x, int cols, const QAct *a, int t);
 void qdot_q8_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
+float dot_avx512(const float *a, const float *b, int n);
 #endif
 
-void kernels_init(int force_portable) {
+static const char *const ISA_NAMES[KI_COUNT] = {"portable", "avx2", "avx512", "neon"};
+
+const char *kernels_isa_name(KernIsa isa) { return (unsigned)isa < KI_COUNT ? ISA_NAMES[isa] : "?"; }
+
+int kernels_isa_from_name(const char *name, KernIsa *out) {
+    for (int i = 0; i < KI_COUNT; i++)
+        if (!strcmp(name, ISA_NAMES[i])) { *out = (KernIsa)i; return 0; }
+    return -1;
+}
+
+int kernels_supported(KernIsa isa) {
+    if (isa == KI_PORTABLE) return 1;
+#if defined(__aarch64__)
+    if (isa == KI_NEON) return 1; /* part of every AArch64 CPU */
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (isa == KI_AVX2) return avx2;
+    if (isa == KI_AVX512)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+    return 0;
+}
+
+#if defined(__aarch64__)
+float dot_neon(const float *a, const float *b, int n);
+void qdot_q8_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
+void qdot_q4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
+#endif
+
+int kernels_use(KernIsa isa) {
+    if ((unsigned)isa >= KI_COUNT || !kernels_supported(isa)) return -1;
     memset(&kern, 0, sizeof kern);
-    kern.name = "portable";
+    kern.name = ISA_NAMES[isa];
+    kern.isa = isa;
     kern.dequant_row = dequant_row_portable;
     kern.dot = dot_portable;
     kern.quantize_act = quantize_act_portable;
     kern.qdot[QT_Q8] = qdot_q8_portable;
     kern.qdot[QT_Q4] = qdot_q4_portable;
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
-        kern.name = "avx2";
+    if (isa == KI_AVX2 || isa == KI_AVX512) {
         kern.dequant_row = dequant_row_avx2;
         kern.dot = dot_avx2;
         kern.quantize_act = quantize_act_avx2;
         kern.qdot[QT_Q8] = qdot_q8_avx2;
         kern.qdot[QT_Q4] = qdot_q4_avx2;
     }
-#else
-    (void)force_portable;
+    if (isa == KI_AVX512) {
+        kern.dot = dot_avx512; /* q8/q4 keep the AVX2 dots: see kernels_avx512.c */
+    }
 #endif
+#if defined(__aarch64__)
+    if (isa == KI_NEON) { /* and the attention kernels (kv_kernels.c) */
+        kern.dot = dot_neon;
+        kern.qdot[QT_Q8] = qdot_q8_neon;
+        kern.qdot[QT_Q4] = qdot_q4_neon;
+    }
+#endif
+    return 0;
+}
+
+void kernels_init(int force_portable) {
+    KernIsa best = KI_PORTABLE;
+    for (int i = KI_COUNT - 1; i > 0 && !force_portable; i--)
+        if (kernels_supported((KernIsa)i)) { best = (KernIsa)i; break; }
+    kernels_use(best);
 }

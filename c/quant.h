@@ -49,9 +49,14 @@ typedef struct {
 typedef void (*QDotFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
                        float *y, size_t ldy);
 
-/* Run-time selected kernels (portable or AVX2). */
+/* Kernel sets, best last among those a CPU runs: on x86 one that has a set has every x86 set
+ * before it; neon is the AArch64 set. */
+typedef enum { KI_PORTABLE = 0, KI_AVX2, KI_AVX512, KI_NEON, KI_COUNT } KernIsa;
+
+/* Run-time selected kernels (portable, AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ, or NEON). */
 typedef struct {
     const char *name;
+    KernIsa isa;
     void (*dequant_row)(QType q, const void *src, int cols, float *dst);
     float (*dot)(const float *a, const float *b, int n);
     /* Quantizes activation row t of x (cols floats) into a. Bit-identical across kernels. */
@@ -59,6 +64,11 @@ typedef struct {
     QDotFn qdot[QT_COUNT]; /* QT_Q8 and QT_Q4; NULL for the float types */
 } Kernels;
 extern Kernels kern;
+/* The best set this CPU runs, or portable when force_portable. */
 void kernels_init(int force_portable);
+const char *kernels_isa_name(KernIsa isa);
+int kernels_isa_from_name(const char *name, KernIsa *out); /* 0 ok, -1 unknown */
+int kernels_supported(KernIsa isa);                        /* this CPU and build run it */
+int kernels_use(KernIsa isa);                              /* 0 ok, -1 not supported here */
 
 #endif

@@ -23,14 +23,17 @@ int sampler_init(Sampler *s, const SamplerParams *p, int vocab) {
     s->n = vocab;
     s->prob = malloc(sizeof(float) * (size_t)vocab);
     s->idx = malloc(sizeof(int) * (size_t)vocab);
-    return s->prob && s->idx ? 0 : -1;
+    s->tmp = malloc(sizeof(float) * (size_t)vocab);
+    return s->prob && s->idx && s->tmp ? 0 : -1;
 }
 
 void sampler_free(Sampler *s) {
     free(s->prob);
     free(s->idx);
+    free(s->tmp);
     s->prob = NULL;
     s->idx = NULL;
+    s->tmp = NULL;
 }
 
 static float *g_sort_key;
@@ -40,47 +43,135 @@ static int by_prob_desc(const void *a, const void *b) {
     return *(const int *)a - *(const int *)b;
 }
 
-int sampler_candidates(Sampler *s, const float *logits) {
+/* The k-th largest of v[0..n) (1 <= k <= n), reordering v: quickselect. */
+static float kth_largest(float *v, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        float a = v[lo], b = v[(lo + hi) / 2], c = v[hi]; /* median of three as the pivot */
+        float pivot = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        int i = lo, j = hi;
+        while (i <= j) { /* descending: >= pivot to the left */
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) { float t = v[i]; v[i] = v[j]; v[j] = t; i++; j--; }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return v[want];
+    }
+    return v[want];
+}
+
+/* Softmax of logits / temperature into s->prob (the same floats the full sort used to rank);
+ * returns their sum in id order. The largest is the token of the largest logit: exp(0) / sum. */
+static double probabilities(Sampler *s, const float *logits) {
     const int n = s->n;
     float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = fmaxf(mx, logits[i]);
+    for (int i = 0; i < n; i++) mx = logits[i] > mx ? logits[i] : mx; /* fmaxf is a libm call here */
     double sum = 0;
     for (int i = 0; i < n; i++) {
         s->prob[i] = expf((logits[i] - mx) / s->p.temperature);
         sum += s->prob[i];
-        s->idx[i] = i;
     }
-    for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        s->prob[i] = (float)(s->prob[i] / sum);
+        total += s->prob[i];
+    }
+    s->pmax = (float)(1.0 / sum);
+    return total;
+}
+
+/* Puts into s->idx[0..m), by probability (ties: lower id first), every token whose probability
+ * is at least th, and returns m. Every token left out is less probable than every one kept, so
+ * the list is the head of the full sort: sorting only it changes nothing that is read. */
+static int sorted_head(Sampler *s, float th) {
+    int m = 0;
+    for (int i = 0; i < s->n; i++)
+        if (s->prob[i] >= th) s->idx[m++] = i;
     g_sort_key = s->prob;
-    qsort(s->idx, (size_t)n, sizeof(int), by_prob_desc);
-    int keep = n;
-    if (s->p.top_k > 0 && s->p.top_k < keep) keep = s->p.top_k;
-    if (s->p.top_p > 0 && s->p.top_p < 1) {
-        double mass = 0, kept = 0;
+    qsort(s->idx, (size_t)m, sizeof(int), by_prob_desc);
+    return m;
+}
+
+/* A threshold that keeps a head of mass above `need` out of `total`: what is left out is under
+ * n * th = half the remainder. 0 (everything) when need is not below the total. */
+static float mass_threshold(const Sampler *s, double need, double total) {
+    return need < total ? (float)((total - need) / s->n * 0.5) : 0.0f;
+}
+
+/* top-k, then top-p, then min-p over the sorted head; *head is how many of s->idx are sorted. */
+static int filter(Sampler *s, double total, int *head) {
+    const int n = s->n;
+    const int top_k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : 0;
+    const int top_p = s->p.top_p > 0 && s->p.top_p < 1, min_p = s->p.min_p > 0;
+    int keep = n, m;
+    double mass = total;
+    if (top_k) { /* the k most probable (and any tied with the k-th), sorted; keep exactly k */
+        for (int i = 0; i < n; i++) s->tmp[i] = s->prob[i];
+        m = sorted_head(s, kth_largest(s->tmp, n, top_k));
+        keep = top_k;
+        mass = 0;
         for (int i = 0; i < keep; i++) mass += s->prob[s->idx[i]];
+    } else {
+        const float pmax = s->pmax;
+        const float by_mass = top_p ? mass_threshold(s, s->p.top_p * mass, total) : 0.0f;
+        /* With min-p too, a higher floor is enough: the head then holds every token min-p can
+         * keep, whether or not it reaches the top-p cut. */
+        const float th = min_p && s->p.min_p * pmax > by_mass ? s->p.min_p * pmax : by_mass;
+        m = sorted_head(s, th);
+        if (top_p && th == by_mass && m < n) { /* the head reaches the cut (rounding aside) */
+            double kept = 0;
+            for (int i = 0; i < m; i++) kept += s->prob[s->idx[i]];
+            if (kept < s->p.top_p * mass) m = sorted_head(s, 0);
+        }
+        keep = m;
+    }
+    if (top_p) {
+        double kept = 0;
         for (int i = 0; i < keep; i++) {
             kept += s->prob[s->idx[i]];
             if (kept >= s->p.top_p * mass) { keep = i + 1; break; }
         }
     }
-    if (s->p.min_p > 0) {
+    if (min_p) {
         float floor = s->p.min_p * s->prob[s->idx[0]];
         int i = 1;
         while (i < keep && s->prob[s->idx[i]] >= floor) i++;
         keep = i;
     }
+    *head = m;
     return keep;
+}
+
+int sampler_candidates(Sampler *s, const float *logits) {
+    int head;
+    return filter(s, probabilities(s, logits), &head);
 }
 
 int sampler_sample(Sampler *s, const float *logits) {
     if (s->p.temperature <= 0) return argmax(logits, s->n);
-    int keep = sampler_candidates(s, logits);
+    const double total_all = probabilities(s, logits);
+    const int unfiltered = !(s->p.top_k > 0 && s->p.top_k < s->n) && !(s->p.top_p > 0 && s->p.top_p < 1) && !(s->p.min_p > 0);
+    const double u = (double)(next_u64(&s->state) >> 11) * (1.0 / 9007199254740992.0);
+    int keep;
     double total = 0;
-    for (int i = 0; i < keep; i++) total += s->prob[s->idx[i]];
-    double r = (double)(next_u64(&s->state) >> 11) * (1.0 / 9007199254740992.0) * total, acc = 0;
-    for (int i = 0; i < keep; i++) {
-        acc += s->prob[s->idx[i]];
-        if (r < acc) return s->idx[i];
+    if (unfiltered) { /* every token: sort only the head that the draw lands in */
+        keep = sorted_head(s, mass_threshold(s, u * total_all, total_all));
+        total = total_all;
+    } else {
+        int head;
+        keep = filter(s, total_all, &head);
+        for (int i = 0; i < keep; i++) total += s->prob[s->idx[i]];
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        double r = u * total, acc = 0;
+        for (int i = 0; i < keep; i++) {
+            acc += s->prob[s->idx[i]];
+            if (r < acc) return s->idx[i];
+        }
+        if (!unfiltered || keep == s->n) break;
+        keep = sorted_head(s, 0); /* rounding left the draw past the head: the whole sort */
     }
     return s->idx[keep - 1];
 }

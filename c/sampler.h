@@ -16,14 +16,18 @@ typedef struct {
     int n;
     float *prob;
     int *idx;
+    float *tmp;  /* scratch for the top-k selection */
+    float pmax;  /* the largest of prob */
 } Sampler;
 
 int sampler_init(Sampler *s, const SamplerParams *p, int vocab);
 void sampler_free(Sampler *s);
 int sampler_sample(Sampler *s, const float *logits);
-/* The candidates sampler_sample draws from (temperature > 0): s->idx holds the token ids by
- * probability, highest first (equal probabilities: lower id first), s->prob their softmax
- * probabilities by id; returns how many of s->idx survive top-k, then top-p, then min-p. */
+/* The candidates sampler_sample draws from (temperature > 0): s->idx[0..keep) holds the
+ * surviving token ids by probability, highest first (equal probabilities: lower id first),
+ * s->prob the softmax probabilities by id; returns keep, how many survive top-k, then top-p,
+ * then min-p. Only the head of the vocabulary the filters can keep is sorted (no filter: all),
+ * so s->idx past keep is unspecified. */
 int sampler_candidates(Sampler *s, const float *logits);
 int argmax(const float *x, int n);
 

@@ -147,6 +147,51 @@ static void test_reuse_rule_without_model(void) {
     kv_free(&kv);
 }
 
+static float rnd01(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
+
+/* Every attention kernel this CPU runs agrees with the portable reference on the same inputs:
+ * each cache type, head dims on and off the vector width, group sizes past the register tile,
+ * position counts around the 4-wide score step and the L1 tile, and scores spread wide enough
+ * that the softmax has near-zero weights. Each head's output also must not depend on the group
+ * it is computed with (batched prefill equals token by token). */
+static void test_kv_attend(void) {
+    const QType types[3] = {QT_F32, QT_F16, QT_BF16};
+    const int hds[] = {8, 16, 32, 64, 128, 24}, gs[] = {1, 3, 5, 8}, ns[] = {1, 3, 4, 7, 64, 65, 130};
+    unsigned seed = 5;
+    for (int isa = KI_AVX2; isa < KI_COUNT; isa++) {
+        if (!kernels_supported((KernIsa)isa)) continue;
+        double worst = 0;
+        int same_alone = 1;
+        for (int ti = 0; ti < 3; ti++)
+            for (size_t hi = 0; hi < sizeof hds / sizeof *hds; hi++)
+                for (size_t gi = 0; gi < sizeof gs / sizeof *gs; gi++)
+                    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                        const int hd = hds[hi], g = gs[gi], n = ns[ni];
+                        const size_t es = kv_elem_size(types[ti]), stride = 2 * (size_t)hd * es + 6 * es; /* rows padded */
+                        unsigned char *cache = malloc(stride * n);
+                        float *q = malloc(sizeof(float) * g * hd), *row = malloc(sizeof(float) * hd);
+                        float *sc = malloc(sizeof(float) * g * n), *o1 = malloc(sizeof(float) * g * hd);
+                        float *o2 = malloc(sizeof(float) * g * hd), *o3 = malloc(sizeof(float) * hd);
+                        for (int i = 0; i < g * hd; i++) q[i] = 3 * rnd01(&seed);
+                        for (int j = 0; j < n; j++)
+                            for (int kv = 0; kv < 2; kv++) {
+                                for (int d = 0; d < hd; d++) row[d] = rnd01(&seed) * (kv ? 2 : 1);
+                                kv_store_row(types[ti], row, hd, cache + j * stride + kv * hd * es);
+                            }
+                        const KvKernels *port = kv_kernels_for(KI_PORTABLE, types[ti]), *fast = kv_kernels_for((KernIsa)isa, types[ti]);
+                        const float scale = 1.0f / sqrtf((float)hd);
+                        port->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, sc, o1);
+                        fast->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, sc, o2);
+                        for (int i = 0; i < g * hd; i++) worst = fmax(worst, fabs(o1[i] - o2[i]) / (1 + fabs(o1[i])));
+                        fast->attend(q + (g - 1) * hd, 1, hd, cache, cache + hd * es, stride, n, scale, sc, o3);
+                        same_alone &= !memcmp(o3, o2 + (g - 1) * hd, sizeof(float) * hd);
+                        free(cache); free(q); free(row); free(sc); free(o1); free(o2); free(o3);
+                    }
+        CHECK(worst < 2e-5, "%s attention differs from portable by %g (relative)", kernels_isa_name((KernIsa)isa), worst);
+        CHECK(same_alone, "%s attention: a head's result depends on its group", kernels_isa_name((KernIsa)isa));
+    }
+}
+
 /* The run-time chosen f16/bf16 cache kernels agree with the portable ones, tails included. */
 static void test_kv_kernels(void) {
     const QType types[2] = {QT_F16, QT_BF16};
@@ -180,11 +225,13 @@ static void test_kv_kernels(void) {
             CHECK(same, "%s axpy n=%d", qtype_name(t), n);
         }
     }
-    CHECK(kv_kernels(QT_F32) == NULL, "f32 rows use the float kernels");
+    test_kv_attend();
 }
 
+void test_kv_kernel_sets(void) { test_kv_kernels(); }
+
 void test_blocks(void) {
-    test_kv_kernels();
+    test_kv_kernel_sets();
     test_reuse_rule_without_model();
     char dir[] = "/tmp/coli_blocks_XXXXXX", err[512];
     if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }

@@ -1,5 +1,5 @@
-/* Round trips of every storage type, the AVX2 kernels against the portable reference, and the
- * integer (quantized-activation) dots of q8/q4 weights. */
+/* Round trips of every storage type, every kernel set this CPU runs (AVX2, AVX-512) against the
+ * portable reference, and the integer (quantized-activation) dots of q8/q4 weights. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +11,21 @@
 static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
 
 static void test_qdot(void);
+static void test_quant_kernels(void);
 
 void test_quant(void) {
+    for (int isa = KI_COUNT - 1; isa >= 0; isa--) {
+        if (!kernels_supported((KernIsa)isa)) continue;
+        CHECK(kernels_use((KernIsa)isa) == 0 && kern.isa == (KernIsa)isa, "kernel set %s", kernels_isa_name((KernIsa)isa));
+        test_quant_kernels();
+    }
+    KernIsa isa;
+    CHECK(kernels_isa_from_name("avx512", &isa) == 0 && isa == KI_AVX512 && kernels_isa_from_name("sse", &isa) == -1, "kernel names");
+    CHECK(kernels_use(KI_COUNT) == -1, "an unknown kernel set is refused");
+    kernels_init(0);
+}
+
+static void test_quant_kernels(void) {
     unsigned seed = 7;
     const int cols_list[] = {32, 64, 96, 45, 7, 1000};
     for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++) {
@@ -131,6 +144,8 @@ static void check_qdot_random(QType qt, int cols, const Kernels *port, const Ker
              * the q4 terms d*q and m can be ~3x the dequantized weight, hence 1e-5 */
             double sum_tol = 1e-5 * (mag + 1e-3);
             CHECK(fabs(gp - gf) <= sum_tol, "%s cols=%d t=%d r=%d: portable %g vs %s %g", qtype_name(qt), cols, t, r, gp, fast->name, gf);
+            if (fast->isa == KI_NEON) /* the portable arithmetic, with SIMD integer block dots */
+                CHECK(gp == gf, "%s cols=%d t=%d r=%d: neon %g is not portable's %g", qtype_name(qt), cols, t, r, gf, gp);
             CHECK(fabs(gf - ref) <= 1.01 * bound + sum_tol, "%s cols=%d t=%d r=%d: %g vs double %g (bound %g)", qtype_name(qt), cols, t, r, gf, ref, bound);
         }
     }
@@ -198,7 +213,7 @@ static void check_matmul_batch(QType qt, int cols, unsigned *seed) {
 static void test_qdot(void) {
     unsigned seed = 11;
     Kernels fast = kern, port;
-    kernels_init(1);
+    kernels_use(KI_PORTABLE);
     port = kern;
     kern = fast;
     const int cols_list[] = {32, 64, 96, 45, 7, 1, 1000};

@@ -37,6 +37,8 @@ def cpu_kernels():
                     break
     except OSError:
         pass
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags:
+        return "avx512", "AVX-512 F/BW/VL/DQ"
     if {"avx2", "fma", "f16c"} <= flags:
         return "avx2", "AVX2+FMA+F16C"
     missing = sorted({"avx2", "fma", "f16c"} - flags)

@@ -56,7 +56,9 @@ def cpu_info():
     quota = cgroup_cpu_quota()
     simd = ("avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma", "f16c"} <= flags
             else "neon" if ("asimd" in flags or "neon" in flags) else "portable")
-    kernels = "avx2" if simd in ("avx512", "avx2") else "portable"  # what c/quant.c kernels_init picks
+    # what c/quant.c kernels_init picks
+    kernels = ("avx512" if simd == "avx512" and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags
+               else "avx2" if {"avx2", "fma", "f16c"} <= flags else "portable")
     return {"model": model or "unknown", "logical": logical, "physical_cores": min(physical, logical),
             "usable": usable, "quota_cpus": quota, "mhz": mhz, "simd": simd, "engine_kernels": kernels}
 

@@ -1,0 +1,159 @@
+/* AVX2 (+FMA, F16C) and AVX-512 (F/BW/VL/DQ) instances of the attention head-group kernel
+ * (kv_attend_simd.h) for f32, f16 and bf16 cache rows. Compiled with target attributes, so the
+ * rest of the engine stays portable; kv_kernels_for picks them when the kernel set allows. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kv_kernels.h"
+
+#define ATT_EXP_ONLY
+#include "kv_attend_simd.h"
+#undef ATT_EXP_ONLY
+
+void kv_attend_ref_f32(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
+void kv_attend_ref_f16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
+void kv_attend_ref_bf16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
+
+/* ---------------- AVX2 ---------------- */
+#define A2 __attribute__((target("avx2,fma,f16c")))
+#define A2I A2 __attribute__((always_inline)) static inline
+
+A2I __m256 a2_round(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+A2I __m256 a2_exp(__m256 x) { ATT_EXP_BODY(__m256, _mm256_set1_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, a2_round, _mm256_cvtps_epi32, _mm256_slli_epi32, _mm256_add_epi32, _mm256_set1_epi32, _mm256_castsi256_ps) }
+A2I float a2_hsum(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+A2I float a2_hmax(__m256 v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+/* [sum a, sum b, sum c, sum d] */
+A2I __m128 a2_reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+A2I __m256 a2_f32(const unsigned char *r, int i) { return _mm256_loadu_ps((const float *)r + i); }
+A2I __m256 a2_f16(const unsigned char *r, int i) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i))); }
+A2I __m256 a2_bf16(const unsigned char *r, int i) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i))), 16));
+}
+
+#define VT __m256
+#define W 8
+#define TGT A2
+#define TGT_INLINE A2I
+#define VZERO _mm256_setzero_ps
+#define VSET1 _mm256_set1_ps
+#define VLOADF _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VFMA _mm256_fmadd_ps
+#define VMUL _mm256_mul_ps
+#define VADD _mm256_add_ps
+#define VSUB _mm256_sub_ps
+#define VMAX _mm256_max_ps
+#define VHSUM a2_hsum
+#define VHMAX a2_hmax
+#define VEXP a2_exp
+#define STORE4(p, a, b, c, d, scale) _mm_storeu_ps(p, _mm_mul_ps(a2_reduce4(a, b, c, d), _mm_set1_ps(scale)))
+#define HCMAX 2
+#define LOADE a2_f32
+#define ATT_NAME kv_attend_avx2_f32
+#define ATT_REF kv_attend_ref_f32
+#include "kv_attend_simd.h"
+#undef LOADE
+#undef ATT_NAME
+#undef ATT_REF
+#define LOADE a2_f16
+#define ATT_NAME kv_attend_avx2_f16
+#define ATT_REF kv_attend_ref_f16
+#include "kv_attend_simd.h"
+#undef LOADE
+#undef ATT_NAME
+#undef ATT_REF
+#define LOADE a2_bf16
+#define ATT_NAME kv_attend_avx2_bf16
+#define ATT_REF kv_attend_ref_bf16
+#include "kv_attend_simd.h"
+#undef LOADE
+#undef ATT_NAME
+#undef ATT_REF
+#undef VT
+#undef W
+#undef TGT
+#undef TGT_INLINE
+#undef VZERO
+#undef VSET1
+#undef VLOADF
+#undef VSTORE
+#undef VFMA
+#undef VMUL
+#undef VADD
+#undef VSUB
+#undef VMAX
+#undef VHSUM
+#undef VHMAX
+#undef VEXP
+#undef STORE4
+#undef HCMAX
+
+/* ---------------- AVX-512 ---------------- */
+#define A5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define A5I A5 __attribute__((always_inline)) static inline
+
+A5I __m512 a5_round(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+A5I __m512 a5_exp(__m512 x) { ATT_EXP_BODY(__m512, _mm512_set1_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps, _mm512_fnmadd_ps, a5_round, _mm512_cvtps_epi32, _mm512_slli_epi32, _mm512_add_epi32, _mm512_set1_epi32, _mm512_castsi512_ps) }
+A5I __m256 a5_fold(__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
+A5I float a5_hsum(__m512 v) { return a2_hsum(a5_fold(v)); }
+A5I float a5_hmax(__m512 v) { return a2_hmax(_mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
+A5I __m128 a5_reduce4(__m512 a, __m512 b, __m512 c, __m512 d) { return a2_reduce4(a5_fold(a), a5_fold(b), a5_fold(c), a5_fold(d)); }
+A5I __m512 a5_f32(const unsigned char *r, int i) { return _mm512_loadu_ps((const float *)r + i); }
+A5I __m512 a5_f16(const unsigned char *r, int i) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i))); }
+A5I __m512 a5_bf16(const unsigned char *r, int i) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i))), 16));
+}
+
+#define VT __m512
+#define W 16
+#define TGT A5
+#define TGT_INLINE A5I
+#define VZERO _mm512_setzero_ps
+#define VSET1 _mm512_set1_ps
+#define VLOADF _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VFMA _mm512_fmadd_ps
+#define VMUL _mm512_mul_ps
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMAX _mm512_max_ps
+#define VHSUM a5_hsum
+#define VHMAX a5_hmax
+#define VEXP a5_exp
+#define STORE4(p, a, b, c, d, scale) _mm_storeu_ps(p, _mm_mul_ps(a5_reduce4(a, b, c, d), _mm_set1_ps(scale)))
+#define HCMAX 4
+#define LOADE a5_f32
+#define ATT_NAME kv_attend_avx512_f32
+#define ATT_REF kv_attend_ref_f32
+#include "kv_attend_simd.h"
+#undef LOADE
+#undef ATT_NAME
+#undef ATT_REF
+#define LOADE a5_f16
+#define ATT_NAME kv_attend_avx512_f16
+#define ATT_REF kv_attend_ref_f16
+#include "kv_attend_simd.h"
+#undef LOADE
+#undef ATT_NAME
+#undef ATT_REF
+#define LOADE a5_bf16
+#define ATT_NAME kv_attend_avx512_bf16
+#define ATT_REF kv_attend_ref_bf16
+#include "kv_attend_simd.h"
+#endif

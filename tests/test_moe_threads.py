@@ -1,0 +1,31 @@
+"""MoE layers give the same logits on any thread count: with one thread the selected experts run
+one after another, with two (on decode-sized steps) they run in parallel, one expert per thread;
+the bits must not change (placement changes speed, never the answer)."""
+import subprocess
+
+import pytest
+
+from launcher_helpers import convert_tiny
+
+from colibri import engine_client
+
+
+@pytest.fixture(scope="module")
+def tiny(oracle_root, tmp_path_factory):
+    return convert_tiny(oracle_root, tmp_path_factory.mktemp("moe_threads") / "moe")
+
+
+def logits(model, ids, threads, out):
+    r = subprocess.run([str(engine_client.ensure_built()), "logits", "--model", str(model), "--ids",
+                        ",".join(map(str, ids)), "--out", str(out), "--threads", str(threads)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("n", [1, 3, 200])  # 200 positions: past the parallel path's row limit
+def test_threads_do_not_change_moe_logits(tiny, tmp_path, n):
+    ids = [(7 * i + 3) % 200 + 1 for i in range(n)]
+    one = logits(tiny, ids, 1, tmp_path / "one.f32")
+    two = logits(tiny, ids, 2, tmp_path / "two.f32")
+    assert len(one) > 0 and one == two
