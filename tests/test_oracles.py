@@ -212,7 +212,12 @@ def test_oracle_checkpoint(variant, oracle_root):
         fused = any(k.endswith("mlp.experts.gate_up_proj") for k in keys)
         hub = any(k.endswith("mlp.experts.0.gate_proj.weight") for k in keys)
         assert (fused, hub) == ((True, False) if spec.get("layout") == "fused" else (False, True))
+    if spec["family"] in make_oracles.MOE_FAMILIES:
         assert info["router_margin"] is not None and min(info["router_margin"]) > 0
+    if spec["family"] in make_oracles.MOE_FAMILIES and spec["family"] != "qwen3_moe":
+        # sigmoid group routing: the oracle must exercise the group limit and the selection-only bias
+        assert cfg["topk_group"] < cfg["n_group"] and cfg["n_shared_experts"] >= 1
+        assert info["selection_changed_by_groups"] > 0 and info["selection_changed_by_bias"] > 0
     assert len(info["generated_ids"]) == make_oracles.NEW_TOKENS and info["gen_teacher_forced_agrees"]
 
 

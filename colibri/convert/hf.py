@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
+from colibri.family import deepseek
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
@@ -111,8 +112,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
+        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else attn_shapes
         for key, name in spec["attn"]["tensors"].items():
-            whole(name, "dense" if len(attn_shapes[key]) == 2 else "f32", attn_shapes[key], o)
+            whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
         mlp = spec["mlp"]
         if mlp["kind"] == "dense":
             I = mlp["width"]
@@ -122,6 +124,12 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             continue
         E, I = mlp["experts"], mlp["width"]
         whole(mlp["router"]["tensors"]["weight"], "f32", [E, H], o)
+        if "bias" in mlp["router"]["tensors"]:  # selection-only correction bias (sigmoid_group)
+            whole(mlp["router"]["tensors"]["bias"], "f32", [E], o)
+        if "shared" in mlp:  # shared experts: dense trunk, resident
+            S = mlp["shared"]["width"]
+            for key, name in mlp["shared"]["tensors"].items():
+                whole(name, "dense", [H, S] if key == "down" else [S, H], o)
         names = mlp["expert_tensors"]
         pre = f"model.layers.{l}"
         fused = f"{pre}.mlp.experts.gate_up_proj"  # transformers' fused source layout
