@@ -81,6 +81,36 @@ FAMILIES = {
         "default_tie": False,
         "thinking": "enable_thinking",
     },
+    # DeepSeek sparse attention: MLA (always interleaved RoPE) plus the lightning indexer, whose
+    # RoPE is interleaved for GLM-5 and half-split (neox) for DeepSeek-V3.2.
+    "glm_moe_dsa": {
+        "display": "GLM-5",
+        "model_types": ["glm_moe_dsa"],
+        **_LLAMA_LIKE,
+        "kv": "mla",
+        "attn": "mla",
+        "mla_rope": "interleaved",
+        "dsa_rope": "interleaved",
+        "biases": "config",
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
+        "thinking": "enable_thinking",
+    },
+    "deepseek_v32": {
+        "display": "DeepSeek-V3.2",
+        "model_types": ["deepseek_v32"],
+        **_LLAMA_LIKE,
+        "kv": "mla",
+        "attn": "mla",
+        "mla_rope": "interleaved",
+        "dsa_rope": "neox",
+        "biases": "config",
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
+        "thinking": "thinking",
+    },
     "deepseek_v3": {
         "display": "DeepSeek-V3 / R1",
         "model_types": ["deepseek_v3"],
@@ -187,7 +217,9 @@ def layer_state(spec, kv=KV_DEFAULT):
     position, fixed bytes per slot, truncatable, window: positions kept, 0 = all). Only blocks
     that keep state (the attention kinds) declare one."""
     st = (spec.get("attn") or {}).get("state") or {}
-    return (int(st.get("kv_values_per_pos", 0)) * KV_TYPES[kv], int(st.get("fixed_bytes", 0)),
+    # f32_values_per_pos: values kept as f32 whatever the cache type (DSA indexer keys)
+    return (int(st.get("kv_values_per_pos", 0)) * KV_TYPES[kv] + 4 * int(st.get("f32_values_per_pos", 0)),
+            int(st.get("fixed_bytes", 0)),
             bool(st.get("truncatable", True)), int(st.get("window", 0)))
 
 
@@ -216,8 +248,14 @@ def kv_bytes_per_token(arch, family=None, kv=KV_DEFAULT, layers=None):
 
 
 def kv_values_per_token(layers):
-    """KV values one token adds to a slot, summed over the layers (times KV_TYPES[kv] for bytes)."""
+    """KV values one token adds to a slot in the cache's element type, summed over the layers (times
+    KV_TYPES[kv] for bytes; kv_f32_bytes_per_token adds those always kept as f32)."""
     return sum(int(((s.get("attn") or {}).get("state") or {}).get("kv_values_per_pos", 0)) for s in layers)
+
+
+def kv_f32_bytes_per_token(layers):
+    """Bytes per token of the state values kept as f32 whatever --kv (DSA indexer keys)."""
+    return 4 * sum(int(((s.get("attn") or {}).get("state") or {}).get("f32_values_per_pos", 0)) for s in layers)
 
 
 def kv_fixed_bytes(layers):
@@ -326,9 +364,13 @@ def normalize_arch(cfg):
     mla = None
     if fam.get("attn") == "mla":
         try:
-            mla = deepseek.mla_arch(cfg)
-        except (KeyError, TypeError, ValueError) as e:
+            mla = deepseek.mla_arch(cfg, fam.get("mla_rope"))
+            if fam.get("dsa_rope"):
+                mla.update(deepseek.dsa_arch(cfg, fam["dsa_rope"]))
+        except KeyError as e:
             raise UnsupportedModel(f"config.json lacks a usable MLA field {e}") from None
+        except (TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json: {e}") from None
         kv_heads, head_dim = heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
     act = cfg.get("hidden_act", "silu")
     if act != "silu":

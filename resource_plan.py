@@ -69,7 +69,8 @@ def kv_state(scan, ctx, kv=None):
     import family_registry
     kv = kv or family_registry.KV_DEFAULT
     values = scan.get("kv_values_per_token")
-    per_token = values * family_registry.KV_TYPES[kv] if values is not None else scan["kv_bytes_per_token"]
+    per_token = (values * family_registry.KV_TYPES[kv] + scan.get("kv_f32_bytes_per_token", 0) if values is not None
+                 else scan["kv_bytes_per_token"])
     fixed = scan.get("kv_fixed_bytes", 0)
     layers = scan.get("kv_layers")
     slot = family_registry.kv_slot_bytes([{"attn": {"state": s}} for s in layers], ctx, kv) if layers \

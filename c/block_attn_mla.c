@@ -13,16 +13,28 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "dsa_indexer.h"
 #include "fwd_alloc.h"
 #include "kv_kernels.h"
 #include "ops.h"
+#include "rope.h"
 
 typedef struct {
     int nh, ql, kl, dn, dr, dv, interleaved;
     float scale, eps;
     QMat wq, wqa, wqb, wkva, wkvb, wo;
     const float *qa_norm, *kva_norm, *bqa, *bkva, *bo;
+    int has_idx;     /* a DSA indexer picks each query's keys (GLM-5, DeepSeek-V3.2) */
+    DsaIndexer idx;
 } AttnMla;
+
+/* Bytes of one cached position: the latent [c | k_rope] in the cache's type, then the indexer
+ * key if any, always f32: its top-k selection is a hard threshold, and f16 rounding of the keys
+ * flips near-tied selections (measured: 0.43 max logit error on the glm_moe_dsa oracle at f16,
+ * 3e-4 with f32 keys). */
+static size_t row_stride(const AttnMla *y, QType kv_type) {
+    return (size_t)(y->kl + y->dr) * kv_elem_size(kv_type) + (y->has_idx ? (size_t)y->idx.hd * sizeof(float) : 0);
+}
 
 static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     AttnMla *p = self;
@@ -62,29 +74,20 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     p->wkvb = bl_mat(L, t, "kv_b", p->nh * (p->dn + p->dv), p->kl);
     p->wo = bl_mat(L, t, "o", H, p->nh * p->dv);
     p->bo = bl_vec(L, t, "o_bias", 1, H, 1);
+    const JsonValue *ix = json_get(spec, "indexer");
+    if (!L->failed && ix && ix->type != JSON_NULL) {
+        p->has_idx = 1;
+        if ((p->kl + p->dr) % 2) /* the f32 keys after a 2-byte latent must stay 4-byte aligned */
+            return bl_fail(L, "mla: a DSA indexer needs kv_lora_rank + qk_rope_head_dim even, got %d", p->kl + p->dr);
+        if (dsa_load(&p->idx, ix, p->ql, p->dr, L)) return -1;
+    }
     return L->failed ? -1 : 0;
 }
 
 static StateDesc state(const void *self, QType kv_type) {
     const AttnMla *p = self;
-    StateDesc s = {.per_pos = (size_t)(p->kl + p->dr) * kv_elem_size(kv_type), .truncatable = 1};
+    StateDesc s = {.per_pos = row_stride(p, kv_type), .truncatable = 1};
     return s;
-}
-
-/* Rotates v[0..dim) for position pos; interleaved pairs come out as halves (cos part first),
- * as transformers lays them out: only dot products of rotated vectors are used, so any fixed
- * layout shared by queries and keys is equivalent. */
-static void rope(float *v, const Arch *a, int dim, int pos, int interleaved) {
-    const int half = dim / 2;
-    float tmp[dim];
-    for (int i = 0; i < half; i++) {
-        float ang = a->inv_freq[i] * (float)pos; /* float product, as transformers computes it */
-        float c = (float)cos((double)ang) * a->rope_scale, s = (float)sin((double)ang) * a->rope_scale;
-        float x1 = interleaved ? v[2 * i] : v[i], x2 = interleaved ? v[2 * i + 1] : v[i + half];
-        tmp[i] = x1 * c - x2 * s;
-        tmp[i + half] = x2 * c + x1 * s;
-    }
-    memcpy(v, tmp, sizeof(float) * dim);
 }
 
 /* A view of rows [r0, r0 + n) of w. */
@@ -107,9 +110,10 @@ static float row_dot(const KvKernels *kk, const float *q, const unsigned char *r
 }
 
 /* Decode: one query row attends over positions 0..n-1 through the latent. */
-static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q, int n, float *att) {
+static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q, int n, const unsigned char *keep,
+                            float *att) {
     const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr;
-    const size_t es = kv_elem_size(r->kv_type), stride = (size_t)(kl + dr) * es;
+    const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type);
     const size_t pad = ((size_t)kl + 31) / 32 * 32;
     const KvKernels *kk = kv_kernels(r->kv_type);
     const unsigned char *cache = r->state->pos;
@@ -131,11 +135,13 @@ static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q,
         if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
         for (int j = 0; j < n; j++) {
             const unsigned char *row = cache + (size_t)j * stride;
-            sc[j] = (row_dot(kk, ql, row, kl) + row_dot(kk, qh + dn, row + (size_t)kl * es, dr)) * y->scale;
+            sc[j] = keep && !keep[j] ? -INFINITY
+                                     : (row_dot(kk, ql, row, kl) + row_dot(kk, qh + dn, row + (size_t)kl * es, dr)) * y->scale;
         }
         softmax(sc, n);
         memset(ol, 0, sizeof(float) * kl);
         for (int j = 0; j < n; j++) {
+            if (keep && !keep[j]) continue; /* not among the indexer's top-k */
             const unsigned char *row = cache + (size_t)j * stride;
             if (kk) kk->axpy(sc[j], row, kl, ol);
             else for (int i = 0; i < kl; i++) ol[i] += sc[j] * ((const float *)row)[i];
@@ -150,10 +156,11 @@ out:
 }
 
 /* Prefill: expand keys and values of positions 0..p0+T-1 from the cached latent, then attend. */
-static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q, int T, float *att) {
+static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q, int T, const unsigned char *keep,
+                            float *att) {
     const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr, nh = y->nh, w = dn + dv;
     const int n_all = r->p0 + T;
-    const size_t es = kv_elem_size(r->kv_type), stride = (size_t)(kl + dr) * es;
+    const size_t stride = row_stride(y, r->kv_type);
     const KvKernels *kk = kv_kernels(r->kv_type);
     const unsigned char *cache = r->state->pos;
     float *lat = fwd_malloc(sizeof(float) * (size_t)n_all * (kl + dr));
@@ -170,16 +177,18 @@ static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q,
         for (int h = 0; h < nh; h++) {
             const int n = r->p0 + t + 1;
             const float *qh = q + ((size_t)t * nh + h) * qkd;
+            const unsigned char *kt = keep ? keep + (size_t)t * n_all : NULL;
             float *sc = scratch(1, (size_t)n);
             if (!sc) continue;
             for (int j = 0; j < n; j++) {
                 const float *kj = kv + ((size_t)j * nh + h) * w, *rj = lat + (size_t)j * (kl + dr) + kl;
-                sc[j] = (kern.dot(qh, kj, dn) + kern.dot(qh + dn, rj, dr)) * y->scale;
+                sc[j] = kt && !kt[j] ? -INFINITY : (kern.dot(qh, kj, dn) + kern.dot(qh + dn, rj, dr)) * y->scale;
             }
             softmax(sc, n);
             float *o = att + ((size_t)t * nh + h) * dv;
             memset(o, 0, sizeof(float) * dv);
             for (int j = 0; j < n; j++) {
+                if (kt && !kt[j]) continue; /* not among the indexer's top-k */
                 const float *vj = kv + ((size_t)j * nh + h) * w + dn, pj = sc[j];
                 for (int d = 0; d < dv; d++) o[d] += pj * vj[d];
             }
@@ -195,6 +204,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     float *q = fwd_malloc(sizeof(float) * (size_t)T * qd), *kva = fwd_malloc(sizeof(float) * (size_t)T * (kl + dr));
     float *att = fwd_malloc(sizeof(float) * (size_t)T * nh * y->dv);
     float *qa = y->ql ? fwd_malloc(sizeof(float) * (size_t)T * y->ql) : NULL;
+    unsigned char *keep = NULL; /* [T][p0 + T] from the DSA indexer; NULL: every causal key */
     if (!q || !kva || !att || (y->ql && !qa)) goto out; /* fwd_oom() tells the caller */
     if (y->ql) {
         matmul(qa, x, T, &y->wqa, y->bqa);
@@ -205,28 +215,35 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     }
     matmul(kva, x, T, &y->wkva, y->bkva);
     if (fwd_oom()) goto out;
-    const size_t es = kv_elem_size(r->kv_type), stride = (size_t)(kl + dr) * es;
+    const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type);
     for (int t = 0; t < T; t++) {
         const int pos = r->p0 + t;
-        for (int h = 0; h < nh; h++) rope(q + (size_t)t * qd + h * qkd + y->dn, r->a, dr, pos, y->interleaved);
+        for (int h = 0; h < nh; h++) rope_rotate(q + (size_t)t * qd + h * qkd + y->dn, r->a, dr, pos, y->interleaved);
         float *lat = kva + (size_t)t * (kl + dr);
         rmsnorm(lat, lat, y->kva_norm, kl, y->eps);
-        rope(lat + kl, r->a, dr, pos, y->interleaved);
+        rope_rotate(lat + kl, r->a, dr, pos, y->interleaved);
         unsigned char *dst = r->state->pos + (size_t)pos * stride;
         kv_store_row(r->kv_type, lat, kl, dst);
         kv_store_row(r->kv_type, lat + kl, dr, dst + (size_t)kl * es);
     }
-    if (T == 1) attend_absorbed(y, r, q, r->p0 + 1, att);
-    else attend_expanded(y, r, q, T, att);
+    if (y->has_idx) {
+        const size_t off = (size_t)(kl + dr) * es;
+        dsa_store_keys(&y->idx, r, x, T, stride, off);
+        if (!fwd_oom()) keep = dsa_select(&y->idx, r, x, qa, T, stride, off);
+        if (fwd_oom()) goto out;
+    }
+    if (T == 1) attend_absorbed(y, r, q, r->p0 + 1, keep, att);
+    else attend_expanded(y, r, q, T, keep, att);
     if (!fwd_oom()) matmul(out, att, T, &y->wo, y->bo);
 out:
-    free(q); free(kva); free(att); free(qa);
+    free(q); free(kva); free(att); free(qa); free(keep);
 }
 
 static void release(void *self) {
     AttnMla *p = self;
     free((void *)p->qa_norm); free((void *)p->kva_norm);
     free((void *)p->bqa); free((void *)p->bkva); free((void *)p->bo);
+    if (p->has_idx) dsa_release(&p->idx);
 }
 
 const BlockKind block_attn_mla = {ROLE_ATTN, "mla", sizeof(AttnMla), load, run, state, release};

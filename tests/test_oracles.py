@@ -30,6 +30,12 @@ QUANT = {
     "q4": dict(flags=[], top1=0.90, kl=0.15, safe=0.05, router_safe=0.3),  # defaults: q4 experts, q8 dense
 }
 EXACT = {"bf16": ["--experts", "bf16", "--dense", "bf16"], "f32": ["--experts", "f32", "--dense", "f32"]}
+# DSA (index_topk < sequence): each query's hard top-k of keys turns quantization noise into
+# flipped key selections, each moving that position's logits. Measured at first landing: mean KL
+# 0.15 (q8) and 0.2 (q4), top-1 >= 87% on margin-safe positions, where the same quantization
+# gives 6e-3 / 5e-2 on the dense-attention variants; the exact tests prove the sparse path itself.
+# A broken kernel still gives KL ~1 and random top-1.
+DSA_QUANT = dict(top1=0.8, kl=0.4, min_safe=5)
 
 
 # ---------- comparison helpers (pure numpy; also exercised without an engine below) ----------
@@ -173,6 +179,8 @@ def test_prefill_matches_stepwise(variant, oracle_root, container, tmp_path):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_quantized(variant, quant, oracle_root, container, tmp_path):
     q = QUANT[quant]
+    if "index_topk" in make_oracles.VARIANTS[variant]["config"]:
+        q = dict(q, **DSA_QUANT)
     info, ref = load_ref(oracle_root, variant)
     got = run_logits(container(variant, q["flags"]), info["ids"], tmp_path / "logits.f32")
     assert got.shape == ref.shape
@@ -180,7 +188,7 @@ def test_quantized(variant, quant, oracle_root, container, tmp_path):
     s = quant_stats(got, ref, safe)
     print(f"{variant} {quant}: mean KL {s['kl_mean']:.2e} (bound {q['kl']:.2g}), top-1 {100 * s['top1_safe']:.1f}% "
           f"on {s['n_safe']}/{len(ref)} margin-safe positions ({100 * s['top1_all']:.1f}% on all)")
-    assert s["n_safe"] >= MIN_SAFE, f"{variant}: only {s['n_safe']} margin-safe positions in the oracle"
+    assert s["n_safe"] >= q.get("min_safe", MIN_SAFE), f"{variant}: only {s['n_safe']} margin-safe positions in the oracle"
     assert s["top1_safe"] >= q["top1"], f"{variant} {quant}: top-1 {s['top1_safe']:.3f} < {q['top1']}"
     assert s["kl_mean"] <= q["kl"], f"{variant} {quant}: mean KL {s['kl_mean']:.2e} > {q['kl']:.2g}"
 

@@ -53,6 +53,7 @@ MLA = dict(SIGMOID, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rop
            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
                             "mscale_all_dim": 1.0, "original_max_position_embeddings": 128,
                             "beta_fast": 32, "beta_slow": 1})
+DSA = dict(index_topk=16, index_head_dim=32, index_n_heads=8)
 
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
@@ -91,6 +92,9 @@ VARIANTS = {
     "deepseek_v3": dict(family="deepseek_v3", seed=53, config=dict(MLA)),
     "deepseek_v3_noqlora": dict(family="deepseek_v3", seed=58, config=dict(
         MLA, q_lora_rank=None, norm_topk_prob=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # DSA: each query past the first index_topk positions attends to its indexer's top 16 keys
+    "glm_moe_dsa": dict(family="glm_moe_dsa", seed=71, config=dict(MLA, **DSA)),
+    "deepseek_v32": dict(family="deepseek_v32", seed=81, config=dict(MLA, **DSA)),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -119,10 +123,12 @@ def model_class(family):
             "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
             "glm4_moe": (tf.Glm4MoeConfig, tf.Glm4MoeForCausalLM),
             "glm4_moe_lite": (tf.Glm4MoeLiteConfig, tf.Glm4MoeLiteForCausalLM),
-            "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM)}[family]
+            "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
+            "glm_moe_dsa": (tf.GlmMoeDsaConfig, tf.GlmMoeDsaForCausalLM),
+            "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM)}[family]
 
 
-MOE_FAMILIES = ("qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3")
+MOE_FAMILIES = ("qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 

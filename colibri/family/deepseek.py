@@ -52,7 +52,7 @@ def yarn_mscale_sq(params):
     return m * m
 
 
-def mla_arch(cfg):
+def mla_arch(cfg, rope_style=None):
     """MLA geometry and its softmax scale (qk_head_dim^-1/2, YaRN mscale folded in)."""
     ql = cfg.get("q_lora_rank")
     dn, dr, dv = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
@@ -65,10 +65,21 @@ def mla_arch(cfg):
         "qk_nope_head_dim": dn,
         "qk_rope_head_dim": dr,
         "v_head_dim": dv,
-        "rope_style": "interleaved" if interleave is None or interleave else "neox",
+        "rope_style": rope_style or ("interleaved" if interleave is None or interleave else "neox"),
         "attn_scale": (dn + dr) ** -0.5 * yarn_mscale_sq(params),
         "mla_bias": bool(cfg.get("attention_bias", False)),
     }
+
+
+def dsa_arch(cfg, rope_style):
+    """The DSA lightning indexer (GLM-5, DeepSeek-V3.2): its geometry, top-k and RoPE layout."""
+    types = cfg.get("indexer_types") or []
+    if any(t != "full" for t in types):
+        raise ValueError("indexer_types other than 'full' (top-k shared across layers) are not supported yet")
+    if not cfg.get("q_lora_rank"):
+        raise ValueError("a DSA indexer needs q_lora_rank (its queries come from the query latent)")
+    return {"index_n_heads": int(cfg["index_n_heads"]), "index_head_dim": int(cfg["index_head_dim"]),
+            "index_topk": int(cfg["index_topk"]), "index_rope_style": rope_style}
 
 
 def mla_attn_spec(arch, p):
@@ -85,12 +96,24 @@ def mla_attn_spec(arch, p):
         if arch["q_lora_rank"]:
             t["q_a_bias"] = f"{sa}.q_a_proj.bias"
     kl, dr = arch["kv_lora_rank"], arch["qk_rope_head_dim"]
-    return {"kind": "mla", "heads": arch["num_heads"], "q_lora_rank": arch["q_lora_rank"], "kv_lora_rank": kl,
+    spec = {"kind": "mla", "heads": arch["num_heads"], "q_lora_rank": arch["q_lora_rank"], "kv_lora_rank": kl,
             "qk_nope_head_dim": arch["qk_nope_head_dim"], "qk_rope_head_dim": dr, "v_head_dim": arch["v_head_dim"],
             "scale": arch["attn_scale"], "norm_eps": 1e-6,  # q_a / kv_a norms use the RMSNorm default
             "rope": {"style": arch["rope_style"], "dim": dr},
             "state": {"kv_values_per_pos": kl + dr, "fixed_bytes": 0, "truncatable": True},
             "tensors": t}
+    if arch.get("index_topk"):
+        ix = f"{sa}.indexer"
+        # its keys follow the latent in the layer's state, as f32 whatever --kv: the top-k is a hard
+        # threshold that f16 rounding of the keys would move (c/block_attn_mla.c)
+        spec["state"]["f32_values_per_pos"] = arch["index_head_dim"]
+        spec["indexer"] = {"heads": arch["index_n_heads"], "head_dim": arch["index_head_dim"],
+                           "topk": arch["index_topk"], "norm_eps": 1e-6,  # nn.LayerNorm(eps=1e-6)
+                           "rope": {"style": arch["index_rope_style"]},
+                           "tensors": {"wq_b": f"{ix}.wq_b.weight", "wk": f"{ix}.wk.weight",
+                                       "weights": f"{ix}.weights_proj.weight", "k_norm": f"{ix}.k_norm.weight",
+                                       "k_norm_bias": f"{ix}.k_norm.bias"}}
+    return spec
 
 
 def mla_shapes(spec, hidden):
@@ -101,6 +124,12 @@ def mla_shapes(spec, hidden):
     return {"q": [qd, hidden], "q_a": [ql, hidden], "q_a_bias": [ql], "q_a_norm": [ql], "q_b": [qd, ql],
             "kv_a": [kl + dr, hidden], "kv_a_bias": [kl + dr], "kv_a_norm": [kl],
             "kv_b": [nh * (dn + dv), kl], "o": [hidden, nh * dv], "o_bias": [hidden]}
+
+
+def indexer_shapes(ix, hidden, q_lora):
+    """Source shape of every tensor a DSA indexer spec names."""
+    nh, hd = ix["heads"], ix["head_dim"]
+    return {"wq_b": [nh * hd, q_lora], "wk": [hd, hidden], "weights": [nh, hidden], "k_norm": [hd], "k_norm_bias": [hd]}
 
 
 def moe_mlp_spec(arch, p):

@@ -208,6 +208,7 @@ def scan(model_dir):
         "kv_bytes_per_token": kv_bytes_per_token(arch, man.get("family"), layers=_layers(man)),
         "kv_fixed_bytes": _kv_fixed(man),
         "kv_values_per_token": _kv_values(man),
+        "kv_f32_bytes_per_token": family_registry_f32(_layers(man)),
         "kv_layers": _layers(man) and [(s.get("attn") or {}).get("state") or {} for s in _layers(man)],
     }
 
@@ -224,6 +225,11 @@ def _kv_values(man):
     import family_registry
     layers = _layers(man)
     return family_registry.kv_values_per_token(layers) if layers else 0
+
+
+def family_registry_f32(layers):
+    import family_registry
+    return family_registry.kv_f32_bytes_per_token(layers) if layers else 0
 
 
 def _kv_fixed(man):
