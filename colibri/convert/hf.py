@@ -28,7 +28,7 @@ from version import VERSION
 
 FORMAT_VERSION = 1
 EXPERT_CHOICES, DENSE_CHOICES = EXPERT_STORAGE, DENSE_STORAGE
-SOURCE_DTYPES = ("F32", "F16", "BF16")
+SOURCE_DTYPES = ("F32", "F16", "BF16", "F8_E4M3")  # F8_E4M3: block-FP8, with its weight_scale_inv
 COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
                 "special_tokens_map.json", "chat_template.jinja")
 STATE_FILE = ".coli_convert.json"
@@ -88,12 +88,21 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         if t["dtype"] not in SOURCE_DTYPES:
             raise ConvertError(f"source tensor '{name}' is {t['dtype']}; supported source dtypes: {', '.join(SOURCE_DTYPES)}")
         p.used.add(name)
+        if t["dtype"] == "F8_E4M3":
+            p.used.add(t["scale"]["name"])
         return t
+
+    def part(t, offset, rows):
+        """One source slice of whole rows; an FP8 one carries its block scale (rows from row 0)."""
+        if t["dtype"] != "F8_E4M3":
+            return (t["file"], offset, t["dtype"], rows)
+        s = t["scale"]
+        return (t["file"], offset, t["dtype"], rows, (s["file"], s["offset"], s["dtype"], s["block"][0], s["block"][1], 0))
 
     def whole(name, klass, shape, order):
         t = take(name, shape)
         rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
-        p.add(name, klass, rows, cols, [(t["file"], t["offset"], t["dtype"], rows)], t["file"], order)
+        p.add(name, klass, rows, cols, [part(t, t["offset"], rows)], t["file"], order)
 
     # Output names come from the layer specs (family_registry), so the converter and the
     # engine agree on them by construction; only the shapes and storage classes are ours.
@@ -141,6 +150,8 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         if fused in tensors:
             gu = take(fused, [E, 2 * I, H])
             dn = take(f"{pre}.mlp.experts.down_proj", [E, H, I])
+            if "F8_E4M3" in (gu["dtype"], dn["dtype"]):
+                raise ConvertError(f"{fused}: block-FP8 fused expert tensors are not supported (only per-expert ones)")
             gsz, dsz = {"F32": 4}.get(gu["dtype"], 2), {"F32": 4}.get(dn["dtype"], 2)
         for e in range(E):
             eo = (l + 1, e)
@@ -156,14 +167,35 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 g = take(out["gate"], [I, H])
                 for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
                     t = take(out[proj], shape)
-                    p.add(out[proj], "expert", shape[0], shape[1],
-                          [(t["file"], t["offset"], t["dtype"], shape[0])], g["file"], eo)
+                    p.add(out[proj], "expert", shape[0], shape[1], [part(t, t["offset"], shape[0])], g["file"], eo)
     unused = [n for n in tensors if n not in p.used and not IGNORED.search(n)]
     if unused:
         more = f" (and {len(unused) - 5} more)" if len(unused) > 5 else ""
         raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
                            f"{', '.join(sorted(unused)[:5])}{more}; refusing to drop weights silently")
     return p
+
+
+def attach_fp8_scales(cfg, tensors):
+    """Block-FP8 checkpoints (DeepSeek-V3, GLM releases): every F8_E4M3 weight has a
+    NAME_scale_inv of [ceil(rows/br), ceil(cols/bc)] (quantization_config.weight_block_size,
+    default 128 x 128); the converter dequantizes with it before re-quantizing."""
+    qc = cfg.get("quantization_config") or {}
+    block = qc.get("weight_block_size") or [128, 128]
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise ConvertError(f"config.json quantization_config.weight_block_size {block!r} is not two positive integers")
+    for name, t in tensors.items():
+        if t["dtype"] != "F8_E4M3":
+            continue
+        sname = name + "_scale_inv"
+        s = tensors.get(sname)
+        if s is None or len(t["shape"]) != 2:
+            raise ConvertError(f"FP8 tensor '{name}' has no {sname} block scale (a 2-D weight and its scale are needed)")
+        want = [-(-t["shape"][0] // block[0]), -(-t["shape"][1] // block[1])]
+        if list(s["shape"]) != want or s["dtype"] not in ("F32", "BF16"):
+            raise ConvertError(f"'{sname}' is {s['dtype']} {s['shape']}; {block[0]}x{block[1]} blocks of {name} "
+                               f"{t['shape']} need F32 or BF16 {want}")
+        t["scale"] = dict(s, name=sname, block=block)
 
 
 def block_specs(arch, planner):
@@ -232,8 +264,9 @@ def write_shard(out, fname, outs, log):
     for o in outs:
         dst = len(header) + offsets[o["name"]]
         rb = row_bytes(o["qtype"], o["cols"])
-        for (src, off, dtype, rows) in o["parts"]:
-            jobs.append(f"{src}\t{off}\t{dtype}\t{rows}\t{o['cols']}\t{partial}\t{dst}\t{o['qtype']}\n")
+        for (src, off, dtype, rows, *scale) in o["parts"]:
+            extra = "".join(f"\t{x}" for x in scale[0]) if scale else ""  # block-FP8: its scale tensor
+            jobs.append(f"{src}\t{off}\t{dtype}\t{rows}\t{o['cols']}\t{partial}\t{dst}\t{o['qtype']}{extra}\n")
             dst += rows * rb
     with tempfile.NamedTemporaryFile("w", suffix=".jobs", delete=False) as jf:
         jf.writelines(jobs)
@@ -279,6 +312,7 @@ def convert(src, out, experts="q4", dense="q8", log=print):
             if name in tensors:
                 raise ConvertError(f"tensor '{name}' appears in two source shards")
             tensors[name] = dict(t, file=str(f.resolve()))
+    attach_fp8_scales(cfg, tensors)
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)
     del arch["_family"]
