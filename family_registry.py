@@ -131,7 +131,7 @@ FAMILIES = {
 TENSOR_CLASSES = (
     ("expert", re.compile(r"\.mlp\.experts\.\d+\.")),
     ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
-    ("router", re.compile(r"\.mlp\.gate\.(weight|bias)$")),
+    ("router", re.compile(r"\.mlp\.gate\.(weight|bias|e_score_correction_bias)$")),
     ("embed", re.compile(r"^model\.embed_tokens\.")),
     ("lm_head", re.compile(r"^lm_head\.")),
     ("norm", re.compile(r"norm\.(weight|bias)$")),

@@ -239,7 +239,7 @@ def format_plan(res):
             f"max context {a['max_ctx']})",
             f"  on disk    {fmt_bytes(s['file_bytes'])} in {len(s['shards'])} shard(s), {s['tensor_count']} tensors",
             f"  dense      {fmt_bytes(s['dense_bytes'])}  ("
-            + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in s["classes"].items() if c != "expert") + ")"]
+            + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in s["classes"].items() if c not in ("expert", "mtp")) + ")"]
     if ex["count"]:
         out.append(f"  experts    {fmt_bytes(s['expert_bytes'])}: {ex['per_layer']} per layer x {ex['layers']} MoE layers, "
                    f"{fmt_bytes(ex['bytes_each'])} each, top-{a['top_k']} per token")

@@ -168,12 +168,37 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
                     t = take(out[proj], shape)
                     p.add(out[proj], "expert", shape[0], shape[1], [part(t, t["offset"], shape[0])], g["file"], eo)
+    p.mtp = keep_mtp_layers(p, tensors, L, take, part)
     unused = [n for n in tensors if n not in p.used and not IGNORED.search(n)]
     if unused:
         more = f" (and {len(unused) - 5} more)" if len(unused) > 5 else ""
         raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
                            f"{', '.join(sorted(unused)[:5])}{more}; refusing to drop weights silently")
     return p
+
+
+MTP_RE = re.compile(r"^model\.layers\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
+
+
+def keep_mtp_layers(p, tensors, L, take, part):
+    """Multi-token-prediction layers (DeepSeek-V3, GLM-4.5: stored at layer index L and up) are
+    kept in the container under their own names, but no layer spec names them, so the engine
+    does not run them. Returns their layer indices (the manifest's mtp_layers)."""
+    layers = set()
+    for name, t in tensors.items():
+        m = MTP_RE.match(name)
+        if not m or int(m.group(1)) < L or name in p.used or name.endswith("_scale_inv"):
+            continue
+        t = take(name, t["shape"])
+        shape, l = t["shape"], int(m.group(1))
+        rows = 1 if len(shape) == 1 else shape[0] if len(shape) == 2 else shape[0] * shape[1]
+        cols = shape[-1]
+        router = name.endswith(".mlp.gate.weight")  # f32, as the layers' routers
+        klass = "f32" if len(shape) == 1 or router else "expert" if m.group(2) or len(shape) == 3 else "dense"
+        order = (l + 2, int(m.group(2))) if m.group(2) else (l + 2,)
+        p.add(name, klass, rows, cols, [part(t, t["offset"], rows)], t["file"], order)
+        layers.add(l)
+    return sorted(layers)
 
 
 def attach_fp8_scales(cfg, tensors):
@@ -336,12 +361,14 @@ def convert(src, out, experts="q4", dense="q8", log=print):
     log("checksumming sources")
     write_manifest(out, family=family, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
                    bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src), shards=shards,
-                   source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")})
+                   source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")},
+                   mtp_layers=planner.mtp)
     log(f"wrote {out}")
     return out
 
 
-def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None):
+def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None,
+                   mtp_layers=None):
     """colibri.json, for every converter: written last and renamed into place, so its presence
     means the container is complete (docs/container.md)."""
     manifest = {
@@ -360,6 +387,8 @@ def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos
         "shards": [fname for fname, _ in shards],
         "source": source,
     }
+    if mtp_layers:  # kept, not run: no layer spec names their tensors
+        manifest["mtp_layers"] = mtp_layers
     tmp = out / "colibri.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / "colibri.json")
