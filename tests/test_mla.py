@@ -105,3 +105,21 @@ def test_hub_style_config_is_read_the_same(oracle_root):
     hub["rope_scaling"] = dict(params, type=params.pop("rope_type"))
     hub["num_local_experts"] = hub.pop("n_routed_experts")
     assert family_registry.normalize_arch(hub) == family_registry.normalize_arch(cfg)
+
+
+def test_glm4_moe_hub_style_partial_rotary(oracle_root):
+    """GLM-4.5 releases put rope_theta and partial_rotary_factor at the top level; a config that
+    names no factor gets the config class's 0.5, as transformers does."""
+    import transformers
+    hf = Path(oracle_root) / "glm4_moe" / "hf"
+    cfg = json.loads((hf / "config.json").read_text())
+    params = dict(cfg["rope_parameters"])
+    assert params["partial_rotary_factor"] == 0.5
+    hub = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    hub.update(rope_theta=params["rope_theta"], partial_rotary_factor=0.5)
+    bare = {k: v for k, v in hub.items() if k != "partial_rotary_factor"}
+    want = family_registry.normalize_arch(cfg)
+    assert family_registry.normalize_arch(hub) == want == family_registry.normalize_arch(bare)
+    rot = transformers.Glm4MoeForCausalLM(transformers.AutoConfig.from_pretrained(hf)).model.rotary_emb
+    np.testing.assert_allclose(want[1]["rope_inv_freq"], rot.inv_freq.numpy(), rtol=2e-6)
+    assert want[1]["rotary_dim"] == cfg["head_dim"] // 2
