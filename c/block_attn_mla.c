@@ -4,9 +4,9 @@
  * rotated and shared by every head. Per head, key = [W_uk c | k_rope], value = W_uv c, where
  * kv_b = per head [W_uk (nope rows); W_uv (v rows)].
  * State: per position the latent [c | k_rope] only, never the expanded keys and values.
- * Decode (one position) uses the weight-absorbed form: score = (W_uk^T q_nope) . c + q_rope .
- * k_rope and out = W_uv (sum p c); a longer chunk (prefill) expands keys and values of every
- * cached position once and attends over them. Both read the same cached latent.
+ * Decode uses the weight-absorbed form: score = (W_uk^T q_nope) . c + q_rope . k_rope and
+ * out = W_uv (sum p c); a prefill chunk that is most of the context expands keys and values of
+ * every cached position once and attends over them. Both read the same cached latent.
  * RoPE: "interleaved" (pairs (x0,x1), (x2,x3)... as DeepSeek lays them out) or "neox" (halves). */
 #include <math.h>
 #include <stdlib.h>
@@ -232,8 +232,15 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         if (!fwd_oom()) keep = dsa_select(&y->idx, r, x, qa, T, stride, off);
         if (fwd_oom()) goto out;
     }
-    if (T == 1) attend_absorbed(y, r, q, r->p0 + 1, keep, att);
-    else attend_expanded(y, r, q, T, keep, att);
+    /* Expanding costs every cached position's keys and values once per chunk: worth it only
+     * while the chunk is most of the context (a prompt's first chunks). Later chunks and decode
+     * attend through the latent, so a long context never expands. */
+    const int n_all = r->p0 + T;
+    if (T > 1 && 2 * T >= n_all) attend_expanded(y, r, q, T, keep, att);
+    else
+        for (int t = 0; t < T && !fwd_oom(); t++)
+            attend_absorbed(y, r, q + (size_t)t * qd, r->p0 + t + 1, keep ? keep + (size_t)t * n_all : NULL,
+                            att + (size_t)t * nh * y->dv);
     if (!fwd_oom()) matmul(out, att, T, &y->wo, y->bo);
 out:
     free(q); free(kva); free(att); free(qa); free(keep);
