@@ -9,6 +9,7 @@
  * every cached position once and attends over them. Both read the same cached latent.
  * RoPE: "interleaved" (pairs (x0,x1), (x2,x3)... as DeepSeek lays them out) or "neox" (halves). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,8 +26,25 @@ typedef struct {
     QMat wq, wqa, wqb, wkva, wkvb, wo;
     const float *qa_norm, *kva_norm, *bqa, *bkva, *bo;
     int has_idx;     /* a DSA indexer picks each query's keys (GLM-5, DeepSeek-V3.2) */
+    int shared_idx;  /* GLM "shared" layers: no indexer, the last full layer's selection */
     DsaIndexer idx;
 } AttnMla;
+
+/* The selection of the last layer that ran an indexer, for the "shared" layers after it in the
+ * same chunk (transformers passes the top-k up the layers the same way). Layers run in order,
+ * one chunk at a time, so one record suffices; p0/T say which chunk it belongs to. */
+static struct {
+    unsigned char *keep; /* owned; NULL: every causal key */
+    int p0, T, valid;
+} last_sel;
+
+static void keep_selection(unsigned char *keep, int p0, int T) {
+    free(last_sel.keep);
+    last_sel.keep = keep;
+    last_sel.p0 = p0;
+    last_sel.T = T;
+    last_sel.valid = 1;
+}
 
 /* Bytes of one cached position: the latent [c | k_rope] in the cache's type, then the indexer
  * key if any, always f32: its top-k selection is a hard threshold, and f16 rounding of the keys
@@ -75,8 +93,15 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     p->wo = bl_mat(L, t, "o", H, p->nh * p->dv);
     p->bo = bl_vec(L, t, "o_bias", 1, H, 1);
     const JsonValue *ix = json_get(spec, "indexer");
-    if (!L->failed && ix && ix->type != JSON_NULL) {
+    static int last_indexer_layer = -1; /* layers load in order; layer 0 starts a model */
+    if (L->layer == 0) last_indexer_layer = -1;
+    if (!L->failed && ix && ix->type != JSON_NULL && json_get_bool(ix, "shared", 0)) {
+        if (last_indexer_layer < 0 || last_indexer_layer >= L->layer)
+            return bl_fail(L, "mla: a shared DSA indexer needs a layer with its own indexer before it");
+        p->shared_idx = 1;
+    } else if (!L->failed && ix && ix->type != JSON_NULL) {
         p->has_idx = 1;
+        last_indexer_layer = L->layer;
         if ((p->kl + p->dr) % 2) /* the f32 keys after a 2-byte latent must stay 4-byte aligned */
             return bl_fail(L, "mla: a DSA indexer needs kv_lora_rank + qk_rope_head_dim even, got %d", p->kl + p->dr);
         if (dsa_load(&p->idx, ix, p->ql, p->dr, L)) return -1;
@@ -231,6 +256,15 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         dsa_store_keys(&y->idx, r, x, T, stride, off);
         if (!fwd_oom()) keep = dsa_select(&y->idx, r, x, qa, T, stride, off);
         if (fwd_oom()) goto out;
+        keep_selection(keep, r->p0, T); /* owned there now, for the shared layers that follow */
+    }
+    if (y->shared_idx) {
+        /* load checked that an indexer layer comes first; it ran on this chunk just before */
+        if (!last_sel.valid || last_sel.p0 != r->p0 || last_sel.T != T) {
+            fprintf(stderr, "colibri: internal error: a shared DSA layer ran without its indexer layer's selection\n");
+            abort();
+        }
+        keep = last_sel.keep;
     }
     /* Expanding costs every cached position's keys and values once per chunk: worth it only
      * while the chunk is most of the context (a prompt's first chunks). Later chunks and decode
@@ -243,7 +277,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
                             att + (size_t)t * nh * y->dv);
     if (!fwd_oom()) matmul(out, att, T, &y->wo, y->bo);
 out:
-    free(q); free(kva); free(att); free(qa); free(keep);
+    free(q); free(kva); free(att); free(qa); /* keep belongs to last_sel */
 }
 
 static void release(void *self) {

@@ -15,7 +15,7 @@ import family_registry  # noqa: E402
 import make_oracles  # noqa: E402
 from launcher_helpers import coli  # noqa: E402
 
-DSA_VARIANTS = ["glm_moe_dsa", "deepseek_v32"]
+DSA_VARIANTS = ["glm_moe_dsa", "glm_moe_dsa_shared", "deepseek_v32"]
 F32 = ["--experts", "f32", "--dense", "f32"]
 
 
@@ -50,12 +50,13 @@ def variant_copy(model, dst, edit):
 
 
 def all_keys(attn):
-    attn["indexer"]["topk"] = 1 << 30
+    if not attn["indexer"].get("shared"):
+        attn["indexer"]["topk"] = 1 << 30
 
 
 def no_indexer(attn):
     del attn["indexer"]
-    del attn["state"]["f32_values_per_pos"]
+    attn["state"].pop("f32_values_per_pos", None)
 
 
 @pytest.mark.parametrize("variant", DSA_VARIANTS)
@@ -94,7 +95,9 @@ def test_state_holds_latent_and_indexer_keys(variant, oracle_root, converted):
                            capture_output=True, timeout=120)
         assert p.returncode == 0, p.stderr.decode()
         ready = dict(x.split("=", 1) for x in p.stdout.decode().splitlines()[0].split()[1:])
-        want = cfg["num_hidden_layers"] * ((cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * size + cfg["index_head_dim"] * 4)
+        full = sum(1 for t in cfg.get("indexer_types") or ["full"] * cfg["num_hidden_layers"] if t == "full")
+        want = (cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * size
+                + full * cfg["index_head_dim"] * 4)  # shared layers keep no indexer keys
         assert int(ready["kv_bytes_per_token"]) == want, (kv, ready)
         man = json.loads((model / "colibri.json").read_text())
         assert family_registry.kv_bytes_per_token(man["arch"], variant, kv=kv, layers=man["layers"]) == want
@@ -104,7 +107,7 @@ def test_indexer_rope_follows_the_family(oracle_root):
     """GLM-5's indexer rotates interleaved pairs, DeepSeek-V3.2's the two halves; both main
     attentions are interleaved."""
     styles = {}
-    for v in DSA_VARIANTS:
+    for v in ("glm_moe_dsa", "deepseek_v32"):
         cfg = json.loads((Path(oracle_root) / v / "hf" / "config.json").read_text())
         _, arch = family_registry.normalize_arch(cfg)
         spec = family_registry.layer_specs(arch)[0]["attn"]
@@ -112,8 +115,21 @@ def test_indexer_rope_follows_the_family(oracle_root):
     assert styles == {"glm_moe_dsa": ("interleaved", "interleaved"), "deepseek_v32": ("interleaved", "neox")}
 
 
-def test_shared_indexer_layers_are_refused(oracle_root):
-    cfg = json.loads((Path(oracle_root) / "glm_moe_dsa" / "hf" / "config.json").read_text())
-    cfg["indexer_types"] = ["full", "shared", "full"]
+def test_shared_indexer_layers_follow_a_full_one(oracle_root, converted, tmp_path):
+    """A "shared" layer has no indexer of its own: the first layer must have one, in the config
+    (refused at conversion) and in the manifest (refused at load)."""
+    cfg = json.loads((Path(oracle_root) / "glm_moe_dsa_shared" / "hf" / "config.json").read_text())
+    _, arch = family_registry.normalize_arch(cfg)
+    specs = family_registry.layer_specs(arch)
+    assert [s["attn"]["indexer"].get("shared", False) for s in specs] == [False, True, False]
+    assert "f32_values_per_pos" not in specs[1]["attn"]["state"]
     with pytest.raises(family_registry.UnsupportedModel, match="indexer_types"):
-        family_registry.normalize_arch(cfg)
+        family_registry.normalize_arch(dict(cfg, indexer_types=["shared", "full", "full"]))
+    bad = tmp_path / "bad"
+    shutil.copytree(converted("glm_moe_dsa_shared"), bad)
+    man = json.loads((bad / "colibri.json").read_text())
+    man["layers"][0]["attn"]["indexer"] = {"shared": True}
+    man["layers"][0]["attn"]["state"].pop("f32_values_per_pos")
+    (bad / "colibri.json").write_text(json.dumps(man))
+    r = coli("logits", "--model", bad, "--ids", "1,2", "--out", tmp_path / "x.f32")
+    assert r.returncode != 0 and "layer 0" in r.stderr and "shared DSA indexer needs" in r.stderr

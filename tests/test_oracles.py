@@ -31,11 +31,12 @@ QUANT = {
 }
 EXACT = {"bf16": ["--experts", "bf16", "--dense", "bf16"], "f32": ["--experts", "f32", "--dense", "f32"]}
 # DSA (index_topk < sequence): each query's hard top-k of keys turns quantization noise into
-# flipped key selections, each moving that position's logits. Measured at first landing: mean KL
-# 0.15 (q8) and 0.2 (q4), top-1 >= 87% on margin-safe positions, where the same quantization
-# gives 6e-3 / 5e-2 on the dense-attention variants; the exact tests prove the sparse path itself.
-# A broken kernel still gives KL ~1 and random top-1.
-DSA_QUANT = dict(top1=0.8, kl=0.4, min_safe=5)
+# flipped key selections, each moving that position's logits. A torch simulation of group-32
+# absmax q8 weights gives the same as the engine (mean KL / top-1 on all positions:
+# deepseek_v32 7.2e-2 / 83% simulated, 7.5e-2 / 82% engine; glm_moe_dsa 0.10 / 76% and
+# 0.105 / 79%; dense-attention deepseek_v3 8.7e-4 both), so these bounds only catch a broken
+# kernel (KL ~1, random top-1); the exact tests prove the sparse path itself.
+DSA_QUANT = dict(top1=0.6, kl=0.4, min_safe=5)
 
 
 # ---------- comparison helpers (pure numpy; also exercised without an engine below) ----------
@@ -226,6 +227,11 @@ def test_oracle_checkpoint(variant, oracle_root):
         # sigmoid group routing: the oracle must exercise the group limit and the selection-only bias
         assert cfg["topk_group"] < cfg["n_group"] and cfg["n_shared_experts"] >= 1
         assert info["selection_changed_by_groups"] > 0 and info["selection_changed_by_bias"] > 0
+    if "index_topk" in spec["config"]:
+        # DSA: sparse selection for most positions, by an indexer with several heads whose
+        # top-k gaps were picked to survive the engine's rounding (make_oracles.IndexMargins)
+        assert cfg["index_topk"] < len(info["ids"]) // 2 and cfg["index_n_heads"] >= 8
+        assert info["index_margin"] is not None and info["index_margin"] > 0
     assert len(info["generated_ids"]) == make_oracles.NEW_TOKENS and info["gen_teacher_forced_agrees"]
 
 

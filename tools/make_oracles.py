@@ -94,7 +94,10 @@ VARIANTS = {
         MLA, q_lora_rank=None, norm_topk_prob=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     # DSA: each query past the first index_topk positions attends to its indexer's top 16 keys
     "glm_moe_dsa": dict(family="glm_moe_dsa", seed=71, config=dict(MLA, **DSA)),
-    "deepseek_v32": dict(family="deepseek_v32", seed=81, config=dict(MLA, **DSA)),
+    # GLM's cross-layer top-k sharing: layer 1 reuses layer 0's selection
+    "glm_moe_dsa_shared": dict(family="glm_moe_dsa", seed=72, config=dict(
+        MLA, **DSA, indexer_types=["full", "shared", "full"])),
+    "deepseek_v32": dict(family="deepseek_v32", seed=82, config=dict(MLA, **DSA)),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -201,6 +204,43 @@ def sigmoid_group_effects(mod, x):
     return int(by_groups.sum()), int(by_bias.sum())
 
 
+class IndexMargins:
+    """Hook every DSA indexer; per layer, the smallest gap between a query's index_topk-th and
+    next index score, relative to that query's largest |score| (positions past index_topk only):
+    how far the engine's rounding may move scores before a key selection flips."""
+
+    def __init__(self, model):
+        self.gaps = []
+        self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in model.modules()
+                        if type(m).__name__.endswith("Indexer")]
+
+    def _hook(self, mod, args, kwargs, out):
+        torch = _torch()
+        x, q_resid, (cos, sin) = args[0], args[1], args[2]
+        interleave = "Glm" in type(mod).__name__
+        B, S, _ = x.shape
+        q = mod.wq_b(q_resid).view(B, S, mod.n_heads, mod.head_dim)
+        k = mod.k_norm(mod.wk(x)).unsqueeze(2)
+        dr = mod.qk_rope_head_dim
+        mods = sys.modules[type(mod).__module__]
+        rot = mods.apply_rotary_pos_emb_interleave if interleave else mods.apply_rotary_pos_emb
+        qr, kr = rot(q[..., :dr], k[..., :dr], cos, sin, unsqueeze_dim=2)
+        q, k = torch.cat([qr, q[..., dr:]], -1), torch.cat([kr, k[..., dr:]], -1).squeeze(2)
+        s = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * mod.softmax_scale)
+        w = mod.weights_proj(x).float() * mod.n_heads ** -0.5
+        score = torch.matmul(w.unsqueeze(-2), s).squeeze(-2)[0]  # [S, S]
+        K, gaps = mod.index_topk, []
+        for t in range(K, S):
+            v = score[t, :t + 1].sort(descending=True).values
+            gaps.append(((v[K - 1] - v[K]) / v.abs().max()).item())
+        if gaps:
+            self.gaps.append(min(gaps))
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
 class RouterMargins:
     """Hook every router; per position, min over MoE layers of its top-k margin: logit[k-1] - logit[k]
     (sorted) for softmax routers, sigmoid_group_margin for group-limited sigmoid ones."""
@@ -254,31 +294,48 @@ def round_to(model, dtype):
             p.copy_(p.to(dt).float())
 
 
+INDEX_TRIES = 8  # candidate draws of each DSA indexer's weights_proj; the most decisive one is kept
+
+
 def pick_routers(model, seed, ids, dtype):
-    """Draw router weights layer by layer; keep the draw with the largest min top-k margin."""
+    """Draw router weights (and DSA indexer head weights) layer by layer, in the order the forward
+    pass meets them, so each measured margin only depends on choices already fixed; keep the
+    draw with the largest smallest margin: router top-k (RouterMargins), indexer top-k
+    (IndexMargins), so the engine's rounding does not flip a selection."""
     torch = _torch()
-    rs = routers(model)
-    if not rs:
+    rs, ixs = routers(model), [m for m in model.modules() if type(m).__name__.endswith("Indexer")]
+    if not rs and not ixs:
         return
     g = torch.Generator().manual_seed(seed + 1000)
-    hook = RouterMargins(model)
+    gi = torch.Generator().manual_seed(seed + 4000)
+    hook, ihook = RouterMargins(model), IndexMargins(model)
     try:
-        for i, r in enumerate(rs):
+        for m in model.modules():
+            if m in rs:
+                i = rs.index(m)
+                std = SIGMOID_ROUTER_STD if hasattr(m, "e_score_correction_bias") else ROUTER_STD
+                param, draw = m.weight, lambda: std * torch.randn(m.weight.shape, generator=g)
+            elif m in ixs:
+                i = ixs.index(m)
+                w0 = m.weights_proj.weight
+                param, draw = w0, lambda: torch.randn(w0.shape, generator=gi) / w0.shape[-1] ** 0.5
+            else:
+                continue
             best, best_w = None, None
-            for _ in range(ROUTER_TRIES):
-                std = SIGMOID_ROUTER_STD if hasattr(r, "e_score_correction_bias") else ROUTER_STD
-                w = (std * torch.randn(r.weight.shape, generator=g)).to(getattr(torch, dtype)).float()
+            for _ in range(ROUTER_TRIES if m in rs else INDEX_TRIES):
+                w = draw().to(getattr(torch, dtype)).float()
                 with torch.no_grad():
-                    r.weight.copy_(w)
+                    param.copy_(w)
+                hook.per_layer, ihook.gaps = [], []
                 forward_logits(model, ids)
-                margin = hook.per_layer[i].min().item()
-                hook.per_layer = []
+                margin = hook.per_layer[i].min().item() if m in rs else ihook.gaps[i]
                 if best is None or margin > best:
                     best, best_w = margin, w
             with torch.no_grad():
-                r.weight.copy_(best_w)
+                param.copy_(best_w)
     finally:
         hook.close()
+        ihook.close()
 
 
 def greedy(model, prompt):
@@ -367,13 +424,14 @@ def build_variant(name, spec, vdir):
     if family in MOE_FAMILIES:
         load_kw["experts_implementation"] = "eager"
     ref = model_cls.from_pretrained(hf, **load_kw).eval()
-    hook = RouterMargins(ref)
+    hook, ihook = RouterMargins(ref), IndexMargins(ref)
     try:
         logits = forward_logits(ref, ids)
         rmargin = hook.take()
         effects = hook.effects
     finally:
         hook.close()
+        ihook.close()
     drift = (logits - in_memory).abs().max().item()
     assert drift <= 1e-4 * logits.abs().max().item(), f"{name}: save/load changed logits by {drift}"
     gen = greedy(ref, prompt)
@@ -392,6 +450,7 @@ def build_variant(name, spec, vdir):
         "top1": logits.argmax(-1).tolist(), "margin": top_margins(logits).tolist(),
         "router_margin": rmargin.tolist() if rmargin is not None else None,
         "selection_changed_by_groups": effects[0], "selection_changed_by_bias": effects[1],
+        "index_margin": min(ihook.gaps) if ihook.gaps else None,
         "prompt_ids": prompt, "generated_ids": gen,
         "gen_margin": glm.tolist(), "gen_router_margin": grm.tolist() if grm is not None else None,
         # teacher-forced argmax differs from generate() only at a near-tie

@@ -124,7 +124,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else attn_shapes
         for key, name in spec["attn"]["tensors"].items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
-        if "indexer" in spec["attn"]:  # DSA lightning indexer: dense trunk
+        if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
             ix = spec["attn"]["indexer"]
             ishapes = deepseek.indexer_shapes(ix, H, spec["attn"]["q_lora_rank"])
             for key, name in ix["tensors"].items():

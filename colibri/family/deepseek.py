@@ -73,13 +73,15 @@ def mla_arch(cfg, rope_style=None):
 
 def dsa_arch(cfg, rope_style):
     """The DSA lightning indexer (GLM-5, DeepSeek-V3.2): its geometry, top-k and RoPE layout."""
-    types = cfg.get("indexer_types") or []
-    if any(t != "full" for t in types):
-        raise ValueError("indexer_types other than 'full' (top-k shared across layers) are not supported yet")
+    types = cfg.get("indexer_types") or ["full"] * int(cfg["num_hidden_layers"])
+    if set(types) - {"full", "shared"} or len(types) != int(cfg["num_hidden_layers"]) or types[0] != "full":
+        raise ValueError("indexer_types must name 'full' or 'shared' for every layer, the first 'full'")
     if not cfg.get("q_lora_rank"):
         raise ValueError("a DSA indexer needs q_lora_rank (its queries come from the query latent)")
     return {"index_n_heads": int(cfg["index_n_heads"]), "index_head_dim": int(cfg["index_head_dim"]),
-            "index_topk": int(cfg["index_topk"]), "index_rope_style": rope_style}
+            "index_topk": int(cfg["index_topk"]), "index_rope_style": rope_style,
+            # "shared": the layer reuses the top-k of the last "full" one before it
+            "indexer_types": list(types)}
 
 
 def mla_attn_spec(arch, p):
@@ -102,7 +104,9 @@ def mla_attn_spec(arch, p):
             "rope": {"style": arch["rope_style"], "dim": dr},
             "state": {"kv_values_per_pos": kl + dr, "fixed_bytes": 0, "truncatable": True},
             "tensors": t}
-    if arch.get("index_topk"):
+    if arch.get("index_topk") and arch["indexer_types"][int(p.rsplit(".", 1)[1])] == "shared":
+        spec["indexer"] = {"shared": True}
+    elif arch.get("index_topk"):
         ix = f"{sa}.indexer"
         # its keys follow the latent in the layer's state, as f32 whatever --kv: the top-k is a hard
         # threshold that f16 rounding of the keys would move (c/block_attn_mla.c)
