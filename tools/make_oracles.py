@@ -91,7 +91,8 @@ VARIANTS = {
         n_shared_experts=2, n_group=2, topk_group=1, num_experts_per_tok=2, routed_scaling_factor=1.5)),
     "deepseek_v3": dict(family="deepseek_v3", seed=53, config=dict(MLA)),
     "deepseek_v3_noqlora": dict(family="deepseek_v3", seed=58, config=dict(
-        MLA, q_lora_rank=None, norm_topk_prob=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+        MLA, q_lora_rank=None, norm_topk_prob=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        attention_bias=True, rope_interleave=False)),  # kv_a / o biases; half-split RoPE
     # DSA: each query past the first index_topk positions attends to its indexer's top 16 keys
     "glm_moe_dsa": dict(family="glm_moe_dsa", seed=71, config=dict(MLA, **DSA)),
     # GLM's cross-layer top-k sharing: layer 1 reuses layer 0's selection
