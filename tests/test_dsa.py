@@ -1,7 +1,8 @@
 """DeepSeek sparse attention (glm_moe_dsa = GLM-5, deepseek_v32): the lightning indexer's top-k
 selection matters on the oracles (index_topk < sequence), forcing it to keep every key gives
 dense MLA bit for bit, and its keys are part of the per-layer state the engine reports. The
-match against transformers with sparse selection is tests/test_oracles.py's exact test."""
+match against transformers with sparse selection is tests/test_oracles.py's exact test. Also:
+`coli plan` sizes the MLA / DSA state as the engine allocates it and keeps shared experts resident."""
 import json
 import shutil
 import subprocess
@@ -133,3 +134,24 @@ def test_shared_indexer_layers_follow_a_full_one(oracle_root, converted, tmp_pat
     (bad / "colibri.json").write_text(json.dumps(man))
     r = coli("logits", "--model", bad, "--ids", "1,2", "--out", tmp_path / "x.f32")
     assert r.returncode != 0 and "layer 0" in r.stderr and "shared DSA indexer needs" in r.stderr
+
+
+@pytest.mark.parametrize("variant", ["deepseek_v3", "glm_moe_dsa_shared"])
+def test_plan_counts_latent_state_and_resident_shared_experts(variant, oracle_root, tmp_path):
+    """`coli plan`: the KV tier is what the engine allocates for the latent (and f32 indexer keys),
+    and the shared experts are part of the resident dense trunk, not of the streamed experts."""
+    from colibri import engine_client
+    from colibri.model import container_scan
+    model = tmp_path / "c"
+    r = coli("convert", Path(oracle_root) / variant / "hf", model, timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = coli("plan", "--model", model, "--json", "--no-measure", "--ctx", 300, "--kv-slots", 2)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)["plan"]
+    with engine_client.Engine(model, ctx=300, kv_slots=2, threads=1) as eng:
+        assert plan["tiers"]["kv"] == int(eng.info["kv_slot_bytes"]) * 2
+    scan = container_scan.scan(model)
+    assert scan["classes"]["shared_expert"] > 0
+    assert scan["dense_bytes"] == sum(v for k, v in scan["classes"].items() if k != "expert")
+    r = coli("plan", "--model", model, "--no-measure")
+    assert r.returncode == 0 and "shared_expert" in r.stdout.split("experts ")[0]
