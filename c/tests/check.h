@@ -25,5 +25,6 @@ void test_tokenizer(void);
 void test_blocks(void);
 void test_kv_persist(void);
 void test_logprob(void);
+void test_router(void);
 
 #endif

@@ -15,6 +15,7 @@ int main(void) {
     test_blocks();
     test_kv_persist();
     test_logprob();
+    test_router();
     printf("c unit tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
     return checks_failed != 0;
 }
