@@ -61,3 +61,16 @@ def test_mtp_layer_is_kept_but_not_run(with_mtp, oracle_root, tmp_path):
     r = coli("info", "--model", tmp_path / "mtp")
     assert r.returncode == 0, r.stderr
     assert f"multi-token-prediction layer(s) (layer {L}): kept in the container, not run" in r.stdout
+
+
+def test_only_the_declared_mtp_layers_are_kept(with_mtp, tmp_path):
+    """A config that declares no MTP layer (or a layer count one short) leaves the extra layer's
+    tensors unused: refused, never silently kept or dropped."""
+    d, L, _ = with_mtp
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 1
+    src = tmp_path / "src"
+    shutil.copytree(d, src)
+    (src / "config.json").write_text(json.dumps(dict(cfg, num_nextn_predict_layers=0)))
+    r = coli("convert", src, tmp_path / "out", *BF16, timeout=600)
+    assert r.returncode != 0 and "does not use" in r.stderr and f"model.layers.{L}." in r.stderr

@@ -181,13 +181,14 @@ MTP_RE = re.compile(r"^model\.layers\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
 
 
 def keep_mtp_layers(p, tensors, L, take, part):
-    """Multi-token-prediction layers (DeepSeek-V3, GLM-4.5: stored at layer index L and up) are
-    kept in the container under their own names, but no layer spec names them, so the engine
-    does not run them. Returns their layer indices (the manifest's mtp_layers)."""
-    layers = set()
+    """Multi-token-prediction layers (DeepSeek-V3, GLM-4.5: the config's num_nextn_predict_layers,
+    stored at layer index L and up) are kept in the container under their own names, but no
+    layer spec names them, so the engine does not run them. Any other extra layer stays an
+    unused tensor (refused). Returns their layer indices (the manifest's mtp_layers)."""
+    layers, n_mtp = set(), int(p.arch.get("num_nextn_predict_layers") or 0)
     for name, t in tensors.items():
         m = MTP_RE.match(name)
-        if not m or int(m.group(1)) < L or name in p.used or name.endswith("_scale_inv"):
+        if not m or not L <= int(m.group(1)) < L + n_mtp or name in p.used or name.endswith("_scale_inv"):
             continue
         t = take(name, t["shape"])
         shape, l = t["shape"], int(m.group(1))

@@ -36,6 +36,8 @@ def moe_arch(cfg, layers):
         "topk_group": int(cfg.get("topk_group") or 1),
         "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0),
         "shared_width": width * int(cfg.get("n_shared_experts") or 0),
+        # multi-token-prediction layers stored after the last layer: kept by the converter, not run
+        "num_nextn_predict_layers": int(_get(cfg, "num_nextn_predict_layers", "num_mtp_layers", default=0)),
         "layer_mlp": kinds,
     }
 
