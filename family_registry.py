@@ -7,6 +7,8 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 import math
 import re
 
+from colibri.family import deepseek
+
 # Families the engine implements (the key is the name written into colibri.json; the engine's
 # `colibri families` must list the same, which tests/test_registry.py checks).
 #   default_ctx             context the engine allocates unless --ctx says otherwise (capped by the model)
@@ -54,6 +56,73 @@ FAMILIES = {
         "default_tie": False,
         "thinking": "enable_thinking",
     },
+    # The DeepSeek-V3 line (colibri/family/deepseek.py): sigmoid group-limited routing, shared
+    # experts, leading dense layers; "mla" attention keeps the compressed latent per position.
+    "glm4_moe": {
+        "display": "GLM-4.5 / 4.6 / 4.7",
+        "model_types": ["glm4_moe"],
+        **_LLAMA_LIKE,
+        "biases": "qkv_config",      # q/k/v biased when attention_bias, o never
+        "qk_norm": "config",         # use_qk_norm
+        "moe": "sigmoid_group",
+        "default_tie": False,
+        "partial_rotary": 0.5,       # the config class's default when config.json names none
+        "thinking": "enable_thinking",
+    },
+    "glm4_moe_lite": {
+        "display": "GLM-4.7-Flash",
+        "model_types": ["glm4_moe_lite"],
+        **_LLAMA_LIKE,
+        "kv": "mla",
+        "attn": "mla",
+        "biases": "config",
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
+        "thinking": "enable_thinking",
+    },
+    # DeepSeek sparse attention: MLA (always interleaved RoPE) plus the lightning indexer, whose
+    # RoPE is interleaved for GLM-5 and half-split (neox) for DeepSeek-V3.2.
+    "glm_moe_dsa": {
+        "display": "GLM-5",
+        "model_types": ["glm_moe_dsa"],
+        **_LLAMA_LIKE,
+        "kv": "mla",
+        "attn": "mla",
+        "mla_rope": "interleaved",
+        "dsa_rope": "interleaved",
+        "biases": "config",
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
+        "thinking": "enable_thinking",
+    },
+    "deepseek_v32": {
+        "display": "DeepSeek-V3.2",
+        "model_types": ["deepseek_v32"],
+        **_LLAMA_LIKE,
+        "kv": "mla",
+        "attn": "mla",
+        "mla_rope": "interleaved",
+        "dsa_rope": "neox",
+        "biases": "config",
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
+        "thinking": "thinking",
+    },
+    "deepseek_v3": {
+        "display": "DeepSeek-V3 / R1",
+        "model_types": ["deepseek_v3"],
+        **_LLAMA_LIKE,
+        "kv": "mla",
+        "attn": "mla",
+        "biases": "config",
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
+        "thinking": "thinking",
+    },
 }
 
 # Tensor classes by HF name, for the planner and doctor; first match wins (norms before
@@ -62,7 +131,7 @@ FAMILIES = {
 TENSOR_CLASSES = (
     ("expert", re.compile(r"\.mlp\.experts\.\d+\.")),
     ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
-    ("router", re.compile(r"\.mlp\.gate\.(weight|bias)$")),
+    ("router", re.compile(r"\.mlp\.gate\.(weight|bias|e_score_correction_bias)$")),
     ("embed", re.compile(r"^model\.embed_tokens\.")),
     ("lm_head", re.compile(r"^lm_head\.")),
     ("norm", re.compile(r"norm\.(weight|bias)$")),
@@ -87,6 +156,10 @@ def layer_specs(arch):
     specs = []
     for l in range(L):
         p = f"model.layers.{l}"
+        mlp = deepseek.moe_mlp_spec(arch, p) if kinds[l] == "moe" and arch.get("router") == "sigmoid_group" else None
+        if arch.get("attn") == "mla":
+            specs.append(_layer(arch, p, deepseek.mla_attn_spec(arch, p), mlp or _mlp_spec(arch, p, kinds[l])))
+            continue
         at = {x: f"{p}.self_attn.{x}_proj.weight" for x in "qkvo"}
         for x in "qkvo":
             if arch.get(f"{x}_bias"):
@@ -98,25 +171,32 @@ def layer_specs(arch):
                 "rope": {"style": "neox", "dim": arch.get("rotary_dim")},
                 "state": {"kv_values_per_pos": 2 * nkv * hd, "fixed_bytes": 0, "truncatable": True},
                 "tensors": at}
-        if kinds[l] == "moe":
-            ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
-            mlp = {"kind": "moe", "act": "silu", "experts": arch.get("num_experts"),
-                   "top_k": arch.get("num_experts_per_tok"), "width": arch.get("moe_intermediate_size"),
-                   "router": {"kind": "softmax_topk", "renorm": bool(arch.get("norm_topk_prob")),
-                              "tensors": {"weight": f"{p}.mlp.gate.weight"}},
-                   "expert_tensors": ex}
-        else:
-            mt = {x: f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
-            if arch.get("mlp_bias"):
-                mt.update({f"{x}_bias": f"{p}.mlp.{x}_proj.bias" for x in ("gate", "up", "down")})
-            mlp = {"kind": "dense", "act": "silu", "width": arch.get("intermediate_size"), "tensors": mt}
-        specs.append({
-            "attn_norm": {"kind": "rmsnorm", "eps": eps, "tensors": {"weight": f"{p}.input_layernorm.weight"}},
-            "attn": attn,
-            "mlp_norm": {"kind": "rmsnorm", "eps": eps, "tensors": {"weight": f"{p}.post_attention_layernorm.weight"}},
-            "mlp": mlp,
-        })
+        specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
     return specs
+
+
+def _mlp_spec(arch, p, kind):
+    if kind == "moe":
+        ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
+        return {"kind": "moe", "act": "silu", "experts": arch.get("num_experts"),
+                "top_k": arch.get("num_experts_per_tok"), "width": arch.get("moe_intermediate_size"),
+                "router": {"kind": "softmax_topk", "renorm": bool(arch.get("norm_topk_prob")),
+                           "tensors": {"weight": f"{p}.mlp.gate.weight"}},
+                "expert_tensors": ex}
+    mt = {x: f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
+    if arch.get("mlp_bias"):
+        mt.update({f"{x}_bias": f"{p}.mlp.{x}_proj.bias" for x in ("gate", "up", "down")})
+    return {"kind": "dense", "act": "silu", "width": arch.get("intermediate_size"), "tensors": mt}
+
+
+def _layer(arch, p, attn, mlp):
+    eps = arch.get("rms_norm_eps")
+    return {
+        "attn_norm": {"kind": "rmsnorm", "eps": eps, "tensors": {"weight": f"{p}.input_layernorm.weight"}},
+        "attn": attn,
+        "mlp_norm": {"kind": "rmsnorm", "eps": eps, "tensors": {"weight": f"{p}.post_attention_layernorm.weight"}},
+        "mlp": mlp,
+    }
 
 
 def trunk_spec(arch):
@@ -137,7 +217,9 @@ def layer_state(spec, kv=KV_DEFAULT):
     position, fixed bytes per slot, truncatable, window: positions kept, 0 = all). Only blocks
     that keep state (the attention kinds) declare one."""
     st = (spec.get("attn") or {}).get("state") or {}
-    return (int(st.get("kv_values_per_pos", 0)) * KV_TYPES[kv], int(st.get("fixed_bytes", 0)),
+    # f32_values_per_pos: values kept as f32 whatever the cache type (DSA indexer keys)
+    return (int(st.get("kv_values_per_pos", 0)) * KV_TYPES[kv] + 4 * int(st.get("f32_values_per_pos", 0)),
+            int(st.get("fixed_bytes", 0)),
             bool(st.get("truncatable", True)), int(st.get("window", 0)))
 
 
@@ -156,7 +238,7 @@ def kv_bytes_per_token(arch, family=None, kv=KV_DEFAULT, layers=None):
     """Bytes one token takes in one KV slot: the sum over the layers' state descriptors
     (c/kv.c allocates the same). `layers` defaults to the specs the arch implies."""
     layout = FAMILIES.get(family, {}).get("kv", "gqa")
-    if layout != "gqa":
+    if layout not in ("gqa", "mla"):
         raise ValueError(f"unknown KV layout {layout}")
     try:
         specs = layers if layers is not None else layer_specs(arch)
@@ -166,8 +248,14 @@ def kv_bytes_per_token(arch, family=None, kv=KV_DEFAULT, layers=None):
 
 
 def kv_values_per_token(layers):
-    """KV values one token adds to a slot, summed over the layers (times KV_TYPES[kv] for bytes)."""
+    """KV values one token adds to a slot in the cache's element type, summed over the layers (times
+    KV_TYPES[kv] for bytes; kv_f32_bytes_per_token adds those always kept as f32)."""
     return sum(int(((s.get("attn") or {}).get("state") or {}).get("kv_values_per_pos", 0)) for s in layers)
+
+
+def kv_f32_bytes_per_token(layers):
+    """Bytes per token of the state values kept as f32 whatever --kv (DSA indexer keys)."""
+    return 4 * sum(int(((s.get("attn") or {}).get("state") or {}).get("f32_values_per_pos", 0)) for s in layers)
 
 
 def kv_fixed_bytes(layers):
@@ -189,14 +277,15 @@ def family_for_model_type(model_type):
     raise UnsupportedModel(f"model_type '{model_type}' is not supported (supported: {known})")
 
 
-def _rope_inv_freq(cfg, head_dim):
+def _rope_inv_freq(cfg, head_dim, default_partial=1.0, partial=None):
     """inv_freq and cos/sin scale exactly as transformers' modeling_rope_utils computes them."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE:
         raise UnsupportedModel(f"rope type '{rope_type}' is not supported (supported: {', '.join(SUPPORTED_ROPE)})")
     base = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
+    if partial is None:
+        partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or default_partial)
     dim = int(head_dim * partial)
     inv = [1.0 / (base ** (i / dim)) for i in range(0, dim, 2)]
     scale = 1.0
@@ -272,17 +361,35 @@ def normalize_arch(cfg):
         raise UnsupportedModel(f"config.json lacks a usable {e}") from None
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
+    mla = None
+    if fam.get("attn") == "mla":
+        try:
+            mla = deepseek.mla_arch(cfg, fam.get("mla_rope"))
+            if fam.get("dsa_rope"):
+                mla.update(deepseek.dsa_arch(cfg, fam["dsa_rope"]))
+        except KeyError as e:
+            raise UnsupportedModel(f"config.json lacks a usable MLA field {e}") from None
+        except (TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json: {e}") from None
+        kv_heads, head_dim = heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModel(f"hidden_act '{act}' is not supported (only silu)")
     if cfg.get("use_sliding_window"):
         raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not supported yet")
-    rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim)
+    if mla:  # the rotary part of each head is qk_rope_head_dim, rotated whole
+        rot_dim, inv_freq, rope_scale = _rope_inv_freq(dict(cfg, partial_rotary_factor=1.0), mla["qk_rope_head_dim"],
+                                                       partial=1.0)
+    else:
+        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, fam.get("partial_rotary", 1.0))
     if fam["biases"] == "config":
         qkvo = bool(cfg.get("attention_bias", False))
         bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": bool(cfg.get("mlp_bias", False))}
     elif fam["biases"] == "qkv":
         bias = {"q_bias": True, "k_bias": True, "v_bias": True, "o_bias": False, "mlp_bias": False}
+    elif fam["biases"] == "qkv_config":
+        qkv = bool(cfg.get("attention_bias", False))
+        bias = {"q_bias": qkv, "k_bias": qkv, "v_bias": qkv, "o_bias": False, "mlp_bias": False}
     else:
         qkvo = bool(cfg.get("attention_bias", False))
         bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": False}
@@ -299,7 +406,7 @@ def normalize_arch(cfg):
         "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
         "max_position_embeddings": int(cfg.get("max_position_embeddings", 4096)),
         "hidden_act": act,
-        "qk_norm": fam["qk_norm"],
+        "qk_norm": bool(cfg.get("use_qk_norm")) if fam["qk_norm"] == "config" else fam["qk_norm"],
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", fam["default_tie"])),
         "intermediate_size": int(cfg.get("intermediate_size") or 0),
         "num_experts": 0,
@@ -308,8 +415,16 @@ def normalize_arch(cfg):
         "norm_topk_prob": False,
         **bias,
     }
+    if mla:
+        arch.update(mla)
     kinds = ["dense"] * layers
-    if fam["moe"]:
+    if fam["moe"] == "sigmoid_group":
+        try:
+            arch.update(deepseek.moe_arch(cfg, layers))
+        except (TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json: {e}") from None
+        kinds = arch.pop("layer_mlp")
+    elif fam["moe"]:
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         if experts:
             step = int(cfg.get("decoder_sparse_step", 1) or 1)

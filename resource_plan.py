@@ -118,7 +118,8 @@ def kv_state(scan, ctx, kv=None):
     import family_registry
     kv = kv or family_registry.KV_DEFAULT
     values = scan.get("kv_values_per_token")
-    per_token = values * family_registry.KV_TYPES[kv] if values is not None else scan["kv_bytes_per_token"]
+    per_token = (values * family_registry.KV_TYPES[kv] + scan.get("kv_f32_bytes_per_token", 0) if values is not None
+                 else scan["kv_bytes_per_token"])
     fixed = scan.get("kv_fixed_bytes", 0)
     layers = scan.get("kv_layers")
     slot = family_registry.kv_slot_bytes([{"attn": {"state": s}} for s in layers], ctx, kv) if layers \
@@ -288,7 +289,7 @@ def format_plan(res):
             f"max context {a['max_ctx']})",
             f"  on disk    {fmt_bytes(s['file_bytes'])} in {len(s['shards'])} shard(s), {s['tensor_count']} tensors",
             f"  dense      {fmt_bytes(s['dense_bytes'])}  ("
-            + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in s["classes"].items() if c != "expert") + ")"]
+            + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in s["classes"].items() if c not in ("expert", "mtp")) + ")"]
     if ex["count"]:
         out.append(f"  experts    {fmt_bytes(s['expert_bytes'])}: {ex['per_layer']} per layer x {ex['layers']} MoE layers, "
                    f"{fmt_bytes(ex['bytes_each'])} each, top-{a['top_k']} per token")

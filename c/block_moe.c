@@ -57,6 +57,8 @@ static void release(void *self) {
     free(p->experts); /* experts hold no owned buffers (no biases) */
 }
 
-const BlockKind block_moe = {ROLE_MLP, "moe", sizeof(Moe), load, run, NULL, release};
+static ExpertLayer *experts(void *self) { return &((Moe *)self)->xl; }
 
-ExpertLayer *moe_expert_layer(const Block *b) { return b->kind == &block_moe ? &((Moe *)b->self)->xl : NULL; }
+const BlockKind block_moe = {ROLE_MLP, "moe", sizeof(Moe), load, run, NULL, release, experts};
+
+ExpertLayer *moe_expert_layer(const Block *b) { return b->kind && b->kind->experts ? b->kind->experts(b->self) : NULL; }

@@ -7,7 +7,8 @@
 #include <string.h>
 
 extern const BlockKind block_norm_rms, block_attn_gqa, block_mlp_dense, block_moe;
-extern const RouterKind router_softmax_topk;
+extern const BlockKind block_moe_shared, block_attn_mla;
+extern const RouterKind router_softmax_topk, router_sigmoid_group;
 
 #define MAX_KINDS 32
 /* One row per block kind. */
@@ -16,9 +17,12 @@ static const BlockKind *kinds[MAX_KINDS] = {
     &block_attn_gqa,
     &block_mlp_dense,
     &block_moe,
+    &block_moe_shared,
+    &block_attn_mla,
 };
 static const RouterKind *const routers[] = {
     &router_softmax_topk,
+    &router_sigmoid_group,
     NULL,
 };
 

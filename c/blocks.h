@@ -43,6 +43,8 @@ struct BlockKind {
     /* The block's state for one slot; NULL for stateless blocks. */
     StateDesc (*state)(const void *self, QType kv_type);
     void (*free)(void *self); /* releases what load allocated (not self itself) */
+    /* The routed experts the expert store streams (an MLP block that has them); NULL otherwise. */
+    struct ExpertLayer *(*experts)(void *self);
 };
 
 const BlockKind *block_find(BlockRole role, const char *name);

@@ -3,6 +3,7 @@
  * with bounded memory (one chunk of rows at a time). */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,14 +18,25 @@
 static int src_elem(const char *dt) {
     if (!strcmp(dt, "F32")) return 4;
     if (!strcmp(dt, "F16") || !strcmp(dt, "BF16")) return 2;
+    if (!strcmp(dt, "F8_E4M3")) return 1;
     return 0;
+}
+
+/* float8_e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities, 0x7f is NaN. */
+static float e4m3(unsigned char b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    float v = (e == 15 && m == 7) ? NAN : e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m / 8.0f, -6);
+    return b & 0x80 ? -v : v;
 }
 
 static void to_f32(const char *dt, const unsigned char *src, long long n, float *dst) {
     if (!strcmp(dt, "F32")) memcpy(dst, src, (size_t)n * 4);
     else if (!strcmp(dt, "BF16")) dequant_row(QT_BF16, src, (int)n, dst);
+    else if (!strcmp(dt, "F8_E4M3")) for (long long i = 0; i < n; i++) dst[i] = e4m3(src[i]);
     else dequant_row(QT_F16, src, (int)n, dst);
 }
+
+typedef struct { char path[4096]; int fd; } OpenFile;
 
 static int full_pread(int fd, void *buf, size_t n, off_t off) {
     size_t done = 0;
@@ -49,7 +61,6 @@ static int full_pwrite(int fd, const void *buf, size_t n, off_t off) {
 }
 
 /* Keeps the last opened file of each side open: jobs come grouped by file. */
-typedef struct { char path[4096]; int fd; } OpenFile;
 
 static int open_cached(OpenFile *c, const char *path, int flags) {
     if (c->fd > 0 && strcmp(c->path, path) == 0) return c->fd;
@@ -59,11 +70,41 @@ static int open_cached(OpenFile *c, const char *path, int flags) {
     return c->fd;
 }
 
+/* Block-FP8 sources (DeepSeek/GLM releases): weight = fp8 * weight_scale_inv[r / br][c / bc]. The
+ * job names the scale tensor (file, offset, dtype) and where the job's rows start in the weight. */
+typedef struct {
+    long long br, bc, row0, srow0, scols;
+    float *s; /* the scale rows covering the job */
+} BlockScale;
+
+static int load_scale(const char *line, long long rows, long long cols, BlockScale *bs, OpenFile *f) {
+    char sp[4096], sdt[16];
+    long long soff;
+    const char *p = line;
+    for (int tabs = 0; tabs < 8 && p; tabs++) p = strchr(p + (tabs > 0), '\t');
+    if (!p || sscanf(p, "\t%4095[^\t]\t%lld\t%15[^\t]\t%lld\t%lld\t%lld", sp, &soff, sdt, &bs->br, &bs->bc, &bs->row0) != 6 ||
+        bs->br < 1 || bs->bc < 1 || bs->row0 < 0 || (strcmp(sdt, "F32") && strcmp(sdt, "BF16"))) return -1;
+    bs->scols = (cols + bs->bc - 1) / bs->bc;
+    bs->srow0 = bs->row0 / bs->br;
+    long long n = (bs->row0 + rows - 1) / bs->br - bs->srow0 + 1, es = src_elem(sdt);
+    unsigned char *raw = malloc((size_t)(n * bs->scols * es));
+    bs->s = malloc(sizeof(float) * (size_t)(n * bs->scols));
+    int fd = open_cached(f, sp, O_RDONLY), rc = -1;
+    if (raw && bs->s && fd >= 0 &&
+        !full_pread(fd, raw, (size_t)(n * bs->scols * es), (off_t)(soff + bs->srow0 * bs->scols * es))) {
+        to_f32(sdt, raw, n * bs->scols, bs->s);
+        rc = 0;
+    }
+    free(raw);
+    return rc;
+}
+
 int convert_jobs_main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: colibri convert-jobs JOBFILE\n"); return 2; }
     FILE *jf = fopen(argv[2], "r");
     if (!jf) { fprintf(stderr, "convert-jobs: cannot open %s\n", argv[2]); return 2; }
-    OpenFile src = {{0}, -1}, dst = {{0}, -1};
+    OpenFile src = {{0}, -1}, dst = {{0}, -1}, sc = {{0}, -1};
+    BlockScale bs = {0};
     char line[16384];
     long total = 0, done = 0;
     while (fgets(line, sizeof line, jf)) total++;
@@ -90,6 +131,14 @@ int convert_jobs_main(int argc, char **argv) {
             break;
         }
         if (!in_row || qtype_from_name(qn, &qt)) { fprintf(stderr, "convert-jobs: unsupported dtype %s or qtype %s\n", dt, qn); rc = 2; break; }
+        free(bs.s);
+        bs.s = NULL;
+        if (!strcmp(dt, "F8_E4M3") && load_scale(line, rows, cols, &bs, &sc)) {
+            fprintf(stderr, "convert-jobs: job line %ld: an F8_E4M3 source needs a readable weight_scale_inv block scale\n",
+                    done + 1);
+            rc = 2;
+            break;
+        }
         int sfd = open_cached(&src, sp, O_RDONLY), dfd = open_cached(&dst, dp, O_WRONLY);
         if (sfd < 0 || dfd < 0) { fprintf(stderr, "convert-jobs: cannot open %s\n", sfd < 0 ? sp : dp); rc = 2; break; }
         size_t out_row = qtype_row_bytes(qt, (int)cols);
@@ -119,6 +168,10 @@ int convert_jobs_main(int argc, char **argv) {
                 } else {
                     to_f32(dt, ir, cols, f);
                 }
+                if (bs.s) { /* block-FP8: the f32 product is the exact value rounded once, as the reference computes it */
+                    const float *srow = bs.s + ((bs.row0 + r + i) / bs.br - bs.srow0) * bs.scols;
+                    for (long long c = 0; c < cols; c++) f[c] *= srow[c / bs.bc];
+                }
                 quantize_row(qt, f, (int)cols, orow);
             }
             if (full_pwrite(dfd, out, out_row * (size_t)n, (off_t)(doff + r * (long long)out_row))) {
@@ -134,7 +187,8 @@ int convert_jobs_main(int argc, char **argv) {
         if (t - last > 0.5 || done == total) { fprintf(stderr, "PROGRESS %ld %ld\n", done, total); last = t; }
     }
     if (!rc && dst.fd > 0 && fsync(dst.fd)) { fprintf(stderr, "convert-jobs: fsync failed\n"); rc = 2; }
-    free(rowf); free(in); free(out);
+    free(rowf); free(in); free(out); free(bs.s);
+    if (sc.fd > 0) close(sc.fd);
     if (src.fd > 0) close(src.fd);
     if (dst.fd > 0) close(dst.fd);
     fclose(jf);

@@ -22,7 +22,7 @@ static int get_int(BlockLoader *L, const JsonValue *o, const char *key, int lo, 
 }
 
 /* Families whose layer specs this engine has blocks for (family_registry.py must agree). */
-const char *const ENGINE_FAMILIES[] = {"llama", "qwen2", "qwen3", "qwen3_moe", NULL};
+const char *const ENGINE_FAMILIES[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", NULL};
 
 /* The facts that hold for every layer. */
 static int parse_globals(BlockLoader *L, Arch *a, const JsonValue *man) {
@@ -79,10 +79,15 @@ static int load_layer(BlockLoader *L, Layer *y, const JsonValue *spec) {
         StateDesc s = y->attn.kind->state ? y->attn.kind->state(y->attn.self, QT_F32) : (StateDesc){.truncatable = 1};
         long long values = json_get_int(decl, "kv_values_per_pos", -1), fixed = json_get_int(decl, "fixed_bytes", -1);
         int trunc = json_get_bool(decl, "truncatable", -1), window = (int)json_get_int(decl, "window", 0);
-        if (values != (long long)(s.per_pos / 4) || fixed != (long long)s.fixed || trunc != s.truncatable || window != s.window)
-            return bl_fail(L, "attn.state declares %lld values per position, %lld fixed bytes, truncatable %d, window %d; "
-                           "the %s block keeps %zu, %zu, %d, %d; re-run coli convert", values, fixed, trunc, window,
-                           y->attn.kind->name, s.per_pos / 4, s.fixed, s.truncatable, s.window);
+        /* values in the cache's type, plus any kept as f32 whatever --kv (DSA indexer keys) */
+        long long f32v = json_get_int(decl, "f32_values_per_pos", 0);
+        size_t half = y->attn.kind->state ? y->attn.kind->state(y->attn.self, QT_F16).per_pos : 0;
+        if (values + f32v != (long long)(s.per_pos / 4) || (size_t)(2 * values + 4 * f32v) != half ||
+            fixed != (long long)s.fixed || trunc != s.truncatable || window != s.window)
+            return bl_fail(L, "attn.state declares %lld values per position (%lld of them f32), %lld fixed bytes, "
+                           "truncatable %d, window %d; the %s block keeps %zu bytes (f32 cache), %zu bytes (f16), %zu, %d, %d; "
+                           "re-run coli convert", values + f32v, f32v, fixed, trunc, window, y->attn.kind->name, s.per_pos,
+                           half, s.fixed, s.truncatable, s.window);
     }
     return L->failed ? -1 : 0;
 }

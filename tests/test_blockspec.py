@@ -90,10 +90,10 @@ def test_unknown_block_kind_and_false_state_are_refused(moe_container, tmp_path)
     bad = tmp_path / "bad"
     shutil.copytree(moe_container, bad)
     man = manifest(bad)
-    man["layers"][1]["attn"]["kind"] = "mla"
+    man["layers"][1]["attn"]["kind"] = "no_such_kind"
     (bad / "colibri.json").write_text(json.dumps(man))
     r = coli("logits", "--model", bad, "--ids", "1,2", "--out", tmp_path / "x.f32")
-    assert r.returncode != 0 and "layer 1" in r.stderr and "attention kind 'mla' is not implemented" in r.stderr
+    assert r.returncode != 0 and "layer 1" in r.stderr and "attention kind 'no_such_kind' is not implemented" in r.stderr
     man["layers"][1]["attn"]["kind"] = "gqa"
     man["layers"][1]["attn"]["state"]["kv_values_per_pos"] += 1  # the planner would size memory wrongly
     (bad / "colibri.json").write_text(json.dumps(man))

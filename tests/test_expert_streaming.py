@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 import make_oracles  # noqa: E402
 import streaming_model  # noqa: E402
 
-MOE = [v for v, s in make_oracles.VARIANTS.items() if s["family"] == "qwen3_moe"]
+# every oracle with routed experts, whatever the family calls them (shared experts included)
+MOE = [v for v, s in make_oracles.VARIANTS.items()
+       if any(s["config"].get(k) for k in ("num_experts", "n_routed_experts", "num_local_experts"))]
 # engine flags that may change where experts come from, never what they compute
 SETTINGS = [["--cap", "1"], ["--cap", "2"], ["--ram", "0.1", "--ctx", "256"], ["--cap", "1", "--readahead", "on"],
             ["--cap", "3", "--readahead", "off"], ["--cap", "1", "--no-direct"], ["--cap", "2", "--threads", "1"],

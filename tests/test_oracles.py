@@ -30,6 +30,13 @@ QUANT = {
     "q4": dict(flags=[], top1=0.90, kl=0.15, safe=0.05, router_safe=0.3),  # defaults: q4 experts, q8 dense
 }
 EXACT = {"bf16": ["--experts", "bf16", "--dense", "bf16"], "f32": ["--experts", "f32", "--dense", "f32"]}
+# DSA (index_topk < sequence): each query's hard top-k of keys turns quantization noise into
+# flipped key selections, each moving that position's logits. A torch simulation of group-32
+# absmax q8 weights gives the same as the engine (mean KL / top-1 on all positions:
+# deepseek_v32 7.2e-2 / 83% simulated, 7.5e-2 / 82% engine; glm_moe_dsa 0.10 / 76% and
+# 0.105 / 79%; dense-attention deepseek_v3 8.7e-4 both), so these bounds only catch a broken
+# kernel (KL ~1, random top-1); the exact tests prove the sparse path itself.
+DSA_QUANT = dict(top1=0.6, kl=0.4, min_safe=5)
 
 
 # ---------- comparison helpers (pure numpy; also exercised without an engine below) ----------
@@ -173,6 +180,8 @@ def test_prefill_matches_stepwise(variant, oracle_root, container, tmp_path):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_quantized(variant, quant, oracle_root, container, tmp_path):
     q = QUANT[quant]
+    if "index_topk" in make_oracles.VARIANTS[variant]["config"]:
+        q = dict(q, **DSA_QUANT)
     info, ref = load_ref(oracle_root, variant)
     got = run_logits(container(variant, q["flags"]), info["ids"], tmp_path / "logits.f32")
     assert got.shape == ref.shape
@@ -180,7 +189,7 @@ def test_quantized(variant, quant, oracle_root, container, tmp_path):
     s = quant_stats(got, ref, safe)
     print(f"{variant} {quant}: mean KL {s['kl_mean']:.2e} (bound {q['kl']:.2g}), top-1 {100 * s['top1_safe']:.1f}% "
           f"on {s['n_safe']}/{len(ref)} margin-safe positions ({100 * s['top1_all']:.1f}% on all)")
-    assert s["n_safe"] >= MIN_SAFE, f"{variant}: only {s['n_safe']} margin-safe positions in the oracle"
+    assert s["n_safe"] >= q.get("min_safe", MIN_SAFE), f"{variant}: only {s['n_safe']} margin-safe positions in the oracle"
     assert s["top1_safe"] >= q["top1"], f"{variant} {quant}: top-1 {s['top1_safe']:.3f} < {q['top1']}"
     assert s["kl_mean"] <= q["kl"], f"{variant} {quant}: mean KL {s['kl_mean']:.2e} > {q['kl']:.2g}"
 
@@ -212,7 +221,17 @@ def test_oracle_checkpoint(variant, oracle_root):
         fused = any(k.endswith("mlp.experts.gate_up_proj") for k in keys)
         hub = any(k.endswith("mlp.experts.0.gate_proj.weight") for k in keys)
         assert (fused, hub) == ((True, False) if spec.get("layout") == "fused" else (False, True))
+    if spec["family"] in make_oracles.MOE_FAMILIES:
         assert info["router_margin"] is not None and min(info["router_margin"]) > 0
+    if spec["family"] in make_oracles.MOE_FAMILIES and spec["family"] != "qwen3_moe":
+        # sigmoid group routing: the oracle must exercise the group limit and the selection-only bias
+        assert cfg["topk_group"] < cfg["n_group"] and cfg["n_shared_experts"] >= 1
+        assert info["selection_changed_by_groups"] > 0 and info["selection_changed_by_bias"] > 0
+    if "index_topk" in spec["config"]:
+        # DSA: sparse selection for most positions, by an indexer with several heads whose
+        # top-k gaps were picked to survive the engine's rounding (make_oracles.IndexMargins)
+        assert cfg["index_topk"] < len(info["ids"]) // 2 and cfg["index_n_heads"] >= 8
+        assert info["index_margin"] is not None and info["index_margin"] > 0
     assert len(info["generated_ids"]) == make_oracles.NEW_TOKENS and info["gen_teacher_forced_agrees"]
 
 

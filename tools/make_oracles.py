@@ -44,6 +44,17 @@ MOE = dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=32, num_experts=
            num_experts_per_tok=2, moe_intermediate_size=32, rms_norm_eps=1e-6,
            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 
+# DeepSeek-V3 line: several groups with topk_group < n_group, shared experts, a leading dense
+# layer; MLA with q_lora / kv_lora, v_head_dim != qk head dim and YaRN (mscale in the softmax scale).
+SIGMOID = dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+               n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+               first_k_dense_replace=1, rms_norm_eps=1e-6)
+MLA = dict(SIGMOID, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24,
+           rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                            "mscale_all_dim": 1.0, "original_max_position_embeddings": 128,
+                            "beta_fast": 32, "beta_slow": 1})
+DSA = dict(index_topk=16, index_head_dim=32, index_n_heads=8)
+
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
     "llama": dict(family="llama", seed=11, config={}),
@@ -74,6 +85,23 @@ VARIANTS = {
                             config=dict(MOE, norm_topk_prob=True, mlp_only_layers=[0])),
     "qwen3_moe_sparse": dict(family="qwen3_moe", seed=34, shard="48KB",
                              config=dict(MOE, num_hidden_layers=4, decoder_sparse_step=2, norm_topk_prob=True)),
+    # GQA with head_dim != hidden/heads, partial rotary (the config's 0.5 default), q/k/v bias, q/k norm
+    "glm4_moe": dict(family="glm4_moe", seed=41, config=dict(
+        SIGMOID, num_key_value_heads=2, head_dim=48, attention_bias=True, use_qk_norm=True,
+        n_shared_experts=2, n_group=2, topk_group=1, num_experts_per_tok=2, routed_scaling_factor=1.5)),
+    "deepseek_v3": dict(family="deepseek_v3", seed=53, config=dict(MLA)),
+    "deepseek_v3_noqlora": dict(family="deepseek_v3", seed=58, config=dict(
+        MLA, q_lora_rank=None, norm_topk_prob=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        attention_bias=True, rope_interleave=False)),  # kv_a / o biases; half-split RoPE
+    # DSA: each query past the first index_topk positions attends to its indexer's top 16 keys
+    "glm_moe_dsa": dict(family="glm_moe_dsa", seed=71, config=dict(MLA, **DSA)),
+    # GLM's cross-layer top-k sharing: layer 1 reuses layer 0's selection
+    "glm_moe_dsa_shared": dict(family="glm_moe_dsa", seed=72, config=dict(
+        MLA, **DSA, indexer_types=["full", "shared", "full"])),
+    "deepseek_v32": dict(family="deepseek_v32", seed=82, config=dict(MLA, **DSA)),
+    "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
+        {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
+        routed_scaling_factor=1.8)),
 }
 
 TOKENIZER_TEXT = (
@@ -96,7 +124,17 @@ def model_class(family):
     import transformers as tf
     return {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
             "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
-            "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM)}[family]
+            "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+            "glm4_moe": (tf.Glm4MoeConfig, tf.Glm4MoeForCausalLM),
+            "glm4_moe_lite": (tf.Glm4MoeLiteConfig, tf.Glm4MoeLiteForCausalLM),
+            "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
+            "glm_moe_dsa": (tf.GlmMoeDsaConfig, tf.GlmMoeDsaForCausalLM),
+            "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM)}[family]
+
+
+MOE_FAMILIES = ("qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")
+SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
+BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 
 
 def randomize(model, seed, out_gain):
@@ -104,7 +142,9 @@ def randomize(model, seed, out_gain):
     torch = _torch()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if "rotary_emb" in name:
+                continue
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
@@ -113,6 +153,8 @@ def randomize(model, seed, out_gain):
                 p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
             elif name.endswith("mlp.gate.weight"):
                 pass  # routers: see pick_routers
+            elif name.endswith("e_score_correction_bias"):
+                p.copy_(BIAS_STD * torch.randn(p.shape, generator=g))
             else:
                 # residual-branch outputs smaller, so no single layer dominates the stream
                 gain = out_gain if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")) else 1.0
@@ -120,19 +162,102 @@ def randomize(model, seed, out_gain):
 
 
 def routers(model):
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
-    return [m for m in model.modules() if isinstance(m, Qwen3MoeTopKRouter)]
+    return [m for m in model.modules() if type(m).__name__.lower().endswith("topkrouter")]
+
+
+def sigmoid_group_margin(mod, x):
+    """Per position, a lower bound on the router-logit change (each logit moved by at most e: a
+    sigmoid score by e/4) that flips the selection, in the units of the softmax routers' margin
+    (logit[k-1] - logit[k], which a change e flips at 2e): 4 x the expert margin, 2 x the group
+    margin, on the biased scores selection uses."""
+    torch = _torch()
+    choice = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid() + mod.e_score_correction_bias
+    g, k, tg = mod.num_group, mod.top_k, mod.topk_group
+    margins = []
+    if tg < g:
+        gs = choice.view(len(choice), g, -1).topk(2, dim=-1).values.sum(-1).sort(dim=-1, descending=True).values
+        margins.append(2 * (gs[:, tg - 1] - gs[:, tg]))
+        keep = choice.view(len(choice), g, -1).topk(2, dim=-1).values.sum(-1).topk(tg, dim=-1).indices
+        mask = torch.zeros(len(choice), g, dtype=torch.bool).scatter_(1, keep, True)
+        choice = choice.masked_fill(~mask.repeat_interleave(choice.shape[1] // g, dim=1), float("-inf"))
+    s = choice.sort(dim=-1, descending=True).values
+    margins.append(4 * (s[:, k - 1] - s[:, k]).nan_to_num(posinf=1e9))
+    return torch.stack(margins).min(dim=0).values
+
+
+def sigmoid_group_effects(mod, x):
+    """Positions whose selection the group limit, and the correction bias, change: the oracle
+    must exercise both (tests/test_oracles.py checks the counts)."""
+    scores = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid()
+
+    def pick(choice, grouped):
+        if grouped and mod.topk_group < mod.num_group:
+            gs = choice.view(len(choice), mod.num_group, -1).topk(2, dim=-1).values.sum(-1)
+            keep = gs.topk(mod.topk_group, dim=-1).indices
+            mask = _torch().zeros_like(gs, dtype=_torch().bool).scatter_(1, keep, True)
+            choice = choice.masked_fill(~mask.repeat_interleave(choice.shape[1] // mod.num_group, dim=1), float("-inf"))
+        return choice.topk(mod.top_k, dim=-1).indices.sort(dim=-1).values
+
+    biased = scores + mod.e_score_correction_bias
+    chosen = pick(biased, True)
+    by_groups = (chosen != pick(biased, False)).any(-1)
+    by_bias = (chosen != pick(scores, True)).any(-1)
+    return int(by_groups.sum()), int(by_bias.sum())
+
+
+class IndexMargins:
+    """Hook every DSA indexer; per layer, the smallest gap between a query's index_topk-th and
+    next index score, relative to that query's largest |score| (positions past index_topk only):
+    how far the engine's rounding may move scores before a key selection flips."""
+
+    def __init__(self, model):
+        self.gaps = []
+        self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in model.modules()
+                        if type(m).__name__.endswith("Indexer")]
+
+    def _hook(self, mod, args, kwargs, out):
+        torch = _torch()
+        x, q_resid, (cos, sin) = args[0], args[1], args[2]
+        interleave = "Glm" in type(mod).__name__
+        B, S, _ = x.shape
+        q = mod.wq_b(q_resid).view(B, S, mod.n_heads, mod.head_dim)
+        k = mod.k_norm(mod.wk(x)).unsqueeze(2)
+        dr = mod.qk_rope_head_dim
+        mods = sys.modules[type(mod).__module__]
+        rot = mods.apply_rotary_pos_emb_interleave if interleave else mods.apply_rotary_pos_emb
+        qr, kr = rot(q[..., :dr], k[..., :dr], cos, sin, unsqueeze_dim=2)
+        q, k = torch.cat([qr, q[..., dr:]], -1), torch.cat([kr, k[..., dr:]], -1).squeeze(2)
+        s = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * mod.softmax_scale)
+        w = mod.weights_proj(x).float() * mod.n_heads ** -0.5
+        score = torch.matmul(w.unsqueeze(-2), s).squeeze(-2)[0]  # [S, S]
+        K, gaps = mod.index_topk, []
+        for t in range(K, S):
+            v = score[t, :t + 1].sort(descending=True).values
+            gaps.append(((v[K - 1] - v[K]) / v.abs().max()).item())
+        if gaps:
+            self.gaps.append(min(gaps))
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
 
 
 class RouterMargins:
-    """Hook every router; per position, min over MoE layers of logit[k-1] - logit[k] (sorted)."""
+    """Hook every router; per position, min over MoE layers of its top-k margin: logit[k-1] - logit[k]
+    (sorted) for softmax routers, sigmoid_group_margin for group-limited sigmoid ones."""
 
     def __init__(self, model):
         self.rs = routers(model)
         self.per_layer = []
+        self.effects = [0, 0]  # (positions x layers) whose selection groups / the bias changed
         self.handles = [r.register_forward_hook(self._hook) for r in self.rs]
 
     def _hook(self, mod, args, out):
+        if hasattr(mod, "e_score_correction_bias"):
+            self.per_layer.append(sigmoid_group_margin(mod, args[0]))
+            g, b = sigmoid_group_effects(mod, args[0])
+            self.effects = [self.effects[0] + g, self.effects[1] + b]
+            return
         logits = out[0].float()
         s = logits.sort(dim=-1, descending=True).values
         self.per_layer.append(s[:, mod.top_k - 1] - s[:, mod.top_k])
@@ -166,34 +291,52 @@ def round_to(model, dtype):
     torch = _torch()
     dt = getattr(torch, dtype)
     with torch.no_grad():
-        for p in model.parameters():
+        for p in list(model.parameters()) + [b for n, b in model.named_buffers() if "rotary_emb" not in n]:
             p.copy_(p.to(dt).float())
 
 
+INDEX_TRIES = 8  # candidate draws of each DSA indexer's weights_proj; the most decisive one is kept
+
+
 def pick_routers(model, seed, ids, dtype):
-    """Draw router weights layer by layer; keep the draw with the largest min top-k margin."""
+    """Draw router weights (and DSA indexer head weights) layer by layer, in the order the forward
+    pass meets them, so each measured margin only depends on choices already fixed; keep the
+    draw with the largest smallest margin: router top-k (RouterMargins), indexer top-k
+    (IndexMargins), so the engine's rounding does not flip a selection."""
     torch = _torch()
-    rs = routers(model)
-    if not rs:
+    rs, ixs = routers(model), [m for m in model.modules() if type(m).__name__.endswith("Indexer")]
+    if not rs and not ixs:
         return
     g = torch.Generator().manual_seed(seed + 1000)
-    hook = RouterMargins(model)
+    gi = torch.Generator().manual_seed(seed + 4000)
+    hook, ihook = RouterMargins(model), IndexMargins(model)
     try:
-        for i, r in enumerate(rs):
+        for m in model.modules():
+            if m in rs:
+                i = rs.index(m)
+                std = SIGMOID_ROUTER_STD if hasattr(m, "e_score_correction_bias") else ROUTER_STD
+                param, draw = m.weight, lambda: std * torch.randn(m.weight.shape, generator=g)
+            elif m in ixs:
+                i = ixs.index(m)
+                w0 = m.weights_proj.weight
+                param, draw = w0, lambda: torch.randn(w0.shape, generator=gi) / w0.shape[-1] ** 0.5
+            else:
+                continue
             best, best_w = None, None
-            for _ in range(ROUTER_TRIES):
-                w = (ROUTER_STD * torch.randn(r.weight.shape, generator=g)).to(getattr(torch, dtype)).float()
+            for _ in range(ROUTER_TRIES if m in rs else INDEX_TRIES):
+                w = draw().to(getattr(torch, dtype)).float()
                 with torch.no_grad():
-                    r.weight.copy_(w)
+                    param.copy_(w)
+                hook.per_layer, ihook.gaps = [], []
                 forward_logits(model, ids)
-                margin = hook.per_layer[i].min().item()
-                hook.per_layer = []
+                margin = hook.per_layer[i].min().item() if m in rs else ihook.gaps[i]
                 if best is None or margin > best:
                     best, best_w = margin, w
             with torch.no_grad():
-                r.weight.copy_(best_w)
+                param.copy_(best_w)
     finally:
         hook.close()
+        ihook.close()
 
 
 def greedy(model, prompt):
@@ -279,15 +422,17 @@ def build_variant(name, spec, vdir):
 
     # Reference: the saved checkpoint loaded back in float32, eager paths.
     load_kw = dict(dtype=torch.float32, attn_implementation="eager")
-    if family == "qwen3_moe":
+    if family in MOE_FAMILIES:
         load_kw["experts_implementation"] = "eager"
     ref = model_cls.from_pretrained(hf, **load_kw).eval()
-    hook = RouterMargins(ref)
+    hook, ihook = RouterMargins(ref), IndexMargins(ref)
     try:
         logits = forward_logits(ref, ids)
         rmargin = hook.take()
+        effects = hook.effects
     finally:
         hook.close()
+        ihook.close()
     drift = (logits - in_memory).abs().max().item()
     assert drift <= 1e-4 * logits.abs().max().item(), f"{name}: save/load changed logits by {drift}"
     gen = greedy(ref, prompt)
@@ -305,6 +450,8 @@ def build_variant(name, spec, vdir):
         "max_abs_logit": logits.abs().max().item(), "logit_std": logits.std().item(),
         "top1": logits.argmax(-1).tolist(), "margin": top_margins(logits).tolist(),
         "router_margin": rmargin.tolist() if rmargin is not None else None,
+        "selection_changed_by_groups": effects[0], "selection_changed_by_bias": effects[1],
+        "index_margin": min(ihook.gaps) if ihook.gaps else None,
         "prompt_ids": prompt, "generated_ids": gen,
         "gen_margin": glm.tolist(), "gen_router_margin": grm.tolist() if grm is not None else None,
         # teacher-forced argmax differs from generate() only at a near-tie

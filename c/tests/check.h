@@ -29,5 +29,6 @@ void test_logprob(void);
 void test_expert_streaming(void);
 void test_moe_exec(void);
 void test_sampler_sort(void);
+void test_router(void);
 
 #endif

@@ -28,6 +28,7 @@ int main(int argc, char **argv) {
     test_logprob();
     test_expert_streaming();
     test_moe_exec();
+    test_router();
     printf("c unit tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
     return checks_failed != 0;
 }

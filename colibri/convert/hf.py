@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
+from colibri.family import deepseek
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
@@ -27,7 +28,7 @@ from version import VERSION
 
 FORMAT_VERSION = 1
 EXPERT_CHOICES, DENSE_CHOICES = EXPERT_STORAGE, DENSE_STORAGE
-SOURCE_DTYPES = ("F32", "F16", "BF16")
+SOURCE_DTYPES = ("F32", "F16", "BF16", "F8_E4M3")  # F8_E4M3: block-FP8, with its weight_scale_inv
 COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
                 "special_tokens_map.json", "chat_template.jinja")
 STATE_FILE = ".coli_convert.json"
@@ -87,12 +88,21 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         if t["dtype"] not in SOURCE_DTYPES:
             raise ConvertError(f"source tensor '{name}' is {t['dtype']}; supported source dtypes: {', '.join(SOURCE_DTYPES)}")
         p.used.add(name)
+        if t["dtype"] == "F8_E4M3":
+            p.used.add(t["scale"]["name"])
         return t
+
+    def part(t, offset, rows):
+        """One source slice of whole rows; an FP8 one carries its block scale (rows from row 0)."""
+        if t["dtype"] != "F8_E4M3":
+            return (t["file"], offset, t["dtype"], rows)
+        s = t["scale"]
+        return (t["file"], offset, t["dtype"], rows, (s["file"], s["offset"], s["dtype"], s["block"][0], s["block"][1], 0))
 
     def whole(name, klass, shape, order):
         t = take(name, shape)
         rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
-        p.add(name, klass, rows, cols, [(t["file"], t["offset"], t["dtype"], rows)], t["file"], order)
+        p.add(name, klass, rows, cols, [part(t, t["offset"], rows)], t["file"], order)
 
     # Output names come from the layer specs (family_registry), so the converter and the
     # engine agree on them by construction; only the shapes and storage classes are ours.
@@ -111,8 +121,14 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
+        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else attn_shapes
         for key, name in spec["attn"]["tensors"].items():
-            whole(name, "dense" if len(attn_shapes[key]) == 2 else "f32", attn_shapes[key], o)
+            whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
+        if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
+            ix = spec["attn"]["indexer"]
+            ishapes = deepseek.indexer_shapes(ix, H, spec["attn"]["q_lora_rank"])
+            for key, name in ix["tensors"].items():
+                whole(name, "dense" if len(ishapes[key]) == 2 else "f32", ishapes[key], o)
         mlp = spec["mlp"]
         if mlp["kind"] == "dense":
             I = mlp["width"]
@@ -122,12 +138,20 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             continue
         E, I = mlp["experts"], mlp["width"]
         whole(mlp["router"]["tensors"]["weight"], "f32", [E, H], o)
+        if "bias" in mlp["router"]["tensors"]:  # selection-only correction bias (sigmoid_group)
+            whole(mlp["router"]["tensors"]["bias"], "f32", [E], o)
+        if "shared" in mlp:  # shared experts: dense trunk, resident
+            S = mlp["shared"]["width"]
+            for key, name in mlp["shared"]["tensors"].items():
+                whole(name, "dense", [H, S] if key == "down" else [S, H], o)
         names = mlp["expert_tensors"]
         pre = f"model.layers.{l}"
         fused = f"{pre}.mlp.experts.gate_up_proj"  # transformers' fused source layout
         if fused in tensors:
             gu = take(fused, [E, 2 * I, H])
             dn = take(f"{pre}.mlp.experts.down_proj", [E, H, I])
+            if "F8_E4M3" in (gu["dtype"], dn["dtype"]):
+                raise ConvertError(f"{fused}: block-FP8 fused expert tensors are not supported (only per-expert ones)")
             gsz, dsz = {"F32": 4}.get(gu["dtype"], 2), {"F32": 4}.get(dn["dtype"], 2)
         for e in range(E):
             eo = (l + 1, e)
@@ -143,14 +167,61 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 g = take(out["gate"], [I, H])
                 for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
                     t = take(out[proj], shape)
-                    p.add(out[proj], "expert", shape[0], shape[1],
-                          [(t["file"], t["offset"], t["dtype"], shape[0])], g["file"], eo)
+                    p.add(out[proj], "expert", shape[0], shape[1], [part(t, t["offset"], shape[0])], g["file"], eo)
+    p.mtp = keep_mtp_layers(p, tensors, L, take, part)
     unused = [n for n in tensors if n not in p.used and not IGNORED.search(n)]
     if unused:
         more = f" (and {len(unused) - 5} more)" if len(unused) > 5 else ""
         raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
                            f"{', '.join(sorted(unused)[:5])}{more}; refusing to drop weights silently")
     return p
+
+
+MTP_RE = re.compile(r"^model\.layers\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
+
+
+def keep_mtp_layers(p, tensors, L, take, part):
+    """Multi-token-prediction layers (DeepSeek-V3, GLM-4.5: the config's num_nextn_predict_layers,
+    stored at layer index L and up) are kept in the container under their own names, but no
+    layer spec names them, so the engine does not run them. Any other extra layer stays an
+    unused tensor (refused). Returns their layer indices (the manifest's mtp_layers)."""
+    layers, n_mtp = set(), int(p.arch.get("num_nextn_predict_layers") or 0)
+    for name, t in tensors.items():
+        m = MTP_RE.match(name)
+        if not m or not L <= int(m.group(1)) < L + n_mtp or name in p.used or name.endswith("_scale_inv"):
+            continue
+        t = take(name, t["shape"])
+        shape, l = t["shape"], int(m.group(1))
+        rows = 1 if len(shape) == 1 else shape[0] if len(shape) == 2 else shape[0] * shape[1]
+        cols = shape[-1]
+        router = name.endswith(".mlp.gate.weight")  # f32, as the layers' routers
+        klass = "f32" if len(shape) == 1 or router else "expert" if m.group(2) or len(shape) == 3 else "dense"
+        order = (l + 2, int(m.group(2))) if m.group(2) else (l + 2,)
+        p.add(name, klass, rows, cols, [part(t, t["offset"], rows)], t["file"], order)
+        layers.add(l)
+    return sorted(layers)
+
+
+def attach_fp8_scales(cfg, tensors):
+    """Block-FP8 checkpoints (DeepSeek-V3, GLM releases): every F8_E4M3 weight has a
+    NAME_scale_inv of [ceil(rows/br), ceil(cols/bc)] (quantization_config.weight_block_size,
+    default 128 x 128); the converter dequantizes with it before re-quantizing."""
+    qc = cfg.get("quantization_config") or {}
+    block = qc.get("weight_block_size") or [128, 128]
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise ConvertError(f"config.json quantization_config.weight_block_size {block!r} is not two positive integers")
+    for name, t in tensors.items():
+        if t["dtype"] != "F8_E4M3":
+            continue
+        sname = name + "_scale_inv"
+        s = tensors.get(sname)
+        if s is None or len(t["shape"]) != 2:
+            raise ConvertError(f"FP8 tensor '{name}' has no {sname} block scale (a 2-D weight and its scale are needed)")
+        want = [-(-t["shape"][0] // block[0]), -(-t["shape"][1] // block[1])]
+        if list(s["shape"]) != want or s["dtype"] not in ("F32", "BF16"):
+            raise ConvertError(f"'{sname}' is {s['dtype']} {s['shape']}; {block[0]}x{block[1]} blocks of {name} "
+                               f"{t['shape']} need F32 or BF16 {want}")
+        t["scale"] = dict(s, name=sname, block=block)
 
 
 def block_specs(arch, planner):
@@ -219,8 +290,9 @@ def write_shard(out, fname, outs, log):
     for o in outs:
         dst = len(header) + offsets[o["name"]]
         rb = row_bytes(o["qtype"], o["cols"])
-        for (src, off, dtype, rows) in o["parts"]:
-            jobs.append(f"{src}\t{off}\t{dtype}\t{rows}\t{o['cols']}\t{partial}\t{dst}\t{o['qtype']}\n")
+        for (src, off, dtype, rows, *scale) in o["parts"]:
+            extra = "".join(f"\t{x}" for x in scale[0]) if scale else ""  # block-FP8: its scale tensor
+            jobs.append(f"{src}\t{off}\t{dtype}\t{rows}\t{o['cols']}\t{partial}\t{dst}\t{o['qtype']}{extra}\n")
             dst += rows * rb
     with tempfile.NamedTemporaryFile("w", suffix=".jobs", delete=False) as jf:
         jf.writelines(jobs)
@@ -266,6 +338,7 @@ def convert(src, out, experts="q4", dense="q8", log=print):
             if name in tensors:
                 raise ConvertError(f"tensor '{name}' appears in two source shards")
             tensors[name] = dict(t, file=str(f.resolve()))
+    attach_fp8_scales(cfg, tensors)
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)
     del arch["_family"]
@@ -289,12 +362,14 @@ def convert(src, out, experts="q4", dense="q8", log=print):
     log("checksumming sources")
     write_manifest(out, family=family, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
                    bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src), shards=shards,
-                   source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")})
+                   source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")},
+                   mtp_layers=planner.mtp)
     log(f"wrote {out}")
     return out
 
 
-def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None):
+def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None,
+                   mtp_layers=None):
     """colibri.json, for every converter: written last and renamed into place, so its presence
     means the container is complete (docs/container.md)."""
     manifest = {
@@ -313,6 +388,8 @@ def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos
         "shards": [fname for fname, _ in shards],
         "source": source,
     }
+    if mtp_layers:  # kept, not run: no layer spec names their tensors
+        manifest["mtp_layers"] = mtp_layers
     tmp = out / "colibri.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / "colibri.json")

@@ -16,6 +16,7 @@ from colibri.convert.safetensors_io import read_raw_header as _read_raw_header
 FORMAT_VERSION = 1
 
 EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class ContainerError(ValueError):
@@ -173,10 +174,12 @@ def scan(model_dir):
             entry = table.get(name)
             n_el = entry[1] * entry[2] if isinstance(entry, list) and len(entry) == 3 else \
                 t["nbytes"] // DTYPE_SIZE[t["dtype"]]
-            cls = tensor_class(name)
+            m = EXPERT_RE.match(name) or LAYER_RE.match(name)
+            mtp = bool(m) and int(m.group(1)) >= int(arch.get("num_layers") or 1 << 30)
+            cls = "mtp" if mtp else tensor_class(name)  # kept, never run: neither trunk nor streamed
             classes[cls] = classes.get(cls, 0) + t["nbytes"]
             elems[cls] = elems.get(cls, 0) + n_el
-            m = EXPERT_RE.match(name)
+            m = None if mtp else EXPERT_RE.match(name)
             if m:
                 acc = per_expert.setdefault((int(m.group(1)), int(m.group(2))), [0, 0])
                 acc[0] += t["nbytes"]
@@ -218,7 +221,7 @@ def scan(model_dir):
         "tensor_bytes": sum(classes.values()),
         "classes": dict(sorted(classes.items())),
         "class_elements": dict(sorted(elems.items())),
-        "dense_bytes": sum(v for k, v in classes.items() if k != "expert"),
+        "dense_bytes": sum(v for k, v in classes.items() if k not in ("expert", "mtp")),
         "expert_bytes": expert_bytes,
         "dense_f32_bytes": dense_f32,  # the engine copies these out of the mapping (norms, routers, biases)
         "experts": {
@@ -234,6 +237,7 @@ def scan(model_dir):
         "kv_bytes_per_token": kv_bytes_per_token(arch, man.get("family"), layers=_layers(man)),
         "kv_fixed_bytes": _kv_fixed(man),
         "kv_values_per_token": _kv_values(man),
+        "kv_f32_bytes_per_token": family_registry_f32(_layers(man)),
         "kv_layers": _layers(man) and [(s.get("attn") or {}).get("state") or {} for s in _layers(man)],
     }
 
@@ -250,6 +254,11 @@ def _kv_values(man):
     import family_registry
     layers = _layers(man)
     return family_registry.kv_values_per_token(layers) if layers else 0
+
+
+def family_registry_f32(layers):
+    import family_registry
+    return family_registry.kv_f32_bytes_per_token(layers) if layers else 0
 
 
 def _kv_fixed(man):

@@ -1,0 +1,290 @@
+/* Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash, GLM-5). Queries come from x,
+ * directly or through a low-rank q_a -> RMSNorm -> q_b; keys and values share one compressed
+ * latent per position: kv_a(x) = [c (kv_lora) | k_rope (rope dim)], c RMS-normalised, k_rope
+ * rotated and shared by every head. Per head, key = [W_uk c | k_rope], value = W_uv c, where
+ * kv_b = per head [W_uk (nope rows); W_uv (v rows)].
+ * State: per position the latent [c | k_rope] only, never the expanded keys and values.
+ * Decode uses the weight-absorbed form: score = (W_uk^T q_nope) . c + q_rope . k_rope and
+ * out = W_uv (sum p c); a prefill chunk that is most of the context expands keys and values of
+ * every cached position once and attends over them. Both read the same cached latent.
+ * RoPE: "interleaved" (pairs (x0,x1), (x2,x3)... as DeepSeek lays them out) or "neox" (halves). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "dsa_indexer.h"
+#include "fwd_alloc.h"
+#include "kv_kernels.h"
+#include "ops.h"
+#include "rope.h"
+
+typedef struct {
+    int nh, ql, kl, dn, dr, dv, interleaved;
+    float scale, eps;
+    QMat wq, wqa, wqb, wkva, wkvb, wo;
+    const float *qa_norm, *kva_norm, *bqa, *bkva, *bo;
+    int has_idx;     /* a DSA indexer picks each query's keys (GLM-5, DeepSeek-V3.2) */
+    int shared_idx;  /* GLM "shared" layers: no indexer, the last full layer's selection */
+    DsaIndexer idx;
+} AttnMla;
+
+/* The selection of the last layer that ran an indexer, for the "shared" layers after it in the
+ * same chunk (transformers passes the top-k up the layers the same way). Layers run in order,
+ * one chunk at a time, so one record suffices; p0/T say which chunk it belongs to. */
+static struct {
+    unsigned char *keep; /* owned; NULL: every causal key */
+    int p0, T, valid;
+} last_sel;
+
+static void keep_selection(unsigned char *keep, int p0, int T) {
+    free(last_sel.keep);
+    last_sel.keep = keep;
+    last_sel.p0 = p0;
+    last_sel.T = T;
+    last_sel.valid = 1;
+}
+
+/* Bytes of one cached position: the latent [c | k_rope] in the cache's type, then the indexer
+ * key if any, always f32: its top-k selection is a hard threshold, and f16 rounding of the keys
+ * flips near-tied selections (measured: 0.43 max logit error on the glm_moe_dsa oracle at f16,
+ * 3e-4 with f32 keys). */
+static size_t row_stride(const AttnMla *y, QType kv_type) {
+    return (size_t)(y->kl + y->dr) * kv_elem_size(kv_type) + (y->has_idx ? (size_t)y->idx.hd * sizeof(float) : 0);
+}
+
+static int load(void *self, const JsonValue *spec, BlockLoader *L) {
+    AttnMla *p = self;
+    const int H = L->a->hidden;
+    p->nh = bl_int(L, spec, "heads", 1, 1024);
+    p->ql = bl_int(L, spec, "q_lora_rank", 0, 1 << 16);
+    p->kl = bl_int(L, spec, "kv_lora_rank", 1, 1 << 16);
+    p->dn = bl_int(L, spec, "qk_nope_head_dim", 0, 4096);
+    p->dr = bl_int(L, spec, "qk_rope_head_dim", 2, 4096);
+    p->dv = bl_int(L, spec, "v_head_dim", 1, 4096);
+    p->scale = (float)bl_num(L, spec, "scale", 1e-6, 1e6);
+    p->eps = (float)bl_num(L, spec, "norm_eps", 1e-30, 1.0);
+    const JsonValue *rope = bl_obj(L, spec, "rope");
+    if (L->failed) return -1;
+    const char *style = bl_str(L, rope, "style");
+    int dim = bl_int(L, rope, "dim", 0, 4096);
+    if (L->failed) return -1;
+    if (strcmp(style, "interleaved") && strcmp(style, "neox"))
+        return bl_fail(L, "mla: rope style '%s' is not implemented (interleaved, neox)", style);
+    p->interleaved = !strcmp(style, "interleaved");
+    if (dim != p->dr || dim != L->a->rotary_dim)
+        return bl_fail(L, "mla: rope.dim %d must equal qk_rope_head_dim %d and the model's RoPE table (%d)", dim, p->dr,
+                       L->a->rotary_dim);
+    const int qkd = p->dn + p->dr, qd = p->nh * qkd;
+    const JsonValue *t = json_get(spec, "tensors");
+    if (p->ql) {
+        p->wqa = bl_mat(L, t, "q_a", p->ql, H);
+        p->bqa = bl_vec(L, t, "q_a_bias", 1, p->ql, 1);
+        p->qa_norm = bl_vec(L, t, "q_a_norm", 1, p->ql, 0);
+        p->wqb = bl_mat(L, t, "q_b", qd, p->ql);
+    } else {
+        p->wq = bl_mat(L, t, "q", qd, H);
+    }
+    p->wkva = bl_mat(L, t, "kv_a", p->kl + p->dr, H);
+    p->bkva = bl_vec(L, t, "kv_a_bias", 1, p->kl + p->dr, 1);
+    p->kva_norm = bl_vec(L, t, "kv_a_norm", 1, p->kl, 0);
+    p->wkvb = bl_mat(L, t, "kv_b", p->nh * (p->dn + p->dv), p->kl);
+    p->wo = bl_mat(L, t, "o", H, p->nh * p->dv);
+    p->bo = bl_vec(L, t, "o_bias", 1, H, 1);
+    const JsonValue *ix = json_get(spec, "indexer");
+    static int last_indexer_layer = -1; /* layers load in order; layer 0 starts a model */
+    if (L->layer == 0) last_indexer_layer = -1;
+    if (!L->failed && ix && ix->type != JSON_NULL && json_get_bool(ix, "shared", 0)) {
+        if (last_indexer_layer < 0 || last_indexer_layer >= L->layer)
+            return bl_fail(L, "mla: a shared DSA indexer needs a layer with its own indexer before it");
+        p->shared_idx = 1;
+    } else if (!L->failed && ix && ix->type != JSON_NULL) {
+        p->has_idx = 1;
+        last_indexer_layer = L->layer;
+        if ((p->kl + p->dr) % 2) /* the f32 keys after a 2-byte latent must stay 4-byte aligned */
+            return bl_fail(L, "mla: a DSA indexer needs kv_lora_rank + qk_rope_head_dim even, got %d", p->kl + p->dr);
+        if (dsa_load(&p->idx, ix, p->ql, p->dr, L)) return -1;
+    }
+    return L->failed ? -1 : 0;
+}
+
+static StateDesc state(const void *self, QType kv_type) {
+    const AttnMla *p = self;
+    StateDesc s = {.per_pos = row_stride(p, kv_type), .truncatable = 1};
+    return s;
+}
+
+/* A view of rows [r0, r0 + n) of w. */
+static QMat rows_of(const QMat *w, int r0, int n) {
+    QMat v = *w;
+    v.rows = n;
+    v.data = w->data + (size_t)r0 * w->row_bytes;
+    return v;
+}
+
+/* dst[0..n) = cached row (kv element type) as floats. */
+static void load_row(const KvKernels *kk, const unsigned char *row, int n, float *dst) {
+    if (!kk) { memcpy(dst, row, sizeof(float) * n); return; }
+    memset(dst, 0, sizeof(float) * n);
+    kk->axpy(1.0f, row, n, dst);
+}
+
+static float row_dot(const KvKernels *kk, const float *q, const unsigned char *row, int n) {
+    return kk ? kk->dot(q, row, n) : kern.dot(q, (const float *)row, n);
+}
+
+/* Decode: one query row attends over positions 0..n-1 through the latent. */
+static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q, int n, const unsigned char *keep,
+                            float *att) {
+    const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr;
+    const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type);
+    const size_t pad = ((size_t)kl + 31) / 32 * 32;
+    const KvKernels *kk = kv_kernels(r->kv_type);
+    const unsigned char *cache = r->state->pos;
+    float *qlat = fwd_malloc(sizeof(float) * (size_t)y->nh * kl), *olat = fwd_malloc(sizeof(float) * (size_t)y->nh * kl);
+    float *rowbuf = fwd_malloc(sizeof(float) * (size_t)y->nh * pad);
+    if (!qlat || !olat || !rowbuf) goto out;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int h = 0; h < y->nh; h++) {
+        const float *qh = q + (size_t)h * qkd;
+        float *ql = qlat + (size_t)h * kl, *ol = olat + (size_t)h * kl, *rb = rowbuf + (size_t)h * pad;
+        const int r0 = h * (dn + dv);
+        memset(ql, 0, sizeof(float) * kl);
+        for (int d = 0; d < dn; d++) { /* W_uk^T q_nope, one dequantized row at a time */
+            kern.dequant_row(y->wkvb.qt, y->wkvb.data + (size_t)(r0 + d) * y->wkvb.row_bytes, kl, rb);
+            const float w = qh[d];
+            for (int i = 0; i < kl; i++) ql[i] += w * rb[i];
+        }
+        float *sc = scratch(1, (size_t)n);
+        if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
+        for (int j = 0; j < n; j++) {
+            const unsigned char *row = cache + (size_t)j * stride;
+            sc[j] = keep && !keep[j] ? -INFINITY
+                                     : (row_dot(kk, ql, row, kl) + row_dot(kk, qh + dn, row + (size_t)kl * es, dr)) * y->scale;
+        }
+        softmax(sc, n);
+        memset(ol, 0, sizeof(float) * kl);
+        for (int j = 0; j < n; j++) {
+            if (keep && !keep[j]) continue; /* not among the indexer's top-k */
+            const unsigned char *row = cache + (size_t)j * stride;
+            if (kk) kk->axpy(sc[j], row, kl, ol);
+            else for (int i = 0; i < kl; i++) ol[i] += sc[j] * ((const float *)row)[i];
+        }
+    }
+    for (int h = 0; h < y->nh && !fwd_oom(); h++) { /* W_uv per head */
+        QMat uv = rows_of(&y->wkvb, h * (dn + dv) + dn, dv);
+        matmul(att + (size_t)h * dv, olat + (size_t)h * kl, 1, &uv, NULL);
+    }
+out:
+    free(qlat); free(olat); free(rowbuf);
+}
+
+/* Prefill: expand keys and values of positions 0..p0+T-1 from the cached latent, then attend. */
+static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q, int T, const unsigned char *keep,
+                            float *att) {
+    const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr, nh = y->nh, w = dn + dv;
+    const int n_all = r->p0 + T;
+    const size_t stride = row_stride(y, r->kv_type);
+    const KvKernels *kk = kv_kernels(r->kv_type);
+    const unsigned char *cache = r->state->pos;
+    float *lat = fwd_malloc(sizeof(float) * (size_t)n_all * (kl + dr));
+    float *kv = fwd_malloc(sizeof(float) * (size_t)n_all * nh * w), *c = fwd_malloc(sizeof(float) * (size_t)n_all * kl);
+    if (!lat || !kv || !c) goto out;
+    for (int j = 0; j < n_all; j++) {
+        load_row(kk, cache + (size_t)j * stride, kl + dr, lat + (size_t)j * (kl + dr));
+        memcpy(c + (size_t)j * kl, lat + (size_t)j * (kl + dr), sizeof(float) * kl);
+    }
+    matmul(kv, c, n_all, &y->wkvb, NULL);
+    if (fwd_oom()) goto out;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < nh; h++) {
+            const int n = r->p0 + t + 1;
+            const float *qh = q + ((size_t)t * nh + h) * qkd;
+            const unsigned char *kt = keep ? keep + (size_t)t * n_all : NULL;
+            float *sc = scratch(1, (size_t)n);
+            if (!sc) continue;
+            for (int j = 0; j < n; j++) {
+                const float *kj = kv + ((size_t)j * nh + h) * w, *rj = lat + (size_t)j * (kl + dr) + kl;
+                sc[j] = kt && !kt[j] ? -INFINITY : (kern.dot(qh, kj, dn) + kern.dot(qh + dn, rj, dr)) * y->scale;
+            }
+            softmax(sc, n);
+            float *o = att + ((size_t)t * nh + h) * dv;
+            memset(o, 0, sizeof(float) * dv);
+            for (int j = 0; j < n; j++) {
+                if (kt && !kt[j]) continue; /* not among the indexer's top-k */
+                const float *vj = kv + ((size_t)j * nh + h) * w + dn, pj = sc[j];
+                for (int d = 0; d < dv; d++) o[d] += pj * vj[d];
+            }
+        }
+    }
+out:
+    free(lat); free(kv); free(c);
+}
+
+static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
+    const AttnMla *y = self;
+    const int nh = y->nh, kl = y->kl, dr = y->dr, qkd = y->dn + y->dr, qd = nh * qkd;
+    float *q = fwd_malloc(sizeof(float) * (size_t)T * qd), *kva = fwd_malloc(sizeof(float) * (size_t)T * (kl + dr));
+    float *att = fwd_malloc(sizeof(float) * (size_t)T * nh * y->dv);
+    float *qa = y->ql ? fwd_malloc(sizeof(float) * (size_t)T * y->ql) : NULL;
+    unsigned char *keep = NULL; /* [T][p0 + T] from the DSA indexer; NULL: every causal key */
+    if (!q || !kva || !att || (y->ql && !qa)) goto out; /* fwd_oom() tells the caller */
+    if (y->ql) {
+        matmul(qa, x, T, &y->wqa, y->bqa);
+        for (int t = 0; t < T; t++) rmsnorm(qa + (size_t)t * y->ql, qa + (size_t)t * y->ql, y->qa_norm, y->ql, y->eps);
+        matmul(q, qa, T, &y->wqb, NULL);
+    } else {
+        matmul(q, x, T, &y->wq, NULL);
+    }
+    matmul(kva, x, T, &y->wkva, y->bkva);
+    if (fwd_oom()) goto out;
+    const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type);
+    for (int t = 0; t < T; t++) {
+        const int pos = r->p0 + t;
+        for (int h = 0; h < nh; h++) rope_rotate(q + (size_t)t * qd + h * qkd + y->dn, r->a, dr, pos, y->interleaved);
+        float *lat = kva + (size_t)t * (kl + dr);
+        rmsnorm(lat, lat, y->kva_norm, kl, y->eps);
+        rope_rotate(lat + kl, r->a, dr, pos, y->interleaved);
+        unsigned char *dst = r->state->pos + (size_t)pos * stride;
+        kv_store_row(r->kv_type, lat, kl, dst);
+        kv_store_row(r->kv_type, lat + kl, dr, dst + (size_t)kl * es);
+    }
+    if (y->has_idx) {
+        const size_t off = (size_t)(kl + dr) * es;
+        dsa_store_keys(&y->idx, r, x, T, stride, off);
+        if (!fwd_oom()) keep = dsa_select(&y->idx, r, x, qa, T, stride, off);
+        if (fwd_oom()) goto out;
+        keep_selection(keep, r->p0, T); /* owned there now, for the shared layers that follow */
+    }
+    if (y->shared_idx) {
+        /* load checked that an indexer layer comes first; it ran on this chunk just before */
+        if (!last_sel.valid || last_sel.p0 != r->p0 || last_sel.T != T) {
+            fprintf(stderr, "colibri: internal error: a shared DSA layer ran without its indexer layer's selection\n");
+            abort();
+        }
+        keep = last_sel.keep;
+    }
+    /* Expanding costs every cached position's keys and values once per chunk: worth it only
+     * while the chunk is most of the context (a prompt's first chunks). Later chunks and decode
+     * attend through the latent, so a long context never expands. */
+    const int n_all = r->p0 + T;
+    if (T > 1 && 2 * T >= n_all) attend_expanded(y, r, q, T, keep, att);
+    else
+        for (int t = 0; t < T && !fwd_oom(); t++)
+            attend_absorbed(y, r, q + (size_t)t * qd, r->p0 + t + 1, keep ? keep + (size_t)t * n_all : NULL,
+                            att + (size_t)t * nh * y->dv);
+    if (!fwd_oom()) matmul(out, att, T, &y->wo, y->bo);
+out:
+    free(q); free(kva); free(att); free(qa); /* keep belongs to last_sel */
+}
+
+static void release(void *self) {
+    AttnMla *p = self;
+    free((void *)p->qa_norm); free((void *)p->kva_norm);
+    free((void *)p->bqa); free((void *)p->bkva); free((void *)p->bo);
+    if (p->has_idx) dsa_release(&p->idx);
+}
+
+const BlockKind block_attn_mla = {ROLE_ATTN, "mla", sizeof(AttnMla), load, run, state, release};

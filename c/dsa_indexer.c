@@ -1,0 +1,119 @@
+/* DSA lightning indexer (dsa_indexer.h). */
+#include "dsa_indexer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fwd_alloc.h"
+#include "ops.h"
+#include "rope.h"
+
+int dsa_load(DsaIndexer *d, const JsonValue *spec, int q_lora, int rope_dim, BlockLoader *L) {
+    const int H = L->a->hidden;
+    d->nh = bl_int(L, spec, "heads", 1, 4096);
+    d->hd = bl_int(L, spec, "head_dim", 2, 4096);
+    d->topk = bl_int(L, spec, "topk", 1, 1 << 30);
+    d->eps = (float)bl_num(L, spec, "norm_eps", 1e-30, 1.0);
+    const JsonValue *rope = bl_obj(L, spec, "rope");
+    if (L->failed) return -1;
+    const char *style = bl_str(L, rope, "style");
+    if (L->failed) return -1;
+    if (strcmp(style, "interleaved") && strcmp(style, "neox"))
+        return bl_fail(L, "dsa indexer: rope style '%s' is not implemented (interleaved, neox)", style);
+    d->interleaved = !strcmp(style, "interleaved");
+    d->dr = rope_dim;
+    if (!q_lora) return bl_fail(L, "dsa indexer: needs the query latent (q_lora_rank > 0)");
+    if (d->hd < rope_dim) return bl_fail(L, "dsa indexer: head_dim %d is below the rope dim %d", d->hd, rope_dim);
+    const JsonValue *t = json_get(spec, "tensors");
+    d->wq_b = bl_mat(L, t, "wq_b", d->nh * d->hd, q_lora);
+    d->wk = bl_mat(L, t, "wk", d->hd, H);
+    d->wproj = bl_mat(L, t, "weights", d->nh, H);
+    d->ln_w = bl_vec(L, t, "k_norm", 1, d->hd, 0);
+    d->ln_b = bl_vec(L, t, "k_norm_bias", 1, d->hd, 0);
+    return L->failed ? -1 : 0;
+}
+
+static void layernorm(float *v, const float *w, const float *b, int n, float eps) {
+    float mean = 0, var = 0;
+    for (int i = 0; i < n; i++) mean += v[i];
+    mean /= (float)n;
+    for (int i = 0; i < n; i++) var += (v[i] - mean) * (v[i] - mean);
+    const float s = 1.0f / sqrtf(var / (float)n + eps);
+    for (int i = 0; i < n; i++) v[i] = (v[i] - mean) * s * w[i] + b[i];
+}
+
+void dsa_store_keys(const DsaIndexer *d, const BlockRun *r, const float *x, int T, size_t stride, size_t off) {
+    float *k = fwd_malloc(sizeof(float) * (size_t)T * d->hd);
+    if (!k) return;
+    matmul(k, x, T, &d->wk, NULL);
+    for (int t = 0; t < T; t++) {
+        float *kt = k + (size_t)t * d->hd;
+        layernorm(kt, d->ln_w, d->ln_b, d->hd, d->eps);
+        rope_rotate(kt, r->a, d->dr, r->p0 + t, d->interleaved);
+        memcpy(r->state->pos + (size_t)(r->p0 + t) * stride + off, kt, sizeof(float) * d->hd); /* f32 keys */
+    }
+    free(k);
+}
+
+/* Marks the k best of s[0..n) in keep (ties: the lower index). */
+static void mark_top(const float *s, int n, int k, unsigned char *keep) {
+    if (n <= 0 || k <= 0) return;
+    int *idx = fwd_malloc(sizeof(int) * (size_t)k), m = 0;
+    float *best = fwd_malloc(sizeof(float) * (size_t)k);
+    if (!idx || !best) { free(idx); free(best); return; } /* fwd_oom() fails the pass */
+    for (int j = 0; j < n; j++) {
+        if (m == k && !(s[j] > best[k - 1])) continue; /* no better than the worst kept */
+        int i = m < k ? m++ : k - 1;                    /* append, or replace the worst */
+        while (i > 0 && s[j] > best[i - 1]) { best[i] = best[i - 1]; idx[i] = idx[i - 1]; i--; }
+        best[i] = s[j];
+        idx[i] = j;
+    }
+    memset(keep, 0, (size_t)n);
+    for (int i = 0; i < m; i++) keep[idx[i]] = 1;
+    free(idx);
+    free(best);
+}
+
+unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x, const float *qa, int T,
+                          size_t stride, size_t off) {
+    const int n_all = r->p0 + T, nh = d->nh, hd = d->hd;
+    if (n_all <= d->topk) return NULL; /* every query keeps all its keys */
+    unsigned char *keep = fwd_malloc((size_t)T * n_all);
+    float *q = fwd_malloc(sizeof(float) * (size_t)T * nh * hd), *w = fwd_malloc(sizeof(float) * (size_t)T * nh);
+    if (!keep || !q || !w) { free(keep); keep = NULL; goto out; }
+    matmul(q, qa, T, &d->wq_b, NULL);
+    matmul(w, x, T, &d->wproj, NULL);
+    const float scale = 1.0f / sqrtf((float)hd), wscale = 1.0f / sqrtf((float)nh);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) rope_rotate(q + ((size_t)t * nh + h) * hd, r->a, d->dr, r->p0 + t, d->interleaved);
+    const unsigned char *cache = r->state->pos + off;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < T; t++) {
+        const int n = r->p0 + t + 1;
+        unsigned char *kt = keep + (size_t)t * n_all;
+        memset(kt, 0, (size_t)n_all);
+        if (n <= d->topk) { memset(kt, 1, (size_t)n); continue; }
+        float *s = scratch(1, (size_t)n);
+        if (!s) continue; /* out of memory: fwd_oom() fails the pass */
+        const float *qt = q + (size_t)t * nh * hd, *wt = w + (size_t)t * nh;
+        for (int j = 0; j < n; j++) {
+            const unsigned char *kj = cache + (size_t)j * stride;
+            float acc = 0;
+            for (int h = 0; h < nh; h++) {
+                float dot = kern.dot(qt + (size_t)h * hd, (const float *)kj, hd) * scale;
+                acc += dot > 0 ? wt[h] * wscale * dot : 0.0f;
+            }
+            s[j] = acc;
+        }
+        mark_top(s, n, d->topk, kt);
+    }
+out:
+    free(q); free(w);
+    return keep;
+}
+
+void dsa_release(DsaIndexer *d) {
+    free((void *)d->ln_w);
+    free((void *)d->ln_b);
+}

@@ -1,0 +1,1 @@
+"""Per-family layer-spec builders that family_registry composes (stdlib only)."""
