@@ -128,4 +128,4 @@ static void release(void *self) {
     free((void *)p->q_norm); free((void *)p->k_norm);
 }
 
-const BlockKind block_attn_gqa = {ROLE_ATTN, "gqa", sizeof(AttnGqa), load, run, state, release};
+const BlockKind block_attn_gqa = {ROLE_ATTN, "gqa", sizeof(AttnGqa), load, run, state, release, NULL};

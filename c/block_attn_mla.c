@@ -287,4 +287,4 @@ static void release(void *self) {
     if (p->has_idx) dsa_release(&p->idx);
 }
 
-const BlockKind block_attn_mla = {ROLE_ATTN, "mla", sizeof(AttnMla), load, run, state, release};
+const BlockKind block_attn_mla = {ROLE_ATTN, "mla", sizeof(AttnMla), load, run, state, release, NULL};

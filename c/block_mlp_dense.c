@@ -72,4 +72,4 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
 
 static void release(void *self) { mlp_release(&((MlpDense *)self)->mlp); }
 
-const BlockKind block_mlp_dense = {ROLE_MLP, "dense", sizeof(MlpDense), load, run, NULL, release};
+const BlockKind block_mlp_dense = {ROLE_MLP, "dense", sizeof(MlpDense), load, run, NULL, release, NULL};

@@ -26,4 +26,4 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
 
 static void release(void *self) { free((void *)((NormRms *)self)->w); }
 
-const BlockKind block_norm_rms = {ROLE_NORM, "rmsnorm", sizeof(NormRms), load, run, NULL, release};
+const BlockKind block_norm_rms = {ROLE_NORM, "rmsnorm", sizeof(NormRms), load, run, NULL, release, NULL};

@@ -45,7 +45,7 @@ static StateDesc toy_state(const void *self, QType kv) {
     return s;
 }
 
-static const BlockKind toy_mean = {ROLE_ATTN, "toy_mean", sizeof(ToyMean), toy_load, toy_run, toy_state, NULL};
+static const BlockKind toy_mean = {ROLE_ATTN, "toy_mean", sizeof(ToyMean), toy_load, toy_run, toy_state, NULL, NULL};
 
 /* ---- a container on disk: one f32 safetensors shard + colibri.json ---- */
 typedef struct { const char *name; int rows, cols; } Spec;
