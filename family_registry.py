@@ -203,7 +203,7 @@ def layer_specs(arch):
             at["q_norm"], at["k_norm"] = f"{p}.self_attn.q_norm.weight", f"{p}.self_attn.k_norm.weight"
         qkn = (arch.get("qk_norm_scope") or "per_head") if arch.get("qk_norm") else "none"
         attn = {"kind": "gqa", "heads": nh, "kv_heads": nkv, "head_dim": hd,
-                "qk_norm": qkn, "qk_norm_eps": eps, "window": 0, "sinks": False,
+                "qk_norm": qkn, "qk_norm_eps": eps, "window": int(arch.get("sliding_window") or 0), "sinks": False,
                 "rope": {"style": "neox", "dim": arch.get("rotary_dim")},
                 "state": {"kv_values_per_pos": 2 * nkv * hd, "fixed_bytes": 0, "truncatable": True},
                 "tensors": at}
@@ -482,11 +482,8 @@ def normalize_arch(cfg):
             raise UnsupportedModel(f"config.json clip_qkv {cfg['clip_qkv']!r} must be positive (or null)")
         arch["clip_qkv"] = clip
     window = cfg.get("sliding_window")
-    if family == "mixtral" and window:
-        # Every position within the window sees its whole past, so a context capped at the window
-        # is exact; a longer one would need the windowed mask the engine does not have yet.
-        if int(window) < arch["max_position_embeddings"]:
-            arch["max_position_embeddings"] = int(window)
+    if family == "mixtral" and window and int(window) < arch["max_position_embeddings"]:
+        # every layer's queries see their last `window` positions (a longer window never binds)
         arch["sliding_window"] = int(window)
     kinds = ["dense"] * layers
     if fam["moe"] == "sigmoid_group":

@@ -1,6 +1,7 @@
 /* GQA attention block: grouped K/V heads, optional q/k/v/o biases, optional per-head q/k
  * RMSNorm (per head, or over the whole projection as OLMoE does), optional clip_qkv (q/k/v
- * clamped to [-c, c] after the norms, OLMoE), NeoX-style (rotate-half) RoPE over the first rope.dim dims of each head.
+ * clamped to [-c, c] after the norms, OLMoE), an optional sliding window (each query sees its
+ * last `window` positions, Mixtral; the cache still keeps every position), NeoX-style (rotate-half) RoPE over the first rope.dim dims of each head.
  * State: per position, K then V for every KV head, in the cache's element type. */
 #include <math.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 
 typedef struct {
     int nh, nkv, hd, rot, qk_full; /* qk_full: q/k norms span all heads */
+    int window;                     /* positions each query attends to, 0 = all */
     float qk_eps, clip;             /* clip: 0 = none */
     QMat wq, wk, wv, wo;
     const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
@@ -32,7 +34,7 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     if (p->nh % p->nkv) return bl_fail(L, "gqa: %d heads are not a multiple of %d KV heads", p->nh, p->nkv);
     if (strcmp(style, "neox")) return bl_fail(L, "gqa: rope style '%s' is not implemented (neox)", style);
     if (p->rot != L->a->rotary_dim) return bl_fail(L, "gqa: rope.dim %d differs from the model's RoPE table (%d)", p->rot, L->a->rotary_dim);
-    if (json_get_num(spec, "window", 0) != 0) return bl_fail(L, "gqa: sliding windows are not implemented yet");
+    if (json_get(spec, "window")) p->window = bl_int(L, spec, "window", 0, 1 << 30);
     if (json_get_bool(spec, "sinks", 0)) return bl_fail(L, "gqa: attention sinks are not implemented yet");
     const char *qkn = json_get_str(spec, "qk_norm");
     if (qkn && strcmp(qkn, "none") && strcmp(qkn, "per_head") && strcmp(qkn, "full")) return bl_fail(L, "gqa: qk_norm '%s' is not implemented", qkn);
@@ -131,11 +133,13 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
         for (int kh = 0; kh < nkv; kh++) {
-            const int n = p0 + t + 1;
+            const int end = p0 + t + 1, start = y->window && end > y->window ? end - y->window : 0;
+            const int n = end - start;
             float *sc = scratch(1, (size_t)n * group);
             if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
             const size_t off = (size_t)t * qd + (size_t)kh * group * hd;
-            const unsigned char *kc = cache + (size_t)kh * hd * es, *vc = cache + ((size_t)kvd + kh * hd) * es;
+            const unsigned char *kc = cache + (size_t)start * stride + (size_t)kh * hd * es;
+            const unsigned char *vc = cache + (size_t)start * stride + ((size_t)kvd + kh * hd) * es;
             kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sc, att + off);
         }
     }

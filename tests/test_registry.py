@@ -128,11 +128,13 @@ def test_new_moe_families_config_facts():
     assert moe["router"]["renorm"] and moe["router"]["tensors"]["weight"] == "model.layers.0.block_sparse_moe.gate.weight"
     assert moe["expert_tensors"]["up"] == "model.layers.0.block_sparse_moe.experts.{e}.w3.weight"
     assert arch["max_position_embeddings"] == 8192
-    # a window shorter than the context: the context is capped at the window, where it is exact
+    assert family_registry.layer_specs(arch)[0]["attn"]["window"] == 0
+    # a window shorter than the context reaches the attention blocks; the cache keeps every position
     _, arch = family_registry.normalize_arch(dict(mix, sliding_window=4096))
-    assert arch["max_position_embeddings"] == 4096 and arch["sliding_window"] == 4096
+    attn = family_registry.layer_specs(arch)[1]["attn"]
+    assert attn["window"] == 4096 and attn["state"].get("window", 0) == 0 and arch["max_position_embeddings"] == 8192
     _, arch = family_registry.normalize_arch(dict(mix, sliding_window=32768))
-    assert arch["max_position_embeddings"] == 8192
+    assert family_registry.layer_specs(arch)[0]["attn"]["window"] == 0
 
 
 def test_new_moe_tensor_classes():

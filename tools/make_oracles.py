@@ -111,6 +111,10 @@ VARIANTS = {
     "mixtral": dict(family="mixtral", seed=93, config=dict(
         num_hidden_layers=3, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
         intermediate_size=32, rms_norm_eps=1e-5, sliding_window=None)),
+    # a window shorter than the sequence and than prompt + generated tokens
+    "mixtral_window": dict(family="mixtral", seed=94, config=dict(
+        num_hidden_layers=3, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+        intermediate_size=32, rms_norm_eps=1e-5, sliding_window=20)),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
