@@ -56,6 +56,40 @@ FAMILIES = {
         "default_tie": False,
         "thinking": "enable_thinking",
     },
+    # Softmax top-k MoE families (the qwen3_moe path). moe_width: the config key of an expert's
+    # width; renorm: the top-k weights always sum to one whatever norm_topk_prob says.
+    "olmoe": {
+        "display": "OLMoE",
+        "model_types": ["olmoe"],
+        **_LLAMA_LIKE,
+        "biases": "config",
+        "qk_norm": "full",           # q/k RMSNorm over the whole projection, not per head
+        "moe": True,
+        "moe_width": "intermediate_size",
+        "default_tie": False,
+    },
+    "qwen2_moe": {
+        "display": "Qwen1.5-MoE / Qwen2-MoE",
+        "model_types": ["qwen2_moe"],
+        **_LLAMA_LIKE,
+        "biases": "qkv_bias",        # q/k/v biased unless qkv_bias is false, o never
+        "qk_norm": False,
+        "moe": True,
+        "shared_expert": "gated",    # one shared expert scaled by sigmoid(shared_expert_gate . x)
+        "default_tie": False,
+    },
+    "mixtral": {
+        "display": "Mixtral",
+        "model_types": ["mixtral"],
+        **_LLAMA_LIKE,
+        "biases": "none",
+        "qk_norm": False,
+        "moe": True,
+        "moe_width": "intermediate_size",
+        "renorm": True,
+        "expert_names": "mixtral",   # block_sparse_moe.experts.N.w1/w3/w2, block_sparse_moe.gate
+        "default_tie": False,
+    },
     # The DeepSeek-V3 line (colibri/family/deepseek.py): sigmoid group-limited routing, shared
     # experts, leading dense layers; "mla" attention keeps the compressed latent per position.
     "glm4_moe": {
@@ -129,9 +163,10 @@ FAMILIES = {
 # attention: q_norm lives in self_attn). The converter's storage choice follows the same split:
 # experts, dense trunk (attention, dense MLP, embed, lm_head), and f32 (norms, router, biases).
 TENSOR_CLASSES = (
-    ("expert", re.compile(r"\.mlp\.experts\.\d+\.")),
+    ("expert", re.compile(r"\.(mlp|block_sparse_moe)\.experts\.\d+\.")),
     ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
-    ("router", re.compile(r"\.mlp\.gate\.(weight|bias|e_score_correction_bias)$")),
+    ("router", re.compile(r"\.(mlp|block_sparse_moe)\.gate\.(weight|bias|e_score_correction_bias)$")),
+    ("router", re.compile(r"\.mlp\.shared_expert_gate\.weight$")),
     ("embed", re.compile(r"^model\.embed_tokens\.")),
     ("lm_head", re.compile(r"^lm_head\.")),
     ("norm", re.compile(r"norm\.(weight|bias)$")),
@@ -166,23 +201,37 @@ def layer_specs(arch):
                 at[f"{x}_bias"] = f"{p}.self_attn.{x}_proj.bias"
         if arch.get("qk_norm"):
             at["q_norm"], at["k_norm"] = f"{p}.self_attn.q_norm.weight", f"{p}.self_attn.k_norm.weight"
+        qkn = (arch.get("qk_norm_scope") or "per_head") if arch.get("qk_norm") else "none"
         attn = {"kind": "gqa", "heads": nh, "kv_heads": nkv, "head_dim": hd,
-                "qk_norm": "per_head" if arch.get("qk_norm") else "none", "qk_norm_eps": eps, "window": 0, "sinks": False,
+                "qk_norm": qkn, "qk_norm_eps": eps, "window": int(arch.get("sliding_window") or 0), "sinks": False,
                 "rope": {"style": "neox", "dim": arch.get("rotary_dim")},
                 "state": {"kv_values_per_pos": 2 * nkv * hd, "fixed_bytes": 0, "truncatable": True},
                 "tensors": at}
+        if arch.get("clip_qkv"):
+            attn["clip_qkv"] = arch["clip_qkv"]
         specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
     return specs
 
 
 def _mlp_spec(arch, p, kind):
     if kind == "moe":
-        ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
-        return {"kind": "moe", "act": "silu", "experts": arch.get("num_experts"),
+        if arch.get("expert_names") == "mixtral":
+            ex = {x: f"{p}.block_sparse_moe.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
+            router = f"{p}.block_sparse_moe.gate.weight"
+        else:
+            ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
+            router = f"{p}.mlp.gate.weight"
+        spec = {"kind": "moe", "act": "silu", "experts": arch.get("num_experts"),
                 "top_k": arch.get("num_experts_per_tok"), "width": arch.get("moe_intermediate_size"),
                 "router": {"kind": "softmax_topk", "renorm": bool(arch.get("norm_topk_prob")),
-                           "tensors": {"weight": f"{p}.mlp.gate.weight"}},
+                           "tensors": {"weight": router}},
                 "expert_tensors": ex}
+        if arch.get("shared_width"):  # Qwen2-MoE: one resident shared expert behind a sigmoid gate
+            spec.update(kind="moe_shared", shared={
+                "width": arch["shared_width"],
+                "tensors": {x: f"{p}.mlp.shared_expert.{x}_proj.weight" for x in ("gate", "up", "down")},
+                "gate": {"act": "sigmoid", "tensors": {"weight": f"{p}.mlp.shared_expert_gate.weight"}}})
+        return spec
     mt = {x: f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
     if arch.get("mlp_bias"):
         mt.update({f"{x}_bias": f"{p}.mlp.{x}_proj.bias" for x in ("gate", "up", "down")})
@@ -387,6 +436,11 @@ def normalize_arch(cfg):
         bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": bool(cfg.get("mlp_bias", False))}
     elif fam["biases"] == "qkv":
         bias = {"q_bias": True, "k_bias": True, "v_bias": True, "o_bias": False, "mlp_bias": False}
+    elif fam["biases"] == "qkv_bias":
+        qkv = bool(cfg.get("qkv_bias", True))
+        bias = {"q_bias": qkv, "k_bias": qkv, "v_bias": qkv, "o_bias": False, "mlp_bias": False}
+    elif fam["biases"] == "none":
+        bias = {"q_bias": False, "k_bias": False, "v_bias": False, "o_bias": False, "mlp_bias": False}
     elif fam["biases"] == "qkv_config":
         qkv = bool(cfg.get("attention_bias", False))
         bias = {"q_bias": qkv, "k_bias": qkv, "v_bias": qkv, "o_bias": False, "mlp_bias": False}
@@ -417,6 +471,20 @@ def normalize_arch(cfg):
     }
     if mla:
         arch.update(mla)
+    if fam["qk_norm"] == "full":
+        if heads * head_dim != hidden:
+            raise UnsupportedModel(f"{family}: q/k norms span hidden_size, so head_dim {head_dim} x {heads} heads "
+                                   f"must equal hidden_size {hidden}")
+        arch.update(qk_norm=True, qk_norm_scope="full")
+    if cfg.get("clip_qkv") is not None:
+        clip = float(cfg["clip_qkv"])
+        if not clip > 0:
+            raise UnsupportedModel(f"config.json clip_qkv {cfg['clip_qkv']!r} must be positive (or null)")
+        arch["clip_qkv"] = clip
+    window = cfg.get("sliding_window")
+    if family == "mixtral" and window and int(window) < arch["max_position_embeddings"]:
+        # every layer's queries see their last `window` positions (a longer window never binds)
+        arch["sliding_window"] = int(window)
     kinds = ["dense"] * layers
     if fam["moe"] == "sigmoid_group":
         try:
@@ -433,9 +501,13 @@ def normalize_arch(cfg):
             arch.update({
                 "num_experts": experts,
                 "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
-                "moe_intermediate_size": int(cfg["moe_intermediate_size"]),
-                "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
+                "moe_intermediate_size": int(cfg[fam.get("moe_width", "moe_intermediate_size")]),
+                "norm_topk_prob": bool(fam.get("renorm") or cfg.get("norm_topk_prob", False)),
             })
+            if fam.get("expert_names"):
+                arch["expert_names"] = fam["expert_names"]
+            if fam.get("shared_expert") == "gated":
+                arch["shared_width"] = int(cfg["shared_expert_intermediate_size"])
     arch["layer_mlp"] = kinds
     return family, arch
 

@@ -1,5 +1,7 @@
 /* GQA attention block: grouped K/V heads, optional q/k/v/o biases, optional per-head q/k
- * RMSNorm, NeoX-style (rotate-half) RoPE over the first rope.dim dims of each head.
+ * RMSNorm (per head, or over the whole projection as OLMoE does), optional clip_qkv (q/k/v
+ * clamped to [-c, c] after the norms, OLMoE), an optional sliding window (each query sees its
+ * last `window` positions, Mixtral; the cache still keeps every position), NeoX-style (rotate-half) RoPE over the first rope.dim dims of each head.
  * State: per position, K then V for every KV head, in the cache's element type. */
 #include <math.h>
 #include <stdlib.h>
@@ -11,8 +13,9 @@
 #include "ops.h"
 
 typedef struct {
-    int nh, nkv, hd, rot;
-    float qk_eps;
+    int nh, nkv, hd, rot, qk_full; /* qk_full: q/k norms span all heads */
+    int window;                     /* positions each query attends to, 0 = all */
+    float qk_eps, clip;             /* clip: 0 = none */
     QMat wq, wk, wv, wo;
     const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
 } AttnGqa;
@@ -31,10 +34,10 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     if (p->nh % p->nkv) return bl_fail(L, "gqa: %d heads are not a multiple of %d KV heads", p->nh, p->nkv);
     if (strcmp(style, "neox")) return bl_fail(L, "gqa: rope style '%s' is not implemented (neox)", style);
     if (p->rot != L->a->rotary_dim) return bl_fail(L, "gqa: rope.dim %d differs from the model's RoPE table (%d)", p->rot, L->a->rotary_dim);
-    if (json_get_num(spec, "window", 0) != 0) return bl_fail(L, "gqa: sliding windows are not implemented yet");
+    if (json_get(spec, "window")) p->window = bl_int(L, spec, "window", 0, 1 << 30);
     if (json_get_bool(spec, "sinks", 0)) return bl_fail(L, "gqa: attention sinks are not implemented yet");
     const char *qkn = json_get_str(spec, "qk_norm");
-    if (qkn && strcmp(qkn, "none") && strcmp(qkn, "per_head")) return bl_fail(L, "gqa: qk_norm '%s' is not implemented", qkn);
+    if (qkn && strcmp(qkn, "none") && strcmp(qkn, "per_head") && strcmp(qkn, "full")) return bl_fail(L, "gqa: qk_norm '%s' is not implemented", qkn);
     const int qd = p->nh * p->hd, kvd = p->nkv * p->hd;
     const JsonValue *t = json_get(spec, "tensors");
     p->wq = bl_mat(L, t, "q", qd, H);
@@ -49,7 +52,13 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
         p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
         p->q_norm = bl_vec(L, t, "q_norm", 1, p->hd, 0);
         p->k_norm = bl_vec(L, t, "k_norm", 1, p->hd, 0);
+    } else if (qkn && !strcmp(qkn, "full")) {
+        p->qk_full = 1;
+        p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
+        p->q_norm = bl_vec(L, t, "q_norm", 1, qd, 0);
+        p->k_norm = bl_vec(L, t, "k_norm", 1, kvd, 0);
     }
+    if (json_get(spec, "clip_qkv")) p->clip = (float)bl_num(L, spec, "clip_qkv", 0.0, 1e30);
     return L->failed ? -1 : 0;
 }
 
@@ -71,6 +80,10 @@ static void rope(float *v, const Arch *a, int rot, int pos) {
     }
 }
 
+static void clamp_all(float *v, size_t n, float c) {
+    for (size_t i = 0; i < n; i++) v[i] = v[i] > c ? c : v[i] < -c ? -c : v[i];
+}
+
 static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
     const AttnGqa *y = self;
     const Arch *a = r->a;
@@ -84,15 +97,25 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     matmul(q, x, T, &y->wq, y->bq);
     matmul(k, x, T, &y->wk, y->bk);
     matmul(v, x, T, &y->wv, y->bv);
+    if (y->qk_full)
+        for (int t = 0; t < T; t++) {
+            rmsnorm(q + (size_t)t * qd, q + (size_t)t * qd, y->q_norm, qd, y->qk_eps);
+            rmsnorm(k + (size_t)t * kvd, k + (size_t)t * kvd, y->k_norm, kvd, y->qk_eps);
+        }
+    if (y->clip > 0) {
+        clamp_all(q, (size_t)T * qd, y->clip);
+        clamp_all(k, (size_t)T * kvd, y->clip);
+        clamp_all(v, (size_t)T * kvd, y->clip);
+    }
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < nh; h++) {
             float *qh = q + (size_t)t * qd + h * hd;
-            if (y->q_norm) rmsnorm(qh, qh, y->q_norm, hd, y->qk_eps);
+            if (y->q_norm && !y->qk_full) rmsnorm(qh, qh, y->q_norm, hd, y->qk_eps);
             rope(qh, a, y->rot, p0 + t);
         }
         for (int h = 0; h < nkv; h++) {
             float *kh = k + (size_t)t * kvd + h * hd;
-            if (y->k_norm) rmsnorm(kh, kh, y->k_norm, hd, y->qk_eps);
+            if (y->k_norm && !y->qk_full) rmsnorm(kh, kh, y->k_norm, hd, y->qk_eps);
             rope(kh, a, y->rot, p0 + t);
         }
     }
@@ -110,11 +133,13 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
         for (int kh = 0; kh < nkv; kh++) {
-            const int n = p0 + t + 1;
+            const int end = p0 + t + 1, start = y->window && end > y->window ? end - y->window : 0;
+            const int n = end - start;
             float *sc = scratch(1, (size_t)n * group);
             if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
             const size_t off = (size_t)t * qd + (size_t)kh * group * hd;
-            const unsigned char *kc = cache + (size_t)kh * hd * es, *vc = cache + ((size_t)kvd + kh * hd) * es;
+            const unsigned char *kc = cache + (size_t)start * stride + (size_t)kh * hd * es;
+            const unsigned char *vc = cache + (size_t)start * stride + ((size_t)kvd + kh * hd) * es;
             kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sc, att + off);
         }
     }

@@ -1,6 +1,9 @@
 /* MoE with shared experts (DeepSeek-V3, GLM-4.5): the routed-experts block ("moe", whatever it
  * streams) plus an always-on SwiGLU MLP of the dense trunk, summed: out = moe(x) + shared(x).
- * The spec is a "moe" spec with a "shared" object {width, tensors: gate/up/down}. */
+ * The spec is a "moe" spec with a "shared" object {width, tensors: gate/up/down}, and optionally
+ * shared.gate {tensors: {weight: [1, hidden]}}: a per-position sigmoid(w . x) scaling the shared
+ * output (Qwen2-MoE's shared_expert_gate). */
+#include <math.h>
 #include <stdlib.h>
 
 #include "expert_store.h"
@@ -12,6 +15,7 @@ typedef struct {
     Block moe;
     Mlp shared;
     int width;
+    const float *gate; /* [hidden] or NULL: ungated */
 } MoeShared;
 
 static int load(void *self, const JsonValue *spec, BlockLoader *L) {
@@ -23,6 +27,8 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     p->width = bl_int(L, sh, "width", 1, 1 << 20);
     if (L->failed) return -1;
     mlp_load(L, &p->shared, json_get(sh, "tensors"), -1, L->a->hidden, p->width, 0);
+    const JsonValue *g = json_get(sh, "gate");
+    if (g) p->gate = bl_vec(L, json_get(g, "tensors"), "weight", 1, L->a->hidden, 0);
     if (L->failed) return -1;
     if (!(p->moe.self = calloc(1, k->size))) return bl_fail(L, "out of memory");
     p->moe.kind = k;
@@ -36,7 +42,16 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     if (!s) return; /* fwd_oom() tells the caller */
     p->moe.kind->run(p->moe.self, r, x, T, out);
     mlp_swiglu(&p->shared, x, T, p->width, s);
-    for (size_t i = 0; i < n; i++) out[i] += s[i];
+    const int H = r->a->hidden;
+    for (int t = 0; t < T; t++) {
+        float g = 1.0f;
+        if (p->gate) {
+            float z = 0;
+            for (int i = 0; i < H; i++) z += p->gate[i] * x[(size_t)t * H + i];
+            g = 1.0f / (1.0f + expf(-z));
+        }
+        for (int i = 0; i < H; i++) out[(size_t)t * H + i] += g * s[(size_t)t * H + i];
+    }
     free(s);
 }
 
@@ -48,6 +63,7 @@ static StateDesc state(const void *self, QType kv_type) {
 static void release(void *self) {
     MoeShared *p = self;
     mlp_release(&p->shared);
+    free((void *)p->gate);
     block_free(&p->moe);
 }
 

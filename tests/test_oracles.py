@@ -221,9 +221,17 @@ def test_oracle_checkpoint(variant, oracle_root):
         fused = any(k.endswith("mlp.experts.gate_up_proj") for k in keys)
         hub = any(k.endswith("mlp.experts.0.gate_proj.weight") for k in keys)
         assert (fused, hub) == ((True, False) if spec.get("layout") == "fused" else (False, True))
+    if spec["family"] == "qwen2_moe":  # the gated shared expert, and a dense layer among the sparse ones
+        assert any(k.endswith("mlp.shared_expert_gate.weight") for k in keys) and cfg["mlp_only_layers"]
+    if spec["family"] == "mixtral":  # the original per-expert names; a window, where set, that binds
+        assert any(k.endswith("block_sparse_moe.experts.0.w1.weight") for k in keys)
+        w = cfg["sliding_window"]
+        assert w is None or w < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS < len(info["ids"])
+    if spec["family"] == "olmoe":  # clip_qkv set (the engine clamps q/k/v), top-k unnormalised
+        assert cfg["clip_qkv"] and not cfg["norm_topk_prob"]
     if spec["family"] in make_oracles.MOE_FAMILIES:
         assert info["router_margin"] is not None and min(info["router_margin"]) > 0
-    if spec["family"] in make_oracles.MOE_FAMILIES and spec["family"] != "qwen3_moe":
+    if spec["family"] in make_oracles.SIGMOID_FAMILIES:
         # sigmoid group routing: the oracle must exercise the group limit and the selection-only bias
         assert cfg["topk_group"] < cfg["n_group"] and cfg["n_shared_experts"] >= 1
         assert info["selection_changed_by_groups"] > 0 and info["selection_changed_by_bias"] > 0

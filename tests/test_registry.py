@@ -96,3 +96,50 @@ def test_tensor_classes():
     assert cls("model.layers.3.self_attn.q_norm.weight") == "norm"
     assert cls("model.layers.3.self_attn.q_proj.weight") == "attention"
     assert cls("model.layers.0.mlp.gate_proj.weight") == "dense_mlp"
+
+
+def test_new_moe_families_config_facts():
+    """OLMoE / Qwen2-MoE / Mixtral: the config facts each family's blocks depend on."""
+    base = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10,
+            "num_experts_per_tok": 2, "intermediate_size": 32, "max_position_embeddings": 8192}
+    _, arch = family_registry.normalize_arch(dict(base, model_type="olmoe", num_experts=4, clip_qkv=8.0))
+    attn = family_registry.layer_specs(arch)[0]["attn"]
+    assert attn["qk_norm"] == "full" and attn["clip_qkv"] == 8.0 and arch["moe_intermediate_size"] == 32
+    assert not family_registry.layer_specs(arch)[0]["mlp"]["router"]["renorm"]
+    with pytest.raises(family_registry.UnsupportedModel, match="q/k norms span hidden_size"):
+        family_registry.normalize_arch(dict(base, model_type="olmoe", num_experts=4, head_dim=32))
+    with pytest.raises(family_registry.UnsupportedModel, match="clip_qkv"):
+        family_registry.normalize_arch(dict(base, model_type="olmoe", num_experts=4, clip_qkv=0))
+    _, arch = family_registry.normalize_arch(dict(base, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=16,
+                                                  shared_expert_intermediate_size=48, mlp_only_layers=[0]))
+    dense, moe = (s["mlp"] for s in family_registry.layer_specs(arch))
+    assert dense["kind"] == "dense" and moe["kind"] == "moe_shared" and moe["shared"]["width"] == 48
+    assert moe["shared"]["gate"]["tensors"]["weight"] == "model.layers.1.mlp.shared_expert_gate.weight"
+    assert arch["q_bias"] and not arch["o_bias"] and not moe["router"]["renorm"]
+    _, arch = family_registry.normalize_arch(dict(base, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=16,
+                                                  shared_expert_intermediate_size=48, qkv_bias=False))
+    assert not arch["q_bias"]
+    with pytest.raises(family_registry.UnsupportedModel, match="sliding-window"):
+        family_registry.normalize_arch(dict(base, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=16,
+                                            shared_expert_intermediate_size=48, use_sliding_window=True))
+    mix = dict(base, model_type="mixtral", num_local_experts=4, norm_topk_prob=False)
+    _, arch = family_registry.normalize_arch(mix)
+    moe = family_registry.layer_specs(arch)[0]["mlp"]
+    assert moe["router"]["renorm"] and moe["router"]["tensors"]["weight"] == "model.layers.0.block_sparse_moe.gate.weight"
+    assert moe["expert_tensors"]["up"] == "model.layers.0.block_sparse_moe.experts.{e}.w3.weight"
+    assert arch["max_position_embeddings"] == 8192
+    assert family_registry.layer_specs(arch)[0]["attn"]["window"] == 0
+    # a window shorter than the context reaches the attention blocks; the cache keeps every position
+    _, arch = family_registry.normalize_arch(dict(mix, sliding_window=4096))
+    attn = family_registry.layer_specs(arch)[1]["attn"]
+    assert attn["window"] == 4096 and attn["state"].get("window", 0) == 0 and arch["max_position_embeddings"] == 8192
+    _, arch = family_registry.normalize_arch(dict(mix, sliding_window=32768))
+    assert family_registry.layer_specs(arch)[0]["attn"]["window"] == 0
+
+
+def test_new_moe_tensor_classes():
+    cls = lambda n: next(c for c, rx in family_registry.TENSOR_CLASSES if rx.search(n))  # noqa: E731
+    assert cls("model.layers.3.block_sparse_moe.experts.7.w2.weight") == "expert"
+    assert cls("model.layers.3.block_sparse_moe.gate.weight") == "router"
+    assert cls("model.layers.3.mlp.shared_expert_gate.weight") == "router"
+    assert cls("model.layers.3.mlp.shared_expert.up_proj.weight") == "shared_expert"

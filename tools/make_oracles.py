@@ -99,6 +99,22 @@ VARIANTS = {
     "glm_moe_dsa_shared": dict(family="glm_moe_dsa", seed=72, config=dict(
         MLA, **DSA, indexer_types=["full", "shared", "full"])),
     "deepseek_v32": dict(family="deepseek_v32", seed=82, config=dict(MLA, **DSA)),
+    # q/k RMSNorm over the whole projection, clip_qkv low enough to clip, unnormalised top-k
+    "olmoe": dict(family="olmoe", seed=91, config=dict(
+        num_hidden_layers=3, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, intermediate_size=32,
+        clip_qkv=1.5, norm_topk_prob=False, rms_norm_eps=1e-5)),
+    # sigmoid-gated shared expert, qkv bias, unnormalised top-k, a dense layer (mlp_only_layers)
+    "qwen2_moe": dict(family="qwen2_moe", seed=92, config=dict(
+        {k: v for k, v in MOE.items() if k != "head_dim"}, num_hidden_layers=4, mlp_only_layers=[1], shared_expert_intermediate_size=48,
+        norm_topk_prob=False, qkv_bias=True)),
+    # top-2 renormalised, experts under block_sparse_moe.experts.N.w1/w2/w3 in the source files
+    "mixtral": dict(family="mixtral", seed=93, config=dict(
+        num_hidden_layers=3, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+        intermediate_size=32, rms_norm_eps=1e-5, sliding_window=None)),
+    # a window shorter than the sequence and than prompt + generated tokens
+    "mixtral_window": dict(family="mixtral", seed=94, config=dict(
+        num_hidden_layers=3, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+        intermediate_size=32, rms_norm_eps=1e-5, sliding_window=20)),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -125,6 +141,9 @@ def model_class(family):
     return {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
             "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
             "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+            "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM),
+            "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
+            "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
             "glm4_moe": (tf.Glm4MoeConfig, tf.Glm4MoeForCausalLM),
             "glm4_moe_lite": (tf.Glm4MoeLiteConfig, tf.Glm4MoeLiteForCausalLM),
             "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
@@ -132,7 +151,8 @@ def model_class(family):
             "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM)}[family]
 
 
-MOE_FAMILIES = ("qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")
+SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")  # group-limited sigmoid routers
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 

@@ -117,6 +117,8 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     attn_shapes = {"q": [nh * hd, H], "k": [nkv * hd, H], "v": [nkv * hd, H], "o": [H, nh * hd],
                    "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * hd], "o_bias": [H],
                    "q_norm": [hd], "k_norm": [hd]}
+    if arch.get("qk_norm_scope") == "full":  # OLMoE: one norm over all heads
+        attn_shapes.update(q_norm=[nh * hd], k_norm=[nkv * hd])
     for l, spec in enumerate(family_registry.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
@@ -144,6 +146,8 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             S = mlp["shared"]["width"]
             for key, name in mlp["shared"]["tensors"].items():
                 whole(name, "dense", [H, S] if key == "down" else [S, H], o)
+            if "gate" in mlp["shared"]:  # Qwen2-MoE's sigmoid gate on the shared expert
+                whole(mlp["shared"]["gate"]["tensors"]["weight"], "f32", [1, H], o)
         names = mlp["expert_tensors"]
         pre = f"model.layers.{l}"
         fused = f"{pre}.mlp.experts.gate_up_proj"  # transformers' fused source layout
