@@ -120,7 +120,7 @@ def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=Non
         gg = names.get_name(base)
         assert gg is not None, hf
         put(f"{gg}.{suffix}", x, T.F32 if gg.endswith("ffn_gate_inp") else None)  # llama.cpp keeps routers F32
-    for l in range(L):
+    for l in range(blocks):
         pre = f"model.layers.{l}.mlp.experts"
         if f"{pre}.0.gate_proj.weight" in sd:
             for proj in ("gate_proj", "up_proj", "down_proj"):
@@ -131,6 +131,27 @@ def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=Non
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def with_glm_mtp(oracle_root, tmp_path):
+    """The glm4_moe oracle plus the MTP layer its config declares, at index L: a copy of its last
+    layer (experts included) and the MTP-only projections and norms."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    src = Path(oracle_root) / "glm4_moe" / "hf"
+    L = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    d = tmp_path / "hf_mtp"
+    shutil.copytree(src, d)
+    t = load_file(d / "model.safetensors")
+    last = f"model.layers.{L - 1}."
+    extra = {f"model.layers.{L}." + k[len(last):]: v.clone() for k, v in t.items() if k.startswith(last)}
+    w = t["model.norm.weight"]
+    H = w.shape[0]
+    extra[f"model.layers.{L}.eh_proj.weight"] = w.new_ones(H, 2 * H) * 0.5
+    for n in ("enorm", "hnorm", "shared_head.norm"):
+        extra[f"model.layers.{L}.{n}.weight"] = w.new_ones(H) * 2
+    save_file({**t, **extra}, d / "model.safetensors")
+    return d, L, extra
 
 
 def from_safetensors(oracle_root, variant, tmp_path, **kw):
@@ -220,3 +241,26 @@ def test_deepseek2_softmax_routing_refused(oracle_root, tmp_path):
     g.metadata["deepseek2.expert_gating_func"] = 1
     with pytest.raises(ConvertError, match="softmax routing"):
         convert_gguf.build_config(g, g.tensors)
+
+
+def test_glm4moe_mtp_layer_kept_not_run(oracle_root, tmp_path):
+    """glm4moe counts its MTP layer in block_count (nextn_predict_layers): the converter takes
+    num_hidden_layers = block_count - nextn, keeps blk.L (nextn.* included) under the HF names
+    as mtp_layers, and the logits equal those of the file without it."""
+    from safetensors.numpy import load_file
+    d, L, extra = with_glm_mtp(oracle_root, tmp_path)
+    info = json.loads((Path(oracle_root) / "glm4_moe" / "ref.json").read_text())
+    src = write_moe_gguf(tmp_path / "mtp.gguf", d)
+    g = convert_gguf.read_gguf(src)
+    assert g.metadata["glm4moe.block_count"] == L + 1 and "blk.3.nextn.eh_proj.weight" in g.tensors
+    out = convert(src, tmp_path / "mtp", experts="f32", dense="f32")
+    plain = convert(write_moe_gguf(tmp_path / "plain.gguf", Path(oracle_root) / "glm4_moe" / "hf"), tmp_path / "plain",
+                    experts="f32", dense="f32")
+    man = json.loads((out / "colibri.json").read_text())
+    assert man["mtp_layers"] == [L] and json.loads((out / "config.json").read_text())["num_hidden_layers"] == L
+    np.testing.assert_array_equal(logits(out, info["ids"], tmp_path / "a.f32"), logits(plain, info["ids"], tmp_path / "b.f32"))
+    kept = {}
+    for s in man["shards"]:
+        kept.update(load_file(str(out / s)))
+    for name, v in extra.items():
+        assert name in kept and np.array_equal(kept[name].reshape(-1), v.float().numpy().reshape(-1)), name
