@@ -22,7 +22,7 @@ QT = {"f32": 0, "bf16": 1, "f16": 2, "q8": 3, "q4": 4}  # QType order in c/quant
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     so = tmp_path_factory.mktemp("gq") / "libgguf_quants.so"
-    srcs = [ROOT / "c" / n for n in ("gguf_quants.c", "quant.c", "kernels_avx2.c")]
+    srcs = [ROOT / "c" / n for n in ("gguf_quants.c", "quant.c", "kernels_avx2.c", "kernels_avx512.c", "kernels_neon.c")]
     r = subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
                         "-o", str(so)] + [str(s) for s in srcs] + ["-lm"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
