@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from needs import need
 
-from test_gguf_common import convert
+from test_gguf_common import convert, engine
 from test_gguf_convert import load_hf, logits, tokenizer_fields
 
 gguf = need("gguf")
@@ -201,35 +201,39 @@ def test_deepseek2_q8_k_b_matches_q8_safetensors(oracle_root, tmp_path):
     assert r <= 0.05 and top1 >= 0.9
 
 
-def test_k_b_transpose_q8_0(tmp_path):
-    """write_kv_b_key_halves on a Q8_0 attn_k_b (rows of whole blocks): the scratch file holds
-    exactly the transposed dequantization, head by head."""
+@pytest.mark.parametrize("qt", [T.Q8_0, T.Q4_0, T.Q5_1, T.BF16])
+def test_k_b_transpose(qt, tmp_path):
+    """write_kv_b_key_halves on a block-quantized attn_k_b (dequantized by the engine): the
+    scratch file holds exactly the transposed dequantization, head by head."""
     from colibri.convert import gguf_moe
+    engine()
     rng = np.random.default_rng(3)
     nh, kl, dn = 2, 8, 64
     x = rng.standard_normal((nh, kl, dn)).astype(np.float32)
+    q = gguf.quants.quantize(x, qt)
     w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "deepseek2")
-    w.add_tensor("blk.0.attn_k_b.weight", gguf.quants.quantize(x, T.Q8_0), raw_dtype=T.Q8_0)
+    w.add_tensor("blk.0.attn_k_b.weight", q, raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    deq = gguf.quants.dequantize(gguf.quants.quantize(x, T.Q8_0), T.Q8_0).reshape(nh, kl, dn)
+    deq = gguf.quants.dequantize(q, qt).astype(np.float32).reshape(nh, kl, dn)
     g = convert_gguf.read_gguf(tmp_path / "k.gguf")
     cfg = {"num_attention_heads": nh, "qk_nope_head_dim": dn, "kv_lora_rank": kl, "num_hidden_layers": 1}
     gguf_moe.write_kv_b_key_halves(g, cfg, tmp_path / "s.f32")
     got = np.fromfile(tmp_path / "s.f32", dtype="<f4").reshape(nh, dn, kl)
     np.testing.assert_array_equal(got, deq.transpose(0, 2, 1))
+    assert not (tmp_path / "s.f32.deq").exists()
 
 
-def test_deepseek2_refuses_k_quant_k_b(oracle_root, tmp_path):
-    """A split kv_b whose attn_k_b is a block type that cannot be transposed back is refused by name."""
+def test_deepseek2_half_split_kv_b_refused(oracle_root, tmp_path):
+    """attn_k_b without attn_v_b cannot make kv_b_proj: refused by name, not half-converted."""
     vdir = Path(oracle_root) / "deepseek_v3"
     src = write_moe_gguf(tmp_path / "m.gguf", vdir / "hf")
     g = convert_gguf.read_gguf(src)
     family, cfg = convert_gguf.build_config(g, g.tensors)
-    g.tensors["blk.1.attn_k_b.weight"].type_name = "Q4_K"
-    with pytest.raises(ConvertError, match=r"attn_k_b\.weight is Q4_K"):
+    del g.tensors["blk.1.attn_v_b.weight"]
+    with pytest.raises(ConvertError, match="layer 1 needs attn_k_b and attn_v_b together"):
         convert_gguf.map_tensors(g, family, cfg)
 
 

@@ -304,9 +304,6 @@ def map_tensors(g, family, cfg):
         if list(k.shape) != [dn, kl, nh] or list(v.shape) != [kl, dv, nh]:
             raise ConvertError(f"{g.path}: blk.{l}.attn_k_b {k.shape} / attn_v_b {v.shape} do not match "
                                f"qk_nope {dn}, v_head_dim {dv}, kv_lora_rank {kl}, {nh} heads")
-        if k.type_name not in gguf_moe.KB_TYPES:
-            raise ConvertError(f"{g.path}: blk.{l}.attn_k_b.weight is {k.type_name}; colibri reads a split kv_b_proj "
-                               f"only with attn_k_b in {', '.join(gguf_moe.KB_TYPES)} (it must be transposed back)")
         table[hn] = dict(file=path, dtype="F32", shape=[nh * (dn + dv), kl], offset=0)
         sources[hn] = (v, 0, ("split_kv_b", l, k))
     if unknown:

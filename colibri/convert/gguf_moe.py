@@ -7,21 +7,23 @@ What llama.cpp's converter does to these checkpoints, and how it is undone here:
   and up, kept in the container but not run, as from safetensors.
 - deepseek2 drops the MTP layers, and (recent versions) splits kv_b_proj per head into attn_k_b
   (the key half, transposed to [kv_lora_rank, qk_nope] per head) and attn_v_b. The value half is
-  a row copy; the key half is transposed back into a scratch F32 file next to the output (so
-  only float or Q8_0 attn_k_b can be read: a transposed K-quant would need its blocks re-cut).
+  a row copy; the key half is dequantized by the engine and transposed back into a scratch F32
+  file next to the output (a transposed block type would need its blocks re-cut), so kv_b_proj
+  is re-quantized from that F32 whatever --dense says.
   Older files keep attn_kv_b as HF has it.
 - YaRN's mscale_all_dim is stored as yarn_log_multiplier = 0.1 * mscale_all_dim; llama.cpp
   applies it as mscale = mscale_all_dim (the RoPE-side attention factor is then 1).
 """
 import array
-import struct
-import sys
+import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 from colibri.convert.hf import ConvertError
 
 ARCHS = ("glm4moe", "deepseek2")
 HF_CLASS = {"glm4_moe": "Glm4MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
-KB_TYPES = ("F32", "F16", "BF16", "Q8_0")  # attn_k_b types write_kv_b_key_halves can transpose
 GATING_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
 # per-layer GGUF tensor -> HF name under model.layers.N (besides gguf.py's llama-style table)
@@ -134,43 +136,6 @@ def build_config(g, tensors, m, uniform, base):
 
 # ---------------------------------------------------------------- attn_k_b / attn_v_b
 
-def _dequant_rows(f, info, row0, nrows):
-    """nrows rows of a float or Q8_0 tensor as a float array (stdlib)."""
-    n = info.shape[0] * nrows
-    t = info.type_name
-    if t == "F32":
-        f.seek(info.offset + row0 * info.shape[0] * 4)
-        a = array.array("f")
-        a.frombytes(f.read(4 * n))
-        if sys.byteorder != "little":
-            a.byteswap()
-    elif t == "F16":
-        f.seek(info.offset + row0 * info.shape[0] * 2)
-        a = array.array("f", struct.unpack(f"<{n}e", f.read(2 * n)))
-    elif t == "BF16":
-        f.seek(info.offset + row0 * info.shape[0] * 2)
-        raw = f.read(2 * n)
-        wide = bytearray(4 * n)
-        wide[2::4], wide[3::4] = raw[0::2], raw[1::2]
-        a = array.array("f")
-        a.frombytes(bytes(wide))
-        if sys.byteorder != "little":
-            a.byteswap()
-    elif t == "Q8_0":
-        nb = n // 32
-        f.seek(info.offset + row0 * info.shape[0] // 32 * 34)
-        raw = f.read(34 * nb)
-        a = array.array("f", bytes(4 * n))
-        for b in range(nb):
-            d = struct.unpack_from("<e", raw, 34 * b)[0]
-            q = struct.unpack_from("<32b", raw, 34 * b + 2)
-            a[32 * b:32 * b + 32] = array.array("f", [d * x for x in q])
-    else:
-        raise ConvertError(f"{info.name}: attn_k_b is {t}; only F32, F16, BF16 or Q8_0 can be transposed back "
-                           "into kv_b_proj (use a GGUF whose attn_k_b is one of these, or the safetensors release)")
-    return a
-
-
 def key_half_offsets(g, cfg):
     """Offset in the scratch file of each layer's transposed attn_k_b (layers in order)."""
     size = cfg["num_attention_heads"] * cfg["qk_nope_head_dim"] * cfg["kv_lora_rank"] * 4
@@ -178,21 +143,49 @@ def key_half_offsets(g, cfg):
     return {l: i * size for i, l in enumerate(layers)}
 
 
+def _dequantize(g, infos, dst):
+    """The tensors' rows as F32 into dst, one after another, by the engine's convert-jobs (which
+    reads every GGUF block type the converter accepts)."""
+    from colibri.convert.hf import engine_binary
+    src = str(Path(g.path).resolve())
+    jobs, off = [], 0
+    for info in infos:
+        dt = info.type_name if info.type_name in ("F32", "F16", "BF16") else f"GGUF_{info.type_name}"
+        rows = info.n_elements // info.shape[0]
+        jobs.append(f"{src}\t{info.offset}\t{dt}\t{rows}\t{info.shape[0]}\t{dst}\t{off}\tf32\n")
+        off += info.n_elements * 4
+    with open(dst, "wb") as f:
+        f.truncate(off)
+    with tempfile.NamedTemporaryFile("w", suffix=".jobs", delete=False) as jf:
+        jf.writelines(jobs)
+    try:
+        r = subprocess.run([str(engine_binary()), "convert-jobs", jf.name], capture_output=True, text=True)
+    finally:
+        os.unlink(jf.name)
+    if r.returncode:
+        errors = [x for x in r.stderr.splitlines() if not x.startswith("PROGRESS ")]
+        raise ConvertError(f"dequantizing attn_k_b failed: {' '.join(errors) or f'engine exit code {r.returncode}'}")
+
+
 def write_kv_b_key_halves(g, cfg, scratch):
     """Transposes every layer's attn_k_b ([heads][kv_lora_rank rows of qk_nope]) back to HF's
     key rows ([heads][qk_nope rows of kv_lora_rank]) into one F32 file, at key_half_offsets."""
     heads = cfg["num_attention_heads"]
     offsets = key_half_offsets(g, cfg)
-    with open(g.path, "rb") as f, open(scratch, "wb") as out:
-        for l, off in offsets.items():
-            info = g.tensors[f"blk.{l}.attn_k_b.weight"]
-            dn, kl = info.shape[0], info.shape[1]
-            assert out.tell() == off
-            for h in range(heads):
-                src = _dequant_rows(f, info, h * kl, kl)  # kl rows of dn
-                t = array.array("f", bytes(4 * dn * kl))
-                for j in range(dn):
-                    t[j * kl:(j + 1) * kl] = src[j::dn]
-                if sys.byteorder != "little":
-                    t.byteswap()
-                out.write(t.tobytes())
+    infos = [g.tensors[f"blk.{l}.attn_k_b.weight"] for l in offsets]
+    flat = Path(str(scratch) + ".deq")
+    try:
+        _dequantize(g, infos, flat)
+        with open(flat, "rb") as f, open(scratch, "wb") as out:
+            for info, off in zip(infos, offsets.values()):
+                dn, kl = info.shape[0], info.shape[1]
+                assert out.tell() == off
+                for h in range(heads):
+                    src = array.array("f")
+                    src.frombytes(f.read(4 * dn * kl))  # kl rows of dn
+                    t = array.array("f", bytes(4 * dn * kl))
+                    for j in range(dn):
+                        t[j * kl:(j + 1) * kl] = src[j::dn]
+                    out.write(t.tobytes())
+    finally:
+        flat.unlink(missing_ok=True)
