@@ -25,7 +25,9 @@ GGUF_ARCH = {"glm4_moe": gguf.MODEL_ARCH.GLM4_MOE, "deepseek_v3": gguf.MODEL_ARC
 
 
 def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=None):
-    """llama.cpp's Glm4MoeModel / DeepseekV2Model conversion of an HF checkpoint, in small."""
+    """llama.cpp's Glm4MoeModel / DeepseekV2Model conversion of an HF checkpoint, in small.
+    split_kv_b: True (recent llama.cpp: attn_k_b + attn_v_b), False (attn_kv_b), "both" (the
+    early MLA versions kept attn_kv_b beside the split copies)."""
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     family = cfg["model_type"]
     arch = GGUF_ARCH[family]
@@ -66,7 +68,7 @@ def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=Non
         if cfg.get("q_lora_rank"):
             w.add_q_lora_rank(cfg["q_lora_rank"])
         w.add_kv_lora_rank(kl)
-        if split_kv_b:  # llama.cpp's MLA mode: one KV head of the latent
+        if split_kv_b is True:  # llama.cpp's MLA mode: one KV head of the latent
             w.add_head_count_kv(1)
             w.add_key_length(kl + dr)
             w.add_value_length(kl)
@@ -116,7 +118,8 @@ def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=Non
             k_b = np.ascontiguousarray(kv_b[:, :dn].transpose(0, 2, 1))   # [nh, kl, dn]
             put(names.get_name(base.replace("kv_b_proj", "k_b_proj")) + ".weight", k_b, kb_type)
             put(names.get_name(base.replace("kv_b_proj", "v_b_proj")) + ".weight", kv_b[:, dn:])
-            continue
+            if split_kv_b != "both":
+                continue
         gg = names.get_name(base)
         assert gg is not None, hf
         put(f"{gg}.{suffix}", x, T.F32 if gg.endswith("ffn_gate_inp") else None)  # llama.cpp keeps routers F32
@@ -162,7 +165,8 @@ def ratio(got, want):
     return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
 
 
-@pytest.mark.parametrize("variant,split", [("glm4_moe", False), ("deepseek_v3", True), ("deepseek_v3", False)])
+@pytest.mark.parametrize("variant,split", [("glm4_moe", False), ("deepseek_v3", True), ("deepseek_v3", False),
+                                           ("deepseek_v3", "both")])
 def test_moe_gguf_matches_safetensors(variant, split, oracle_root, tmp_path):
     """f32 containers from the GGUF file and from the safetensors checkpoint give the same
     logits, and both match transformers' reference."""

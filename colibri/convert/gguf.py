@@ -297,8 +297,10 @@ def map_tensors(g, family, cfg):
         sources[hf] = (info, 0, permute)
     for l, kv in sorted(split_kv_b.items()):
         hn = f"model.layers.{l}.self_attn.kv_b_proj.weight"
-        if set(kv) != {"k", "v"} or hn in table:
-            raise ConvertError(f"{g.path}: layer {l} needs attn_k_b and attn_v_b together, and no attn_kv_b beside them")
+        if set(kv) != {"k", "v"}:
+            raise ConvertError(f"{g.path}: layer {l} needs attn_k_b and attn_v_b together (one of them is missing)")
+        if hn in table:
+            continue  # early MLA files keep attn_kv_b beside its split copies: the same weights
         k, v = kv["k"], kv["v"]
         nh, kl, dn, dv = cfg["num_attention_heads"], cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
         if list(k.shape) != [dn, kl, nh] or list(v.shape) != [kl, dv, nh]:
