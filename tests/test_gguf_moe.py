@@ -186,21 +186,24 @@ def test_moe_gguf_matches_safetensors(variant, split, oracle_root, tmp_path):
     assert not (out / convert_gguf.KV_B_SCRATCH).exists()
 
 
-def test_deepseek2_q8_k_b_matches_q8_safetensors(oracle_root, tmp_path):
+@pytest.mark.parametrize("variant", ["glm4_moe", "deepseek_v3"])
+def test_q8_0_gguf_matches_q8_safetensors(variant, oracle_root, tmp_path):
     """Q8_0 matrices (F16 where a row is not whole blocks, attn_k_b here; routers F32 as llama.cpp
     writes them) in a q8 container: Q8_0 blocks are kept, and the logits stay as close to the
     safetensors q8 container as both are to transformers."""
-    vdir = Path(oracle_root) / "deepseek_v3"
+    vdir = Path(oracle_root) / variant
     info = json.loads((vdir / "ref.json").read_text())
     src = write_moe_gguf(tmp_path / "m.gguf", vdir / "hf", matrix_type=T.Q8_0)
     out = convert(src, tmp_path / "g", experts="q8", dense="q8")
-    st = from_safetensors(oracle_root, "deepseek_v3", tmp_path, experts="q8", dense="q8")
+    st = from_safetensors(oracle_root, variant, tmp_path, experts="q8", dense="q8")
     got = logits(out, info["ids"], tmp_path / "g.f32")
     want = logits(st, info["ids"], tmp_path / "s.f32")
     ref = np.fromfile(vdir / "ref_logits.f32", dtype="<f4").reshape(info["logits_shape"])
     r = ratio(got, want)
     top1 = float((got.argmax(-1) == want.argmax(-1)).mean())
-    print(f"deepseek2 Q8_0 GGUF vs safetensors (q8): max ratio {r:.2e}, top-1 agreement {top1:.3f}; "
+    kept = json.loads((out / "colibri.json").read_text())["quant"]["from_gguf"]
+    assert kept.get("Q8_0 -> q8", 0) > 0, kept
+    print(f"{variant} Q8_0 GGUF vs safetensors (q8): max ratio {r:.2e}, top-1 agreement {top1:.3f}; "
           f"vs transformers: GGUF {ratio(got, ref):.2e}, safetensors {ratio(want, ref):.2e}")
     assert r <= 0.05 and top1 >= 0.9
 
