@@ -275,3 +275,18 @@ def test_glm4moe_mtp_layer_kept_not_run(oracle_root, tmp_path):
         kept.update(load_file(str(out / s)))
     for name, v in extra.items():
         assert name in kept and np.array_equal(kept[name].reshape(-1), v.float().numpy().reshape(-1)), name
+
+
+def test_coli_convert_and_info_glm4moe_gguf(oracle_root, tmp_path):
+    """`coli convert FILE.gguf OUT` (default storage) on a glm4moe file with its MTP layer, then
+    `coli info` names the family and says the MTP layer is kept, not run."""
+    from launcher_helpers import coli
+    d, L, _ = with_glm_mtp(oracle_root, tmp_path)
+    src = write_moe_gguf(tmp_path / "glm.gguf", d, matrix_type=T.Q8_0)
+    engine()
+    r = coli("convert", src, tmp_path / "c", timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = coli("info", "--model", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert "family       glm4_moe" in r.stdout
+    assert f"multi-token-prediction layer(s) (layer {L}): kept in the container, not run" in r.stdout
