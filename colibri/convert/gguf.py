@@ -28,13 +28,15 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
+from colibri.convert import gguf_moe
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
 from colibri.convert.hf import ConvertError
 from colibri.limits import row_bytes
 from version import VERSION
 
-ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe",
+         "deepseek2": "deepseek_v3"}
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM"}
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
@@ -135,6 +137,15 @@ def build_config(g, tensors):
     m = _Meta(g, gg_arch)
     L = m.need("block_count", int)
     H = m.need("embedding_length", int)
+    emb = tensors.get("token_embd.weight")
+    if emb is None or len(emb.shape) != 2:
+        raise ConvertError(f"{g.path}: no 2-D token_embd.weight tensor")
+    if gg_arch in gguf_moe.ARCHS:
+        base = {"hidden_size": H, "hidden_act": "silu", "rms_norm_eps": float(m.need("attention.layer_norm_rms_epsilon", float)),
+                "max_position_embeddings": m.get("context_length", 4096, kind=int), "vocab_size": emb.shape[1],
+                "tie_word_embeddings": "output.weight" not in tensors, "torch_dtype": "float32"}
+        family, cfg = gguf_moe.build_config(g, tensors, m, _uniform, base)
+        return family, _special_ids(g, cfg)
     heads = _uniform(m, "attention.head_count", L)
     kv = _uniform(m, "attention.head_count_kv", L) if f"{gg_arch}.attention.head_count_kv" in g.metadata else heads
     if heads < 1 or kv < 1 or heads % kv:
@@ -146,9 +157,6 @@ def build_config(g, tensors):
     rot = m.get("rope.dimension_count", kind=int)
     if rot and rot != head_dim:
         raise ConvertError(f"{g.path}: partial rotary embedding ({rot} of {head_dim} dims) is not supported for {gg_arch}")
-    emb = tensors.get("token_embd.weight")
-    if emb is None or len(emb.shape) != 2:
-        raise ConvertError(f"{g.path}: no 2-D token_embd.weight tensor")
     cfg = {
         "architectures": [HF_CLASS[family]],
         "model_type": family,
@@ -187,12 +195,16 @@ def build_config(g, tensors):
         cfg["norm_topk_prob"] = bool(m.get("expert_weights_norm", True))
         cfg["decoder_sparse_step"] = 1
         cfg["mlp_only_layers"] = [l for l in range(L) if f"blk.{l}.ffn_gate_inp.weight" not in tensors]
+    return family, _special_ids(g, cfg)
+
+
+def _special_ids(g, cfg):
     tok = g.metadata
     for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos")):
         v = tok.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(v, int):
             cfg[key] = v
-    return family, cfg
+    return cfg
 
 
 def _row_perm(rows, n_head):
@@ -239,6 +251,11 @@ def map_tensors(g, family, cfg):
     experts = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj", "ffn_down_exps.weight": "down_proj"}
     table, sources, unknown = {}, {}, []
     path = str(Path(g.path).resolve())
+    moe = family in ("glm4_moe", "deepseek_v3")
+    if moe:
+        per_layer.update(gguf_moe.PER_LAYER)
+        L += int(cfg.get("num_nextn_predict_layers") or 0) if family == "glm4_moe" else 0
+    split_kv_b = {}
     for name, info in g.tensors.items():
         if name == "rope_freqs.weight":
             continue  # read by rope_inv_freq_override
@@ -251,6 +268,9 @@ def map_tensors(g, family, cfg):
             parts = name.split(".", 2)
             if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) < L:
                 pre = f"model.layers.{parts[1]}"
+                if moe and parts[2] in ("attn_k_b.weight", "attn_v_b.weight"):
+                    split_kv_b.setdefault(int(parts[1]), {})[parts[2][5]] = info
+                    continue
                 if parts[2] in per_layer:
                     hf = f"{pre}.{per_layer[parts[2]]}"
                     if family == "llama" and parts[2] in ("attn_q.weight", "attn_k.weight"):
@@ -275,6 +295,19 @@ def map_tensors(g, family, cfg):
         # dtype is a placeholder for the planner's checks: the real source type is in `sources`
         table[hf] = dict(file=path, dtype="F32", shape=shape, offset=0)
         sources[hf] = (info, 0, permute)
+    for l, kv in sorted(split_kv_b.items()):
+        hn = f"model.layers.{l}.self_attn.kv_b_proj.weight"
+        if set(kv) != {"k", "v"}:
+            raise ConvertError(f"{g.path}: layer {l} needs attn_k_b and attn_v_b together (one of them is missing)")
+        if hn in table:
+            continue  # early MLA files keep attn_kv_b beside its split copies: the same weights
+        k, v = kv["k"], kv["v"]
+        nh, kl, dn, dv = cfg["num_attention_heads"], cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+        if list(k.shape) != [dn, kl, nh] or list(v.shape) != [kl, dv, nh]:
+            raise ConvertError(f"{g.path}: blk.{l}.attn_k_b {k.shape} / attn_v_b {v.shape} do not match "
+                               f"qk_nope {dn}, v_head_dim {dv}, kv_lora_rank {kl}, {nh} heads")
+        table[hn] = dict(file=path, dtype="F32", shape=[nh * (dn + dv), kl], offset=0)
+        sources[hn] = (v, 0, ("split_kv_b", l, k))
     if unknown:
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise ConvertError(f"{g.path}: GGUF tensors the {family} layout does not use: {', '.join(unknown[:5])}{more}; "
@@ -412,6 +445,7 @@ def chat_templates(g):
     return [{"name": k, "template": v} for k, v in out.items()]
 
 
+KV_B_SCRATCH = "kv_b_key_halves.f32.tmp"  # deepseek2's transposed attn_k_b, removed once the shards are written
 SHARD_BYTES = 2 << 30  # one GGUF file is cut into ~2 GiB shards so an interrupted conversion resumes
 
 
@@ -467,15 +501,27 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
     del arch["_family"]
     trunk, layers = convert_hf.block_specs(arch, planner)
     kept = {}
+    scratch = out / KV_B_SCRATCH
+    key_halves = gguf_moe.key_half_offsets(g, cfg) if family == "deepseek_v3" else {}
     for o in planner.outputs:
         info, row0, permute = sources[o["name"]]
         gt = info.type_name
+        split = isinstance(permute, tuple)
+        if split:  # kv_b_proj from attn_k_b (transposed into the scratch file) and attn_v_b
+            gt = "F32"
         if o["qtype"] != "f32":
             o["qtype"] = storage_for(gt, o["qtype"])
-        dt = gt if gt in ("F32", "F16", "BF16") else f"GGUF_{gt}"
+        dt = info.type_name if info.type_name in ("F32", "F16", "BF16") else f"GGUF_{info.type_name}"
         rb = _gguf_row_bytes(info)
         base = info.offset + row0 * rb
-        if permute:
+        if split:
+            dn, dv, kl = cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+            k0 = key_halves[permute[1]]
+            o["parts"] = []
+            for h in range(cfg["num_attention_heads"]):
+                o["parts"] += [(str(scratch.resolve()), k0 + h * dn * kl * 4, "F32", dn),
+                               (str(Path(g.path).resolve()), base + h * dv * rb, dt, dv)]
+        elif permute:
             o["parts"] = [(o["parts"][0][0], base + r * rb, dt, 1) for r in _row_perm(o["rows"], permute)]
         else:
             o["parts"] = [(o["parts"][0][0], base, dt, o["rows"])]
@@ -492,7 +538,13 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
     log(f"converting {name} ({family_registry.FAMILIES[fam]['display']}, GGUF v{g.version}, {len(g.tensors)} tensors): "
         f"experts {experts}, dense {dense}")
     log("  storage: " + ", ".join(f"{k} x{v}" for k, v in sorted(kept.items())))
-    convert_hf.write_missing_shards(out, shards, state, log)
+    if key_halves:
+        log("transposing attn_k_b back into kv_b_proj")
+        gguf_moe.write_kv_b_key_halves(g, cfg, scratch)
+    try:
+        convert_hf.write_missing_shards(out, shards, state, log)
+    finally:
+        scratch.unlink(missing_ok=True)
     write_json(out / "config.json", cfg)
     write_json(out / "tokenizer.json", tokenizer)
     tcfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
@@ -508,6 +560,7 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
     convert_hf.write_manifest(
         out, family=fam, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
         bos=bos_id if bos_id is not None else -1, eos=eos_ids, shards=shards, quant_extra={"from_gguf": kept},
+        mtp_layers=planner.mtp,
         source={"files": {src.name: sha256_file(src)}, "model_type": cfg["model_type"],
                 "gguf": {"version": g.version, "architecture": g.metadata.get("general.architecture"),
                          "name": g.metadata.get("general.name"), "file_type": g.metadata.get("general.file_type")}})
