@@ -863,6 +863,8 @@ TESTS = {
 def _call_filter(name, value, args, kwargs):
     func = FILTERS.get(name)
     if func is None:
+        if name not in JINJA_ONLY_FILTERS:
+            raise TemplateError(f"No filter named {name!r} found.")
         raise TemplateError(f"filter {name!r} is not supported by colibri's chat-template "
                             f"renderer")
     return _checked(func(value, *args, **kwargs))
@@ -871,7 +873,7 @@ def _call_filter(name, value, args, kwargs):
 def _call_test(name, value, args, kwargs):
     func = TESTS.get(name)
     if func is None:
-        raise TemplateError(f"no test named {name!r}")
+        raise TemplateError(f"No test named {name!r} found.")
     return func(value, *args, **kwargs)
 
 

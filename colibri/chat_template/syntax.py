@@ -228,7 +228,9 @@ class Parser:
 
     # ---- statements
     def parse(self):
-        return self.subparse(())
+        body = self.subparse(())
+        _check_names(body, False)
+        return body
 
     def subparse(self, end_names):
         body, data = [], []
@@ -371,8 +373,6 @@ class Parser:
             name = tok[1]
             while self.skip_if("operator", "."):
                 name += "." + self.expect("name")[1]
-            if name not in FILTERS and name not in JINJA_ONLY_FILTERS:
-                self.fail(f"No filter named {name!r}.", tok[2])
             args = self.parse_call_args() if self.is_("operator", "(") else ([], [], None, None)
             node = ("filter", tok[2], node, name) + args
             start_inline = False
@@ -701,8 +701,6 @@ class Parser:
         name = self.expect("name")[1]
         while self.skip_if("operator", "."):
             name += "." + self.expect("name")[1]
-        if name not in TESTS:
-            self.fail(f"No test named {name!r}.", lineno)
         args = ([], [], None, None)
         typ, value, _ = self.current
         if self.is_("operator", "("):
@@ -715,6 +713,46 @@ class Parser:
             args = ([self.parse_postfix(self.parse_primary())], [], None, None)
         node = ("test", lineno, node, name) + args
         return ("not", lineno, node) if negated else node
+
+
+# Nodes whose children jinja2 compiles in a fresh frame, which is never "soft"
+_INNER_FRAMES = ("macro", "callblock", "filterblock", "setblock", "scope")
+
+
+def _check_names(obj, soft):
+    """Unknown filters and tests fail at compile time, as jinja2 does, except inside an
+    {% if %} or an inline if (a "soft" frame), where jinja2 defers the error to the call:
+    templates guard filters the environment may lack, e.g. DeepSeek-V3.2's `from_json`."""
+    if isinstance(obj, (list, dict)):
+        for item in (obj.values() if isinstance(obj, dict) else obj):
+            _check_names(item, soft)
+        return
+    if not isinstance(obj, tuple) or not obj or not isinstance(obj[0], str):
+        if isinstance(obj, tuple):
+            for item in obj:
+                _check_names(item, soft)
+        return
+    kind = obj[0]
+    if kind in ("filter", "test") and len(obj) > 3 and not soft:
+        name = obj[3]
+        known = (name in FILTERS or name in JINJA_ONLY_FILTERS) if kind == "filter" \
+            else name in TESTS
+        if not known:
+            raise TemplateError(f"No {kind} named {name!r}.", obj[1])
+    if kind in ("if", "condexpr"):
+        soft = True
+    elif kind == "for":  # only the iterable is evaluated in the enclosing frame
+        _check_names(obj[3], soft)
+        _check_names(list(obj[2:3] + obj[4:]), False)
+        return
+    elif kind == "with":  # the values are evaluated in the enclosing frame
+        _check_names(obj[3], soft)
+        _check_names([obj[2], obj[4]], False)
+        return
+    elif kind in _INNER_FRAMES:
+        soft = False
+    for item in obj[1:]:
+        _check_names(item, soft)
 
 
 def _can_assign(node):
