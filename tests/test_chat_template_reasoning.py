@@ -138,3 +138,25 @@ def test_unknown_filter_outside_if_fails_to_compile(template):
     assert assert_same(template, [U("hi")], x=False)[0] == "error"
     with pytest.raises(ct.TemplateError, match="No (filter|test) named"):
         ct.render_chat(template, [U("hi")], x=False)
+
+
+# ------------------------------------------------------------------------------------------
+# coli chat: --think/--no-think and :think set the family's own switch
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_chat_think_command_switches_the_family_variable(tmp_path, name):
+    from colibri.cli import chat as chat_cli
+    from colibri.cli import launch_opts
+    from types import SimpleNamespace
+    model = _server_model(tmp_path, name)
+    on, off = GEN_PROMPTS[name]
+    template_vars = launch_opts.thinking_vars(SimpleNamespace(think=True, raw=False), tmp_path)
+    assert chat_cli.thinking_note(template_vars) == "; thinking on"
+    assert chat_cli.switch_thinking(template_vars, tmp_path, "off") == "thinking off"
+    assert model.render([U("Hi")], **template_vars).text.endswith(off)
+    assert chat_cli.switch_thinking(template_vars, tmp_path, "on") == "thinking on"
+    assert model.render([U("Hi")], **template_vars).text.endswith(on)
+    assert chat_cli.switch_thinking(template_vars, tmp_path, "maybe") == ":think on, or :think off"
+    no_think = launch_opts.thinking_vars(SimpleNamespace(think=False, raw=False), tmp_path)
+    assert chat_cli.thinking_note(no_think) == "; thinking off"

@@ -71,6 +71,23 @@ def opens_thinking(text):
     return text.rfind("<think>") > text.rfind("</think>")
 
 
+def switch_thinking(template_vars, model_dir, word):
+    """:think on|off: sets the family's own switch (DeepSeek's `thinking`, most others'
+    enable_thinking; a template that reads both lets `thinking` win). Returns the note to print."""
+    switch = launch_opts.thinking_switch(model_dir)
+    if switch not in template_vars and not launch_opts.template_supports_thinking(model_dir):
+        return "this model's chat template has no thinking switch"
+    if word not in ("on", "off"):
+        return ":think on, or :think off"
+    template_vars[switch] = word == "on"
+    return f"thinking {word}"
+
+
+def thinking_note(template_vars):
+    """The ready line's thinking part for --think/--no-think, whatever the switch is called."""
+    return f"; thinking {'on' if any(template_vars.values()) else 'off'}" if template_vars else ""
+
+
 def footer(stats, stopped):
     f = lambda k, d=0.0: float(stats.get(k, d) or d)  # noqa: E731
     parts = [f"{int(f('completion_tokens'))} tokens", f"{f('decode_tok_s'):.1f} tok/s", f"TTFT {f('ttft_ms'):.0f} ms",
@@ -258,13 +275,7 @@ class Chat:
             self.messages, self.last = [], None
             self.note("system prompt " + ("set" if self.system else "cleared") + "; conversation cleared")
         elif word == ":think":
-            if "enable_thinking" not in self.vars and not launch_opts.template_supports_thinking(self.dir):
-                self.note("this model's chat template has no thinking switch")
-            elif rest.strip() in ("on", "off"):
-                self.vars["enable_thinking"] = rest.strip() == "on"
-                self.note(f"thinking {rest.strip()}")
-            else:
-                self.note(":think on, or :think off")
+            self.note(switch_thinking(self.vars, self.dir, rest.strip()))
         else:
             self.screen.write(DESCRIPTION.split("\n", 1)[1] + "\n")
         return True
@@ -375,7 +386,7 @@ def run(args):
         rss = rss_mb(eng.proc.pid)
         print(f"ready: {Path(d).name} ({info.get('family')}), context {info.get('ctx')}, {info.get('threads')} threads, "
               f"{info.get('kernels')} kernels; loaded in {load_s:.2f} s, {rss if rss is not None else '?'} MB resident"
-              + (f"; thinking {'on' if template_vars['enable_thinking'] else 'off'}" if template_vars else ""))
+              + thinking_note(template_vars))
         budget = launch_opts.budget_line(info, args.batch)
         if budget:
             print(chat.screen.dim(budget))
