@@ -50,6 +50,13 @@ GEN_PROMPTS = {
 }
 
 
+def test_every_reasoning_family_has_a_thinking_switch():
+    # GLM-5 (glm_moe_dsa) ships the GLM-4.5/4.6 template's enable_thinking switch
+    assert family_registry.FAMILIES["glm_moe_dsa"]["thinking"] in source("GLM-4.6.jinja")
+    for family, _ in TEMPLATES.values():
+        assert family_registry.FAMILIES[family]["thinking"], family
+
+
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_thinking_switch_from_the_registry(name):
     family, specials = TEMPLATES[name]
