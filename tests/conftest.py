@@ -1,9 +1,25 @@
 """Shared pytest fixtures."""
+import shutil
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A running engine writes `.coli_usage` beside its model through a temporary it renames a moment
+# later; tests that copy a model directory another test's engine is serving would race that
+# rename. Every copytree in the suite leaves such temporaries out.
+_copytree = shutil.copytree
+_TRANSIENT = shutil.ignore_patterns(".coli_usage.tmp.*")
+
+
+def _copytree_without_transients(src, dst, *args, ignore=None, **kwargs):
+    def skip(path, names):
+        return set(_TRANSIENT(path, names)) | (set(ignore(path, names)) if ignore else set())
+    return _copytree(src, dst, *args, ignore=skip, **kwargs)
+
+
+shutil.copytree = _copytree_without_transients
 
 
 @pytest.fixture(scope="session")
