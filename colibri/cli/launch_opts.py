@@ -67,7 +67,8 @@ def engine_args(args):
 
 def stream_args(args):
     """The expert store's engine arguments (STREAM_FLAGS) for args."""
-    out = ["--ram", f"{ram_budget_gb(args):.6g}"] if ram_budget_gb(args) is not None else []
+    ram = ram_budget_gb(args)
+    out = ["--ram", f"{ram:.6g}"] if ram is not None else []
     if getattr(args, "cap", None) is not None:
         out += ["--cap", str(args.cap)]
     if getattr(args, "no_direct", None):
