@@ -41,6 +41,31 @@ def convert_tiny(oracle_root, out, family="qwen3_moe", template=CHATML):
     return Path(out)
 
 
+def f32_containers(oracle_root, tmp_path_factory, timeout=600):
+    """get(variant): the oracle converted once with f32 experts and dense trunk (exact logits)."""
+    cache = {}
+
+    def get(variant):
+        if variant not in cache:
+            out = tmp_path_factory.mktemp(variant) / "c"
+            r = coli("convert", Path(oracle_root) / variant / "hf", out, "--experts", "f32", "--dense", "f32",
+                     timeout=timeout)
+            assert r.returncode == 0, r.stderr
+            cache[variant] = out
+        return cache[variant]
+    return get
+
+
+def ready_line(model, *flags):
+    """The engine's READY fields for model, started with flags and stopped at once."""
+    p = subprocess.run([str(ROOT / "build" / "colibri"), "serve", "--model", str(model), *flags], input=b"",
+                       capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    line = p.stdout.decode().splitlines()[0]
+    assert line.startswith("READY"), line
+    return dict(kv.split("=", 1) for kv in line.split()[1:])
+
+
 def copy_model(src, dst):
     shutil.copytree(src, dst)
     return Path(dst)

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 from colibri.model import container_scan  # noqa: E402
 import family_registry  # noqa: E402
-from launcher_helpers import coli  # noqa: E402
+from launcher_helpers import coli, ready_line  # noqa: E402
 
 F32 = ["--experts", "f32", "--dense", "f32"]
 
@@ -33,15 +33,6 @@ def logits(model, ids, out, *flags):
     r = coli("logits", "--model", model, "--ids", ",".join(map(str, ids)), "--out", out, *flags, timeout=600)
     assert r.returncode == 0, r.stderr
     return Path(out).read_bytes()
-
-
-def ready_line(model, *flags):
-    p = subprocess.run([str(ROOT / "build" / "colibri"), "serve", "--model", str(model), *flags], input=b"",
-                       capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode()
-    line = p.stdout.decode().splitlines()[0]
-    assert line.startswith("READY"), line
-    return dict(kv.split("=", 1) for kv in line.split()[1:])
 
 
 def test_manifest_names_every_block_and_tensor(moe_container):

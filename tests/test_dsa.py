@@ -5,33 +5,21 @@ match against transformers with sparse selection is tests/test_oracles.py's exac
 `coli plan` sizes the MLA / DSA state as the engine allocates it and keeps shared experts resident."""
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 import family_registry  # noqa: E402
 import make_oracles  # noqa: E402
-from launcher_helpers import coli  # noqa: E402
+from launcher_helpers import coli, f32_containers, ready_line  # noqa: E402
 
 DSA_VARIANTS = ["glm_moe_dsa", "glm_moe_dsa_shared", "deepseek_v32"]
-F32 = ["--experts", "f32", "--dense", "f32"]
 
 
 @pytest.fixture(scope="module")
 def converted(oracle_root, tmp_path_factory):
-    cache = {}
-
-    def get(variant):
-        if variant not in cache:
-            out = tmp_path_factory.mktemp(variant) / "c"
-            r = coli("convert", Path(oracle_root) / variant / "hf", out, *F32, timeout=600)
-            assert r.returncode == 0, r.stderr
-            cache[variant] = out
-        return cache[variant]
-    return get
+    return f32_containers(oracle_root, tmp_path_factory)
 
 
 def logits(model, ids, out, *flags):
@@ -92,10 +80,7 @@ def test_state_holds_latent_and_indexer_keys(variant, oracle_root, converted):
     cfg = json.loads((Path(oracle_root) / variant / "hf" / "config.json").read_text())
     model = converted(variant)
     for kv, size in family_registry.KV_TYPES.items():
-        p = subprocess.run([str(ROOT / "build" / "colibri"), "serve", "--model", str(model), "--kv", kv], input=b"",
-                           capture_output=True, timeout=120)
-        assert p.returncode == 0, p.stderr.decode()
-        ready = dict(x.split("=", 1) for x in p.stdout.decode().splitlines()[0].split()[1:])
+        ready = ready_line(model, "--kv", kv)
         full = sum(1 for t in cfg.get("indexer_types") or ["full"] * cfg["num_hidden_layers"] if t == "full")
         want = (cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * size
                 + full * cfg["index_head_dim"] * 4)  # shared layers keep no indexer keys

@@ -3,42 +3,21 @@ decode (weight-absorbed) and prefill (expanded) agree, and the config facts MLA 
 (YaRN mscale in the softmax scale, hub-style RoPE keys, expert-count spellings) are read as
 transformers reads them."""
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 import family_registry  # noqa: E402
 from colibri.model import container_scan  # noqa: E402
-from launcher_helpers import coli  # noqa: E402
+from launcher_helpers import coli, f32_containers, ready_line  # noqa: E402
 
-F32 = ["--experts", "f32", "--dense", "f32"]
 MLA_VARIANTS = ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe_lite"]
 
 
 @pytest.fixture(scope="module")
 def converted(oracle_root, tmp_path_factory):
-    cache = {}
-
-    def get(variant):
-        if variant not in cache:
-            out = tmp_path_factory.mktemp(variant) / "c"
-            r = coli("convert", Path(oracle_root) / variant / "hf", out, *F32, timeout=600)
-            assert r.returncode == 0, r.stderr
-            cache[variant] = out
-        return cache[variant]
-    return get
-
-
-def ready_line(model, *flags):
-    p = subprocess.run([str(ROOT / "build" / "colibri"), "serve", "--model", str(model), *flags], input=b"",
-                       capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode()
-    line = p.stdout.decode().splitlines()[0]
-    assert line.startswith("READY"), line
-    return dict(kv.split("=", 1) for kv in line.split()[1:])
+    return f32_containers(oracle_root, tmp_path_factory)
 
 
 def run_logits(model, ids, out, *flags):
