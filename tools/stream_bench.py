@@ -224,31 +224,20 @@ def colibri_turn(cg, col, args, seed):
     except ImportError:
         sys.exit("run this tool from the checkout with PYTHONPATH=. (it drives the engine through colibri)")
     extra = ["--ram", f"{args.ram:g}"] + (["--readahead", args.readahead] if args.readahead else [])
-    env = engine_client.engine_env()
-    cmd = [str(engine_client.ensure_built()), "serve", "--model", str(col), "--ctx", "1024",
-           "--threads", str(args.threads)] + extra
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=cg.preexec(), env=env)
-    eng = engine_client.Engine.__new__(engine_client.Engine)  # wrap the process started in the cgroup
-    eng.proc, eng.info, eng._next_id = p, {}, 0
-    from collections import deque
-    import threading
-    eng.stderr_tail = deque(maxlen=20)
-    eng._err_thread = threading.Thread(target=eng._drain_stderr, daemon=True)
-    eng._err_thread.start()
-    line = p.stdout.readline().decode().split()
-    if not line or line[0] != "READY":
-        p.wait()
-        sys.exit("colibri did not start: " + "\n".join(eng.stderr_tail))
-    eng.info = dict(kv.partition("=")[::2] for kv in line[1:])
+    # the engine joins the cgroup before it execs, so every page it touches is charged there
+    join = ["sh", "-c", f'echo $$ > {cg.path / "cgroup.procs"} && exec "$@"', "sh",
+            str(engine_client.ensure_built()), "serve"]
+    try:
+        eng = engine_client.Engine(col, ctx=1024, threads=args.threads, extra=extra, command=join)
+    except engine_client.EngineError as e:
+        sys.exit(f"colibri did not start: {e.message}")
     # turn 1: the prompt alone (TTFT); turn 2 continues it from the KV cache, so its stats are
     # the decode's own: hit rate, bytes read per token, read rate
     ids = prompt_ids(args.prompt, seed)
     first = turn(eng, ids, 1)
     ids.append(first["token"])
     dec = turn(eng, ids, args.gen)
-    p.stdin.close()
-    p.wait()
+    eng.close()
     n = int(dec["completion_tokens"])
     f = lambda k: float(dec[k])  # noqa: E731
     return {"ttft_s": float(first["ttft_ms"]) / 1000, "decode_tok_s": f("decode_tok_s"), "hit_rate": f("hit_rate"),
