@@ -138,17 +138,17 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     kv_per_token, kv_fixed, kv_slot = kv_state(scan, ctx, kv_type)
     kv = kv_slot * kv_slots
     man = scan["manifest"]
-    runtime = runtime_bytes(man, ctx, batch, threads, tokenizer_bytes=scan["tokenizer_bytes"])
+    runtime_at = lambda b: runtime_bytes(man, ctx, b, threads, tokenizer_bytes=scan["tokenizer_bytes"])  # noqa: E731
+    runtime = runtime_at(batch)
     split = budget_split(scan, budget, kv, runtime, cap)
     if budget and not split["fits"] and not batch_given:
         # the engine takes a smaller prefill batch before it refuses (c/engine_stream.c)
-        at1 = budget_split(scan, budget, kv, runtime_bytes(man, ctx, 1, threads, tokenizer_bytes=scan["tokenizer_bytes"]),
-                           cap)
+        at1 = budget_split(scan, budget, kv, runtime_at(1), cap)
         if not at1["fits"]:
             split = at1  # the engine refuses with the numbers at batch 1
         while at1["fits"] and not split["fits"]:
             batch //= 2
-            runtime = runtime_bytes(man, ctx, batch, threads, tokenizer_bytes=scan["tokenizer_bytes"])
+            runtime = runtime_at(batch)
             split = budget_split(scan, budget, kv, runtime, cap)
     dense = split["dense"]
     n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
