@@ -51,7 +51,8 @@ class ClientGone(Exception):
 class Generation:
     def __init__(self, handler, app, spec, responder):
         self.h, self.app, self.spec, self.resp = handler, app, spec, responder
-        self.pipe = TextPipeline(spec.stops, spec.think, spec.in_reasoning)
+        self.pipe = TextPipeline(spec.stops, spec.think, spec.in_reasoning,
+                                 harmony_prompt=spec.key_text if spec.harmony else None)
         self.content, self.reasoning = [], []
         self.entries, self.pending_lp, self.held = [], [], []
         self.tokens = 0
