@@ -28,7 +28,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
-from colibri.convert import gguf_moe
+from colibri.convert import gguf_moe, gguf_softmax_moe
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
 from colibri.convert.hf import ConvertError
@@ -36,7 +36,7 @@ from colibri.limits import row_bytes
 from version import VERSION
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe",
-         "deepseek2": "deepseek_v3"}
+         "deepseek2": "deepseek_v3", **gguf_softmax_moe.ARCHS}  # llama with experts: mixtral
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM"}
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
@@ -133,7 +133,7 @@ def build_config(g, tensors):
     if gg_arch not in ARCHS:
         raise ConvertError(f"{g.path}: GGUF architecture '{gg_arch}' is not supported "
                            f"(supported: {', '.join(ARCHS)})")
-    family = ARCHS[gg_arch]
+    family = gguf_softmax_moe.family_for(gg_arch, g.metadata) or ARCHS[gg_arch]
     m = _Meta(g, gg_arch)
     L = m.need("block_count", int)
     H = m.need("embedding_length", int)
@@ -158,7 +158,7 @@ def build_config(g, tensors):
     if rot and rot != head_dim:
         raise ConvertError(f"{g.path}: partial rotary embedding ({rot} of {head_dim} dims) is not supported for {gg_arch}")
     cfg = {
-        "architectures": [HF_CLASS[family]],
+        "architectures": [HF_CLASS.get(family)],
         "model_type": family,
         "hidden_size": H,
         "num_hidden_layers": L,
@@ -186,6 +186,8 @@ def build_config(g, tensors):
     if family == "llama":
         cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
         cfg["mlp_bias"] = False
+    if family in gguf_softmax_moe.FAMILIES:
+        gguf_softmax_moe.moe_config(g, tensors, m, family, cfg, L)
     if family in ("qwen3", "qwen3_moe"):
         cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
     if family == "qwen3_moe":
@@ -248,10 +250,12 @@ def map_tensors(g, family, cfg):
                  "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight", "ffn_gate_inp.weight": "mlp.gate.weight"}
-    experts = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj", "ffn_down_exps.weight": "down_proj"}
     table, sources, unknown = {}, {}, []
     path = str(Path(g.path).resolve())
     moe = family in ("glm4_moe", "deepseek_v3")
+    per_layer.update(gguf_softmax_moe.PER_LAYER.get(family, {}))
+    expert_prefix, experts = gguf_softmax_moe.EXPERTS.get(family, gguf_softmax_moe.DEFAULT_EXPERTS)
+    llama_rows = family in ("llama", "mixtral")  # llama.cpp permuted their Q/K rows
     if moe:
         per_layer.update(gguf_moe.PER_LAYER)
         L += int(cfg.get("num_nextn_predict_layers") or 0) if family == "glm4_moe" else 0
@@ -273,9 +277,9 @@ def map_tensors(g, family, cfg):
                     continue
                 if parts[2] in per_layer:
                     hf = f"{pre}.{per_layer[parts[2]]}"
-                    if family == "llama" and parts[2] in ("attn_q.weight", "attn_k.weight"):
+                    if llama_rows and parts[2] in ("attn_q.weight", "attn_k.weight"):
                         permute = cfg["num_attention_heads"] if parts[2] == "attn_q.weight" else cfg["num_key_value_heads"]
-                    if family == "llama" and parts[2] in ("attn_q.bias", "attn_k.bias"):
+                    if llama_rows and parts[2] in ("attn_q.bias", "attn_k.bias"):
                         raise ConvertError(f"{g.path}: llama GGUF with Q/K biases is not supported yet "
                                            "(their elements are permuted; see docs)")
                 elif parts[2] in experts:
@@ -283,7 +287,7 @@ def map_tensors(g, family, cfg):
                         raise ConvertError(f"{g.path}: expert tensor '{name}' is not 3-D ({shape})")
                     E, rows, cols = shape
                     for e in range(E):
-                        hn = f"{pre}.mlp.experts.{e}.{experts[parts[2]]}.weight"
+                        hn = f"{pre}.{expert_prefix}.{e}.{experts[parts[2]]}.weight"
                         table[hn] = dict(file=path, dtype="F32", shape=[rows, cols], offset=0)
                         sources[hn] = (info, e * rows, None)
                     continue
@@ -292,6 +296,8 @@ def map_tensors(g, family, cfg):
             continue
         if len(shape) > 2:
             raise ConvertError(f"{g.path}: tensor '{name}' has {len(shape)} dimensions where 1 or 2 are expected")
+        if hf.endswith("shared_expert_gate.weight") and len(shape) == 1:
+            shape = [1, shape[0]]  # a one-row matrix, which llama.cpp may store as a vector
         # dtype is a placeholder for the planner's checks: the real source type is in `sources`
         table[hf] = dict(file=path, dtype="F32", shape=shape, offset=0)
         sources[hf] = (info, 0, permute)
