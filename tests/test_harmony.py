@@ -370,3 +370,20 @@ def test_converter_adds_the_harmony_stop_tokens(tok_dirs, tmp_path):  # noqa: F8
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": 200002}')
     assert hf.eos_ids({}, tmp_path, "gpt_oss") == [200002, 200012]
     assert hf.eos_ids({}, tmp_path, "qwen3_moe") == [200002]
+
+
+def test_coli_chat_effort_command(harmony_dir, tmp_path):
+    from colibri.cli import chat as chat_cli
+    out, eng = io.StringIO(), FakeEngine()
+    chat = chat_cli.Chat(SimpleNamespace(system=None, raw=False, max_tokens=None), harmony_dir, eng, {}, out=out)
+    chat.command(":effort high")
+    assert "(reasoning effort high)" in out.getvalue()
+    chat.say("Hi")
+    assert "\nReasoning: high\n" in eng.calls[-1][0].decode()
+    chat.command(":effort extreme")  # refused; the effort stays
+    assert ":effort low, :effort medium or :effort high" in out.getvalue()
+    assert chat_cli.thinking_note(chat.vars) == "; reasoning effort high"
+    # without a terminal the analysis is marked, not dimmed
+    assert "[thinking]\nThe user greets.\n[/thinking]\nHello!" in out.getvalue()
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    assert chat_cli.switch_effort({}, tmp_path, "low") == "this model's chat template has no reasoning effort"

@@ -24,12 +24,13 @@ HELP = "chat with a model in the terminal (streams tokens; Ctrl-C stops an answe
 DESCRIPTION = """Loads the model once and chats. Commands:
   :reset         forget the conversation          :more    continue an answer cut at the cap
   :system TEXT   set the system prompt (resets)   :think on|off  switch thinking (if the model has it)
+  :effort low|medium|high  how much gpt-oss reasons (its reasoning_effort)
   :help          this list                        :quit    leave (also Ctrl-D, or Ctrl-C twice)
 Multi-line input: paste it, or type \"\"\" on a line, the text, then \"\"\" again.
 Ctrl-C stops the current answer; a second Ctrl-C leaves."""
 
 DEFAULT_ANSWER_CAP = 1024  # per answer, when the registry names no interactive cap; :more continues
-COMMANDS = {":reset", ":more", ":system", ":think", ":help", ":quit", ":exit", ":q"}
+COMMANDS = {":reset", ":more", ":system", ":think", ":effort", ":help", ":quit", ":exit", ":q"}
 
 
 class Screen:
@@ -107,9 +108,35 @@ def switch_thinking(template_vars, model_dir, word):
     return f"thinking {word}"
 
 
+def reads_effort(model_dir):
+    """True when the model's chat template reads reasoning_effort (gpt-oss's does)."""
+    from colibri.chat_template import render as chat_template
+    try:
+        return "reasoning_effort" in chat_template.load_chat_template(str(model_dir))
+    except Exception:  # noqa: BLE001 - no readable template
+        return False
+
+
+def switch_effort(template_vars, model_dir, word):
+    """:effort low|medium|high (and --reasoning-effort): gpt-oss's reasoning_effort. Returns the note."""
+    if not reads_effort(model_dir):
+        return "this model's chat template has no reasoning effort"
+    why = harmony.effort_error(word)
+    if why:
+        return ":effort low, :effort medium or :effort high"
+    template_vars["reasoning_effort"] = word
+    return f"reasoning effort {word}"
+
+
 def thinking_note(template_vars):
     """The ready line's thinking part for --think/--no-think, whatever the switch is called."""
-    return f"; thinking {'on' if any(template_vars.values()) else 'off'}" if template_vars else ""
+    note = ""
+    switches = {k: v for k, v in template_vars.items() if k != "reasoning_effort"}
+    if switches:
+        note = f"; thinking {'on' if any(switches.values()) else 'off'}"
+    if "reasoning_effort" in template_vars:
+        note += f"; reasoning effort {template_vars['reasoning_effort']}"
+    return note
 
 
 def footer(stats, stopped):
@@ -315,6 +342,8 @@ class Chat:
             self.note("system prompt " + ("set" if self.system else "cleared") + "; conversation cleared")
         elif word == ":think":
             self.note(switch_thinking(self.vars, self.dir, rest.strip()))
+        elif word == ":effort":
+            self.note(switch_effort(self.vars, self.dir, rest.strip()))
         else:
             self.screen.write(DESCRIPTION.split("\n", 1)[1] + "\n")
         return True
@@ -383,6 +412,8 @@ def add_arguments(p):
     p.add_argument("--system", help="system prompt")
     p.add_argument("--raw", action="store_true", help="no chat template: the conversation is plain text that the "
                    "model continues (for base models)")
+    p.add_argument("--reasoning-effort", choices=harmony.EFFORTS, help="how much the model reasons, for templates "
+                   "that read reasoning_effort (gpt-oss); :effort changes it")
     launch_opts.add_engine_flags(p, tuple(n for n in launch_opts.LAUNCH_FLAGS if n != "kv-slots"))
     launch_opts.add_sampling_flags(p, max_tokens_help=f"cap per answer (default {DEFAULT_ANSWER_CAP}, or the "
                                    "family's interactive cap); :more continues a capped answer")
@@ -395,6 +426,11 @@ def run(args):
         raise UserError(f"{d} has no chat template (chat_template.jinja or tokenizer_config.json's chat_template); "
                         "copy it from the source checkpoint, or chat without one: coli chat --raw")
     template_vars = launch_opts.thinking_vars(args, d)
+    if getattr(args, "reasoning_effort", None):
+        if args.raw or not reads_effort(d):
+            raise UserError("--reasoning-effort: this model's chat template does not read reasoning_effort"
+                            + (" (and --raw uses no template)" if args.raw else ""))
+        template_vars["reasoning_effort"] = args.reasoning_effort
     kw = launch_opts.resolve(args, d)
     interactive = sys.stdin.isatty()
     if sys.stderr.isatty():
