@@ -387,3 +387,16 @@ def test_coli_chat_effort_command(harmony_dir, tmp_path):
     assert "[thinking]\nThe user greets.\n[/thinking]\nHello!" in out.getvalue()
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}")
     assert chat_cli.switch_effort({}, tmp_path, "low") == "this model's chat template has no reasoning effort"
+
+
+def test_coli_run_shows_the_channels(harmony_dir, tmp_path):
+    """`coli run` prints the raw answer (as it prints <think> blocks for other families): for
+    gpt-oss with the channel markup, not the channel names glued to the text."""
+    from launcher_helpers import clean_env, coli
+    log = tmp_path / "submits.jsonl"
+    env = dict(clean_env(), COLI_ENGINE=str(FAKE), COLI_FAKE_MODE="harmony", COLI_FAKE_LOG=str(log))
+    r = coli("run", "--model", harmony_dir, "--temp", "0", "Hi", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant" \
+                       "<|channel|>final<|message|>Hello!\n"
+    assert json.loads(log.read_text())["opts"]["render_special"] == "1"
