@@ -400,3 +400,12 @@ def test_coli_run_shows_the_channels(harmony_dir, tmp_path):
     assert r.stdout == "<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant" \
                        "<|channel|>final<|message|>Hello!\n"
     assert json.loads(log.read_text())["opts"]["render_special"] == "1"
+
+
+def test_anthropic_prefill_continues_the_final_channel(harmony_model):
+    from colibri.server.anthropic import parse_messages
+    spec = parse_messages({"model": "gpt-oss", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}]}, harmony_model, 1)
+    assert spec.key_text.endswith("<|start|>assistant<|channel|>final<|message|>The answer is") and spec.harmony
+    pipe = TextPipeline(harmony_prompt=spec.key_text)
+    assert pipe.feed(b" 4.") + pipe.finish() == [("content", " 4.")]
