@@ -172,6 +172,12 @@ def test_final_only_commentary_and_tool_calls():
     assert split(PROMPT, list(call)) == [("reasoning", "Need weather."), ("content", "{\"city\": \"Lima\"}")]
 
 
+def test_a_repeated_message_start_is_one_header():
+    assert split(PROMPT, ["<|start|>", "assistant", "<|channel|>final<|message|>Hi"]) == [("content", "Hi")]
+    assert split(PROMPT + "<|channel|>analysis<|message|>a<|end|>", ["<|start|>assistant<|start|>assistant",
+                 "<|channel|>final<|message|>b"]) == [("content", "b")]
+
+
 def test_text_that_is_not_harmony_is_kept():
     # a model that ignores the format (or a random-weight one) loses no text
     assert split(PROMPT, ["Hel", "lo <|chan", "nel|> there"]) == [("content", "Hello <|channel|> there")]

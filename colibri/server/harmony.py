@@ -93,6 +93,10 @@ class HarmonySplitter:
             elif self.state == "header":
                 i = self.buf.find(MESSAGE)
                 head = self.buf if i < 0 else self.buf[:i]
+                j = head.rfind(START)
+                if j > 0:  # a header started over (`<|start|>assistant` repeated): the last one counts
+                    self.buf, head, self.primed = self.buf[j:], head[j:], ""
+                    continue
                 if not self._could_be_header(head) or len(head) > MAX_HEADER:
                     self.state = "raw"
                     if self.primed and self.buf.startswith(self.primed):
