@@ -69,10 +69,13 @@ static inline int tok_char_byte(uint32_t cp) {
 }
 
 /* ---- normalizers (tok_normalize.c) ---- */
-enum { TOK_NORM_NFC = 1, TOK_NORM_NFD = 2 };
-/* Applies the normalizer kinds in order. Returns 0 with *out set (either s itself when
- * unchanged, or buf->p) or -1 on out-of-memory. */
-int tok_normalize(const int *kinds, int nkinds, const unsigned char *s, size_t n, TokBuf *buf,
+enum { TOK_NORM_NFC = 1, TOK_NORM_NFD = 2, TOK_NORM_PREPEND = 3, TOK_NORM_REPLACE = 4 };
+/* One normalizer step: PREPEND puts `a` before non-empty text (SentencePiece's "▁"); REPLACE
+ * replaces every occurrence of the string `a` by `b`. */
+typedef struct { int kind; char *a, *b; size_t an, bn; } TokNorm;
+/* Applies the steps in order. at_start: the text begins a segment (PREPEND acts only there).
+ * Returns 0 with *out set (either s itself when unchanged, or buf->p) or -1 on out-of-memory. */
+int tok_normalize(const TokNorm *steps, int nsteps, int at_start, const unsigned char *s, size_t n, TokBuf *buf,
                   const unsigned char **out, size_t *out_len);
 
 #endif

@@ -177,15 +177,48 @@ static int norm_one(int kind, const unsigned char *s, size_t n, TokBuf *out, int
     return 0;
 }
 
-int tok_normalize(const int *kinds, int nkinds, const unsigned char *s, size_t n, TokBuf *buf,
+static const unsigned char *find_bytes(const unsigned char *s, size_t n, const char *pat, size_t pn) {
+    for (size_t i = 0; pn && i + pn <= n; i++)
+        if (s[i] == (unsigned char)pat[0] && !memcmp(s + i, pat, pn)) return s + i;
+    return NULL;
+}
+
+/* HF's Prepend and Replace (String pattern); returns 1 when the text is unchanged. */
+static int norm_string(const TokNorm *st, int at_start, const unsigned char *s, size_t n, TokBuf *out, int *err) {
+    if (st->kind == TOK_NORM_PREPEND) {
+        if (!at_start || !n || !st->an) return 1;
+        out->n = 0;
+        if (tok_buf_put(out, st->a, st->an) || tok_buf_put(out, s, n)) { *err = 1; return 0; }
+        return 0;
+    }
+    if (!st->an || n < st->an) return 1;
+    const unsigned char *hit = find_bytes(s, n, st->a, st->an);
+    if (!hit) return 1;
+    out->n = 0;
+    size_t i = 0;
+    while (hit) {
+        size_t at = (size_t)(hit - s);
+        if (tok_buf_put(out, s + i, at - i) || tok_buf_put(out, st->b, st->bn)) { *err = 1; return 0; }
+        i = at + st->an;
+        hit = find_bytes(s + i, n - i, st->a, st->an);
+    }
+    if (tok_buf_put(out, s + i, n - i)) { *err = 1; return 0; }
+    return 0;
+}
+
+int tok_normalize(const TokNorm *steps, int nsteps, int at_start, const unsigned char *s, size_t n, TokBuf *buf,
                   const unsigned char **out, size_t *out_len) {
     const unsigned char *cur = s;
     size_t cur_n = n;
     TokBuf tmp = {0};
-    for (int k = 0; k < nkinds; k++) {
+    for (int k = 0; k < nsteps; k++) {
         int err = 0;
         TokBuf *dst = (cur == buf->p && buf->p) ? &tmp : buf;
-        if (norm_one(kinds[k], cur, cur_n, dst, &err)) continue;
+        int kind = steps[k].kind;
+        int same = kind == TOK_NORM_PREPEND || kind == TOK_NORM_REPLACE
+                       ? norm_string(&steps[k], at_start, cur, cur_n, dst, &err)
+                       : norm_one(kind, cur, cur_n, dst, &err);
+        if (same) continue;
         if (err) { free(tmp.p); return -1; }
         if (dst == &tmp) { /* swap so the result always lives in buf */
             TokBuf t = *buf; *buf = tmp; tmp = t;

@@ -13,7 +13,7 @@
 #define MAX_JSON_BYTES ((size_t)256 << 20) /* real files are < 40 MB */
 #define MAX_TOKEN_ID ((int64_t)1 << 22) /* real vocabularies are < 300k; bounds the id tables */
 
-enum { TF_PRESENT = 1, TF_SPECIAL = 2, TF_ADDED = 4 };
+enum { TF_PRESENT = 1, TF_SPECIAL = 2, TF_ADDED = 4, TF_BYTE = 8 }; /* TF_BYTE: a <0xNN> byte-fallback token */
 
 typedef struct {
     int32_t id;
@@ -28,7 +28,8 @@ typedef struct { TrieNode *v; size_t n, cap; uint32_t first[8]; } Trie;
 struct Tokenizer {
     TokBpe *bpe;
     TokPreTok *pt;
-    int norm[8], nnorm;
+    TokNorm norm[8];
+    int nnorm;
     int32_t n_ids;
     uint8_t *flags;
     uint32_t *dec_off, *dec_len;
@@ -41,6 +42,10 @@ struct Tokenizer {
     Trie trie_raw, trie_norm;
     int32_t *pp_pre, *pp_post;
     size_t npre, npost;
+    /* SentencePiece-style decoders (Replace, ByteFallback, Fuse, Strip): what each token's text
+     * becomes, and how many leading spaces the whole decoded text loses */
+    TokNorm dec_replace[4];
+    int ndec_replace, dec_byte_fallback, dec_strip_start;
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -114,13 +119,31 @@ static int load_normalizer(Tokenizer *t, const JsonValue *v, int depth, char *er
             if (load_normalizer(t, &list->items[i], depth + 1, err, errlen)) return -1;
         return 0;
     }
-    int kind = !strcmp(type, "NFC") ? TOK_NORM_NFC : !strcmp(type, "NFD") ? TOK_NORM_NFD : 0;
+    int kind = !strcmp(type, "NFC") ? TOK_NORM_NFC : !strcmp(type, "NFD") ? TOK_NORM_NFD
+             : !strcmp(type, "Prepend") ? TOK_NORM_PREPEND : !strcmp(type, "Replace") ? TOK_NORM_REPLACE : 0;
     if (!kind) {
-        snprintf(err, errlen, "unsupported normalizer type '%s' (supported: NFC, NFD, Sequence)", type);
+        snprintf(err, errlen, "unsupported normalizer type '%s' (supported: NFC, NFD, Prepend, Replace, Sequence)", type);
         return -1;
     }
     if (t->nnorm == 8) return set_err(err, errlen, "normalizer: too many steps");
-    t->norm[t->nnorm++] = kind;
+    TokNorm st = {kind, NULL, NULL, 0, 0};
+    const JsonValue *a = NULL, *b = NULL;
+    if (kind == TOK_NORM_PREPEND) {
+        a = json_get(v, "prepend");
+        if (!a || a->type != JSON_STR) return set_err(err, errlen, "normalizer Prepend: missing \"prepend\" string");
+    } else if (kind == TOK_NORM_REPLACE) { /* SentencePiece's " " -> "▁"; regex patterns are not supported */
+        const JsonValue *pat = json_get(v, "pattern");
+        a = pat ? json_get(pat, "String") : NULL;
+        b = json_get(v, "content");
+        if (!a || a->type != JSON_STR || !b || b->type != JSON_STR)
+            return set_err(err, errlen, "normalizer Replace: only a {\"String\": ...} pattern with a \"content\" string "
+                                        "is supported");
+    }
+    if (a && (!(st.a = malloc(a->len + 1)) || !memcpy(st.a, a->str, a->len))) return set_err(err, errlen, "out of memory");
+    if (b && (!(st.b = malloc(b->len + 1)) || !memcpy(st.b, b->str, b->len))) { free(st.a); return set_err(err, errlen, "out of memory"); }
+    st.an = a ? a->len : 0;
+    st.bn = b ? b->len : 0;
+    t->norm[t->nnorm++] = st;
     return 0;
 }
 
@@ -367,7 +390,7 @@ static int load_added(Tokenizer *t, const JsonValue *list, int32_t next_id, char
         const unsigned char *form = (const unsigned char *)c->str;
         size_t form_n = c->len;
         if (ad.normalized && t->nnorm &&
-            tok_normalize(t->norm, t->nnorm, form, form_n, &norm, &form, &form_n)) { set_err(err, errlen, "out of memory"); goto out; }
+            tok_normalize(t->norm, t->nnorm, 1, form, form_n, &norm, &form, &form_n)) { set_err(err, errlen, "out of memory"); goto out; }
         if (t->added_pool.n + form_n + c->len > 0xFFFFFFFFu) { set_err(err, errlen, "added_tokens too large"); goto out; }
         ad.off = (uint32_t)t->added_pool.n;
         ad.len = (uint32_t)form_n;
@@ -387,6 +410,56 @@ static int load_added(Tokenizer *t, const JsonValue *list, int32_t next_id, char
 out:
     free(norm.p);
     return rc;
+}
+
+/* Reads the decoders colibri implements besides ByteLevel: Replace (String pattern), ByteFallback,
+ * Fuse (a no-op for a byte stream) and Strip of leading spaces (HF's Llama/Mistral chain). */
+static int load_decoder(Tokenizer *t, const JsonValue *d, int depth, char *err, size_t errlen) {
+    const char *type = d && d->type == JSON_OBJ ? json_get_str(d, "type") : NULL;
+    if (!type) return 0;
+    if (!strcmp(type, "Sequence")) {
+        const JsonValue *list = json_get(d, "decoders");
+        if (depth > 8) return set_err(err, errlen, "decoder: Sequence nested too deeply");
+        for (size_t i = 0; list && list->type == JSON_ARR && i < list->len; i++)
+            if (load_decoder(t, &list->items[i], depth + 1, err, errlen)) return -1;
+        return 0;
+    }
+    if (!strcmp(type, "ByteFallback")) t->dec_byte_fallback = 1;
+    else if (!strcmp(type, "Replace")) {
+        const JsonValue *pat = json_get(d, "pattern"), *c = json_get(d, "content");
+        const JsonValue *a = pat ? json_get(pat, "String") : NULL;
+        if (!a || a->type != JSON_STR || !c || c->type != JSON_STR || !a->len)
+            return set_err(err, errlen, "decoder Replace: only a non-empty {\"String\": ...} pattern is supported");
+        if (t->ndec_replace == 4) return set_err(err, errlen, "decoder: too many Replace steps");
+        TokNorm *r = &t->dec_replace[t->ndec_replace];
+        if (!(r->a = malloc(a->len + 1)) || !(r->b = malloc(c->len + 1))) { free(r->a); r->a = NULL; return set_err(err, errlen, "out of memory"); }
+        memcpy(r->a, a->str, a->len);
+        memcpy(r->b, c->str, c->len);
+        r->an = a->len;
+        r->bn = c->len;
+        r->kind = TOK_NORM_REPLACE;
+        t->ndec_replace++;
+    } else if (!strcmp(type, "Strip")) {
+        const char *c = json_get_str(d, "content");
+        const JsonValue *st = json_get(d, "start"), *sp = json_get(d, "stop");
+        if (!c || strcmp(c, " ") || (sp && sp->is_int && sp->i) || !st || !st->is_int || st->i < 0 || st->i > 8)
+            return set_err(err, errlen, "decoder Strip: only stripping up to 8 leading spaces is supported");
+        t->dec_strip_start = (int)st->i;
+    }
+    return 0; /* Fuse, ByteLevel (handled by the byte map) and the rest: no effect on the bytes */
+}
+
+/* HF ByteFallback's test for a byte token: exactly "<0xHH>". Returns the byte or -1. */
+static int byte_token(const char *s, size_t n) {
+    if (n != 6 || memcmp(s, "<0x", 3) || s[5] != '>') return -1;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
 }
 
 static int decoder_is_byte_level(const JsonValue *d) {
@@ -429,10 +502,26 @@ static int build_decode_table(Tokenizer *t, const JsonValue *vocab, int byte_lev
             }
             const unsigned char *bytes = (const unsigned char *)s;
             size_t bn = sn;
+            unsigned char one;
+            int bv = t->dec_byte_fallback && !byte_level ? byte_token(s, sn) : -1;
             if (byte_level) {
                 int r = byte_key(s, sn, &key);
                 if (r < 0) { free(key.p); return set_err(err, errlen, "out of memory"); }
                 if (r == 0) { bytes = key.p; bn = key.n; }
+            } else if (bv >= 0) {
+                one = (unsigned char)bv;
+                bytes = &one;
+                bn = 1;
+                t->flags[id] |= TF_BYTE;
+            } else if (t->ndec_replace) {
+                const unsigned char *o;
+                size_t on;
+                if (tok_normalize(t->dec_replace, t->ndec_replace, 0, bytes, bn, &key, &o, &on)) {
+                    free(key.p);
+                    return set_err(err, errlen, "out of memory");
+                }
+                bytes = o;
+                bn = on;
             }
             if (t->dec_pool.n + bn > 0xFFFFFFFFu) { free(key.p); return set_err(err, errlen, "tokenizer.json: vocabulary too large"); }
             t->dec_off[id] = (uint32_t)t->dec_pool.n;
@@ -471,6 +560,7 @@ Tokenizer *tok_load_buffer(const char *json, size_t len, char *err, size_t errle
     for (size_t i = 0; i < t->nadded; i++) if (t->added[i].id > max_id) max_id = t->added[i].id;
     t->n_ids = (int32_t)(max_id + 1);
     if (load_post(t, json_get(root, "post_processor"), 0, err, errlen)) goto fail;
+    if (load_decoder(t, json_get(root, "decoder"), 0, err, errlen)) goto fail;
     if (build_decode_table(t, vocab, decoder_is_byte_level(json_get(root, "decoder")), err, errlen)) goto fail;
     /* after the table: an id below the largest one can still be a gap no token fills */
     for (size_t i = 0; i < t->npre + t->npost; i++) {
@@ -524,6 +614,8 @@ void tok_free(Tokenizer *t) {
     if (!t) return;
     tok_bpe_free(t->bpe);
     tok_pretok_free(t->pt);
+    for (int i = 0; i < t->nnorm; i++) { free(t->norm[i].a); free(t->norm[i].b); }
+    for (int i = 0; i < t->ndec_replace; i++) { free(t->dec_replace[i].a); free(t->dec_replace[i].b); }
     free(t->flags);
     free(t->dec_off);
     free(t->dec_len);
@@ -546,6 +638,9 @@ const char *tok_token_bytes(const Tokenizer *t, int32_t id, size_t *len) {
     *len = t->dec_len[id];
     return (const char *)t->dec_pool.p + t->dec_off[id];
 }
+
+int tok_is_byte(const Tokenizer *t, int32_t id) { return id >= 0 && id < t->n_ids && (t->flags[id] & TF_BYTE); }
+int tok_strip_start(const Tokenizer *t) { return t->dec_strip_start; }
 
 int tok_is_special(const Tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_ids && (t->flags[id] & TF_SPECIAL) != 0;
@@ -649,7 +744,7 @@ static int norm_segment(const Tokenizer *t, const unsigned char *s, size_t rs, s
     while (first < nlit && lit[2 * first + 1] <= rs) first++;
     while (first + cnt < nlit && lit[2 * (first + cnt)] < re) cnt++;
     *nsub = 0;
-    if (!cnt || !t->trie_norm.n) return tok_normalize(t->norm, t->nnorm, s + rs, re - rs, nbuf, ns, nn);
+    if (!cnt || !t->trie_norm.n) return tok_normalize(t->norm, t->nnorm, 1, s + rs, re - rs, nbuf, ns, nn);
     if (cnt > *subcap) {
         size_t *v = realloc(*sub, 2 * cnt * sizeof *v);
         if (!v) return -1;
@@ -669,6 +764,7 @@ static int norm_segment(const Tokenizer *t, const unsigned char *s, size_t rs, s
     }
     pbuf->n = 0;
     size_t pos = rs;
+    int at_start = 1; /* the segment's first non-empty piece is its start (Prepend acts there) */
     for (size_t k = 0; k <= cnt; k++) {
         size_t a = k < cnt ? lit[2 * (first + k)] : re, b = k < cnt ? lit[2 * (first + k) + 1] : re;
         if (a < rs) a = rs;
@@ -679,7 +775,9 @@ static int norm_segment(const Tokenizer *t, const unsigned char *s, size_t rs, s
             size_t on;
             if (part && k < cnt) (*sub)[2 * k] = pbuf->n;
             if (to > from) {
-                if (tok_normalize(t->norm, t->nnorm, s + from, to - from, nbuf, &o, &on) || tok_buf_put(pbuf, o, on)) return -1;
+                if (tok_normalize(t->norm, t->nnorm, at_start, s + from, to - from, nbuf, &o, &on) || tok_buf_put(pbuf, o, on))
+                    return -1;
+                at_start = 0;
             }
             if (part && k < cnt) (*sub)[2 * k + 1] = pbuf->n;
         }

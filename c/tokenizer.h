@@ -40,9 +40,21 @@ int tok_is_special(const Tokenizer *t, int32_t id); /* added token with special=
 int32_t tok_find(const Tokenizer *t, const char *token_content); /* id by content (added first, then vocab), -1 if none */
 size_t tok_max_token_bytes(const Tokenizer *t);                  /* longest tok_token_bytes */
 
+int tok_is_byte(const Tokenizer *t, int32_t id);  /* a <0xNN> token of a ByteFallback decoder */
+int tok_strip_start(const Tokenizer *t);          /* leading spaces the decoder strips (Strip) */
+
 /* Streaming decode: holds back incomplete UTF-8, never drops bytes. The concatenated output
- * equals HF decode(ids) (String::from_utf8_lossy of all token bytes). */
-typedef struct TokStream { unsigned char pending[8]; size_t npending; } TokStream;
+ * equals HF decode(ids): String::from_utf8_lossy of all token bytes for byte-level decoders;
+ * with ByteFallback, a run of <0xNN> tokens is held until it ends and becomes its text, or one
+ * U+FFFD per byte when it is not valid UTF-8, and a Strip decoder's leading spaces go. */
+#define TOK_STREAM_GROUP 64 /* longest run of byte tokens held back (longer runs are cut there) */
+typedef struct TokStream {
+    unsigned char pending[8];
+    size_t npending;
+    unsigned char group[TOK_STREAM_GROUP];
+    size_t ngroup;
+    int strip_left, started;
+} TokStream;
 void tok_stream_init(TokStream *s);
 /* Appends the text for id to out (cap bytes), returns bytes written; special tokens produce
  * nothing unless render_special. cap >= tok_stream_cap(t) always suffices; with a smaller

