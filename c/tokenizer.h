@@ -1,6 +1,6 @@
-/* Byte-level BPE tokenizer reading a checkpoint's tokenizer.json, token-for-token equal to
- * HF `tokenizers` (added tokens, NFC, Split/ByteLevel/Digits pre-tokenizers, BPE merges,
- * TemplateProcessing). A loaded Tokenizer is read-only: concurrent tok_encode calls are safe. */
+/* BPE tokenizer reading a checkpoint's tokenizer.json, token-for-token equal to HF `tokenizers`
+ * (added tokens, NFC/NFD/Prepend/Replace normalizers, Split/ByteLevel/Digits pre-tokenizers, BPE
+ * merges with byte fallback, TemplateProcessing; ByteLevel or SentencePiece-style decoders). A loaded Tokenizer is read-only: concurrent tok_encode calls are safe. */
 #ifndef COLI_TOKENIZER_H
 #define COLI_TOKENIZER_H
 #include <stddef.h>

@@ -389,8 +389,11 @@ def test_refusals(oracle_root, tmp_path):
     g.metadata["tokenizer.ggml.pre"] = "tekken"
     with pytest.raises(ConvertError, match="pre-tokenizer 'tekken'"):
         convert_gguf.build_tokenizer(g)
-    g.metadata["tokenizer.ggml.model"] = "llama"
-    with pytest.raises(ConvertError, match="SentencePiece"):
+    g.metadata["tokenizer.ggml.model"] = "llama"  # SentencePiece: its scores are what the merges come from
+    with pytest.raises(ConvertError, match="SentencePiece .* needs tokenizer.ggml.scores"):
+        convert_gguf.build_tokenizer(g)
+    g.metadata["tokenizer.ggml.model"] = "bert"
+    with pytest.raises(ConvertError, match="tokenizer.ggml.model 'bert' is not supported"):
         convert_gguf.build_tokenizer(g)
     g.metadata["general.architecture"] = "gemma3"
     with pytest.raises(ConvertError, match="architecture 'gemma3' is not supported"):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
-from colibri.convert import gguf_moe, gguf_softmax_moe
+from colibri.convert import gguf_moe, gguf_softmax_moe, gguf_spm
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
 from colibri.convert.hf import ConvertError
@@ -345,23 +345,28 @@ def build_tokenizer(g):
     model = md.get("tokenizer.ggml.model")
     if model is None:
         raise ConvertError(f"{g.path}: the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
-    if model != "gpt2":
-        raise ConvertError(f"{g.path}: tokenizer.ggml.model '{model}' is not supported (only 'gpt2', byte-level BPE; "
-                           "SentencePiece 'llama' vocabularies are not supported yet)")
+    if model not in ("gpt2", "llama"):
+        raise ConvertError(f"{g.path}: tokenizer.ggml.model '{model}' is not supported (only 'gpt2', byte-level BPE, "
+                           "and 'llama', SentencePiece BPE)")
+    tokens = md.get("tokenizer.ggml.tokens")
+    types = md.get("tokenizer.ggml.token_type") or [TT_NORMAL] * len(tokens or [])
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ConvertError(f"{g.path}: tokenizer.ggml.tokens must be a non-empty list of strings")
+    if len(types) != len(tokens):
+        raise ConvertError(f"{g.path}: {len(types)} token types for {len(tokens)} tokens")
+    if model == "llama":
+        vocab, added, merge_pairs, normalizer, pretok, decoder, bpe = gguf_spm.build(g, tokens, types)
+        # llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise
+        return _finish_tokenizer(g, tokens, types, vocab, added, merge_pairs, normalizer, pretok, decoder, bpe,
+                                 default_bos=True)
     pre = md.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         raise ConvertError(f"{g.path}: pre-tokenizer '{pre}' (tokenizer.ggml.pre) is not supported; supported: "
                            f"{', '.join(sorted(PRE_TOKENIZERS))}")
     pretok, normalizer, ignore_merges = PRE_TOKENIZERS[pre]
-    tokens = md.get("tokenizer.ggml.tokens")
     merges = md.get("tokenizer.ggml.merges")
-    types = md.get("tokenizer.ggml.token_type") or [TT_NORMAL] * len(tokens or [])
-    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
-        raise ConvertError(f"{g.path}: tokenizer.ggml.tokens must be a non-empty list of strings")
     if not isinstance(merges, list) or not all(isinstance(t, str) for t in merges):
         raise ConvertError(f"{g.path}: tokenizer.ggml.merges must be a list of strings")
-    if len(types) != len(tokens):
-        raise ConvertError(f"{g.path}: {len(types)} token types for {len(tokens)} tokens")
     vocab, added = {}, []
     for i, (t, ty) in enumerate(zip(tokens, types)):
         if ty == TT_UNUSED:
@@ -384,6 +389,14 @@ def build_tokenizer(g):
             raise ConvertError(f"{g.path}: tokenizer.ggml.merges[{k}] {mg[:60]!r} names tokens that are not in "
                                "the vocabulary; the tokenizer is inconsistent")
         merge_pairs.append([a, b])
+    decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    bpe = {"unk_token": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": ignore_merges}
+    return _finish_tokenizer(g, tokens, types, vocab, added, merge_pairs, normalizer, pretok, decoder, bpe)
+
+
+def _finish_tokenizer(g, tokens, types, vocab, added, merge_pairs, normalizer, pretok, decoder, bpe, default_bos=False):
+    """The parts both vocabulary kinds share: special tokens, the post-processor, end-of-generation ids."""
+    md = g.metadata
 
     def tok_text(key):
         v = md.get(f"tokenizer.ggml.{key}_token_id")
@@ -393,7 +406,7 @@ def build_tokenizer(g):
 
     bos_id, bos = tok_text("bos")
     eos_id, eos = tok_text("eos")
-    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", default_bos)) and bos is not None
     add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
     if add_bos or add_eos:
         single = ([{"SpecialToken": {"id": bos, "type_id": 0}}] if add_bos else []) + \
@@ -405,18 +418,19 @@ def build_tokenizer(g):
             if on:
                 specials[txt] = {"id": txt, "ids": [tid], "tokens": [txt]}
         post = {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}
-    else:
+    elif decoder.get("type") == "ByteLevel":
         post = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+    else:
+        post = None
     tokenizer = {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": added,
         "normalizer": normalizer,
         "pre_tokenizer": pretok,
         "post_processor": post,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merge_pairs},
+        "decoder": decoder,
+        "model": {"type": "BPE", "dropout": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  **bpe, "vocab": vocab, "merges": merge_pairs},
     }
     eos_ids = [] if eos_id is None else [eos_id]
     for key in ("eot", "eom"):
