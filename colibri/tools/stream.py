@@ -1,0 +1,91 @@
+"""Holds tool calls back from the visible answer while it streams.
+
+Content text passes through until a family's call marker (or a prefix of one, at the end of
+what arrived so far) appears; from there the text is held until the call region closes, then
+it leaves as ("tool_call", call) pieces, or as plain content when it turns out to be no call.
+Whitespace right before and after a call is layout, not content: it is dropped."""
+from colibri.server.text import partial_suffix
+
+
+class ToolCallFilter:
+    def __init__(self, fmt, schemas=None, max_calls=None):
+        self.fmt, self.schemas, self.max_calls = fmt, schemas or {}, max_calls
+        self.buf, self.in_call, self.blanks = "", False, ""
+        self.started = False     # some content (not whitespace) or a call came already
+        self.strip_next = False  # drop the whitespace that follows a call
+        self.calls = 0
+
+    def feed(self, text):
+        self.buf += text
+        out = []
+        while self.buf:
+            if self.in_call:
+                end = self.fmt.find_end(self.buf)
+                if end < 0:
+                    return out
+                self._region(self.buf[:end], False, out)
+                self.buf = self.buf[end:]
+                continue
+            if self.strip_next:
+                self.buf = self.buf.lstrip()
+                if not self.buf:
+                    return out
+                self.strip_next = False
+            at = self._marker_at()
+            if at is None:  # no call here: emit all but a possible marker start and trailing blanks
+                hold = 0 if (self.fmt.start_only and self.started) else \
+                    max(partial_suffix(self.buf, m) for m in self.fmt.starts)
+                cut = len(self.buf) - hold
+                text_part = self.buf[:cut]
+                keep = len(text_part) - len(text_part.rstrip())
+                self._content(text_part[:len(text_part) - keep], out)
+                self.buf = text_part[len(text_part) - keep:] + self.buf[cut:]
+                return out
+            before = self.buf[:at]
+            self._content(before.rstrip(), out)
+            self.blanks = before[len(before.rstrip()):]  # shown again if the region is no call
+            self.buf, self.in_call = self.buf[at:], True
+        return out
+
+    def _marker_at(self):
+        if self.fmt.start_only:
+            if self.started:
+                return None
+            s = self.buf.lstrip()
+            for m in self.fmt.starts:
+                if s.startswith(m):
+                    return len(self.buf) - len(s)
+            return None
+        hits = [i for i in (self.buf.find(m) for m in self.fmt.starts) if i >= 0]
+        return min(hits) if hits else None
+
+    def _content(self, text, out):
+        if text:
+            out.append(("content", text))
+            if text.strip():
+                self.started = True
+
+    def _region(self, region, final, out):
+        self.in_call = False
+        calls = self.fmt.parse(region, self.schemas, final)
+        if calls is None:
+            self._content(self.blanks + region, out)
+            return
+        self.started = self.strip_next = True
+        for c in calls:
+            if self.max_calls is None or self.calls < self.max_calls:
+                self.calls += 1
+                out.append(("tool_call", c))
+
+    def finish(self):
+        out = []
+        rest, self.buf = self.buf, ""
+        if self.in_call:
+            self._region(rest.rstrip(), True, out)
+        elif not self.strip_next:
+            self._content(rest, out)
+        return out
+
+    def done(self):
+        """The calls allowed (max_calls) are all out: the rest of the answer is not needed."""
+        return self.max_calls is not None and self.calls >= self.max_calls
