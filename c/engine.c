@@ -324,6 +324,7 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         emit_error(f->id, "bad_request", err);
         return;
     }
+    if (f->grammar) { emit_error(f->id, "bad_request", "grammar: constrained decoding is not built into this engine yet"); return; }
     if (f->ids) {
         if (parse_ids(payload, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return; }
     } else {
