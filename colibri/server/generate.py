@@ -52,6 +52,9 @@ class Generation:
     def __init__(self, handler, app, spec, responder):
         self.h, self.app, self.spec, self.resp = handler, app, spec, responder
         self.pipe = TextPipeline(spec.stops, spec.think, spec.in_reasoning)
+        self.toolf = spec.tools.filter() if spec.tools is not None and spec.tools.parses else None
+        self.calls = []  # parsed tool calls (non-streaming; streamed ones only counted)
+        self.n_calls = 0
         self.content, self.reasoning = [], []
         self.entries, self.pending_lp, self.held = [], [], []
         self.tokens = 0
@@ -126,8 +129,8 @@ class Generation:
             if self.pipe.matched is None:
                 if ev[1] >= 0:
                     self.tokens += 1
-                self.held += self.pipe.feed(ev[2])
-                if self.pipe.matched is not None and not self.stop_sent:
+                self.held += self._tool_calls(self.pipe.feed(ev[2]))
+                if (self.pipe.matched is not None or (self.toolf and self.toolf.done())) and not self.stop_sent:
                     self.stop_sent = True
                     self.app.sched.stop(self.job)
                 if not self.spec.logprobs or ev[1] < 0:
@@ -143,9 +146,25 @@ class Generation:
             return self._error(ev[1], ev[2])
         return None
 
+    def _tool_calls(self, pieces, final=False):
+        """Content pieces through the family's tool-call filter (calls come out as their own pieces)."""
+        if self.toolf is None:
+            return pieces
+        out = []
+        for p in pieces:
+            out += self.toolf.feed(p[1]) if p[0] == "content" else [p]
+        return out + (self.toolf.finish() if final else [])
+
     def _flush(self):
         pieces, self.held = self.held, []
         for kind, text in pieces:
+            if kind == "tool_call":
+                self.n_calls += 1
+                if self.streaming:
+                    self._send(self.resp.stream_piece(kind, text, []))
+                else:
+                    self.calls.append(text)
+                continue
             if self.streaming:
                 self._send(self.resp.stream_piece(kind, text, self.pending_lp))
                 self.pending_lp = []
@@ -154,10 +173,12 @@ class Generation:
 
     def _finish(self, stats):
         self.finished = True
-        self.held += self.pipe.finish()
+        self.held += self._tool_calls(self.pipe.finish(), final=True)
         self._flush()
         matched = self.pipe.matched
         finish = "stop" if matched is not None else stats.get("finish", "stop")
+        if self.n_calls:
+            finish = "tool_calls"
         try:
             self.usage["completion"] = self.tokens if matched is not None else int(stats["completion_tokens"])
         except (KeyError, ValueError):
@@ -169,7 +190,7 @@ class Generation:
             self._write(self.h.end_stream)
         else:
             body = self.resp.body("".join(self.content), "".join(self.reasoning), self.entries, finish, matched,
-                                  self.usage)
+                                  self.usage, calls=self.calls)
             self._write(lambda: self.h.send_json(200, body))
         return "completed"
 
