@@ -117,12 +117,15 @@ def parse_chat(body, model, n_slots):
 
 
 def render_prompt(spec, model, chat, kwargs, **flags):
-    tools = spec.tools
+    tools, fmt = spec.tools, None
     if tools is not None or tool_request.has_calls(chat):  # earlier calls need a family with tool syntax
         fmt = tools.fmt if tools else tool_request.tool_format(model, "messages")
         chat = tool_fallback.plain_conversation(chat, tools.tools if tools else None, fmt, model.template)
     try:
         prompt = _render(model, chat, flags, kwargs, tools)
+        if _dropped_calls(model, chat, flags, kwargs, tools, prompt.text):
+            chat = tool_fallback.plain_conversation(chat, None, fmt, model.template, calls_as_text=True)
+            prompt = _render(model, chat, flags, kwargs, tools)
         payload, literal = prompt.frame()  # message text that spells added tokens stays text
     except chat_template.TemplateError as e:
         code = "chat_template_missing" if model.template is None else "chat_template_error"
@@ -133,6 +136,18 @@ def render_prompt(spec, model, chat, kwargs, **flags):
     spec.in_reasoning = model.thinks and prompt.text.rstrip().endswith("<think>")
     if tools is not None and tools.choice in ("required", "function"):
         tools.grammar = spec.opts["grammar"] = call_grammar(tools, model.template, spec.in_reasoning)
+
+
+def _dropped_calls(model, chat, flags, kwargs, tools, text):
+    """The template read the earlier calls but wrote nothing for them (the original DeepSeek-V3
+    template writes calls only for content None, which the renderer drops as transformers does)."""
+    if not any(m.get("tool_calls") for m in chat):
+        return False
+    bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in chat]
+    try:
+        return _render(model, bare, flags, kwargs, tools).text == text
+    except chat_template.TemplateError:
+        return False
 
 
 def _render(model, chat, flags, kwargs, tools):

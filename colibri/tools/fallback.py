@@ -13,15 +13,16 @@ def _tools_text(tools):
     return f"{PREAMBLE}{lines}\n"
 
 
-def plain_conversation(chat, tools, fmt, template_source):
+def plain_conversation(chat, tools, fmt, template_source, calls_as_text=False):
     """`chat` (template-shaped messages) rewritten for a template that reads neither `tools` nor
-    `tool_calls`; unchanged where the template can render them itself."""
+    `tool_calls`; unchanged where the template can render them itself. `calls_as_text`: write
+    the calls into the text even so (the template read them but dropped them)."""
     source = template_source or ""
     out = list(chat)
-    if "tool_calls" not in source:
+    if calls_as_text or "tool_calls" not in source:
         out = []
         for m in chat:
-            if m.get("role") == "tool":
+            if m.get("role") == "tool" and "tool_calls" not in source:
                 out.append({"role": "user", "content": f"<tool_response>\n{m.get('content', '')}\n</tool_response>"})
             elif m.get("tool_calls"):
                 calls = "\n".join(fmt.render(c["function"]) for c in m["tool_calls"])
