@@ -94,6 +94,24 @@ FAMILIES = {
         "expert_names": "mixtral",   # block_sparse_moe.experts.N.w1/w3/w2, block_sparse_moe.gate
         "default_tie": False,
     },
+    # gpt-oss: the harmony chat format (colibri/server/harmony.py). It always reasons, in the
+    # analysis channel; reasoning_effort (low/medium/high) sets how much. <|return|> ends an
+    # answer and <|call|> a tool call: both are end-of-generation tokens.
+    "gpt_oss": {
+        "display": "gpt-oss",
+        "model_types": ["gpt_oss"],
+        **_LLAMA_LIKE,
+        "interactive_max_tokens": 4096,   # the analysis comes first and is often long
+        "biases": "config",
+        "qk_norm": False,
+        "moe": True,
+        "default_tie": False,
+        "thinking": None,                 # no on/off switch: reasoning_effort instead
+        "reasoning": "harmony",
+        "tools": "harmony",
+        "reasoning_efforts": ("low", "medium", "high"),
+        "stop_tokens": ("<|return|>", "<|call|>"),
+    },
     # The DeepSeek-V3 line (colibri/family/deepseek.py): sigmoid group-limited routing, shared
     # experts, leading dense layers; "mla" attention keeps the compressed latent per position.
     "glm4_moe": {

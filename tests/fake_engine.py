@@ -15,6 +15,9 @@ MODE:
   script     answer turn i with the i-th reply of the JSON list in COLI_FAKE_REPLIES (a list of
              DATA pieces each, cycling), END finish=stop; every SUBMIT's options and payload are
              appended as one JSON line to COLI_FAKE_LOG when set
+  harmony    answer every SUBMIT with HARMONY (gpt-oss's analysis + final messages, one token a
+             frame; the special tokens only with render_special=1, as the engine does) and append
+             the SUBMIT options and payload as one JSON line to $COLI_FAKE_LOG
   moe        a streaming-MoE engine (the READY / END / ROUTING fields of docs/protocol.md) for the
              dashboard tests: READY with the expert fields of the model in --model, a scripted answer
              (REPLY, at most max_tokens pieces, COLI_FAKE_DELAY s apart), a ROUTING frame when SUBMIT
@@ -29,6 +32,25 @@ import time
 # Reasoning, Markdown and an HTML payload that a dashboard must show as text.
 REPLY = ["<think>", "Checking ", "the experts.", "</think>", "Hello ", "**bold** ", "and ", "`code`", ".\n\n",
          "- one\n", "- two\n\n", "<img src=x onerror=alert(1)>", "\n\n```\nx = 1\n```\n"]
+
+
+# What gpt-oss writes after `<|start|>assistant`, token by token (`True`: a special token).
+HARMONY = [("<|channel|>", True), ("analysis", False), ("<|message|>", True), ("The user", False),
+           (" greets.", False), ("<|end|>", True), ("<|start|>", True), ("assistant", False),
+           ("<|channel|>", True), ("final", False), ("<|message|>", True), ("Hello", False), ("!", False)]
+
+
+def harmony_turn(rid, opts, payload):
+    with open(os.environ["COLI_FAKE_LOG"], "a", encoding="utf-8") as f:
+        f.write(json.dumps({"opts": opts, "payload": payload.decode("utf-8", "replace")}) + "\n")
+    emit(f"ACCEPT {rid} 3 0\n".encode())
+    n = 0
+    for text, special in HARMONY:
+        n += 1
+        data = text.encode() if opts.get("render_special") == "1" or not special else b""
+        emit(f"DATA {rid} 97 {len(data)}\n".encode() + data)
+    emit(f"END {rid} prompt_tokens=3 completion_tokens={n} reused_tokens=0 ttft_ms=0.1 prefill_tok_s=1 "
+         f"decode_tok_s=1 finish=stop hit_rate=1.000 bytes_read=0 rss_mb=1\n".encode())
 
 
 def emit(data):
@@ -146,6 +168,9 @@ def main():
         if mode == "script":
             script_turn(rid, opts, payload, turn)
             turn += 1
+            continue
+        if mode == "harmony":
+            harmony_turn(rid, opts, payload)
             continue
         if shape:
             moe_turn(rid, opts, turn, shape)

@@ -218,3 +218,36 @@ def test_template_without_tool_syntax_gets_the_family_syntax(model, tmp_path):  
     assert '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' \
            '\n</tool_call><|im_end|>' in sent
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in sent
+
+
+def test_gpt_oss_harmony_call(model, tmp_path):  # noqa: F811
+    import shutil
+    from pathlib import Path
+    gpt = tmp_path / "gpt_oss"
+    shutil.copytree(model, gpt)
+    man = json.loads((gpt / "colibri.json").read_text())
+    man["family"] = "gpt_oss"
+    (gpt / "colibri.json").write_text(json.dumps(man))
+    template = Path(__file__).parent / "data" / "chat_templates" / "openai-gpt-oss.jinja"
+    s = Scripted(gpt, template, tmp_path)
+    with s.proc:
+        c = openai.OpenAI(base_url=s.proc.base + "/v1", api_key="unused", max_retries=0, timeout=30)
+        s.reply(["<|channel|>analysis<|message|>Need weather.<|end|>", "<|start|>assistant to=functions.get_weather",
+                 "<|channel|>commentary <|constrain|>json<|message|>", '{"city": ', '"Paris"}', "<|call|>"])
+        r = c.chat.completions.create(model="gpt_oss", messages=ASK, tools=[WEATHER])
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and msg.content is None
+        assert msg.model_extra["reasoning_content"] == "Need weather."
+        assert [(t.function.name, json.loads(t.function.arguments)) for t in msg.tool_calls] == \
+            [("get_weather", {"city": "Paris"})]
+        follow = ASK + [msg.model_dump(exclude_none=True),
+                        {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "sunny"}]
+        s.reply(["<|channel|>final<|message|>Sunny.", "<|return|>"])
+        r2 = c.chat.completions.create(model="gpt_oss", messages=follow, tools=[WEATHER],
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        sub = s.last_submit()
+        sent, g = sub["payload"], int(sub["opts"]["grammar"])
+    assert r2.choices[0].message.content == "Sunny."
+    assert sent.startswith('root ::= tc-call\n') and '"<|channel|>commentary to=functions.get_weather' in sent[:g]
+    assert "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" in sent
+    assert "<|start|>functions.get_weather to=assistant" in sent  # the template's tool-result message

@@ -176,3 +176,26 @@ def test_every_tool_family_names_a_known_format():
     assert {"qwen3_moe", "deepseek_v3", "deepseek_v32", "glm4_moe", "glm_moe_dsa", "llama"} <= set(named)
     for fam, fmt in named.items():
         assert formats.get(fmt).name == fmt
+
+
+def test_gpt_oss_official_template_call_through_the_harmony_splitter():
+    from colibri.server.harmony import HarmonySplitter
+    source = (TEMPLATES / "openai-gpt-oss.jinja").read_text(encoding="utf-8")
+    call = DATA["single_call"][0]
+    chat = [{"role": "user", "content": DATA["user"]},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function", "function": call}]}]
+    prompt = ct.render_chat(source, chat[:1], tools=DATA["tools"], add_generation_prompt=True)
+    full = ct.render_chat(source, chat, tools=DATA["tools"], add_generation_prompt=False)
+    assert full.startswith(prompt) and prompt.endswith("<|start|>assistant")
+    generated = full[len(prompt):]  # " to=functions.get_weather<|channel|>commentary json<|message|>{...}<|call|>"
+    assert generated.startswith(" to=functions.get_weather") and generated.endswith("<|call|>")
+    rng = random.Random(3)
+    for _ in range(3):
+        s, pieces, i = HarmonySplitter.after_prompt(prompt), [], 0
+        while i < len(generated):
+            n = rng.randint(1, 5)
+            pieces += s.feed(generated[i:i + n])
+            i += n
+        pieces += s.flush()
+        assert pieces == [("tool_call", call)]
+    assert formats.parse_harmony_calls(full[full.rindex("<|start|>assistant"):]) == [call]

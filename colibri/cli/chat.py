@@ -2,11 +2,13 @@
 
 Each turn renders the whole conversation with the model's chat template and sends it to KV
 slot 0, so the engine reuses the common prefix and only the new text is prefilled. Tokens are
-printed as they arrive; thinking (<think>...</think>) is shown apart (dimmed on a terminal).
+printed as they arrive; thinking (<think>...</think>, or gpt-oss's analysis channel) is shown
+apart (dimmed on a terminal).
 Ctrl-C sends STOP for the current answer; a second Ctrl-C leaves. Without a terminal no escape
 codes are written and each input line is one message.
 """
 import codecs
+import json
 import os
 import select
 import signal
@@ -16,7 +18,8 @@ from pathlib import Path
 
 from colibri.cli import launch_opts
 from colibri.cli.common import UserError, model_arg, require_model
-from colibri.server.text import ThinkSplitter  # the server's splitter: one rule for <think> everywhere
+from colibri.server import harmony
+from colibri.server.text import ThinkSplitter  # the server's splitters: one rule for reasoning everywhere
 
 HELP = "chat with a model in the terminal (streams tokens; Ctrl-C stops an answer)"
 DESCRIPTION = """Loads the model once and chats. Commands:
@@ -50,6 +53,8 @@ class Screen:
             self.after_think = True
         elif kind == "reasoning":
             self.write(ev[1])
+        elif kind == "tool_call":  # gpt-oss calling a function nobody offered: show it as text
+            self.write(f"[{ev[1]['name']}({json.dumps(ev[1]['arguments'], ensure_ascii=False)})]")
         else:
             text = ev[1]
             if self.after_think:  # the blank lines a template puts after </think>
@@ -69,6 +74,28 @@ def opens_thinking(text):
     """True when text (the template's generation prompt, plus an unfinished answer for :more)
     leaves the model inside <think>."""
     return text.rfind("<think>") > text.rfind("</think>")
+
+
+def in_reasoning(splitter):
+    """True while the splitter is inside a reasoning block (<think> or an analysis message)."""
+    if isinstance(splitter, harmony.HarmonySplitter):
+        return splitter.state == "body" and splitter.kind == "reasoning"
+    return splitter.state == "reasoning"
+
+
+def speaks_harmony(model_dir, family):
+    """True when the model answers in harmony messages (gpt-oss): its registry entry or template says so."""
+    from colibri.chat_template import render as chat_template
+    try:
+        import family_registry
+        facts = family_registry.FAMILIES.get(family, {})
+    except ImportError:
+        facts = {}
+    try:
+        source = chat_template.load_chat_template(str(model_dir))
+    except Exception:  # noqa: BLE001 - no readable template: plain text
+        return False
+    return harmony.uses_harmony(source, facts)
 
 
 def switch_thinking(template_vars, model_dir, word):
@@ -136,6 +163,11 @@ class Chat:
         self.cap = args.max_tokens if args.max_tokens is not None else min(cap or DEFAULT_ANSWER_CAP, ctx - 1)
         self.opts = launch_opts.sampling_opts(args)
         self.opts.pop("max_tokens", None)
+        # gpt-oss: the channel markup is special tokens, so the engine writes them out
+        self.harmony = not args.raw and speaks_harmony(model_dir, fam)
+        if self.harmony:
+            self.opts["render_special"] = 1
+        self.answer_content = ""  # the last answer without its reasoning (what the template gets back)
 
     # -------------------------------------------------------------- prompt text
 
@@ -175,9 +207,13 @@ class Chat:
             state["stopping"] = True
             self.eng.control("STOP", rid)
 
-        splitter = ThinkSplitter(True, in_reasoning=opens_thinking(think_context), answered=continuing, marks=True)
-        if splitter.state == "reasoning":
+        if self.harmony:  # the whole prompt (+ answer so far) says which channel the model is in
+            splitter = harmony.HarmonySplitter.after_prompt(payload.text, marks=True)
+        else:
+            splitter = ThinkSplitter(True, in_reasoning=opens_thinking(think_context), answered=continuing, marks=True)
+        if in_reasoning(splitter):
             self.screen.event(("think_start",))
+        content = []
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces, stats = [], {}
         previous = signal.signal(signal.SIGINT, on_sigint)
@@ -192,6 +228,8 @@ class Chat:
                         pieces.append(text)
                         for out in splitter.feed(text):
                             self.screen.event(out)
+                            if out[0] == "content":
+                                content.append(out[1])
                     elif ev[0] == "end":
                         stats = ev[1]
             except engine_client.EngineError as e:
@@ -204,10 +242,13 @@ class Chat:
             pieces.append(tail)
             for out in splitter.feed(tail) + splitter.flush():
                 self.screen.event(out)
+                if out[0] == "content":
+                    content.append(out[1])
         finally:
             signal.signal(signal.SIGINT, previous)
             self.screen.reset()
-        if splitter.state == "reasoning":
+        self.answer_content = "".join(content)
+        if in_reasoning(splitter) and not self.harmony:  # harmony's flush already closed the block
             self.screen.write("\n" if self.color else "\n[/thinking]\n")
         self.screen.write("\n")
         self.screen.write(self.screen.dim(footer(stats, state["stopping"] and stats.get("finish") == "stop")) + "\n")
@@ -231,7 +272,8 @@ class Chat:
             self.messages.pop()
             self.explain(finish)
             return
-        self.messages.append({"role": "assistant", "content": text})
+        # gpt-oss's template refuses channel markup in content and drops earlier analysis anyway
+        self.messages.append({"role": "assistant", "content": self.answer_content if self.harmony else text})
         self.last = (payload, gen, text) if (finish == "length" or stopped) else None
 
     def more(self):
@@ -247,7 +289,7 @@ class Chat:
         if text is None:
             self.explain(finish)
             return
-        self.messages[-1]["content"] += text
+        self.messages[-1]["content"] += self.answer_content if self.harmony else text
         self.last = (prompt, gen, so_far + text) if (finish == "length" or stopped) else None
 
     def explain(self, err):

@@ -365,7 +365,7 @@ def convert(src, out, experts="q4", dense="q8", log=print):
             shutil.copyfile(src / name, out / name)
     log("checksumming sources")
     write_manifest(out, family=family, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
-                   bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src), shards=shards,
+                   bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src, family), shards=shards,
                    source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")},
                    mtp_layers=planner.mtp)
     log(f"wrote {out}")
@@ -475,8 +475,21 @@ def token_id(cfg, src, key):
     return v if isinstance(v, int) else -1
 
 
-def eos_ids(cfg, src):
+def eos_ids(cfg, src, family=None):
     v = _generation_config(src).get("eos_token_id", cfg.get("eos_token_id"))
-    if isinstance(v, int):
-        return [v]
-    return [x for x in v if isinstance(x, int)] if isinstance(v, list) else []
+    ids = [v] if isinstance(v, int) else [x for x in v if isinstance(x, int)] if isinstance(v, list) else []
+    return ids + [i for i in family_stop_ids(src, family) if i not in ids]
+
+
+def family_stop_ids(src, family):
+    """Ids of the registry's end-of-generation tokens for the family (gpt-oss: <|return|>, <|call|>),
+    so an answer ends on them even where generation_config.json lists fewer."""
+    names = family_registry.FAMILIES.get(family, {}).get("stop_tokens") or ()
+    if not names:
+        return []
+    try:
+        added = json.loads((src / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    ids = {t.get("content"): t.get("id") for t in added if isinstance(t, dict)}
+    return [ids[n] for n in names if isinstance(ids.get(n), int)]

@@ -3,7 +3,7 @@ event-stream shapes the official `anthropic` client expects."""
 import json
 import uuid
 
-from colibri.server.openai import check_model, render_prompt
+from colibri.server.openai import check_harmony_effort, check_model, render_prompt
 from colibri.server.params import (GenSpec, bad, cache_slot, get_bool, get_max_tokens, get_stop, message_text,
                            sampling_options, unsupported)
 from colibri.tools import request as tool_request
@@ -60,6 +60,8 @@ def parse_messages(body, model, n_slots):
             if effort not in ("low", "medium", "high", "xhigh", "max"):
                 raise bad("output_config.effort must be low, medium, high, xhigh or max", param="output_config.effort")
             kwargs["reasoning_effort"] = effort
+            if model.harmony:
+                check_harmony_effort(kwargs, "output_config.effort")
     if body.get("container") is not None:
         raise unsupported("containers (server-side tools) are not supported by colibri", param="container")
     # A final assistant message is a prefill: the answer continues it.

@@ -3,6 +3,7 @@ the text pipeline, and the response (JSON or SSE) in the dialect of the endpoint
 
 Nothing is sent to the client before the engine ACCEPTs the prompt, so a full queue, a queue
 timeout or a prompt that does not fit is a plain HTTP error, never a broken stream."""
+import json
 import time
 
 from colibri.server.scheduler import Job, QueueFull, Unavailable
@@ -51,7 +52,8 @@ class ClientGone(Exception):
 class Generation:
     def __init__(self, handler, app, spec, responder):
         self.h, self.app, self.spec, self.resp = handler, app, spec, responder
-        self.pipe = TextPipeline(spec.stops, spec.think, spec.in_reasoning)
+        self.pipe = TextPipeline(spec.stops, spec.think, spec.in_reasoning,
+                                 harmony_prompt=spec.key_text if spec.harmony else None)
         self.toolf = spec.tools.filter() if spec.tools is not None and spec.tools.parses else None
         self.calls = []  # parsed tool calls (non-streaming; streamed ones only counted)
         self.n_calls = 0
@@ -148,12 +150,15 @@ class Generation:
 
     def _tool_calls(self, pieces, final=False):
         """Content pieces through the family's tool-call filter (calls come out as their own pieces)."""
-        if self.toolf is None:
-            return pieces
         out = []
         for p in pieces:
-            out += self.toolf.feed(p[1]) if p[0] == "content" else [p]
-        return out + (self.toolf.finish() if final else [])
+            if p[0] == "tool_call":  # a call the splitter found itself (harmony)
+                out += self.toolf.take(p[1]) if self.toolf else [("content", json.dumps(p[1]["arguments"]))]
+            elif p[0] == "content" and self.toolf:
+                out += self.toolf.feed(p[1])
+            else:
+                out.append(p)
+        return out + (self.toolf.finish() if final and self.toolf else [])
 
     def _flush(self):
         pieces, self.held = self.held, []

@@ -8,6 +8,7 @@ from pathlib import Path
 import family_registry
 from colibri.chat_template import render as chat_template
 from colibri.chat_template import literal as chat_template_literal
+from colibri.server import harmony
 
 # Used when a checkpoint ships no chat template (like the tiny test models), so chat endpoints
 # still work; the start-up log and /health say so. --chat-template FILE gives the right one.
@@ -48,6 +49,9 @@ class ModelInfo:
             self.template, self.template_error = None, f"cannot read the added tokens of tokenizer.json ({e})"
             log(f"chat completions are disabled: {self.template_error}; use /v1/completions")
         self.thinks = self._has_think_tags()
+        self.family_facts = fam
+        self.harmony = (self.template is not None and self.template_origin != "chatml-fallback"
+                        and harmony.uses_harmony(self.template, self.family_facts))
 
     def _sampling_defaults(self):
         """The checkpoint's recommended sampling when it asks for sampling; else OpenAI's defaults."""

@@ -6,6 +6,7 @@ import uuid
 
 from colibri.chat_template import render as chat_template
 from colibri.chat_template import runtime as chat_template_runtime
+from colibri.server import harmony
 from colibri.server.params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
                            message_text, refuse_nonzero, sampling_options, unsupported)
 from colibri.server.text import token_text
@@ -110,10 +111,21 @@ def parse_chat(body, model, n_slots):
     et = get_bool(body, "enable_thinking")
     if et is not None:
         kwargs["enable_thinking"] = et
+    if model.harmony:
+        check_harmony_effort(kwargs, "reasoning_effort" if effort is not None else "chat_template_kwargs.reasoning_effort")
     agp = get_bool(body, "add_generation_prompt", True)
     cfm = get_bool(body, "continue_final_message", False)
     render_prompt(spec, model, chat, kwargs, add_generation_prompt=agp and not cfm, continue_final_message=cfm)
     return spec
+
+
+def check_harmony_effort(kwargs, param):
+    """gpt-oss's template writes reasoning_effort into its system message as is: only the levels
+    the model was trained on may get there."""
+    if "reasoning_effort" in kwargs:
+        why = harmony.effort_error(kwargs["reasoning_effort"])
+        if why:
+            raise bad(f"'{param}': {why}", param=param)
 
 
 def render_prompt(spec, model, chat, kwargs, **flags):
@@ -134,6 +146,9 @@ def render_prompt(spec, model, chat, kwargs, **flags):
     spec.opts.update(special=1, add_special=0, **literal)
     spec.think = model.thinks
     spec.in_reasoning = model.thinks and prompt.text.rstrip().endswith("<think>")
+    if model.harmony:  # the channel markup is special tokens: the engine must write them out
+        spec.harmony = True
+        spec.opts["render_special"] = 1
     if tools is not None and tools.choice in ("required", "function"):
         tools.grammar = spec.opts["grammar"] = call_grammar(tools, model.template, spec.in_reasoning)
 

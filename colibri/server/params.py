@@ -188,6 +188,7 @@ class GenSpec:
     stops: list = field(default_factory=list)
     think: bool = False             # split <think>...</think> into reasoning
     in_reasoning: bool = False      # the prompt already opened a <think> block
+    harmony: bool = False           # split harmony channels (gpt-oss) into reasoning and content
     cache_slot: int = None
     logprobs: bool = False
     top_logprobs: int = 0

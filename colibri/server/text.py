@@ -119,10 +119,15 @@ class TextPipeline:
 
     Stop sequences are matched on the raw generated text (reasoning included), like vLLM."""
 
-    def __init__(self, stops=(), think=False, in_reasoning=False):
+    def __init__(self, stops=(), think=False, in_reasoning=False, harmony_prompt=None):
+        """harmony_prompt: the prompt text of a model that writes harmony messages (gpt-oss)."""
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stop = StopMatcher(stops)
-        self.think = ThinkSplitter(think, in_reasoning)
+        if harmony_prompt is not None:
+            from colibri.server.harmony import HarmonySplitter
+            self.think = HarmonySplitter.after_prompt(harmony_prompt)
+        else:
+            self.think = ThinkSplitter(think, in_reasoning)
         self.matched = None
         self.raw = []  # everything the engine produced, for the KV slot table
 

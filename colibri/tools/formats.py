@@ -276,6 +276,17 @@ def parse_harmony_calls(text):
     return calls
 
 
+_HARMONY_TO = re.compile(r"to=functions\.([^\s<]+)")
+
+
+def harmony_call(header, body):
+    """One harmony message -> a call when its header addresses functions.NAME and its body is a
+    JSON object, else None (the splitter in colibri/server/harmony.py hands over both parts)."""
+    m = _HARMONY_TO.search(header)
+    args = _json_object(body.strip()) if m else None
+    return None if args is None else {"name": m.group(1), "arguments": args}
+
+
 def _parse_harmony(region, schemas, final):
     if not region.endswith("<|call|>") and not final:
         return None

@@ -77,6 +77,15 @@ class ToolCallFilter:
                 self.calls += 1
                 out.append(("tool_call", c))
 
+    def take(self, call):
+        """A call found upstream (the harmony splitter), counted against max_calls."""
+        out = []
+        self.started = self.strip_next = True
+        if self.max_calls is None or self.calls < self.max_calls:
+            self.calls += 1
+            out.append(("tool_call", call))
+        return out
+
     def finish(self):
         out = []
         rest, self.buf = self.buf, ""
