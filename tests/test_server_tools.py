@@ -87,6 +87,8 @@ def test_streamed_calls_accumulate_in_the_official_client(scripted, client):
     deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     first = deltas[0].tool_calls[0]  # name and id first, arguments after
     assert first.index == 0 and first.id and first.function.name == "get_weather" and first.function.arguments == ""
+    fragments = [t.function.arguments for d in deltas for t in d.tool_calls if t.index == 0 and t.function.arguments]
+    assert fragments == ['{"city": "Par', 'is"}']  # the arguments stream as the model writes them
     assert all("<tool_call>" not in (c.choices[0].delta.content or "") for c in chunks if c.choices)
 
 

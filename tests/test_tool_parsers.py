@@ -105,7 +105,12 @@ def test_streamed_in_pieces_gives_the_same_and_never_leaks_markup(cached_templat
             i += n
         pieces += f.finish()
         shown = "".join(p[1] for p in pieces if p[0] == "content")
-        assert [p[1] for p in pieces if p[0] == "tool_call"] == calls
+        assert [p[1] for p in pieces if p[0] in ("tool_call", "tool_call_end")] == calls
+        if fmt.args_head is not None:  # arguments streamed as written: the fragments join to each call's JSON
+            assert [p[1] for p in pieces if p[0] == "tool_call_start"] == [c["name"] for c in calls]
+            joined = "".join(p[1] if p[0] == "tool_call_args" else "\0" for p in pieces
+                             if p[0] in ("tool_call_args", "tool_call_end"))
+            assert [json.loads(a) for a in joined.split("\0")[:-1]] == [c["arguments"] for c in calls]
         assert shown.strip() == content and not any(m[:3] in shown for m in fmt.starts if len(m) > 1)
 
 
@@ -161,7 +166,9 @@ def test_text_around_calls_and_max_calls():
     f = ToolCallFilter(formats.HERMES, SCHEMAS, max_calls=1)
     text = "Checking.\n\n" + "\n".join(formats.HERMES.render(c) for c in DATA["calls"]) + "\n"
     pieces = f.feed(text) + f.finish()
-    assert pieces == [("content", "Checking."), ("tool_call", DATA["calls"][0])] and f.done()
+    args = json.dumps(DATA["calls"][0]["arguments"], ensure_ascii=False)
+    assert pieces == [("content", "Checking."), ("tool_call_start", "get_weather"), ("tool_call_args", args),
+                      ("tool_call_end", DATA["calls"][0])] and f.done()
 
 
 def test_llama_json_counts_only_at_the_start():
@@ -199,3 +206,20 @@ def test_gpt_oss_official_template_call_through_the_harmony_splitter():
         pieces += s.flush()
         assert pieces == [("tool_call", call)]
     assert formats.parse_harmony_calls(full[full.rindex("<|start|>assistant"):]) == [call]
+
+
+def test_streamed_arguments_hold_back_only_the_closing_brace():
+    f = ToolCallFilter(formats.HERMES, SCHEMAS)
+    steps = ['<tool_call>\n{"name": "get_weather", ', '"arguments": {"city": "Zü', 'rich"}', "}", "\n</tool", "_call>"]
+    got = [f.feed(s) for s in steps] + [f.finish()]
+    assert got == [[], [("tool_call_start", "get_weather"), ("tool_call_args", '{"city": "Zü')], [("tool_call_args", 'rich"')],
+                   [("tool_call_args", "}")], [], [("tool_call_end", {"name": "get_weather", "arguments": {"city": "Zürich"}})],
+                   []]
+
+
+def test_a_streamed_call_that_does_not_parse_ends_empty_and_shows_its_text():
+    f = ToolCallFilter(formats.HERMES, SCHEMAS)
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
+    pieces = f.feed(text) + f.finish()
+    assert pieces[0] == ("tool_call_start", "get_weather") and ("tool_call_end", None) in pieces
+    assert pieces[-1] == ("content", text)

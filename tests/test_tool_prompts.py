@@ -25,7 +25,7 @@ HISTORY = ASK + [{"role": "assistant", "content": None, "tool_calls": [
 
 class Model:
     """The part of server.model.ModelInfo that request parsing reads, over a template source."""
-    id, defaults, manifest = "m", {}, {}
+    id, defaults, manifest, harmony = "m", {}, {}, False
 
     def __init__(self, template, family, **special):
         fam = family_registry.FAMILIES[family]

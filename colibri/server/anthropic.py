@@ -147,16 +147,8 @@ class MessagesResponder:
             if self.kind else []
 
     def stream_piece(self, kind, text, entries):
-        if kind == "tool_call":  # a whole tool_use block: start, its input as input_json_delta, stop
-            out = self._close_block()
-            self.index, self.kind = self.index + 1, None
-            block = {"type": "tool_use", "id": tool_request.call_id("toolu_"), "name": text["name"], "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(text["arguments"], ensure_ascii=False)}
-            return out + [event("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                        "content_block": block}),
-                          event("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                        "delta": delta}),
-                          event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        if kind.startswith("tool_call"):
+            return self._tool_use(kind, text)
         out = []
         if kind != self.kind:
             out += self._close_block()
@@ -170,6 +162,27 @@ class MessagesResponder:
                 else {"type": "text_delta", "text": text}
             out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.index,
                                                      "delta": delta}))
+        return out
+
+    def _tool_use(self, kind, value):
+        """A tool_use block: start, its input as input_json_delta fragments, stop (a whole call
+        is all three at once)."""
+        out = []
+        if kind in ("tool_call", "tool_call_start"):
+            out += self._close_block()
+            self.index, self.kind = self.index + 1, "tool_use"
+            name = value["name"] if kind == "tool_call" else value
+            block = {"type": "tool_use", "id": tool_request.call_id("toolu_"), "name": name, "input": {}}
+            out.append(event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                     "content_block": block}))
+        args = json.dumps(value["arguments"], ensure_ascii=False) if kind == "tool_call" else \
+            value if kind == "tool_call_args" else None
+        if args:
+            out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                     "delta": {"type": "input_json_delta", "partial_json": args}}))
+        if kind in ("tool_call", "tool_call_end"):
+            out += self._close_block()
+            self.kind = None
         return out
 
     def stream_end(self, finish, stop_seq, usage):

@@ -163,12 +163,13 @@ class Generation:
     def _flush(self):
         pieces, self.held = self.held, []
         for kind, text in pieces:
-            if kind == "tool_call":
-                self.n_calls += 1
+            if kind.startswith("tool_call"):  # a whole call, or the start / arguments / end of one
                 if self.streaming:
+                    self.n_calls += kind in ("tool_call", "tool_call_start")
                     self._send(self.resp.stream_piece(kind, text, []))
-                else:
+                elif kind in ("tool_call", "tool_call_end") and text is not None:
                     self.calls.append(text)
+                    self.n_calls += 1
                 continue
             if self.streaming:
                 self._send(self.resp.stream_piece(kind, text, self.pending_lp))

@@ -292,15 +292,24 @@ class ChatResponder:
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def stream_piece(self, kind, text, entries):
-        if kind == "tool_call":  # what the official client accumulates: id, type and name, then arguments
-            i, self.n_calls = self.n_calls, self.n_calls + 1
-            head = {"index": i, "id": tool_request.call_id(), "type": "function",
-                    "function": {"name": text["name"], "arguments": ""}}
-            return [self._chunk({"tool_calls": [head]}),
-                    self._chunk({"tool_calls": [{"index": i, "function": {"arguments": _arguments(text)}}]})]
+        if kind.startswith("tool_call"):  # what the official client accumulates: id, type and name, then arguments
+            return self._call_chunks(kind, text)
         key = "reasoning_content" if kind == "reasoning" else "content"
         lp = chat_logprobs(entries) if self.spec.logprobs and entries else None
         return [self._chunk({key: text}, logprobs=lp)]
+
+    def _call_chunks(self, kind, value):
+        out = []
+        if kind in ("tool_call", "tool_call_start"):
+            name = value["name"] if kind == "tool_call" else value
+            head = {"index": self.n_calls, "id": tool_request.call_id(), "type": "function",
+                    "function": {"name": name, "arguments": ""}}
+            self.n_calls += 1
+            out.append(self._chunk({"tool_calls": [head]}))
+        args = _arguments(value) if kind == "tool_call" else value if kind == "tool_call_args" else None
+        if args:
+            out.append(self._chunk({"tool_calls": [{"index": self.n_calls - 1, "function": {"arguments": args}}]}))
+        return out
 
     def stream_end(self, finish, stop_seq, usage):
         return stream_tail(self, "chat.completion.chunk", self._chunk({}, finish=finish), usage)

@@ -19,6 +19,9 @@ class Format:
     def __init__(self, name, starts, find_end, parse, render, start_only=False):
         self.name, self.starts, self.find_end, self.parse, self.start_only = name, starts, find_end, parse, start_only
         self.render = render  # call -> the text the model writes for it (templates without tool syntax)
+        # JSON-argument formats whose arguments can stream as they are written: a regex for the
+        # call's head up to the arguments (group 1: the name) and the marker that ends the call
+        self.args_head, self.args_end = None, None
 
     def split(self, text, schemas=None):
         """A whole answer -> (visible content, calls)."""
@@ -26,7 +29,7 @@ class Format:
         f = ToolCallFilter(self, schemas)
         pieces = f.feed(text) + f.finish()
         content = "".join(p[1] for p in pieces if p[0] == "content")
-        return content, [p[1] for p in pieces if p[0] == "tool_call"]
+        return content, [p[1] for p in pieces if p[0] in ("tool_call", "tool_call_end") and p[1] is not None]
 
 
 def _until(marker):
@@ -117,6 +120,10 @@ def _parse_glm(region, schemas, final):
     if _GLM_PAIR.sub("", rest).strip():  # stray text: not the format
         return None
     return [{"name": name, "arguments": args}]
+
+
+HERMES.args_head = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.-]+)"\s*,\s*"arguments"\s*:\s*')
+HERMES.args_end = "</tool_call>"
 
 
 def _render_glm(c):
