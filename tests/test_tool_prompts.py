@@ -126,3 +126,40 @@ def test_schema_outside_the_grammar_subset_names_the_keyword():
         parse(m, tools=[tool], tool_choice="required")
     assert e.value.status == 400 and "'not'" in e.value.message and e.value.param == "tools[0].function.parameters"
     assert "grammar" not in parse(m, tools=[tool]).opts  # unforced, the schema is only shown to the model
+
+
+def test_a_forced_call_and_structured_output_do_not_mix():
+    m = Model(_cached("qwen3"), "qwen3_moe")
+    with pytest.raises(ApiError) as e:
+        parse(m, tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
+    assert e.value.param == "tool_choice"
+
+
+def test_legacy_functions_and_function_call():
+    m = Model(_cached("qwen3"), "qwen3_moe")
+    spec = parse(m, functions=[WEATHER["function"]], function_call={"name": "get_weather"},
+                 messages=ASK + [{"role": "assistant", "content": None,
+                                  "function_call": {"name": "get_weather", "arguments": "{\"city\": \"Bern\"}"}},
+                                 {"role": "function", "name": "get_weather", "content": "sunny"}])
+    assert spec.tools.choice == "function" and spec.tools.name == "get_weather" and "get_weather" in _grammar(spec)
+    assert '{"name": "get_weather", "arguments": {"city": "Bern"}}' in spec.key_text
+    assert "<tool_response>\nsunny\n</tool_response>" in spec.key_text
+
+
+def test_anthropic_tools_reach_the_template():
+    from colibri.server import anthropic as an
+    m = Model(_cached("qwen3"), "qwen3_moe")
+    body = {"max_tokens": 5, "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+            "messages": ASK + [
+                {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                                  {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                   "input": {"city": "Bern"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                                             {"type": "text", "text": "And tomorrow?"}]}]}
+    spec = an.parse_messages(body, m, 1)
+    assert spec.tools.choice == "required" and not spec.tools.parallel
+    assert _grammar(spec).splitlines()[0] == "root ::= tc-call"
+    text = spec.key_text
+    assert 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Bern"}}\n</tool_call>' in text
+    assert text.index("<tool_response>\nsunny\n</tool_response>") < text.index("And tomorrow?")

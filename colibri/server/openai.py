@@ -62,6 +62,11 @@ def parse_chat(body, model, n_slots):
     spec = _common(body, model, n_slots)
     spec.tools = tool_request.openai_tools(body, model)
     rf = body.get("response_format")
+    if spec.tools is not None and spec.tools.choice in ("required", "function") and (
+            body.get("grammar") is not None or (isinstance(rf, dict) and rf.get("type") not in (None, "text"))):
+        raise bad("a forced 'tool_choice' constrains the answer to the call already; send it without "
+                  "'response_format' / 'grammar' (or with tool_choice 'auto')", param="tool_choice")
+    rf = body.get("response_format")
     if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
         raise unsupported("'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not "
                           "supported by colibri yet", param="response_format")
