@@ -8,6 +8,7 @@ from colibri.chat_template import render as chat_template
 from colibri.chat_template import runtime as chat_template_runtime
 from colibri.server.params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
                            message_text, refuse_nonzero, sampling_options, unsupported)
+from colibri.server import structured
 from colibri.server.text import token_text
 from version import VERSION
 
@@ -64,10 +65,7 @@ def parse_chat(body, model, n_slots):
     if tc not in (None, "none", "auto"):
         raise unsupported("tool calling ('tool_choice') is not supported for this model yet", param="tool_choice",
                           code="tools_unsupported")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise unsupported("'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not "
-                          "supported by colibri yet", param="response_format")
+    structured.grammar_for(body)  # a bad response_format or grammar is refused before the prompt is rendered
     mods = body.get("modalities")
     if mods is not None and mods != ["text"]:
         raise unsupported("only the text modality is supported", param="modalities")
@@ -117,6 +115,7 @@ def parse_chat(body, model, n_slots):
     agp = get_bool(body, "add_generation_prompt", True)
     cfm = get_bool(body, "continue_final_message", False)
     render_prompt(spec, model, chat, kwargs, add_generation_prompt=agp and not cfm, continue_final_message=cfm)
+    structured.apply(spec, body)
     return spec
 
 
@@ -186,6 +185,7 @@ def parse_completion(body, model, n_slots):
                           f"per request", param="prompt", code="batch_unsupported")
     else:
         raise bad("'prompt' must be a string or a list of token ids", param="prompt", code="invalid_type")
+    structured.apply(spec, body)
     return spec
 
 
