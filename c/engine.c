@@ -429,8 +429,8 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         produced++;
         verdict = poll_control(box, f->id);
         if (verdict) break;
-        if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
         if (gr && grammar_finished(gr)) { finish = "stop"; break; } /* nothing may follow */
+        if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
         int32_t next = tok;
         oom = forward(&e->model, kv, &next, 1, logits, 0) != 0;
     }

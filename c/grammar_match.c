@@ -139,6 +139,8 @@ static uint64_t state_hash(const uint32_t *ids, size_t n, const uint8_t *pend, i
 
 /* The state for node set ids (sorted, unique) with pending bytes; -1 on out of memory. */
 static int32_t state_get(GrammarRun *r, const uint32_t *ids, size_t n, const uint8_t *pend, int npend, int need) {
+    static const uint8_t none[4];
+    if (!pend) pend = none;
     uint64_t h = state_hash(ids, n, pend, npend);
     for (int32_t id; gmap_get(&r->st_map, h, &id); h = mix(h + 1)) { /* a hash collision probes on */
         const GState *s = &r->st[id];
@@ -253,7 +255,10 @@ static int32_t compute_next(GrammarRun *r, int32_t s, unsigned b) {
     if (hi > 0x10FFFF) hi = 0x10FFFF;
     if (lo > hi || !set_can_take(r, &st, lo, hi)) return G_DEAD;
     if (st.npend == st.need) return advance_cp(r, s, lo);
-    return state_get(r, r->pool + st.set_off, st.set_n, st.pend, st.npend, st.need);
+    /* the same stacks with a longer partial character; copied out, as the pool may move */
+    if (grow((void **)&r->out, &r->out_cap, st.set_n, sizeof(uint32_t))) { r->failed = 1; return G_DEAD; }
+    memcpy(r->out, r->pool + st.set_off, st.set_n * sizeof(uint32_t));
+    return state_get(r, r->out, st.set_n, st.pend, st.npend, st.need);
 }
 
 int32_t gstate_next(GrammarRun *r, int32_t s, unsigned byte) {

@@ -515,12 +515,17 @@ static int compile_rule(P *p, uint32_t r) {
 static uint32_t char_min_bytes(const Grammar *g, const GElem *e) {
     const uint32_t *rg = g->ranges + 2 * e->a;
     uint32_t best = UINT32_MAX;
-    if (e->type == GE_CHAR) {
-        for (uint32_t k = 0; k < e->b; k++) if (rg[2 * k] < best) best = rg[2 * k];
-    } else { /* the smallest code point no range excludes */
+    if (e->type == GE_CHAR) { /* the smallest code point of a range that is a character (no surrogate) */
+        for (uint32_t k = 0; k < e->b; k++) {
+            uint32_t lo = rg[2 * k], hi = rg[2 * k + 1] > 0x10FFFF ? 0x10FFFF : rg[2 * k + 1];
+            if (lo >= 0xD800 && lo <= 0xDFFF) lo = 0xE000;
+            if (lo <= hi && lo < best) best = lo;
+        }
+    } else { /* the smallest character no range excludes */
         uint32_t cp = 0;
         for (int moved = 1; moved && cp <= 0x10FFFF;) {
             moved = 0;
+            if (cp >= 0xD800 && cp <= 0xDFFF) { cp = 0xE000; moved = 1; }
             for (uint32_t k = 0; k < e->b; k++)
                 if (cp >= rg[2 * k] && cp <= rg[2 * k + 1]) { cp = rg[2 * k + 1] + 1; moved = 1; }
         }

@@ -190,7 +190,9 @@ def test_thinking_goes_to_reasoning_content(server):
     (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(frequency_penalty=1.0), "frequency_penalty"),
     (dict(logit_bias={"5": 10}), "logit_bias"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(response_format={"type": "xml"}), "response_format.type"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "patternProperties": {"^a": {}}}}}), "response_format.json_schema.schema"),
     (dict(temperature=5), "temperature"),
     (dict(top_logprobs=30, logprobs=True), "top_logprobs"),
     (dict(stop=["a", "b", "c", "d", "e"]), "stop"),

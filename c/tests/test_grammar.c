@@ -41,6 +41,8 @@ static void test_errors(void) {
         {"root ::= [z-a]", "backwards"},
         {"root ::= \"a\" @", "unexpected '@'"},
         {"root \"a\"", "expected '::='"},
+        {"root ::= [\\uD800-\\uDFFF]", "can never finish"},
+        {"root ::= [^\\x00-\\U0010FFFF]", "can never finish"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char err[256];

@@ -59,8 +59,9 @@ class SchemaError(ValueError):
     `path` is a JSON pointer to the schema holding it."""
 
     def __init__(self, keyword, path, why):
-        super().__init__(f"JSON schema keyword '{keyword}' at '{path or '#'}': {why}")
-        self.keyword, self.path = keyword, path or "#"
+        path = path if path.startswith("#") else "#" + path
+        super().__init__(f"JSON schema keyword '{keyword}' at '{path}': {why}")
+        self.keyword, self.path = keyword, path
 
 
 def _name_part(s):
@@ -188,7 +189,20 @@ class _Compiler:
             vals = [v for v in vals if any(_is_type(v, x) for x in types)]
             if not vals:
                 self.fail("enum" if "enum" in s else "const", path, f"no value is of type {t!r}")
-        return "(" + " | ".join(gbnf.literal(json.dumps(v, ensure_ascii=False)) for v in vals) + ")"
+        return "(" + " | ".join(self.const(v) for v in vals) + ")"
+
+    def const(self, v):
+        """Exactly the JSON value v, with any whitespace inside objects and arrays."""
+        if isinstance(v, dict):
+            ws = self.prim("ws")
+            kvs = [f'{gbnf.literal(json.dumps(k, ensure_ascii=False))} {ws} ":" {ws} {self.const(x)} {ws}'
+                   for k, x in v.items()]
+            return f'"{{" {ws} ' + ' "," '.join(f"{ws} {kv}" if i else kv for i, kv in enumerate(kvs)) + ' "}"'
+        if isinstance(v, list):
+            ws = self.prim("ws")
+            items = [f"{self.const(x)} {ws}" for x in v]
+            return f'"[" {ws} ' + ' "," '.join(f"{ws} {it}" if i else it for i, it in enumerate(items)) + ' "]"'
+        return gbnf.literal(json.dumps(v, ensure_ascii=False))
 
     def typed(self, t, s, path, hint):
         if t == "object":

@@ -9,6 +9,7 @@ from colibri.chat_template import runtime as chat_template_runtime
 from colibri.server import harmony
 from colibri.server.params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
                            message_text, refuse_nonzero, sampling_options, unsupported)
+from colibri.server import structured
 from colibri.server.text import token_text
 from colibri.tools import fallback as tool_fallback
 from colibri.tools import request as tool_request
@@ -66,10 +67,7 @@ def parse_chat(body, model, n_slots):
             body.get("grammar") is not None or (isinstance(rf, dict) and rf.get("type") not in (None, "text"))):
         raise bad("a forced 'tool_choice' constrains the answer to the call already; send it without "
                   "'response_format' / 'grammar' (or with tool_choice 'auto')", param="tool_choice")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise unsupported("'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not "
-                          "supported by colibri yet", param="response_format")
+    structured.grammar_for(body)  # a bad response_format or grammar is refused before the prompt is rendered
     mods = body.get("modalities")
     if mods is not None and mods != ["text"]:
         raise unsupported("only the text modality is supported", param="modalities")
@@ -121,6 +119,7 @@ def parse_chat(body, model, n_slots):
     agp = get_bool(body, "add_generation_prompt", True)
     cfm = get_bool(body, "continue_final_message", False)
     render_prompt(spec, model, chat, kwargs, add_generation_prompt=agp and not cfm, continue_final_message=cfm)
+    structured.apply(spec, body)
     return spec
 
 
@@ -244,6 +243,7 @@ def parse_completion(body, model, n_slots):
                           f"per request", param="prompt", code="batch_unsupported")
     else:
         raise bad("'prompt' must be a string or a list of token ids", param="prompt", code="invalid_type")
+    structured.apply(spec, body)
     return spec
 
 
