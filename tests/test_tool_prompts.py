@@ -78,7 +78,7 @@ def _grammar(spec):
     ("qwen3", "qwen3_moe", ['"<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": "', '"}\\n</tool_call>"']),
     ("llama3_2", "llama", ['"{\\"name\\": \\"get_weather\\", \\"parameters\\": "']),
     ("GLM-4.7-Flash.jinja", "glm4_moe_lite", ['"<tool_call>get_weather"', '"<arg_key>city</arg_key><arg_value>"',
-                                              '("<arg_key>days</arg_key><arg_value>"']),
+                                              '( "<arg_key>days</arg_key><arg_value>"']),
     ("GLM-4.6.jinja", "glm4_moe", ['"<arg_key>city</arg_key>\\n<arg_value>"']),
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek_v3", ['"<｜tool▁calls▁begin｜>"',
                                                         '"<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"']),

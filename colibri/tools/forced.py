@@ -6,7 +6,8 @@ from colibri.grammar import SchemaError, gbnf, schema_to_gbnf
 from colibri.server.params import bad
 from colibri.tools import formats
 
-RAW_TEXT = '[^<]*'  # an XML-style string value: anything up to the next tag
+RAW_CHAR = "[^<]"  # an XML-style string value: anything up to the next tag
+RAW_TEXT = RAW_CHAR + "*"
 
 
 def _args(schema, prefix, rules, param):
@@ -39,21 +40,58 @@ def _json_call(fmt, name, args, v3_fences):
     raise ValueError(fmt.name)
 
 
-def _glm_call(name, schema, prefix, rules, param, newlines):
-    """GLM writes one <arg_key>/<arg_value> pair per argument: a string value raw, others JSON."""
+def _raw_string(sub, param):
+    """A string argument written raw between tags (GLM, DSML): text without '<', its length
+    bounded as the schema says; enum / const as the literal choices."""
+    if "enum" in sub or "const" in sub:
+        values = sub["enum"] if "enum" in sub else [sub["const"]]
+        if all(isinstance(v, str) for v in values):
+            return "( " + " | ".join(gbnf.literal(v) for v in values) + " )"
+    extra = sorted(set(sub) & {"pattern", "format", "enum", "const"})
+    if extra:
+        raise bad(f"'{param}' cannot force a call: '{extra[0]}' on a string this family writes as raw text is not "
+                  f"supported; drop the keyword or use tool_choice 'auto'", param=param, code="unsupported_schema")
+    lo, hi = int(sub.get("minLength", 0)), sub.get("maxLength")
+    return f"{RAW_CHAR}{{{lo},{'' if hi is None else int(hi)}}}" if lo or hi is not None else RAW_TEXT
+
+
+def _xml_args(schema, prefix, rules, param, pair):
+    """One part per declared property in order (optional ones optional); `pair(key, value_rule,
+    raw)` spells a key and its value (raw: a string written as text, else JSON)."""
     props = schema.get("properties") if isinstance(schema, dict) else None
     props = props if isinstance(props, dict) else {}
     required = set(schema.get("required") or []) if isinstance(schema, dict) else set()
-    nl = "\n" if newlines else ""
-    parts = [gbnf.literal(f"<tool_call>{name}{nl}")]
+    parts = []
     for i, (key, sub) in enumerate(props.items()):
-        if isinstance(sub, dict) and formats._is_string_schema(sub) and not ({"enum", "const", "pattern"} & set(sub)):
-            value = RAW_TEXT
-        else:
-            value = _args(sub if isinstance(sub, dict) else {}, f"{prefix}a{i}-", rules, f"{param}.properties.{key}")
-        pair = f"{gbnf.literal(f'<arg_key>{key}</arg_key>{nl}<arg_value>')} {value} {gbnf.literal('</arg_value>' + nl)}"
-        parts.append(pair if key in required else f"({pair})?")
-    parts.append(gbnf.literal("</tool_call>"))
+        sub = sub if isinstance(sub, dict) else {}
+        p = f"{param}.properties.{key}"
+        raw = formats._is_string_schema(sub)
+        value = _raw_string(sub, p) if raw else _args(sub, f"{prefix}a{i}-", rules, p)
+        one = pair(key, value, raw)
+        parts.append(one if key in required else f"( {one} )?")
+    return parts
+
+
+def _glm_call(name, schema, prefix, rules, param, newlines):
+    """GLM writes one <arg_key>/<arg_value> pair per argument: a string value raw, others JSON."""
+    nl = "\n" if newlines else ""
+    lit = gbnf.literal
+
+    def pair(key, value, raw):
+        return f"{lit(f'<arg_key>{key}</arg_key>{nl}<arg_value>')} {value} {lit('</arg_value>' + nl)}"
+    parts = [lit(f"<tool_call>{name}{nl}")] + _xml_args(schema, prefix, rules, param, pair) + [lit("</tool_call>")]
+    return " ".join(parts)
+
+
+def _dsml_call(name, schema, prefix, rules, param):
+    """DeepSeek-V3.2: <｜DSML｜invoke name="N"> with one parameter element per argument."""
+    lit, d = gbnf.literal, formats.DSML
+
+    def pair(key, value, raw):
+        head = f'<{d}parameter name="{key}" string="{"true" if raw else "false"}">'
+        return f"{lit(head)} {value} {lit(f'</{d}parameter>' + chr(10))}"
+    parts = [lit(f'<{d}invoke name="{name}">\n')] + _xml_args(schema, prefix, rules, param, pair) + \
+        [lit(f"</{d}invoke>\n")]
     return " ".join(parts)
 
 
@@ -63,18 +101,26 @@ def call_grammar(spec, template_source="", in_reasoning=False):
     fmt, source = spec.fmt, template_source or ""
     names = [spec.name] if spec.choice == "function" else list(spec.schemas)
     rules, alts = [], []
+    dsml = fmt is formats.DEEPSEEK and formats.DSML in source
+    fences = fmt is formats.DEEPSEEK and "```json" in source
+    glm_lines = fmt is formats.GLM and "</arg_key>\n" in source
     for i, name in enumerate(names):
         param = f"tools[{list(spec.schemas).index(name)}].function.parameters"
         schema, prefix = spec.schemas[name], f"tc{i}-"
         if fmt is formats.GLM:
-            alts.append(_glm_call(name, schema, prefix, rules, param, "</arg_key>\n" in source))
+            alts.append(_glm_call(name, schema, prefix, rules, param, glm_lines))
+        elif dsml:
+            alts.append(_dsml_call(name, schema, prefix, rules, param))
         else:
-            alts.append(_json_call(fmt, name, _args(schema, prefix, rules, param), "```json" in source))
+            alts.append(_json_call(fmt, name, _args(schema, prefix, rules, param), fences))
     rules.append("tc-call ::= " + " | ".join(f"( {a} )" for a in alts) + "\n")
     many = spec.parallel and fmt in (formats.HERMES, formats.GLM, formats.DEEPSEEK)
-    sep = '"\\n"' if fmt in (formats.HERMES, formats.GLM) else ""
-    body = f"tc-call ( {sep} tc-call )*" if many else "tc-call"
-    if fmt is formats.DEEPSEEK:
+    # what the templates write between two calls
+    sep = '"\\n" ' if fmt is formats.HERMES or glm_lines or fences else ""
+    body = f"tc-call ( {sep}tc-call )*" if many else "tc-call"
+    if dsml:
+        body = f'"\\n\\n"? {gbnf.literal(formats.DSML_BEGIN + chr(10))} {body} {gbnf.literal(formats.DSML_END)}'
+    elif fmt is formats.DEEPSEEK:
         body = f"{gbnf.literal(formats.DS_CALLS_BEGIN)} {body} {gbnf.literal(formats.DS_CALLS_END)}"
     if in_reasoning:  # the prompt opened a thinking block: close it at once, then call
         body = f"{gbnf.literal('</think>')} {body}"
