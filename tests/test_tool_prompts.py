@@ -163,3 +163,9 @@ def test_anthropic_tools_reach_the_template():
     text = spec.key_text
     assert 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Bern"}}\n</tool_call>' in text
     assert text.index("<tool_response>\nsunny\n</tool_response>") < text.index("And tomorrow?")
+
+
+def test_flat_named_tool_choice_of_the_responses_api():
+    m = Model(_cached("qwen3"), "qwen3_moe")
+    spec = parse(m, tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"})
+    assert spec.tools.choice == "function" and spec.tools.name == "get_weather"

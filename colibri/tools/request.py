@@ -108,7 +108,8 @@ def openai_tools(body, model):
     elif choice in ("none", "required"):
         spec.choice = choice
     elif isinstance(choice, dict):
-        fn = choice.get("function") if cparam == "tool_choice" else choice
+        # {"type": "function", "function": {"name": ...}}; the Responses API's flat {"type": "function", "name": ...}
+        fn = (choice.get("function") or choice) if cparam == "tool_choice" else choice
         if cparam == "tool_choice" and choice.get("type") != "function":
             raise bad("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", "
                       "\"function\": {\"name\": ...}}", param="tool_choice")
