@@ -6,6 +6,7 @@ from colibri.grammar import SchemaError, gbnf, schema_to_gbnf
 from colibri.server.params import bad
 from colibri.tools import formats
 
+NL = "\n"
 RAW_CHAR = "[^<]"  # an XML-style string value: anything up to the next tag
 RAW_TEXT = RAW_CHAR + "*"
 
@@ -22,7 +23,7 @@ def _args(schema, prefix, rules, param):
 
 def _json_call(fmt, name, args, v3_fences):
     lit = gbnf.literal
-    quoted = formats._dumps(name)
+    quoted = formats.dumps(name)
     if fmt is formats.HERMES:
         head, tail = '<tool_call>\n{"name": ' + quoted + ', "arguments": ', '}\n</tool_call>'
         return f"{lit(head)} {args} {lit(tail)}"
@@ -31,8 +32,8 @@ def _json_call(fmt, name, args, v3_fences):
         return f"{lit(head)} {args} {lit('}')}"
     if fmt is formats.DEEPSEEK:
         if v3_fences:
-            head = f"{formats.DS_CALL_BEGIN}function{formats.DS_SEP}{name}\n```json\n"
-            return f"{lit(head)} {args} {lit(chr(10) + '```' + formats.DS_CALL_END)}"
+            head, tail = f"{formats.DS_CALL_BEGIN}function{formats.DS_SEP}{name}\n```json\n", "\n```" + formats.DS_CALL_END
+            return f"{lit(head)} {args} {lit(tail)}"
         return f"{lit(formats.DS_CALL_BEGIN + name + formats.DS_SEP)} {args} {lit(formats.DS_CALL_END)}"
     if fmt is formats.HARMONY:
         return f"{lit('<|channel|>commentary to=functions.' + name + ' <|constrain|>json<|message|>')} {args} " \
@@ -65,7 +66,7 @@ def _xml_args(schema, prefix, rules, param, pair):
     for i, (key, sub) in enumerate(props.items()):
         sub = sub if isinstance(sub, dict) else {}
         p = f"{param}.properties.{key}"
-        raw = formats._is_string_schema(sub)
+        raw = formats.is_string_schema(sub)
         value = _raw_string(sub, p) if raw else _args(sub, f"{prefix}a{i}-", rules, p)
         one = pair(key, value, raw)
         parts.append(one if key in required else f"( {one} )?")
@@ -89,7 +90,7 @@ def _dsml_call(name, schema, prefix, rules, param):
 
     def pair(key, value, raw):
         head = f'<{d}parameter name="{key}" string="{"true" if raw else "false"}">'
-        return f"{lit(head)} {value} {lit(f'</{d}parameter>' + chr(10))}"
+        return f"{lit(head)} {value} {lit(f'</{d}parameter>' + NL)}"
     parts = [lit(f'<{d}invoke name="{name}">\n')] + _xml_args(schema, prefix, rules, param, pair) + \
         [lit(f"</{d}invoke>\n")]
     return " ".join(parts)
@@ -119,7 +120,7 @@ def call_grammar(spec, template_source="", in_reasoning=False):
     sep = '"\\n" ' if fmt is formats.HERMES or glm_lines or fences else ""
     body = f"tc-call ( {sep}tc-call )*" if many else "tc-call"
     if dsml:
-        body = f'"\\n\\n"? {gbnf.literal(formats.DSML_BEGIN + chr(10))} {body} {gbnf.literal(formats.DSML_END)}'
+        body = f'"\\n\\n"? {gbnf.literal(formats.DSML_BEGIN + NL)} {body} {gbnf.literal(formats.DSML_END)}'
     elif fmt is formats.DEEPSEEK:
         body = f"{gbnf.literal(formats.DS_CALLS_BEGIN)} {body} {gbnf.literal(formats.DS_CALLS_END)}"
     if in_reasoning:  # the prompt opened a thinking block: close it at once, then call

@@ -49,7 +49,7 @@ def _json_object(text):
 
 def _value(text, schema):
     """An XML-style argument value: raw text for a string parameter, else JSON when it parses."""
-    if isinstance(schema, dict) and _is_string_schema(schema):
+    if isinstance(schema, dict) and is_string_schema(schema):
         return text
     try:
         return json.loads(text)
@@ -57,7 +57,7 @@ def _value(text, schema):
         return text
 
 
-def _is_string_schema(s):
+def is_string_schema(s):
     t = s.get("type")
     return t == "string" or (isinstance(t, list) and "string" in t and len([x for x in t if x != "null"]) == 1)
 
@@ -87,12 +87,12 @@ def _parse_hermes(region, schemas, final):
     return [{"name": obj["name"], "arguments": args}]
 
 
-def _dumps(v):
+def dumps(v):
     return json.dumps(v, ensure_ascii=False)
 
 
 HERMES = Format("hermes", ("<tool_call>",), _until("</tool_call>"), _parse_hermes,
-                lambda c: f'<tool_call>\n{{"name": {_dumps(c["name"])}, "arguments": {_dumps(c["arguments"])}}}\n</tool_call>')
+                lambda c: f'<tool_call>\n{{"name": {dumps(c["name"])}, "arguments": {dumps(c["arguments"])}}}\n</tool_call>')
 
 
 # --- GLM-4.5 / 4.6 / 4.7 / GLM-5: <tool_call>NAME<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>
@@ -127,7 +127,7 @@ HERMES.args_end = "</tool_call>"
 
 
 def _render_glm(c):
-    pairs = "".join(f"<arg_key>{k}</arg_key><arg_value>{v if isinstance(v, str) else _dumps(v)}</arg_value>"
+    pairs = "".join(f"<arg_key>{k}</arg_key><arg_value>{v if isinstance(v, str) else dumps(v)}</arg_value>"
                     for k, v in c["arguments"].items())
     return f"<tool_call>{c['name']}{pairs}</tool_call>"
 
@@ -209,7 +209,7 @@ def _parse_deepseek(region, schemas, final):
 
 
 DEEPSEEK = Format("deepseek", (DS_CALLS_BEGIN, DSML_BEGIN), _ds_find_end, _parse_deepseek,
-                  lambda c: f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}{c['name']}{DS_SEP}{_dumps(c['arguments'])}{DS_CALL_END}"
+                  lambda c: f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}{c['name']}{DS_SEP}{dumps(c['arguments'])}{DS_CALL_END}"
                             f"{DS_CALLS_END}")
 
 
@@ -257,7 +257,7 @@ def _parse_llama(region, schemas, final):
 
 
 LLAMA3_JSON = Format("llama3_json", (PYTHON_TAG, "{"), _llama_find_end, _parse_llama,
-                     lambda c: f'{{"name": {_dumps(c["name"])}, "parameters": {_dumps(c["arguments"])}}}',
+                     lambda c: f'{{"name": {dumps(c["name"])}, "parameters": {dumps(c["arguments"])}}}',
                      start_only=True)
 
 
@@ -306,7 +306,7 @@ def _parse_harmony(region, schemas, final):
 
 HARMONY = Format("harmony", HARMONY_STARTS, _until("<|call|>"), _parse_harmony,
                  lambda c: f"<|channel|>commentary to=functions.{c['name']} <|constrain|>json<|message|>"
-                           f"{_dumps(c['arguments'])}<|call|>")
+                           f"{dumps(c['arguments'])}<|call|>")
 
 FORMATS = {f.name: f for f in (HERMES, GLM, DEEPSEEK, LLAMA3_JSON, HARMONY)}
 
