@@ -8,6 +8,8 @@ its text looks like a number ("123")."""
 import json
 import re
 
+from colibri.tools.stream import ToolCallFilter
+
 
 class Format:
     """One family's syntax. `starts`: markers that open a call region; `start_only`: calls are
@@ -25,7 +27,6 @@ class Format:
 
     def split(self, text, schemas=None):
         """A whole answer -> (visible content, calls)."""
-        from colibri.tools.stream import ToolCallFilter
         f = ToolCallFilter(self, schemas)
         pieces = f.feed(text) + f.finish()
         content = "".join(p[1] for p in pieces if p[0] == "content")

@@ -4,7 +4,7 @@ ready for the chat template (which reads OpenAI-shaped `tool_calls` with mapping
 import json
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from colibri.server.params import bad, unsupported
 from colibri.tools import formats
@@ -23,7 +23,6 @@ class ToolSpec:
     parallel: bool = True
     fmt: formats.Format = None
     grammar: str = None         # GBNF that forces the call (required / named), when built
-    calls: list = field(default_factory=list)
 
     @property
     def parses(self):
