@@ -216,7 +216,7 @@ def test_template_without_tool_syntax_gets_the_family_syntax(model, tmp_path):  
         s.reply(["Sunny."])
         assert c.chat.completions.create(model=MID, messages=follow, tools=[WEATHER]).choices[0].message.content == "Sunny."
         sent = s.last_submit()["payload"]
-    assert sent.startswith("<|im_start|>system\n# Tools") and '"name": "get_weather"' in sent
+    assert sent.startswith("<|im_start|>system\n# Tools") and '"name":"get_weather"' in sent
     assert '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' \
            '\n</tool_call><|im_end|>' in sent
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in sent

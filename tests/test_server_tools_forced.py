@@ -106,3 +106,20 @@ def test_forced_call_then_result_then_answer(client):
                                             max_tokens=8)
     assert answer.choices[0].finish_reason in ("length", "stop", "tool_calls")
     assert answer.usage.prompt_tokens > r.usage.prompt_tokens  # the call and its result were in the prompt
+
+
+def test_pydantic_tool_parsed_by_the_official_client(client):
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Forecast(BaseModel):
+        city: str = Field(min_length=1)
+        days: int
+        unit: Literal["celsius", "fahrenheit"]
+
+    tool = openai.pydantic_function_tool(Forecast)  # a strict tool; parse() turns its arguments into Forecast
+    r = client.chat.completions.parse(model=MID, messages=ASK, tools=[tool], temperature=1.0, seed=5, max_tokens=150,
+                                      tool_choice={"type": "function", "function": {"name": "Forecast"}})
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and isinstance(call.function.parsed_arguments, Forecast)

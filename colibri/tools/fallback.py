@@ -4,12 +4,11 @@ the family's own call syntax inside the assistant's text, and tool results becom
 The model then sees the conversation in the syntax the server parses back."""
 import json
 
-PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the user query. The functions, "
-            "one JSON object each:\n")
+PREAMBLE = "# Tools\n\nFunctions you may call, one JSON object each:\n"
 
 
 def _tools_text(tools):
-    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    lines = "\n".join(json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in tools)
     return f"{PREAMBLE}{lines}\n"
 
 
