@@ -123,3 +123,15 @@ def test_pydantic_tool_parsed_by_the_official_client(client):
                                       tool_choice={"type": "function", "function": {"name": "Forecast"}})
     call = r.choices[0].message.tool_calls[0]
     assert r.choices[0].finish_reason == "tool_calls" and isinstance(call.function.parsed_arguments, Forecast)
+
+
+def test_anthropic_forced_tool_use_validates(server):
+    import anthropic
+    ac = anthropic.Anthropic(base_url=server.base, api_key="unused", max_retries=0, timeout=120)
+    m = ac.messages.create(model=MID, max_tokens=150, messages=ASK,
+                           tools=[{"name": "forecast", "description": "Weather forecast", "input_schema": SCHEMA}],
+                           tool_choice={"type": "tool", "name": "forecast"})
+    assert m.stop_reason == "tool_use"
+    use = [b for b in m.content if b.type == "tool_use"]
+    assert len(use) == 1 and use[0].name == "forecast"
+    jsonschema.validate(use[0].input, SCHEMA)
