@@ -223,3 +223,32 @@ def test_a_streamed_call_that_does_not_parse_ends_empty_and_shows_its_text():
     pieces = f.feed(text) + f.finish()
     assert pieces[0] == ("tool_call_start", "get_weather") and ("tool_call_end", None) in pieces
     assert pieces[-1] == ("content", text)
+
+
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool_", "call>", "{", "}", '"name": "get_weather"', ', "arguments": ',
+             '{"city": "Bern"}', "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "city", "Bern", "\n", " ",
+             formats.DS_CALLS_BEGIN, formats.DS_CALL_BEGIN, formats.DS_SEP, formats.DS_CALL_END, formats.DS_CALLS_END,
+             formats.DSML_BEGIN, formats.DSML_END, f'<{formats.DSML}invoke name="get_weather">', f"</{formats.DSML}invoke>",
+             f'<{formats.DSML}parameter name="city" string="true">', f"</{formats.DSML}parameter>", formats.PYTHON_TAG,
+             '"parameters": ', "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>", "<|call|>",
+             "get_weather", "text ", "é", '"', ",", "```json\n", "```", "function"]
+
+
+@pytest.mark.parametrize("fmt", sorted(formats.FORMATS))
+def test_random_text_never_breaks_the_filter_and_chunking_changes_nothing(fmt):
+    """Any text, cut anywhere: no exception, and the same content and calls as the whole text."""
+    f = formats.get(fmt)
+    rng = random.Random(fmt)
+    for _ in range(300):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 14)))
+        whole = f.split(text, SCHEMAS)
+        filt, pieces, i = ToolCallFilter(f, SCHEMAS), [], 0
+        while i < len(text):
+            n = rng.randint(1, 4)
+            pieces += filt.feed(text[i:i + n])
+            i += n
+        pieces += filt.finish()
+        calls = [p[1] for p in pieces if p[0] in ("tool_call", "tool_call_end") and p[1] is not None]
+        assert ("".join(p[1] for p in pieces if p[0] == "content"), calls) == whole, text
+        for c in calls:
+            assert isinstance(c["name"], str) and isinstance(c["arguments"], dict)
