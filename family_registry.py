@@ -14,7 +14,7 @@ from colibri.family import deepseek
 #   default_ctx             context the engine allocates unless --ctx says otherwise (capped by the model)
 #   interactive_max_tokens  answer cap in `coli chat` (`:more` continues)
 #   thinking                chat-template variable that switches reasoning on/off, or None
-#   tools                   a tool-call format the server can parse (none implemented yet)
+#   tools                   the tool-call syntax the server parses (colibri/tools/formats.py), or False
 #   kv                      KV state layout, for the planner (see layer_state)
 _LLAMA_LIKE = {"default_ctx": 4096, "interactive_max_tokens": 1024, "thinking": None, "tools": False, "kv": "gqa"}
 FAMILIES = {
@@ -22,6 +22,7 @@ FAMILIES = {
         "display": "Llama",
         "model_types": ["llama"],
         **_LLAMA_LIKE,
+        "tools": "llama3_json",
         "biases": "config",          # attention_bias / mlp_bias from config
         "qk_norm": False,
         "moe": False,
@@ -31,6 +32,7 @@ FAMILIES = {
         "display": "Qwen2 / Qwen2.5",
         "model_types": ["qwen2"],
         **_LLAMA_LIKE,
+        "tools": "hermes",
         "biases": "qkv",             # q/k/v always biased, o never
         "qk_norm": False,
         "moe": False,
@@ -40,6 +42,7 @@ FAMILIES = {
         "display": "Qwen3 (dense)",
         "model_types": ["qwen3"],
         **_LLAMA_LIKE,
+        "tools": "hermes",
         "biases": "attention_bias",
         "qk_norm": True,
         "moe": False,
@@ -50,6 +53,7 @@ FAMILIES = {
         "display": "Qwen3-MoE",
         "model_types": ["qwen3_moe"],
         **_LLAMA_LIKE,
+        "tools": "hermes",
         "biases": "attention_bias",
         "qk_norm": True,
         "moe": True,
@@ -104,6 +108,7 @@ FAMILIES = {
         "default_tie": False,
         "thinking": None,                 # no on/off switch: reasoning_effort instead
         "reasoning": "harmony",
+        "tools": "harmony",
         "reasoning_efforts": ("low", "medium", "high"),
         "stop_tokens": ("<|return|>", "<|call|>"),
     },
@@ -113,6 +118,7 @@ FAMILIES = {
         "display": "GLM-4.5 / 4.6 / 4.7",
         "model_types": ["glm4_moe"],
         **_LLAMA_LIKE,
+        "tools": "glm",
         "biases": "qkv_config",      # q/k/v biased when attention_bias, o never
         "qk_norm": "config",         # use_qk_norm
         "moe": "sigmoid_group",
@@ -124,6 +130,7 @@ FAMILIES = {
         "display": "GLM-4.7-Flash",
         "model_types": ["glm4_moe_lite"],
         **_LLAMA_LIKE,
+        "tools": "glm",
         "kv": "mla",
         "attn": "mla",
         "biases": "config",
@@ -138,6 +145,7 @@ FAMILIES = {
         "display": "GLM-5",
         "model_types": ["glm_moe_dsa"],
         **_LLAMA_LIKE,
+        "tools": "glm",
         "kv": "mla",
         "attn": "mla",
         "mla_rope": "interleaved",
@@ -152,6 +160,7 @@ FAMILIES = {
         "display": "DeepSeek-V3.2",
         "model_types": ["deepseek_v32"],
         **_LLAMA_LIKE,
+        "tools": "deepseek",
         "kv": "mla",
         "attn": "mla",
         "mla_rope": "interleaved",
@@ -166,6 +175,7 @@ FAMILIES = {
         "display": "DeepSeek-V3 / R1",
         "model_types": ["deepseek_v3"],
         **_LLAMA_LIKE,
+        "tools": "deepseek",
         "kv": "mla",
         "attn": "mla",
         "biases": "config",

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "container.h"
+#include "engine_grammar.h"
 #include "engine_stream.h"
 #include "kv_kernels.h"
 #include "kv_dir.h"
@@ -181,6 +182,7 @@ static void persist_slot(Engine *e, int slot) {
 
 void engine_close(Engine *e) {
     engine_stream_close(e); /* stops the I/O threads before the model goes */
+    engine_grammar_free(e);
     for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].tokens) kv_free(&e->slots[i]);
     if (e->tok) tok_free(e->tok);
     e->tok = NULL;
@@ -324,14 +326,16 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         emit_error(f->id, "bad_request", err);
         return;
     }
+    const char *body = payload + f->grammar; /* the grammar leads the payload (docs/protocol.md) */
+    size_t body_len = f->payload_len - f->grammar;
     if (f->ids) {
-        if (parse_ids(payload, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return; }
+        if (parse_ids(body, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return; }
     } else {
         if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return; }
         size_t nn = 0, *lit = NULL, nlit = 0;
-        int bad = f->literal && tok_literal_parse(payload, f->literal, &lit, &nlit, err, sizeof err);
+        int bad = f->literal && tok_literal_parse(body, f->literal, &lit, &nlit, err, sizeof err);
         if (!bad)
-            bad = tok_encode_literal(e->tok, payload + f->literal, f->payload_len - f->literal, f->parse_special,
+            bad = tok_encode_literal(e->tok, body + f->literal, body_len - f->literal, f->parse_special,
                                      f->add_special, lit, nlit, &ids, &nn, err, sizeof err);
         free(lit);
         if (bad) { emit_error(f->id, "bad_request", err); return; }
@@ -355,6 +359,18 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         return;
     }
     if (f->logits) { run_logits(e, f, ids, n); free(ids); return; }
+    GrammarRun *gr = NULL;
+    if (f->grammar && !(gr = engine_grammar_begin(e, payload, f->grammar, err, sizeof err))) {
+        emit_error(f->id, strstr(err, "out of memory") ? "out_of_memory" : "bad_request", err);
+        free(ids);
+        return;
+    }
+    uint64_t masks_before = 0;
+    if (gr) {
+        GrammarStats gs;
+        grammar_stats(gr, &gs);
+        masks_before = gs.masks_built;
+    }
     KvCache *kv = &e->slots[f->slot];
     if (!kv->tokens && kv_init(kv, a, e->ctx)) { emit_error(f->id, "out_of_memory", "cannot allocate the KV cache"); free(ids); return; }
     /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
@@ -386,33 +402,58 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     double t_prefill = now_ms() - t0, t_first = 0;
     TokStream ts;
     tok_stream_init(&ts);
-    int produced = 0;
+    int produced = 0, dead_end = 0;
+    double t_grammar = 0;
     const char *finish = "length";
     for (; !verdict && !oom;) {
         if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
         if (kv->n >= e->ctx) { finish = "length"; break; } /* prompt + output never exceed the context */
-        int tok = sampler_sample(&smp, logits);
+        int tok;
+        if (gr && grammar_finished(gr)) { finish = "stop"; break; } /* e.g. a grammar of the empty string */
+        if (gr) { /* budget: bytes the grammar may still need after this token, one per token left */
+            double tg = now_ms();
+            int left = e->ctx - kv->n;
+            if (f->max_tokens >= 0 && f->max_tokens - produced < left) left = f->max_tokens - produced;
+            tok = engine_grammar_pick(e, gr, &smp, logits, left - 1);
+            if (tok >= 0 && grammar_accept(gr, tok)) tok = -2;
+            t_grammar += now_ms() - tg;
+            if (tok == -1) { dead_end = 1; break; }
+            if (tok < 0) { oom = 1; break; }
+        } else tok = sampler_sample(&smp, logits);
         if (!produced) t_first = now_ms() - t0;
         if (is_eos(a, tok)) { finish = "stop"; break; }
-        size_t len = e->tok ? tok_stream_push(e->tok, &ts, tok, f->render_special, piece, piece_cap) : 0;
+        /* a grammar lets an added token through only where it spells the grammar's text */
+        size_t len = e->tok ? tok_stream_push(e->tok, &ts, tok, f->render_special || gr, piece, piece_cap) : 0;
         emit_data(f->id, tok, piece, len);
         if (f->logprobs && emit_logprob(e, f->id, logits, tok, f->top_logprobs)) { oom = 1; break; }
         produced++;
         verdict = poll_control(box, f->id);
         if (verdict) break;
+        if (gr && grammar_finished(gr)) { finish = "stop"; break; } /* nothing may follow */
         if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
         int32_t next = tok;
         oom = forward(&e->model, kv, &next, 1, logits, 0) != 0;
     }
     size_t rest = e->tok ? tok_stream_flush(&ts, piece, piece_cap) : 0;
     if (rest) emit_data(f->id, -1, piece, rest);
-    if (oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
+    if (dead_end)
+        emit_error(f->id, "bad_request", "grammar: no token of the vocabulary can continue the output here while the "
+                   "grammar is incomplete; check that the model's tokens can spell what the grammar asks for");
+    else if (oom && gr && grammar_run_failed(gr)) emit_error(f->id, "out_of_memory", "grammar: out of memory while matching");
+    else if (oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
     else if (verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
     else {
         if (verdict == 1) finish = "stop";
         double total = now_ms() - t0, decode = total - t_first;
-        char stats[600];
+        char stats[700];
         engine_stream_end_fields(e, total, stats, sizeof stats);
+        if (gr) {
+            GrammarStats gs;
+            grammar_stats(gr, &gs);
+            size_t k = strlen(stats);
+            snprintf(stats + k, sizeof stats - k, " grammar_ms=%.2f grammar_masks=%llu", t_grammar,
+                     (unsigned long long)(gs.masks_built - masks_before));
+        }
         if (f->routing) engine_stream_routing(e, f->id);
         emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
                   "decode_tok_s=%.1f finish=%s%s",
@@ -421,7 +462,7 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     }
     kv_checkpoint(kv);
     persist_slot(e, f->slot); /* after END: the client never waits for the disk */
-    if (!oom && verdict != 2) engine_stream_learn(e);
+    if (!oom && !dead_end && verdict != 2) engine_stream_learn(e);
     sampler_free(&smp);
     free(piece);
     free(logits);

@@ -9,6 +9,7 @@
 #define MAX_KV_SLOTS 16
 
 typedef struct Tokenizer Tokenizer;
+typedef struct EngineGrammar EngineGrammar;
 
 typedef struct {
     Model model;
@@ -23,6 +24,7 @@ typedef struct {
     BudgetOut budget;
     Usage usage;                 /* .coli_usage: routing counts over turns */
     int usage_warned;
+    EngineGrammar *grammar;      /* constrained decoding (engine_grammar.h); NULL until a request has one */
 } Engine;
 
 typedef struct {

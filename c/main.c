@@ -16,6 +16,7 @@
 int convert_jobs_main(int argc, char **argv);
 int tokenize_cli_main(int argc, char **argv);
 int detokenize_cli_main(int argc, char **argv);
+int grammar_cli_main(int argc, char **argv);
 
 static const char *USAGE =
     "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
@@ -25,6 +26,8 @@ static const char *USAGE =
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
     "       colibri detokenize --model DIR 1,2,3\n"
+    "       colibri grammar-check GRAMMAR_FILE < NUL-separated texts   (complete, prefix or reject BYTE, one a line)\n"
+    "       colibri grammar-bench --tokenizer tokenizer.json --grammar FILE [--steps N] [--runs N] [--seed S]\n"
     "       colibri families   (the model families this engine implements)\n"
     "       colibri limits     (KV slots, quantized block sizes, default --batch, runtime base bytes; one `name value` a line)\n"
     "       colibri version\n";
@@ -94,6 +97,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert-jobs")) return convert_jobs_main(argc, argv);
     if (!strcmp(cmd, "tokenize")) return tokenize_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "grammar-check") || !strcmp(cmd, "grammar-bench")) return grammar_cli_main(argc, argv);
     if (!strcmp(cmd, "version")) {
         kernels_init(0);
         printf("colibri %s kernels=%s available=", COLI_VERSION, kern.name);

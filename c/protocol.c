@@ -68,6 +68,7 @@ static int submit_option(Frame *f, const char *key, const char *val, char *err, 
     else if (!strcmp(key, "render_special")) bad = parse_flag(val, &f->render_special);
     else if (!strcmp(key, "logprobs")) bad = parse_flag(val, &f->logprobs);
     else if (!strcmp(key, "top_logprobs")) { bad = parse_long(val, 0, 20, &n); f->top_logprobs = (int)n; }
+    else if (!strcmp(key, "grammar")) { bad = parse_long(val, 1, PROTO_MAX_PAYLOAD, &n); f->grammar = (size_t)n; }
     else if (!strcmp(key, "literal")) { bad = parse_long(val, 1, PROTO_MAX_PAYLOAD, &n); f->literal = (size_t)n; }
     else { snprintf(err, errlen, "unknown SUBMIT option '%s'", key); return -1; }
     if (bad) snprintf(err, errlen, "bad value '%s' for SUBMIT option '%s'", val, key);
@@ -112,7 +113,11 @@ int frame_parse(const char *line, size_t len, Frame *f, char *err, size_t errlen
         *eq = 0;
         if (submit_option(f, kv, eq + 1, err, errlen)) return -1;
     }
-    if (f->literal && (f->ids || f->literal > f->payload_len)) {
+    if (f->grammar > f->payload_len) {
+        snprintf(err, errlen, "SUBMIT grammar=%zu needs a payload of at least that many bytes", f->grammar);
+        return -1;
+    }
+    if (f->literal && (f->ids || f->literal > f->payload_len - f->grammar)) {
         snprintf(err, errlen, "SUBMIT literal=%zu needs a text payload (ids=0) of at least that many bytes", f->literal);
         return -1;
     }

@@ -28,7 +28,8 @@ typedef struct {
     int render_special;/* emit special tokens' text in DATA */
     int logprobs;      /* send a LOGPROB line after each DATA */
     int top_logprobs;  /* alternatives in each LOGPROB line (0-20) */
-    size_t literal;    /* the payload's first `literal` bytes list literal spans of the text after them */
+    size_t grammar;    /* the payload's first `grammar` bytes are a GBNF grammar constraining the output */
+    size_t literal;    /* the next `literal` bytes list literal spans of the text after them */
     int has_seed;
     SamplerParams sp;
 } Frame;

@@ -646,6 +646,10 @@ int tok_is_special(const Tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_ids && (t->flags[id] & TF_SPECIAL) != 0;
 }
 
+int tok_is_added(const Tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_ids && (t->flags[id] & TF_ADDED) != 0;
+}
+
 int32_t tok_find(const Tokenizer *t, const char *content) {
     size_t n = strlen(content);
     int32_t id = tok_strmap_get(&t->added_content, content, n);

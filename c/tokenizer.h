@@ -37,6 +37,7 @@ int tok_literal_check(const char *text, size_t len, const size_t *pairs, size_t 
  * invalid. The bytes may be an incomplete UTF-8 sequence. */
 const char *tok_token_bytes(const Tokenizer *t, int32_t id, size_t *len);
 int tok_is_special(const Tokenizer *t, int32_t id); /* added token with special=true */
+int tok_is_added(const Tokenizer *t, int32_t id);   /* an added token, special or not */
 int32_t tok_find(const Tokenizer *t, const char *token_content); /* id by content (added first, then vocab), -1 if none */
 size_t tok_max_token_bytes(const Tokenizer *t);                  /* longest tok_token_bytes */
 

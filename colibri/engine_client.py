@@ -221,13 +221,18 @@ class Engine:
         self.close()
 
 
-def submit_frame(rid, payload, **opts):
+def submit_frame(rid, payload, grammar=None, **opts):
     """The bytes of a SUBMIT frame. Raises ValueError (UnicodeEncodeError) for text that is not
-    valid Unicode, before anything reaches the engine."""
+    valid Unicode, before anything reaches the engine. `grammar` (GBNF text) constrains the
+    output: it travels at the payload's head, its byte count in `grammar=N`."""
     if isinstance(payload, (list, tuple)):
         opts["ids"] = 1
         payload = ",".join(str(int(i)) for i in payload)
     body = payload.encode() if isinstance(payload, str) else payload
+    if grammar:
+        g = grammar.encode() if isinstance(grammar, str) else grammar
+        opts["grammar"] = len(g)
+        body = g + body
     head = " ".join(["SUBMIT", rid, str(len(body))] + [f"{k}={_fmt(v)}" for k, v in opts.items() if v is not None])
     return head.encode() + b"\n" + body
 

@@ -12,6 +12,9 @@ MODE:
   garbage    answer the first SUBMIT with a DATA frame whose size is not a number
   slow:S     wait S seconds before every DATA frame
   silent     accept, then never answer again (stays alive)
+  script     answer turn i with the i-th reply of the JSON list in COLI_FAKE_REPLIES (a list of
+             DATA pieces each, cycling), END finish=stop; every SUBMIT's options and payload are
+             appended as one JSON line to COLI_FAKE_LOG when set
   harmony    answer every SUBMIT with HARMONY (gpt-oss's analysis + final messages, one token a
              frame; the special tokens only with render_special=1, as the engine does) and append
              the SUBMIT options and payload as one JSON line to $COLI_FAKE_LOG
@@ -120,6 +123,22 @@ def moe_turn(rid, opts, turn, shape):
          f"experts_total={layers * experts}\n".encode())
 
 
+def script_turn(rid, opts, payload, turn):
+    log = os.environ.get("COLI_FAKE_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"opts": opts, "payload": payload.decode("utf-8", "replace")}) + "\n")
+    with open(os.environ["COLI_FAKE_REPLIES"], encoding="utf-8") as f:
+        replies = json.load(f)
+    pieces = replies[turn % len(replies)]
+    emit(f"ACCEPT {rid} 3 0\n".encode())
+    for piece in pieces:
+        data = piece.encode()
+        emit(f"DATA {rid} 97 {len(data)}\n".encode() + data)
+    emit(f"END {rid} prompt_tokens=3 completion_tokens={len(pieces)} reused_tokens=0 ttft_ms=0.1 prefill_tok_s=1 "
+         f"decode_tok_s=1 finish=stop hit_rate=1.000 bytes_read=0 rss_mb=1\n".encode())
+
+
 def main():
     mode = sys.argv[1]
     if mode == "serve":
@@ -146,6 +165,10 @@ def main():
         rid, size = parts[1], int(parts[2])
         payload = stdin.read(size)
         opts = dict(p.split("=", 1) for p in parts[3:])
+        if mode == "script":
+            script_turn(rid, opts, payload, turn)
+            turn += 1
+            continue
         if mode == "harmony":
             harmony_turn(rid, opts, payload)
             continue

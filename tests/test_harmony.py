@@ -169,7 +169,10 @@ def test_final_only_commentary_and_tool_calls():
     assert split(PROMPT, list(preamble)) == [("content", "Checking.Done.")]
     call = ("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather"
             "<|channel|>commentary <|constrain|>json<|message|>{\"city\": \"Lima\"}")
-    assert split(PROMPT, list(call)) == [("reasoning", "Need weather."), ("content", "{\"city\": \"Lima\"}")]
+    # a function call leaves as one structured piece (colibri/tools), a body that is no JSON as text
+    assert split(PROMPT, list(call)) == [("reasoning", "Need weather."),
+                                         ("tool_call", {"name": "get_weather", "arguments": {"city": "Lima"}})]
+    assert split(PROMPT, list(call[:-len("\"Lima\"}")])) == [("reasoning", "Need weather."), ("content", "{\"city\": ")]
 
 
 def test_a_repeated_message_start_is_one_header():

@@ -186,11 +186,13 @@ def test_thinking_goes_to_reasoning_content(server):
 
 @pytest.mark.parametrize("kwargs,param", [
     (dict(n=2), "n"),
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+    (dict(tools=[{"type": "custom", "custom": {"name": "f"}}]), "tools[0]"),  # function tools only
     (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(frequency_penalty=1.0), "frequency_penalty"),
     (dict(logit_bias={"5": 10}), "logit_bias"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(response_format={"type": "xml"}), "response_format.type"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "patternProperties": {"^a": {}}}}}), "response_format.json_schema.schema"),
     (dict(temperature=5), "temperature"),
     (dict(top_logprobs=30, logprobs=True), "top_logprobs"),
     (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
@@ -273,8 +275,8 @@ def test_anthropic_errors(aclient, server):
     with pytest.raises(anthropic.NotFoundError):
         aclient.messages.create(model="claude-x", max_tokens=5, messages=HI)
     with pytest.raises(anthropic.BadRequestError) as e:
-        aclient.messages.create(model=MID, max_tokens=5, messages=HI,
-                                tools=[{"name": "f", "input_schema": {"type": "object"}}])
+        aclient.messages.create(model=MID, max_tokens=5, messages=HI,  # a server tool colibri does not run
+                                tools=[{"type": "web_search_20250305", "name": "web_search"}])
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
     s, _, b = post_json(server.port, "/v1/messages", {"model": MID, "messages": HI})  # no max_tokens
     assert s == 400 and "max_tokens" in b["error"]["message"]

@@ -18,6 +18,7 @@ extern int checks_passed, checks_failed;
 void test_quant(void);
 void test_safetensors(void);
 void test_protocol(void);
+void test_grammar(void);
 void test_json(void);
 void test_sampler(void);
 void test_sampler_top_p(void);

@@ -19,6 +19,7 @@ int main(int argc, char **argv) {
     test_quant();
     test_safetensors();
     test_protocol();
+    test_grammar();
     test_sampler();
     test_sampler_top_p();
     test_sampler_sort();

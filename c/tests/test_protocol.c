@@ -17,6 +17,8 @@ void test_protocol(void) {
     CHECK(f.sp.top_k == 40 && f.has_seed && f.sp.seed == 42 && f.max_tokens == 16 && f.sp.temperature > 0.69f, "sampling");
     CHECK(parse("SUBMIT r2 0", &f, err) == 0 && f.max_tokens == -1 && f.sp.top_p == 1.0f && f.parse_special, "defaults");
     CHECK(parse("SUBMIT r3 20 literal=4", &f, err) == 0 && f.literal == 4 && !f.ids, "literal: %s", err);
+    CHECK(parse("SUBMIT r4 20 grammar=10 literal=4", &f, err) == 0 && f.grammar == 10 && f.literal == 4, "grammar: %s", err);
+    CHECK(parse("SUBMIT r5 20 grammar=12 ids=1", &f, err) == 0 && f.grammar == 12 && f.ids, "grammar ids: %s", err);
     CHECK(parse("STOP r1", &f, err) == 0 && f.kind == FR_STOP, "STOP");
     CHECK(parse("CANCEL abc-9", &f, err) == 0 && f.kind == FR_CANCEL, "CANCEL");
     struct { const char *line, *needle; } bad[] = {
@@ -34,6 +36,9 @@ void test_protocol(void) {
         {"SUBMIT r1 5 literal=6", "literal=6 needs a text payload"},
         {"SUBMIT r1 5 literal=2 ids=1", "needs a text payload"},
         {"SUBMIT r1 5 literal=0", "bad value"},
+        {"SUBMIT r1 5 grammar=0", "bad value"},
+        {"SUBMIT r1 5 grammar=6", "grammar=6 needs a payload"},
+        {"SUBMIT r1 8 grammar=5 literal=4", "literal=4 needs a text payload"},
         {"SUBMIT bad/id 5", "request id"},
         {"STOP r1 extra", "only a request id"},
         {"HELLO r1", "unknown frame"},

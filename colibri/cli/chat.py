@@ -8,6 +8,7 @@ Ctrl-C sends STOP for the current answer; a second Ctrl-C leaves. Without a term
 codes are written and each input line is one message.
 """
 import codecs
+import json
 import os
 import select
 import signal
@@ -53,6 +54,8 @@ class Screen:
             self.after_think = True
         elif kind == "reasoning":
             self.write(ev[1])
+        elif kind == "tool_call":  # gpt-oss calling a function nobody offered: show it as text
+            self.write(f"[{ev[1]['name']}({json.dumps(ev[1]['arguments'], ensure_ascii=False)})]")
         else:
             text = ev[1]
             if self.after_think:  # the blank lines a template puts after </think>

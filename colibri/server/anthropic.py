@@ -6,6 +6,7 @@ import uuid
 from colibri.server.openai import check_harmony_effort, check_model, render_prompt
 from colibri.server.params import (GenSpec, bad, cache_slot, get_bool, get_max_tokens, get_stop, message_text,
                            sampling_options, unsupported)
+from colibri.tools import request as tool_request
 
 
 def parse_messages(body, model, n_slots):
@@ -13,17 +14,11 @@ def parse_messages(body, model, n_slots):
     if body.get("max_tokens") is None:
         raise bad("max_tokens: Field required", param="max_tokens")
     max_tokens = get_max_tokens(body, "max_tokens")
-    if body.get("tools"):
-        raise unsupported("tool use ('tools') is not supported for this model yet", param="tools",
-                          code="tools_unsupported")
-    tc = body.get("tool_choice")
-    if tc is not None and not (isinstance(tc, dict) and tc.get("type") in ("none", "auto")):
-        raise unsupported("tool use ('tool_choice') is not supported for this model yet", param="tool_choice",
-                          code="tools_unsupported")
+    tools = tool_request.anthropic_tools(body, model)
     opts = sampling_options(body, model.defaults, temp_max=1.0)
     opts["max_tokens"] = max_tokens
     spec = GenSpec(payload=None, opts=opts, key_text="", stream=get_bool(body, "stream", False),
-                   stops=get_stop(body, "stop_sequences"), cache_slot=cache_slot(body, n_slots))
+                   stops=get_stop(body, "stop_sequences"), cache_slot=cache_slot(body, n_slots), tools=tools)
 
     chat = []
     system = body.get("system")
@@ -44,7 +39,7 @@ def parse_messages(body, model, n_slots):
         if isinstance(content, list):  # earlier thinking blocks are not sent back to the model
             content = [b for b in content if not (isinstance(b, dict) and b.get("type") in
                                                   ("thinking", "redacted_thinking"))]
-        chat.append({"role": m["role"], "content": message_text(content, f"messages.{i}.content")})
+        chat += _turn(m["role"], content, i)
 
     kwargs = {}
     thinking = body.get("thinking")
@@ -75,6 +70,34 @@ def parse_messages(body, model, n_slots):
     return spec
 
 
+def _blocks(content, kind):
+    return [b for b in content if isinstance(b, dict) and b.get("type") == kind] if isinstance(content, list) else []
+
+
+def _turn(role, content, i):
+    """One Anthropic message -> template messages: tool_result blocks become tool messages (before
+    the user's text), tool_use blocks the assistant's tool_calls."""
+    param = f"messages.{i}.content"
+    rest = [b for b in content if not (isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result"))] \
+        if isinstance(content, list) else content
+    if role == "assistant":
+        uses = _blocks(content, "tool_use")
+        msg = {"role": "assistant", "content": message_text(rest, param)}
+        if uses:
+            msg["tool_calls"] = [tool_request.history_call(b.get("name"), b.get("input", {}), b.get("id"),
+                                                           f"{param}.{j}") for j, b in enumerate(uses)]
+        return [msg]
+    out = []
+    for j, b in enumerate(_blocks(content, "tool_result")):
+        result = b.get("content", "")
+        text = message_text(result, f"{param}.{j}.content") if isinstance(result, (str, list)) else json.dumps(result)
+        out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")),
+                    "content": ("Error: " + text) if b.get("is_error") else text})
+    if not out or rest:
+        out.append({"role": "user", "content": message_text(rest, param)})
+    return out
+
+
 def parse_count_tokens(body, model, n_slots):
     """POST /v1/messages/count_tokens: the spec /v1/messages would build for the same body (its
     rendered prompt is what gets counted); the request has no max_tokens of its own."""
@@ -87,6 +110,8 @@ def event(name, obj):
 
 
 def stop_reason(finish, stop_seq, usage, max_tokens):
+    if finish == "tool_calls":
+        return "tool_use"
     if stop_seq is not None:
         return "stop_sequence"
     if finish != "length":
@@ -122,6 +147,8 @@ class MessagesResponder:
             if self.kind else []
 
     def stream_piece(self, kind, text, entries):
+        if kind.startswith("tool_call"):
+            return self._tool_use(kind, text)
         out = []
         if kind != self.kind:
             out += self._close_block()
@@ -137,6 +164,27 @@ class MessagesResponder:
                                                      "delta": delta}))
         return out
 
+    def _tool_use(self, kind, value):
+        """A tool_use block: start, its input as input_json_delta fragments, stop (a whole call
+        is all three at once)."""
+        out = []
+        if kind in ("tool_call", "tool_call_start"):
+            out += self._close_block()
+            self.index, self.kind = self.index + 1, "tool_use"
+            name = value["name"] if kind == "tool_call" else value
+            block = {"type": "tool_use", "id": tool_request.call_id("toolu_"), "name": name, "input": {}}
+            out.append(event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                     "content_block": block}))
+        args = json.dumps(value["arguments"], ensure_ascii=False) if kind == "tool_call" else \
+            value if kind == "tool_call_args" else None
+        if args:
+            out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                     "delta": {"type": "input_json_delta", "partial_json": args}}))
+        if kind in ("tool_call", "tool_call_end"):
+            out += self._close_block()
+            self.kind = None
+        return out
+
     def stream_end(self, finish, stop_seq, usage):
         return self._close_block() + [
             event("message_delta", {"type": "message_delta",
@@ -148,10 +196,13 @@ class MessagesResponder:
     def stream_error(self, err):
         return [event("error", err.body("anthropic"))]
 
-    def body(self, content, reasoning, entries, finish, stop_seq, usage):
+    def body(self, content, reasoning, entries, finish, stop_seq, usage, calls=()):
         blocks = []
         if reasoning:
             blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-        blocks.append({"type": "text", "text": content})
+        if content or not calls:
+            blocks.append({"type": "text", "text": content})
+        blocks += [{"type": "tool_use", "id": tool_request.call_id("toolu_"), "name": c["name"], "input": c["arguments"]}
+                   for c in calls]
         return self._message(blocks, usage, self._reason(finish, stop_seq, usage), stop_seq)
 

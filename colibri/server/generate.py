@@ -3,6 +3,7 @@ the text pipeline, and the response (JSON or SSE) in the dialect of the endpoint
 
 Nothing is sent to the client before the engine ACCEPTs the prompt, so a full queue, a queue
 timeout or a prompt that does not fit is a plain HTTP error, never a broken stream."""
+import json
 import time
 
 from colibri.server.scheduler import Job, QueueFull, Unavailable
@@ -53,6 +54,9 @@ class Generation:
         self.h, self.app, self.spec, self.resp = handler, app, spec, responder
         self.pipe = TextPipeline(spec.stops, spec.think, spec.in_reasoning,
                                  harmony_prompt=spec.key_text if spec.harmony else None)
+        self.toolf = spec.tools.filter() if spec.tools is not None and spec.tools.parses else None
+        self.calls = []  # parsed tool calls (non-streaming; streamed ones only counted)
+        self.n_calls = 0
         self.content, self.reasoning = [], []
         self.entries, self.pending_lp, self.held = [], [], []
         self.tokens = 0
@@ -127,8 +131,8 @@ class Generation:
             if self.pipe.matched is None:
                 if ev[1] >= 0:
                     self.tokens += 1
-                self.held += self.pipe.feed(ev[2])
-                if self.pipe.matched is not None and not self.stop_sent:
+                self.held += self._tool_calls(self.pipe.feed(ev[2]))
+                if (self.pipe.matched is not None or (self.toolf and self.toolf.done())) and not self.stop_sent:
                     self.stop_sent = True
                     self.app.sched.stop(self.job)
                 if not self.spec.logprobs or ev[1] < 0:
@@ -144,9 +148,29 @@ class Generation:
             return self._error(ev[1], ev[2])
         return None
 
+    def _tool_calls(self, pieces, final=False):
+        """Content pieces through the family's tool-call filter (calls come out as their own pieces)."""
+        out = []
+        for p in pieces:
+            if p[0] == "tool_call":  # a call the splitter found itself (harmony)
+                out += self.toolf.take(p[1]) if self.toolf else [("content", json.dumps(p[1]["arguments"]))]
+            elif p[0] == "content" and self.toolf:
+                out += self.toolf.feed(p[1])
+            else:
+                out.append(p)
+        return out + (self.toolf.finish() if final and self.toolf else [])
+
     def _flush(self):
         pieces, self.held = self.held, []
         for kind, text in pieces:
+            if kind.startswith("tool_call"):  # a whole call, or the start / arguments / end of one
+                if self.streaming:
+                    self.n_calls += kind in ("tool_call", "tool_call_start")
+                    self._send(self.resp.stream_piece(kind, text, []))
+                elif kind in ("tool_call", "tool_call_end") and text is not None:
+                    self.calls.append(text)
+                    self.n_calls += 1
+                continue
             if self.streaming:
                 self._send(self.resp.stream_piece(kind, text, self.pending_lp))
                 self.pending_lp = []
@@ -155,10 +179,12 @@ class Generation:
 
     def _finish(self, stats):
         self.finished = True
-        self.held += self.pipe.finish()
+        self.held += self._tool_calls(self.pipe.finish(), final=True)
         self._flush()
         matched = self.pipe.matched
         finish = "stop" if matched is not None else stats.get("finish", "stop")
+        if self.n_calls:
+            finish = "tool_calls"
         try:
             self.usage["completion"] = self.tokens if matched is not None else int(stats["completion_tokens"])
         except (KeyError, ValueError):
@@ -170,7 +196,7 @@ class Generation:
             self._write(self.h.end_stream)
         else:
             body = self.resp.body("".join(self.content), "".join(self.reasoning), self.entries, finish, matched,
-                                  self.usage)
+                                  self.usage, calls=self.calls)
             self._write(lambda: self.h.send_json(200, body))
         return "completed"
 

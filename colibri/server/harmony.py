@@ -10,6 +10,7 @@ must render special tokens into the text (SUBMIT render_special=1) so the markup
 import re
 
 from colibri.server.text import partial_suffix
+from colibri.tools import formats
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 TERMINATORS = (END, "<|return|>", "<|call|>")  # what ends a message body
@@ -68,6 +69,8 @@ class HarmonySplitter:
         channel = h.split(CHANNEL, 1)[1] if CHANNEL in h else ""
         channel = channel.split(" ", 1)[0].split("<|", 1)[0].strip()
         self.kind = "reasoning" if channel in REASONING_CHANNELS else "content"
+        if "to=functions." in h:  # a tool call: its body is held and leaves as one piece
+            self.kind, self.call_header, self.call_body = "call", h, ""
         self.state = "body"
         return [("think_start",)] if self.marks and self.kind == "reasoning" else []
 
@@ -110,7 +113,9 @@ class HarmonySplitter:
                 hits = [(self.buf.find(t), t) for t in TERMINATORS if t in self.buf]
                 if hits:
                     i, t = min(hits)
-                    if i:
+                    if self.kind == "call":
+                        out.append(self._call(self.buf[:i]))
+                    elif i:
                         out.append((self.kind, self.buf[:i]))
                     self.buf = self.buf[i + len(t):]
                     if self.marks and self.kind == "reasoning":
@@ -119,14 +124,24 @@ class HarmonySplitter:
                     continue
                 hold = max(partial_suffix(self.buf, t) for t in TERMINATORS)
                 cut = len(self.buf) - hold
-                if cut:
+                if cut and self.kind == "call":
+                    self.call_body += self.buf[:cut]
+                elif cut:
                     out.append((self.kind, self.buf[:cut]))
                 self.buf = self.buf[cut:]
                 break
         return out
 
+    def _call(self, tail):
+        """The end of a function call's body: ("tool_call", call), or its text when it is no call."""
+        body, self.call_body = self.call_body + tail, ""
+        call = formats.harmony_call(self.call_header, body)
+        return ("tool_call", call) if call else ("content", body)
+
     def flush(self):
         rest, self.buf = self.buf, ""
+        if self.state == "body" and self.kind == "call":
+            return [self._call(rest)]
         if self.state == "body":
             return ([(self.kind, rest)] if rest else []) + \
                 ([("think_end",)] if self.marks and self.kind == "reasoning" else [])

@@ -5,6 +5,7 @@ import json
 import os
 from pathlib import Path
 
+import family_registry
 from colibri.chat_template import render as chat_template
 from colibri.chat_template import literal as chat_template_literal
 from colibri.server import harmony
@@ -24,6 +25,9 @@ class ModelInfo:
         self.fingerprint = hashlib.sha256(raw).hexdigest()
         self.created = int(os.path.getmtime(self.dir / "colibri.json"))
         self.defaults = self._sampling_defaults()
+        fam = family_registry.FAMILIES.get(self.manifest.get("family"), {})
+        self.family_display = fam.get("display") or self.manifest.get("family")
+        self.tool_format = fam.get("tools") or None  # colibri/tools/formats.py; None: no tool calling
         self.special = chat_template.load_special_tokens(self.dir)
         self.template, self.template_error, self.template_origin = None, None, "model"
         try:
@@ -45,8 +49,7 @@ class ModelInfo:
             self.template, self.template_error = None, f"cannot read the added tokens of tokenizer.json ({e})"
             log(f"chat completions are disabled: {self.template_error}; use /v1/completions")
         self.thinks = self._has_think_tags()
-        import family_registry
-        self.family_facts = family_registry.FAMILIES.get(self.manifest.get("family"), {})
+        self.family_facts = fam
         self.harmony = (self.template is not None and self.template_origin != "chatml-fallback"
                         and harmony.uses_harmony(self.template, self.family_facts))
 

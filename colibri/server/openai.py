@@ -9,7 +9,11 @@ from colibri.chat_template import runtime as chat_template_runtime
 from colibri.server import harmony
 from colibri.server.params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
                            message_text, refuse_nonzero, sampling_options, unsupported)
+from colibri.server import structured
 from colibri.server.text import token_text
+from colibri.tools import fallback as tool_fallback
+from colibri.tools import request as tool_request
+from colibri.tools.forced import call_grammar
 from version import VERSION
 
 FINGERPRINT = f"colibri-{VERSION}"
@@ -57,18 +61,13 @@ def _common(body, model, n_slots):
 
 def parse_chat(body, model, n_slots):
     spec = _common(body, model, n_slots)
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise unsupported(f"tool calling ('{name}') is not supported for this model yet", param=name,
-                              code="tools_unsupported")
-    tc = body.get("tool_choice", body.get("function_call"))
-    if tc not in (None, "none", "auto"):
-        raise unsupported("tool calling ('tool_choice') is not supported for this model yet", param="tool_choice",
-                          code="tools_unsupported")
+    spec.tools = tool_request.openai_tools(body, model)
     rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise unsupported("'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not "
-                          "supported by colibri yet", param="response_format")
+    if spec.tools is not None and spec.tools.choice in ("required", "function") and (
+            body.get("grammar") is not None or (isinstance(rf, dict) and rf.get("type") not in (None, "text"))):
+        raise bad("a forced 'tool_choice' constrains the answer to the call already; send it without "
+                  "'response_format' / 'grammar' (or with tool_choice 'auto')", param="tool_choice")
+    structured.grammar_for(body)  # a bad response_format or grammar is refused before the prompt is rendered
     mods = body.get("modalities")
     if mods is not None and mods != ["text"]:
         raise unsupported("only the text modality is supported", param="modalities")
@@ -120,6 +119,7 @@ def parse_chat(body, model, n_slots):
     agp = get_bool(body, "add_generation_prompt", True)
     cfm = get_bool(body, "continue_final_message", False)
     render_prompt(spec, model, chat, kwargs, add_generation_prompt=agp and not cfm, continue_final_message=cfm)
+    structured.apply(spec, body)
     return spec
 
 
@@ -133,8 +133,15 @@ def check_harmony_effort(kwargs, param):
 
 
 def render_prompt(spec, model, chat, kwargs, **flags):
+    tools, fmt = spec.tools, None
+    if tools is not None or tool_request.has_calls(chat):  # earlier calls need a family with tool syntax
+        fmt = tools.fmt if tools else tool_request.tool_format(model, "messages")
+        chat = tool_fallback.plain_conversation(chat, tools.tools if tools else None, fmt, model.template)
     try:
-        prompt = model.render(chat, **flags, **kwargs)
+        prompt = _render(model, chat, flags, kwargs, tools)
+        if _dropped_calls(model, chat, flags, kwargs, tools, prompt.text):
+            chat = tool_fallback.plain_conversation(chat, None, fmt, model.template, calls_as_text=True)
+            prompt = _render(model, chat, flags, kwargs, tools)
         payload, literal = prompt.frame()  # message text that spells added tokens stays text
     except chat_template.TemplateError as e:
         code = "chat_template_missing" if model.template is None else "chat_template_error"
@@ -146,17 +153,52 @@ def render_prompt(spec, model, chat, kwargs, **flags):
     if model.harmony:  # the channel markup is special tokens: the engine must write them out
         spec.harmony = True
         spec.opts["render_special"] = 1
+    if tools is not None and tools.choice in ("required", "function"):
+        tools.grammar = spec.opts["grammar"] = call_grammar(tools, model.template, spec.in_reasoning)
+
+
+def _dropped_calls(model, chat, flags, kwargs, tools, text):
+    """The template read the earlier calls but wrote nothing for them (the original DeepSeek-V3
+    template writes calls only for content None, which the renderer drops as transformers does)."""
+    if not any(m.get("tool_calls") for m in chat):
+        return False
+    bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in chat]
+    try:
+        return _render(model, bare, flags, kwargs, tools).text == text
+    except chat_template.TemplateError:
+        return False
+
+
+def _render(model, chat, flags, kwargs, tools):
+    extra = {"tools": tools.tools} if tools is not None else {}
+    try:
+        return model.render(chat, **flags, **kwargs, **extra)
+    except chat_template.TemplateError:
+        if not any(m.get("tool_calls") for m in chat):
+            raise
+        # the original DeepSeek-V3 template concatenates the arguments as text
+        return model.render(tool_request.with_string_arguments(chat), **flags, **kwargs, **extra)
 
 
 def _message(m, i):
     if not isinstance(m, dict):
         raise bad(f"'messages[{i}]' must be an object", param=f"messages[{i}]", code="invalid_type")
     role = m.get("role")
-    if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
-        raise unsupported("tool calling is not supported for this model yet", param=f"messages[{i}]",
-                          code="tools_unsupported")
-    if role not in ("system", "developer", "user", "assistant"):
-        raise bad(f"'messages[{i}].role' must be system, developer, user or assistant", param=f"messages[{i}].role")
+    if role in ("tool", "function"):
+        out = {"role": "tool", "content": message_text(m.get("content"), f"messages[{i}].content")}
+        for key in ("tool_call_id", "name"):
+            if isinstance(m.get(key), str):
+                out[key] = m[key]
+        return out
+    if role == "assistant" and (m.get("tool_calls") or m.get("function_call")):
+        text = message_text(m.get("content"), f"messages[{i}].content", allow_types=("text", "refusal"))
+        out = {"role": "assistant", "content": text, "tool_calls": tool_request.openai_history_calls(m, i)}
+        if isinstance(m.get("reasoning_content"), str):
+            out["reasoning_content"] = m["reasoning_content"]
+        return out
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise bad(f"'messages[{i}].role' must be system, developer, user, assistant or tool",
+                  param=f"messages[{i}].role")
     if m.get("content") is None:  # as OpenAI: only an assistant message with tool calls may omit it
         raise bad(f"'messages[{i}].content' is required for a {role} message (a string or a list of content parts)",
                   param=f"messages[{i}].content", code="missing_content")
@@ -201,6 +243,7 @@ def parse_completion(body, model, n_slots):
                           f"per request", param="prompt", code="batch_unsupported")
     else:
         raise bad("'prompt' must be a string or a list of token ids", param="prompt", code="invalid_type")
+    structured.apply(spec, body)
     return spec
 
 
@@ -240,6 +283,7 @@ class ChatResponder:
         self.spec, self.model_id = spec, model_id
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self.n_calls = 0
 
     def _chunk(self, delta, finish=None, logprobs=None):
         c = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model_id,
@@ -253,9 +297,24 @@ class ChatResponder:
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def stream_piece(self, kind, text, entries):
+        if kind.startswith("tool_call"):  # what the official client accumulates: id, type and name, then arguments
+            return self._call_chunks(kind, text)
         key = "reasoning_content" if kind == "reasoning" else "content"
         lp = chat_logprobs(entries) if self.spec.logprobs and entries else None
         return [self._chunk({key: text}, logprobs=lp)]
+
+    def _call_chunks(self, kind, value):
+        out = []
+        if kind in ("tool_call", "tool_call_start"):
+            name = value["name"] if kind == "tool_call" else value
+            head = {"index": self.n_calls, "id": tool_request.call_id(), "type": "function",
+                    "function": {"name": name, "arguments": ""}}
+            self.n_calls += 1
+            out.append(self._chunk({"tool_calls": [head]}))
+        args = _arguments(value) if kind == "tool_call" else value if kind == "tool_call_args" else None
+        if args:
+            out.append(self._chunk({"tool_calls": [{"index": self.n_calls - 1, "function": {"arguments": args}}]}))
+        return out
 
     def stream_end(self, finish, stop_seq, usage):
         return stream_tail(self, "chat.completion.chunk", self._chunk({}, finish=finish), usage)
@@ -263,16 +322,23 @@ class ChatResponder:
     def stream_error(self, err):
         return [sse(err.body("openai")), DONE]  # [DONE] too: a stream always ends the way clients expect
 
-    def body(self, content, reasoning, entries, finish, stop_seq, usage):
-        msg = {"role": "assistant", "content": content, "refusal": None}
+    def body(self, content, reasoning, entries, finish, stop_seq, usage, calls=()):
+        msg = {"role": "assistant", "content": content if content or not calls else None, "refusal": None}
         if reasoning:
             msg["reasoning_content"] = reasoning
+        if calls:
+            msg["tool_calls"] = [{"id": tool_request.call_id(), "type": "function",
+                                  "function": {"name": c["name"], "arguments": _arguments(c)}} for c in calls]
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model_id,
                 "system_fingerprint": FINGERPRINT,
                 "choices": [{"index": 0, "message": msg,
                              "logprobs": chat_logprobs(entries) if self.spec.logprobs else None,
                              "finish_reason": finish}],
                 "usage": usage_obj(usage)}
+
+
+def _arguments(call):
+    return json.dumps(call["arguments"], ensure_ascii=False)
 
 
 class CompletionResponder:
@@ -316,7 +382,7 @@ class CompletionResponder:
     def stream_error(self, err):
         return [sse(err.body("openai")), DONE]  # [DONE] too: a stream always ends the way clients expect
 
-    def body(self, content, reasoning, entries, finish, stop_seq, usage):
+    def body(self, content, reasoning, entries, finish, stop_seq, usage, calls=()):
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id,
                 "system_fingerprint": FINGERPRINT,
                 "choices": [{"index": 0, "text": reasoning + content,

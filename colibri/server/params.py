@@ -192,6 +192,7 @@ class GenSpec:
     cache_slot: int = None
     logprobs: bool = False
     top_logprobs: int = 0
+    tools: object = None            # colibri.tools.request.ToolSpec when the request defines tools
 
 
 def sampling_options(body, defaults, temp_max=2.0):
@@ -257,8 +258,8 @@ def message_text(content, param, allow_types=("text",)):
             raise unsupported(f"'{kind}' content is not supported: colibri runs text-only models", f"{param}[{i}]",
                               code="unsupported_content")
         if kind in ("tool_use", "tool_result"):
-            raise unsupported("tool calling is not supported for this model yet", f"{param}[{i}]",
-                              code="tools_unsupported")
+            raise unsupported(f"a '{kind}' block belongs in the content of an {'assistant' if kind == 'tool_use' else 'user'} "
+                              f"message", f"{param}[{i}]", code="invalid_content")
         if kind not in allow_types:
             raise unsupported(f"content part type {kind!r} is not supported", f"{param}[{i}]", code="unsupported_content")
         if kind == "text":

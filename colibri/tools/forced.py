@@ -1,0 +1,128 @@
+"""GBNF for a forced tool call (tool_choice "required" or a named function): the family's own
+call syntax around arguments valid under the tool's JSON schema, so that even a weak model
+emits a call the parser reads back and the schema accepts. The engine ends the turn once the
+grammar is complete (docs/protocol.md, Grammar)."""
+from colibri.grammar import SchemaError, gbnf, schema_to_gbnf
+from colibri.server.params import bad
+from colibri.tools import formats
+
+NL = "\n"
+RAW_CHAR = "[^<]"  # an XML-style string value: anything up to the next tag
+RAW_TEXT = RAW_CHAR + "*"
+
+
+def _args(schema, prefix, rules, param):
+    try:
+        text, name = schema_to_gbnf(schema, prefix=prefix)
+    except SchemaError as e:
+        raise bad(f"'{param}' cannot force a call: {e}; drop the keyword or use tool_choice 'auto'",
+                  param=param, code="unsupported_schema") from None
+    rules.append(text)
+    return name
+
+
+def _json_call(fmt, name, args, v3_fences):
+    lit = gbnf.literal
+    quoted = formats.dumps(name)
+    if fmt is formats.HERMES:
+        head, tail = '<tool_call>\n{"name": ' + quoted + ', "arguments": ', '}\n</tool_call>'
+        return f"{lit(head)} {args} {lit(tail)}"
+    if fmt is formats.LLAMA3_JSON:
+        head = '{"name": ' + quoted + ', "parameters": '
+        return f"{lit(head)} {args} {lit('}')}"
+    if fmt is formats.DEEPSEEK:
+        if v3_fences:
+            head, tail = f"{formats.DS_CALL_BEGIN}function{formats.DS_SEP}{name}\n```json\n", "\n```" + formats.DS_CALL_END
+            return f"{lit(head)} {args} {lit(tail)}"
+        return f"{lit(formats.DS_CALL_BEGIN + name + formats.DS_SEP)} {args} {lit(formats.DS_CALL_END)}"
+    if fmt is formats.HARMONY:
+        return f"{lit('<|channel|>commentary to=functions.' + name + ' <|constrain|>json<|message|>')} {args} " \
+               f"{lit('<|call|>')}"
+    raise ValueError(fmt.name)
+
+
+def _raw_string(sub, param):
+    """A string argument written raw between tags (GLM, DSML): text without '<', its length
+    bounded as the schema says; enum / const as the literal choices."""
+    if "enum" in sub or "const" in sub:
+        values = sub["enum"] if "enum" in sub else [sub["const"]]
+        if all(isinstance(v, str) for v in values):
+            return "( " + " | ".join(gbnf.literal(v) for v in values) + " )"
+    extra = sorted(set(sub) & {"pattern", "format", "enum", "const"})
+    if extra:
+        raise bad(f"'{param}' cannot force a call: '{extra[0]}' on a string this family writes as raw text is not "
+                  f"supported; drop the keyword or use tool_choice 'auto'", param=param, code="unsupported_schema")
+    lo, hi = int(sub.get("minLength", 0)), sub.get("maxLength")
+    return f"{RAW_CHAR}{{{lo},{'' if hi is None else int(hi)}}}" if lo or hi is not None else RAW_TEXT
+
+
+def _xml_args(schema, prefix, rules, param, pair):
+    """One part per declared property in order (optional ones optional); `pair(key, value_rule,
+    raw)` spells a key and its value (raw: a string written as text, else JSON)."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    props = props if isinstance(props, dict) else {}
+    required = set(schema.get("required") or []) if isinstance(schema, dict) else set()
+    parts = []
+    for i, (key, sub) in enumerate(props.items()):
+        sub = sub if isinstance(sub, dict) else {}
+        p = f"{param}.properties.{key}"
+        raw = formats.is_string_schema(sub)
+        value = _raw_string(sub, p) if raw else _args(sub, f"{prefix}a{i}-", rules, p)
+        one = pair(key, value, raw)
+        parts.append(one if key in required else f"( {one} )?")
+    return parts
+
+
+def _glm_call(name, schema, prefix, rules, param, newlines):
+    """GLM writes one <arg_key>/<arg_value> pair per argument: a string value raw, others JSON."""
+    nl = "\n" if newlines else ""
+    lit = gbnf.literal
+
+    def pair(key, value, raw):
+        return f"{lit(f'<arg_key>{key}</arg_key>{nl}<arg_value>')} {value} {lit('</arg_value>' + nl)}"
+    parts = [lit(f"<tool_call>{name}{nl}")] + _xml_args(schema, prefix, rules, param, pair) + [lit("</tool_call>")]
+    return " ".join(parts)
+
+
+def _dsml_call(name, schema, prefix, rules, param):
+    """DeepSeek-V3.2: <｜DSML｜invoke name="N"> with one parameter element per argument."""
+    lit, d = gbnf.literal, formats.DSML
+
+    def pair(key, value, raw):
+        head = f'<{d}parameter name="{key}" string="{"true" if raw else "false"}">'
+        return f"{lit(head)} {value} {lit(f'</{d}parameter>' + NL)}"
+    parts = [lit(f'<{d}invoke name="{name}">\n')] + _xml_args(schema, prefix, rules, param, pair) + \
+        [lit(f"</{d}invoke>\n")]
+    return " ".join(parts)
+
+
+def call_grammar(spec, template_source="", in_reasoning=False):
+    """The GBNF that forces spec's call(s): the named function, or any of the tools for
+    "required" (one or more when parallel calls are allowed)."""
+    fmt, source = spec.fmt, template_source or ""
+    names = [spec.name] if spec.choice == "function" else list(spec.schemas)
+    rules, alts = [], []
+    dsml = fmt is formats.DEEPSEEK and formats.DSML in source
+    fences = fmt is formats.DEEPSEEK and "```json" in source
+    glm_lines = fmt is formats.GLM and "</arg_key>\n" in source
+    for i, name in enumerate(names):
+        param = f"tools[{list(spec.schemas).index(name)}].function.parameters"
+        schema, prefix = spec.schemas[name], f"tc{i}-"
+        if fmt is formats.GLM:
+            alts.append(_glm_call(name, schema, prefix, rules, param, glm_lines))
+        elif dsml:
+            alts.append(_dsml_call(name, schema, prefix, rules, param))
+        else:
+            alts.append(_json_call(fmt, name, _args(schema, prefix, rules, param), fences))
+    rules.append("tc-call ::= " + " | ".join(f"( {a} )" for a in alts) + "\n")
+    many = spec.parallel and fmt in (formats.HERMES, formats.GLM, formats.DEEPSEEK)
+    # what the templates write between two calls
+    sep = '"\\n" ' if fmt is formats.HERMES or glm_lines or fences else ""
+    body = f"tc-call ( {sep}tc-call )*" if many else "tc-call"
+    if dsml:
+        body = f'"\\n\\n"? {gbnf.literal(formats.DSML_BEGIN + NL)} {body} {gbnf.literal(formats.DSML_END)}'
+    elif fmt is formats.DEEPSEEK:
+        body = f"{gbnf.literal(formats.DS_CALLS_BEGIN)} {body} {gbnf.literal(formats.DS_CALLS_END)}"
+    if in_reasoning:  # the prompt opened a thinking block: close it at once, then call
+        body = f"{gbnf.literal('</think>')} {body}"
+    return gbnf.grammar("".join(rules), body)
