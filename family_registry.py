@@ -157,6 +157,23 @@ FAMILIES = {
         "default_tie": False,
         "thinking": "thinking",
     },
+    # MiniMax-M2: sigmoid routing with the correction bias on the MoE block (one group, top-k
+    # always renormalised), experts under Mixtral's names and widths, q/k RMSNorm over the whole
+    # projection, partial RoPE given as rotary_dim.
+    "minimax_m2": {
+        "display": "MiniMax-M2",
+        "model_types": ["minimax_m2"],
+        **_LLAMA_LIKE,
+        "biases": "none",
+        "qk_norm": "full",
+        "moe": "sigmoid_group",
+        "moe_width": "intermediate_size",
+        "renorm": True,
+        "expert_names": "mixtral",
+        "rope_theta": 5000000.0,     # the config class's default_theta
+        "partial_rotary": "rotary_dim",
+        "default_tie": False,
+    },
 }
 
 # Tensor classes by HF name, for the planner and doctor; first match wins (norms before
@@ -167,6 +184,7 @@ TENSOR_CLASSES = (
     ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
     ("router", re.compile(r"\.(mlp|block_sparse_moe)\.gate\.(weight|bias|e_score_correction_bias)$")),
     ("router", re.compile(r"\.mlp\.shared_expert_gate\.weight$")),
+    ("router", re.compile(r"\.(mlp|block_sparse_moe)\.e_score_correction_bias$")),  # MiniMax-M2
     ("embed", re.compile(r"^model\.embed_tokens\.")),
     ("lm_head", re.compile(r"^lm_head\.")),
     ("norm", re.compile(r"norm\.(weight|bias)$")),
@@ -326,13 +344,13 @@ def family_for_model_type(model_type):
     raise UnsupportedModel(f"model_type '{model_type}' is not supported (supported: {known})")
 
 
-def _rope_inv_freq(cfg, head_dim, default_partial=1.0, partial=None):
+def _rope_inv_freq(cfg, head_dim, default_partial=1.0, partial=None, default_theta=10000.0):
     """inv_freq and cos/sin scale exactly as transformers' modeling_rope_utils computes them."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE:
         raise UnsupportedModel(f"rope type '{rope_type}' is not supported (supported: {', '.join(SUPPORTED_ROPE)})")
-    base = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    base = float(params.get("rope_theta", cfg.get("rope_theta", default_theta)))
     if partial is None:
         partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or default_partial)
     dim = int(head_dim * partial)
@@ -430,7 +448,10 @@ def normalize_arch(cfg):
         rot_dim, inv_freq, rope_scale = _rope_inv_freq(dict(cfg, partial_rotary_factor=1.0), mla["qk_rope_head_dim"],
                                                        partial=1.0)
     else:
-        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, fam.get("partial_rotary", 1.0))
+        partial = fam.get("partial_rotary", 1.0)
+        if partial == "rotary_dim":  # MiniMax-M2: rotary_dim, unless a partial_rotary_factor overrides it
+            partial = int(cfg["rotary_dim"]) / head_dim if cfg.get("rotary_dim") else 1.0
+        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, partial, default_theta=fam.get("rope_theta", 10000.0))
     if fam["biases"] == "config":
         qkvo = bool(cfg.get("attention_bias", False))
         bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": bool(cfg.get("mlp_bias", False))}
@@ -472,7 +493,7 @@ def normalize_arch(cfg):
     if mla:
         arch.update(mla)
     if fam["qk_norm"] == "full":
-        if heads * head_dim != hidden:
+        if family == "olmoe" and heads * head_dim != hidden:
             raise UnsupportedModel(f"{family}: q/k norms span hidden_size, so head_dim {head_dim} x {heads} heads "
                                    f"must equal hidden_size {hidden}")
         arch.update(qk_norm=True, qk_norm_scope="full")
@@ -492,6 +513,12 @@ def normalize_arch(cfg):
         except (TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json: {e}") from None
         kinds = arch.pop("layer_mlp")
+        if fam.get("moe_width"):  # MiniMax-M2: experts as wide as intermediate_size, top-k renormalised
+            arch["moe_intermediate_size"] = int(cfg[fam["moe_width"]])
+        if fam.get("renorm"):
+            arch["norm_topk_prob"] = True
+        if fam.get("expert_names"):
+            arch["expert_names"] = fam["expert_names"]
     elif fam["moe"]:
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         if experts:

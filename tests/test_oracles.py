@@ -229,6 +229,10 @@ def test_oracle_checkpoint(variant, oracle_root):
         assert w is None or w < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS < len(info["ids"])
     if spec["family"] == "olmoe":  # clip_qkv set (the engine clamps q/k/v), top-k unnormalised
         assert cfg["clip_qkv"] and not cfg["norm_topk_prob"]
+    if spec["family"] == "minimax_m2":  # whole-projection q/k norms, partial rotary, the bias on the MoE block
+        assert cfg["num_attention_heads"] * cfg["head_dim"] != cfg["hidden_size"] and cfg["rotary_dim"] < cfg["head_dim"]
+        assert any(k.endswith("block_sparse_moe.e_score_correction_bias") for k in keys)
+        assert info["selection_changed_by_bias"] > 0
     if spec["family"] in make_oracles.MOE_FAMILIES:
         assert info["router_margin"] is not None and min(info["router_margin"]) > 0
     if spec["family"] in make_oracles.SIGMOID_FAMILIES:

@@ -115,6 +115,11 @@ VARIANTS = {
     "mixtral_window": dict(family="mixtral", seed=94, config=dict(
         num_hidden_layers=3, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
         intermediate_size=32, rms_norm_eps=1e-5, sliding_window=20)),
+    # q/k norms over the whole projection (heads x head_dim != hidden), partial RoPE as rotary_dim,
+    # sigmoid routing whose correction bias sits on the MoE block, experts under block_sparse_moe
+    "minimax_m2": dict(family="minimax_m2", seed=95, config=dict(
+        num_hidden_layers=3, num_key_value_heads=2, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
+        intermediate_size=32, rotary_dim=16, rms_norm_eps=1e-6)),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -148,11 +153,12 @@ def model_class(family):
             "glm4_moe_lite": (tf.Glm4MoeLiteConfig, tf.Glm4MoeLiteForCausalLM),
             "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
             "glm_moe_dsa": (tf.GlmMoeDsaConfig, tf.GlmMoeDsaForCausalLM),
-            "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM)}[family]
+            "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM),
+            "minimax_m2": (tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM)}[family]
 
 
 SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")  # group-limited sigmoid routers
-MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral") + SIGMOID_FAMILIES
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 
@@ -185,14 +191,26 @@ def routers(model):
     return [m for m in model.modules() if type(m).__name__.lower().endswith("topkrouter")]
 
 
-def sigmoid_group_margin(mod, x):
+def router_bias(mod, args):
+    """A sigmoid router's correction bias: its own (DeepSeek), or the MoE block's, which passes it
+    in (MiniMax-M2); None for softmax routers."""
+    if hasattr(mod, "e_score_correction_bias"):
+        return mod.e_score_correction_bias
+    return args[1] if len(args) > 1 else None
+
+
+def is_sigmoid_router(mod):
+    return hasattr(mod, "e_score_correction_bias") or type(mod).__name__ == "MiniMaxM2TopKRouter"
+
+
+def sigmoid_group_margin(mod, x, bias):
     """Per position, a lower bound on the router-logit change (each logit moved by at most e: a
     sigmoid score by e/4) that flips the selection, in the units of the softmax routers' margin
     (logit[k-1] - logit[k], which a change e flips at 2e): 4 x the expert margin, 2 x the group
     margin, on the biased scores selection uses."""
     torch = _torch()
-    choice = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid() + mod.e_score_correction_bias
-    g, k, tg = mod.num_group, mod.top_k, mod.topk_group
+    choice = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid() + bias
+    g, k, tg = getattr(mod, "num_group", 1), mod.top_k, getattr(mod, "topk_group", 1)
     margins = []
     if tg < g:
         gs = choice.view(len(choice), g, -1).topk(2, dim=-1).values.sum(-1).sort(dim=-1, descending=True).values
@@ -205,20 +223,20 @@ def sigmoid_group_margin(mod, x):
     return torch.stack(margins).min(dim=0).values
 
 
-def sigmoid_group_effects(mod, x):
+def sigmoid_group_effects(mod, x, bias):
     """Positions whose selection the group limit, and the correction bias, change: the oracle
     must exercise both (tests/test_oracles.py checks the counts)."""
     scores = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid()
 
     def pick(choice, grouped):
-        if grouped and mod.topk_group < mod.num_group:
+        if grouped and getattr(mod, "topk_group", 1) < getattr(mod, "num_group", 1):
             gs = choice.view(len(choice), mod.num_group, -1).topk(2, dim=-1).values.sum(-1)
             keep = gs.topk(mod.topk_group, dim=-1).indices
             mask = _torch().zeros_like(gs, dtype=_torch().bool).scatter_(1, keep, True)
             choice = choice.masked_fill(~mask.repeat_interleave(choice.shape[1] // mod.num_group, dim=1), float("-inf"))
         return choice.topk(mod.top_k, dim=-1).indices.sort(dim=-1).values
 
-    biased = scores + mod.e_score_correction_bias
+    biased = scores + bias
     chosen = pick(biased, True)
     by_groups = (chosen != pick(biased, False)).any(-1)
     by_bias = (chosen != pick(scores, True)).any(-1)
@@ -273,9 +291,10 @@ class RouterMargins:
         self.handles = [r.register_forward_hook(self._hook) for r in self.rs]
 
     def _hook(self, mod, args, out):
-        if hasattr(mod, "e_score_correction_bias"):
-            self.per_layer.append(sigmoid_group_margin(mod, args[0]))
-            g, b = sigmoid_group_effects(mod, args[0])
+        bias = router_bias(mod, args)
+        if bias is not None:
+            self.per_layer.append(sigmoid_group_margin(mod, args[0], bias))
+            g, b = sigmoid_group_effects(mod, args[0], bias)
             self.effects = [self.effects[0] + g, self.effects[1] + b]
             return
         logits = out[0].float()
@@ -334,7 +353,7 @@ def pick_routers(model, seed, ids, dtype):
         for m in model.modules():
             if m in rs:
                 i = rs.index(m)
-                std = SIGMOID_ROUTER_STD if hasattr(m, "e_score_correction_bias") else ROUTER_STD
+                std = SIGMOID_ROUTER_STD if is_sigmoid_router(m) else ROUTER_STD
                 param, draw = m.weight, lambda: std * torch.randn(m.weight.shape, generator=g)
             elif m in ixs:
                 i = ixs.index(m)
