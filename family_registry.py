@@ -7,7 +7,7 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 import math
 import re
 
-from colibri.family import deepseek
+from colibri.family import deepseek, mimo
 
 # Families the engine implements (the key is the name written into colibri.json; the engine's
 # `colibri families` must list the same, which tests/test_registry.py checks).
@@ -174,6 +174,18 @@ FAMILIES = {
         "partial_rotary": "rotary_dim",
         "default_tie": False,
     },
+    # MiMo-V2-Flash (colibri/family/mimo.py): full and sliding-window layers, each with its own RoPE
+    # and KV heads, sinks on the sliding ones, v heads narrower than q/k, dense first layer.
+    "mimo_v2_flash": {
+        "display": "MiMo-V2-Flash",
+        "model_types": ["mimo_v2_flash"],
+        **_LLAMA_LIKE,
+        "attn_layout": "mimo",
+        "biases": "qkv_config",      # q/k/v biased when attention_bias, o never
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
+    },
 }
 
 # Tensor classes by HF name, for the planner and doctor; first match wins (norms before
@@ -225,6 +237,13 @@ def layer_specs(arch):
                 "rope": {"style": "neox", "dim": arch.get("rotary_dim")},
                 "state": {"kv_values_per_pos": 2 * nkv * hd, "fixed_bytes": 0, "truncatable": True},
                 "tensors": at}
+        if arch.get("mimo"):
+            attn.update(mimo.attn_overrides(arch, l, nkv))
+            if attn["sinks"]:
+                at["sinks"] = f"{p}.self_attn.attention_sink_bias"
+            attn["state"]["kv_values_per_pos"] = attn["kv_heads"] * (hd + attn["v_head_dim"])
+            if attn["ring"]:  # a sliding layer keeps only its window
+                attn["state"]["window"] = attn["window"]
         if arch.get("clip_qkv"):
             attn["clip_qkv"] = arch["clip_qkv"]
         specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
@@ -419,6 +438,11 @@ def normalize_arch(cfg):
     """HF config.json -> (family, arch dict for colibri.json). Raises UnsupportedModel."""
     family = family_for_model_type(cfg.get("model_type"))
     fam = FAMILIES[family]
+    if fam.get("attn_layout") == "mimo":
+        try:
+            cfg = mimo.config_defaults(cfg)
+        except (KeyError, TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json lacks a usable {e}") from None
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
@@ -444,7 +468,18 @@ def normalize_arch(cfg):
         raise UnsupportedModel(f"hidden_act '{act}' is not supported (only silu)")
     if cfg.get("use_sliding_window"):
         raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not supported yet")
-    if mla:  # the rotary part of each head is qk_rope_head_dim, rotated whole
+    layered = None
+    if fam.get("attn_layout") == "mimo":  # one RoPE table per layer kind; the model's is layer 0's
+        try:
+            layered = mimo.attn_arch(cfg, lambda params: _rope_inv_freq(dict(cfg, rope_parameters=params), head_dim,
+                                                                      mimo.DEFAULT_PARTIAL))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json: {e}") from None
+        for t in layered["rope_by_type"].values():
+            t["inv_freq"] = [_float32(f) for f in t["inv_freq"]]
+        first = layered["rope_by_type"][layered["layer_types"][0]]
+        rot_dim, inv_freq, rope_scale = first["dim"], first["inv_freq"], first["scale"]
+    elif mla:  # the rotary part of each head is qk_rope_head_dim, rotated whole
         rot_dim, inv_freq, rope_scale = _rope_inv_freq(dict(cfg, partial_rotary_factor=1.0), mla["qk_rope_head_dim"],
                                                        partial=1.0)
     else:
@@ -492,6 +527,8 @@ def normalize_arch(cfg):
     }
     if mla:
         arch.update(mla)
+    if layered:
+        arch["mimo"] = layered
     if fam["qk_norm"] == "full":
         if family == "olmoe" and heads * head_dim != hidden:
             raise UnsupportedModel(f"{family}: q/k norms span hidden_size, so head_dim {head_dim} x {heads} heads "

@@ -2,6 +2,8 @@
  * RMSNorm (per head, or over the whole projection as OLMoE does), optional clip_qkv (q/k/v
  * clamped to [-c, c] after the norms, OLMoE), an optional sliding window (each query sees its
  * last `window` positions, Mixtral; the cache still keeps every position), NeoX-style (rotate-half) RoPE over the first rope.dim dims of each head.
+ * Optional v_head_dim (v heads narrower than q/k, MiMo-V2-Flash; o reads heads x v_head_dim)
+ * and v_scale (values multiplied by it before they are cached).
  * State: per position, K then V for every KV head, in the cache's element type. */
 #include <math.h>
 #include <stdlib.h>
@@ -9,11 +11,14 @@
 
 #include "fwd_alloc.h"
 #include "blocks.h"
+#include "kv_attend_split.h"
 #include "kv_kernels.h"
 #include "ops.h"
 
 typedef struct {
     int nh, nkv, hd, rot, qk_full; /* qk_full: q/k norms span all heads */
+    int vd;                         /* v head size (hd unless v_head_dim says otherwise) */
+    float v_scale;                  /* values times this before caching (1: none) */
     int window;                     /* positions each query attends to, 0 = all */
     float qk_eps, clip;             /* clip: 0 = none */
     QMat wq, wk, wv, wo;
@@ -38,15 +43,17 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     if (json_get_bool(spec, "sinks", 0)) return bl_fail(L, "gqa: attention sinks are not implemented yet");
     const char *qkn = json_get_str(spec, "qk_norm");
     if (qkn && strcmp(qkn, "none") && strcmp(qkn, "per_head") && strcmp(qkn, "full")) return bl_fail(L, "gqa: qk_norm '%s' is not implemented", qkn);
-    const int qd = p->nh * p->hd, kvd = p->nkv * p->hd;
+    p->vd = json_get(spec, "v_head_dim") ? bl_int(L, spec, "v_head_dim", 1, 4096) : p->hd;
+    p->v_scale = json_get(spec, "v_scale") ? (float)bl_num(L, spec, "v_scale", 1e-6, 1e6) : 1.0f;
+    const int qd = p->nh * p->hd, kvd = p->nkv * p->hd, vd = p->nkv * p->vd;
     const JsonValue *t = json_get(spec, "tensors");
     p->wq = bl_mat(L, t, "q", qd, H);
     p->wk = bl_mat(L, t, "k", kvd, H);
-    p->wv = bl_mat(L, t, "v", kvd, H);
-    p->wo = bl_mat(L, t, "o", H, qd);
+    p->wv = bl_mat(L, t, "v", vd, H);
+    p->wo = bl_mat(L, t, "o", H, p->nh * p->vd);
     p->bq = bl_vec(L, t, "q_bias", 1, qd, 1);
     p->bk = bl_vec(L, t, "k_bias", 1, kvd, 1);
-    p->bv = bl_vec(L, t, "v_bias", 1, kvd, 1);
+    p->bv = bl_vec(L, t, "v_bias", 1, vd, 1);
     p->bo = bl_vec(L, t, "o_bias", 1, H, 1);
     if (qkn && !strcmp(qkn, "per_head")) {
         p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
@@ -64,7 +71,7 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
 
 static StateDesc state(const void *self, QType kv_type) {
     const AttnGqa *p = self;
-    StateDesc s = {.per_pos = 2 * (size_t)p->nkv * p->hd * kv_elem_size(kv_type), .truncatable = 1};
+    StateDesc s = {.per_pos = (size_t)p->nkv * (p->hd + p->vd) * kv_elem_size(kv_type), .truncatable = 1};
     return s;
 }
 
@@ -88,11 +95,12 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     const AttnGqa *y = self;
     const Arch *a = r->a;
     const int hd = y->hd, nh = y->nh, nkv = y->nkv, qd = nh * hd, kvd = nkv * hd;
+    const int vh = y->vd, vd = nkv * vh, od = nh * vh; /* v head, v row and attention output sizes */
     const int p0 = r->p0, group = nh / nkv;
     float *q = fwd_malloc(sizeof(float) * (size_t)T * qd);
     float *k = fwd_malloc(sizeof(float) * (size_t)T * kvd);
-    float *v = fwd_malloc(sizeof(float) * (size_t)T * kvd);
-    float *att = fwd_malloc(sizeof(float) * (size_t)T * qd);
+    float *v = fwd_malloc(sizeof(float) * (size_t)T * vd);
+    float *att = fwd_malloc(sizeof(float) * (size_t)T * od);
     if (!q || !k || !v || !att) { free(q); free(k); free(v); free(att); return; } /* fwd_oom() tells the caller */
     matmul(q, x, T, &y->wq, y->bq);
     matmul(k, x, T, &y->wk, y->bk);
@@ -105,8 +113,10 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     if (y->clip > 0) {
         clamp_all(q, (size_t)T * qd, y->clip);
         clamp_all(k, (size_t)T * kvd, y->clip);
-        clamp_all(v, (size_t)T * kvd, y->clip);
+        clamp_all(v, (size_t)T * vd, y->clip);
     }
+    if (y->v_scale != 1.0f)
+        for (size_t i = 0; i < (size_t)T * vd; i++) v[i] *= y->v_scale;
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < nh; h++) {
             float *qh = q + (size_t)t * qd + h * hd;
@@ -119,13 +129,13 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             rope(kh, a, y->rot, p0 + t);
         }
     }
-    /* position j holds K_j [kvd] then V_j [kvd] */
-    const size_t es = kv_elem_size(r->kv_type), stride = 2 * (size_t)kvd * es;
+    /* position j holds K_j [kvd] then V_j [vd] */
+    const size_t es = kv_elem_size(r->kv_type), stride = ((size_t)kvd + vd) * es;
     unsigned char *cache = r->state->pos;
     for (int t = 0; t < T; t++) {
         unsigned char *dst = cache + (size_t)(p0 + t) * stride;
         kv_store_row(r->kv_type, k + (size_t)t * kvd, kvd, dst);
-        kv_store_row(r->kv_type, v + (size_t)t * kvd, kvd, dst + (size_t)kvd * es);
+        kv_store_row(r->kv_type, v + (size_t)t * vd, vd, dst + (size_t)kvd * es);
     }
     /* One task per (position, KV head): the group's query heads read each K/V row once. */
     const KvKernels *kk = kv_kernels(r->kv_type);
@@ -137,10 +147,11 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             const int n = end - start;
             float *sc = scratch(1, (size_t)n * group);
             if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
-            const size_t off = (size_t)t * qd + (size_t)kh * group * hd;
+            const size_t off = (size_t)t * qd + (size_t)kh * group * hd, ooff = (size_t)t * od + (size_t)kh * group * vh;
             const unsigned char *kc = cache + (size_t)start * stride + (size_t)kh * hd * es;
-            const unsigned char *vc = cache + (size_t)start * stride + ((size_t)kvd + kh * hd) * es;
-            kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sc, att + off);
+            const unsigned char *vc = cache + (size_t)start * stride + ((size_t)kvd + kh * vh) * es;
+            if (vh == hd) kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sc, att + ooff);
+            else kv_attend_split(kk, q + off, group, hd, vh, kc, vc, stride, n, scale, NULL, sc, att + ooff);
         }
     }
     matmul(out, att, T, &y->wo, y->bo);

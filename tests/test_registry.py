@@ -167,3 +167,37 @@ def test_minimax_m2_config_facts():
     assert arch["rotary_dim"] == 8 and arch["rope_inv_freq"][1] == pytest.approx(1e4 ** (-2 / 8), rel=1e-6)
     cls = lambda n: next(c for c, rx in family_registry.TENSOR_CLASSES if rx.search(n))  # noqa: E731
     assert cls("model.layers.1.block_sparse_moe.e_score_correction_bias") == "router"
+
+
+def test_mimo_v2_flash_config_facts():
+    """MiMo-V2-Flash: the config class's defaults where config.json is silent (layer pattern, dense
+    first layer, per-kind RoPE, value scale), and each layer's gqa geometry from its kind."""
+    cfg = {"model_type": "mimo_v2_flash", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_hidden_layers": 7, "vocab_size": 10, "n_routed_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 16, "intermediate_size": 48}
+    _, arch = family_registry.normalize_arch(cfg)
+    assert arch["layer_mlp"] == ["dense"] + ["moe"] * 6 and arch["head_dim"] == 192
+    specs = family_registry.layer_specs(arch)
+    kinds = [(s["attn"]["kv_heads"], s["attn"]["window"], s["attn"]["sinks"]) for s in specs]
+    assert kinds == [(2, 0, False)] + [(4, 129, True)] * 4 + [(2, 0, False), (4, 129, True)]
+    full, swa = specs[0]["attn"], specs[1]["attn"]
+    assert full["rope"]["dim"] == swa["rope"]["dim"] == 64 and arch["rotary_dim"] == 64
+    assert full["rope"]["inv_freq"][1] == pytest.approx(5e6 ** (-2 / 64), rel=1e-6)
+    assert swa["rope"]["inv_freq"][1] == pytest.approx(1e4 ** (-2 / 64), rel=1e-6)
+    assert (swa["v_head_dim"], swa["v_scale"]) == (128, 0.707)
+    assert swa["tensors"]["sinks"] == "model.layers.1.self_attn.attention_sink_bias" and "sinks" not in full["tensors"]
+    assert swa["state"] == {"kv_values_per_pos": 4 * (192 + 128), "fixed_bytes": 0, "truncatable": True, "window": 129}
+    assert full["state"]["kv_values_per_pos"] == 2 * (192 + 128) and "window" not in full["state"]
+    assert specs[1]["mlp"]["kind"] == "moe" and specs[1]["mlp"]["router"]["kind"] == "sigmoid_group"
+    # the hub's sliding_window_size excludes the query; an explicit null value scale is 1
+    _, arch = family_registry.normalize_arch(dict(cfg, sliding_window_size=127, attention_value_scale=None))
+    assert family_registry.layer_specs(arch)[1]["attn"]["window"] == 128
+    assert family_registry.layer_specs(arch)[1]["attn"]["v_scale"] == 1.0
+    # one slot of 200 positions, f16: token ids, 2 full layers of 2 KV heads, 5 sliding ones of 4
+    # that hold their 128-position window
+    layers = family_registry.layer_specs(arch)
+    assert family_registry.kv_slot_bytes(layers, 200) == 4 * 200 + 2 * (2 * 320 * 2) * 200 + 5 * (4 * 320 * 2) * 128
+    with pytest.raises(family_registry.UnsupportedModel, match="layer_types"):
+        family_registry.normalize_arch(dict(cfg, layer_types=["full_attention"] * 3))
+    with pytest.raises(family_registry.UnsupportedModel, match="rope_parameters"):
+        family_registry.normalize_arch(dict(cfg, rope_parameters={"rope_type": "default", "rope_theta": 1e4}))

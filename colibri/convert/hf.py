@@ -77,7 +77,6 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     """tensors: name -> dict(file, dtype, shape, offset). Returns the Planner with every output."""
     p = Planner(arch, experts_q, dense_q)
     H, V, L = arch["hidden_size"], arch["vocab_size"], arch["num_layers"]
-    hd, nh, nkv = arch["head_dim"], arch["num_heads"], arch["num_kv_heads"]
 
     def take(name, shape):
         t = tensors.get(name)
@@ -114,16 +113,11 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             p.used.add("lm_head.weight")  # a tied checkpoint may still carry a copy
     else:
         whole(trunk["lm_head"], "dense", [V, H], (L + 1,))
-    attn_shapes = {"q": [nh * hd, H], "k": [nkv * hd, H], "v": [nkv * hd, H], "o": [H, nh * hd],
-                   "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * hd], "o_bias": [H],
-                   "q_norm": [hd], "k_norm": [hd]}
-    if arch.get("qk_norm_scope") == "full":  # OLMoE: one norm over all heads
-        attn_shapes.update(q_norm=[nh * hd], k_norm=[nkv * hd])
     for l, spec in enumerate(family_registry.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
-        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else attn_shapes
+        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else gqa_shapes(spec["attn"], H)
         for key, name in spec["attn"]["tensors"].items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
@@ -179,6 +173,17 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
                            f"{', '.join(sorted(unused)[:5])}{more}; refusing to drop weights silently")
     return p
+
+
+def gqa_shapes(attn, hidden):
+    """Source shape of every tensor a "gqa" spec names, from the layer's own geometry (MiMo's
+    sliding layers have more KV heads than its full ones, and v heads narrower than q/k)."""
+    nh, nkv, hd = attn["heads"], attn["kv_heads"], attn["head_dim"]
+    vd = attn.get("v_head_dim", hd)
+    full = attn.get("qk_norm") == "full"  # one norm over all heads (OLMoE, MiniMax-M2)
+    return {"q": [nh * hd, hidden], "k": [nkv * hd, hidden], "v": [nkv * vd, hidden], "o": [hidden, nh * vd],
+            "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * vd], "o_bias": [hidden],
+            "q_norm": [nh * hd] if full else [hd], "k_norm": [nkv * hd] if full else [hd], "sinks": [nh]}
 
 
 MTP_RE = re.compile(r"^model\.layers\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
