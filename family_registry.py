@@ -242,8 +242,6 @@ def layer_specs(arch):
             if attn["sinks"]:
                 at["sinks"] = f"{p}.self_attn.attention_sink_bias"
             attn["state"]["kv_values_per_pos"] = attn["kv_heads"] * (hd + attn["v_head_dim"])
-            if attn["ring"]:  # a sliding layer keeps only its window
-                attn["state"]["window"] = attn["window"]
         if arch.get("clip_qkv"):
             attn["clip_qkv"] = arch["clip_qkv"]
         specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))

@@ -23,6 +23,7 @@ typedef struct {
     float qk_eps, clip;             /* clip: 0 = none */
     QMat wq, wk, wv, wo;
     const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
+    const float *sinks;             /* [nh] or NULL */
 } AttnGqa;
 
 static int load(void *self, const JsonValue *spec, BlockLoader *L) {
@@ -40,7 +41,6 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     if (strcmp(style, "neox")) return bl_fail(L, "gqa: rope style '%s' is not implemented (neox)", style);
     if (p->rot != L->a->rotary_dim) return bl_fail(L, "gqa: rope.dim %d differs from the model's RoPE table (%d)", p->rot, L->a->rotary_dim);
     if (json_get(spec, "window")) p->window = bl_int(L, spec, "window", 0, 1 << 30);
-    if (json_get_bool(spec, "sinks", 0)) return bl_fail(L, "gqa: attention sinks are not implemented yet");
     const char *qkn = json_get_str(spec, "qk_norm");
     if (qkn && strcmp(qkn, "none") && strcmp(qkn, "per_head") && strcmp(qkn, "full")) return bl_fail(L, "gqa: qk_norm '%s' is not implemented", qkn);
     p->vd = json_get(spec, "v_head_dim") ? bl_int(L, spec, "v_head_dim", 1, 4096) : p->hd;
@@ -55,6 +55,7 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     p->bk = bl_vec(L, t, "k_bias", 1, kvd, 1);
     p->bv = bl_vec(L, t, "v_bias", 1, vd, 1);
     p->bo = bl_vec(L, t, "o_bias", 1, H, 1);
+    if (json_get_bool(spec, "sinks", 0)) p->sinks = bl_vec(L, t, "sinks", 1, p->nh, 0);
     if (qkn && !strcmp(qkn, "per_head")) {
         p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
         p->q_norm = bl_vec(L, t, "q_norm", 1, p->hd, 0);
@@ -150,8 +151,9 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             const size_t off = (size_t)t * qd + (size_t)kh * group * hd, ooff = (size_t)t * od + (size_t)kh * group * vh;
             const unsigned char *kc = cache + (size_t)start * stride + (size_t)kh * hd * es;
             const unsigned char *vc = cache + (size_t)start * stride + ((size_t)kvd + kh * vh) * es;
-            if (vh == hd) kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sc, att + ooff);
-            else kv_attend_split(kk, q + off, group, hd, vh, kc, vc, stride, n, scale, NULL, sc, att + ooff);
+            if (vh == hd && !y->sinks) kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sc, att + ooff);
+            else kv_attend_split(kk, q + off, group, hd, vh, kc, vc, stride, n, scale,
+                                 y->sinks ? y->sinks + kh * group : NULL, sc, att + ooff);
         }
     }
     matmul(out, att, T, &y->wo, y->bo);
@@ -162,6 +164,7 @@ static void release(void *self) {
     AttnGqa *p = self;
     free((void *)p->bq); free((void *)p->bk); free((void *)p->bv); free((void *)p->bo);
     free((void *)p->q_norm); free((void *)p->k_norm);
+    free((void *)p->sinks);
 }
 
 const BlockKind block_attn_gqa = {ROLE_ATTN, "gqa", sizeof(AttnGqa), load, run, state, release, NULL};
