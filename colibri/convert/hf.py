@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
+from colibri.convert import gpt_oss
 from colibri.family import deepseek
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
@@ -77,7 +78,6 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     """tensors: name -> dict(file, dtype, shape, offset). Returns the Planner with every output."""
     p = Planner(arch, experts_q, dense_q)
     H, V, L = arch["hidden_size"], arch["vocab_size"], arch["num_layers"]
-    hd, nh, nkv = arch["head_dim"], arch["num_heads"], arch["num_kv_heads"]
 
     def take(name, shape):
         t = tensors.get(name)
@@ -114,16 +114,19 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             p.used.add("lm_head.weight")  # a tied checkpoint may still carry a copy
     else:
         whole(trunk["lm_head"], "dense", [V, H], (L + 1,))
-    attn_shapes = {"q": [nh * hd, H], "k": [nkv * hd, H], "v": [nkv * hd, H], "o": [H, nh * hd],
-                   "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * hd], "o_bias": [H],
-                   "q_norm": [hd], "k_norm": [hd]}
-    if arch.get("qk_norm_scope") == "full":  # OLMoE: one norm over all heads
-        attn_shapes.update(q_norm=[nh * hd], k_norm=[nkv * hd])
+    def gqa_shapes(a):  # from the layer's own spec: heads and head sizes may differ per layer
+        nh, nkv, hd = a["heads"], a["kv_heads"], a["head_dim"]
+        shapes = {"q": [nh * hd, H], "k": [nkv * hd, H], "v": [nkv * hd, H], "o": [H, nh * hd],
+                  "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * hd], "o_bias": [H],
+                  "q_norm": [hd], "k_norm": [hd], "sinks": [nh]}
+        if a.get("qk_norm") == "full":  # OLMoE: one norm over all heads
+            shapes.update(q_norm=[nh * hd], k_norm=[nkv * hd])
+        return shapes
     for l, spec in enumerate(family_registry.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
-        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else attn_shapes
+        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else gqa_shapes(spec["attn"])
         for key, name in spec["attn"]["tensors"].items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
@@ -150,6 +153,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 whole(mlp["shared"]["gate"]["tensors"]["weight"], "f32", [1, H], o)
         names = mlp["expert_tensors"]
         pre = f"model.layers.{l}"
+        if arch.get("expert_names") == "gpt_oss":
+            gpt_oss.plan_experts(p, tensors, take, pre, names, E, I, H)
+            continue
         fused = f"{pre}.mlp.experts.gate_up_proj"  # transformers' fused source layout
         if fused in tensors:
             gu = take(fused, [E, 2 * I, H])
