@@ -90,6 +90,24 @@ FAMILIES = {
         "expert_names": "mixtral",   # block_sparse_moe.experts.N.w1/w3/w2, block_sparse_moe.gate
         "default_tie": False,
     },
+    # gpt-oss: learned attention sinks, sliding-window layers (layer_types) that keep only their
+    # window, q/k/v/o biases, a biased router taking top-k on logits then softmax over the k,
+    # biased experts with the clamped SwiGLU, fused (and in releases MXFP4) expert tensors.
+    "gpt_oss": {
+        "display": "gpt-oss",
+        "model_types": ["gpt_oss"],
+        **_LLAMA_LIKE,
+        "biases": "config",
+        "bias_default": True,        # GptOssConfig.attention_bias defaults to true
+        "qk_norm": False,
+        "moe": True,
+        "moe_width": "intermediate_size",
+        "router": "topk_softmax",
+        "expert_names": "gpt_oss",   # mlp.experts.gate_up_proj (interleaved) / down_proj, mlp.router
+        "sinks": True,
+        "layer_windows": True,       # sliding_attention layers: a ring of sliding_window positions
+        "default_tie": False,
+    },
     # The DeepSeek-V3 line (colibri/family/deepseek.py): sigmoid group-limited routing, shared
     # experts, leading dense layers; "mla" attention keeps the compressed latent per position.
     "glm4_moe": {
@@ -232,8 +250,9 @@ def layer_specs(arch):
         if arch.get("qk_norm"):
             at["q_norm"], at["k_norm"] = f"{p}.self_attn.q_norm.weight", f"{p}.self_attn.k_norm.weight"
         qkn = (arch.get("qk_norm_scope") or "per_head") if arch.get("qk_norm") else "none"
+        window = int((arch.get("layer_window") or [arch.get("sliding_window") or 0] * L)[l])
         attn = {"kind": "gqa", "heads": nh, "kv_heads": nkv, "head_dim": hd,
-                "qk_norm": qkn, "qk_norm_eps": eps, "window": int(arch.get("sliding_window") or 0), "sinks": False,
+                "qk_norm": qkn, "qk_norm_eps": eps, "window": window, "sinks": bool(arch.get("attn_sinks")),
                 "rope": {"style": "neox", "dim": arch.get("rotary_dim")},
                 "state": {"kv_values_per_pos": 2 * nkv * hd, "fixed_bytes": 0, "truncatable": True},
                 "tensors": at}
@@ -242,6 +261,13 @@ def layer_specs(arch):
             if attn["sinks"]:
                 at["sinks"] = f"{p}.self_attn.attention_sink_bias"
             attn["state"]["kv_values_per_pos"] = attn["kv_heads"] * (hd + attn["v_head_dim"])
+            if attn["ring"]:  # a sliding layer keeps only its window
+                attn["state"]["window"] = attn["window"]
+        if arch.get("attn_sinks"):  # one learned logit per head joins the softmax
+            at["sinks"] = f"{p}.self_attn.sinks"
+        if window and arch.get("kv_ring"):  # the slot keeps only the window (a ring)
+            attn["ring"] = True
+            attn["state"]["window"] = window
         if arch.get("clip_qkv"):
             attn["clip_qkv"] = arch["clip_qkv"]
         specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
@@ -250,6 +276,8 @@ def layer_specs(arch):
 
 def _mlp_spec(arch, p, kind):
     if kind == "moe":
+        if arch.get("expert_names") == "gpt_oss":
+            return _gpt_oss_moe_spec(arch, p)
         if arch.get("expert_names") == "mixtral":
             ex = {x: f"{p}.block_sparse_moe.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
             router = f"{p}.block_sparse_moe.gate.weight"
@@ -271,6 +299,19 @@ def _mlp_spec(arch, p, kind):
     if arch.get("mlp_bias"):
         mt.update({f"{x}_bias": f"{p}.mlp.{x}_proj.bias" for x in ("gate", "up", "down")})
     return {"kind": "dense", "act": "silu", "width": arch.get("intermediate_size"), "tensors": mt}
+
+
+def _gpt_oss_moe_spec(arch, p):
+    """gpt-oss experts: per-expert gate/up/down with biases in the container (the converter splits
+    the fused, interleaved source), the clamped SwiGLU, a biased top-k-then-softmax router."""
+    ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
+    ex.update({f"{x}_bias": f"{p}.mlp.experts.{{e}}.{x}_proj.bias" for x in ("gate", "up", "down")})
+    return {"kind": "moe", "act": "swiglu_clamp", "swiglu_alpha": arch["swiglu_alpha"],
+            "swiglu_limit": arch["swiglu_limit"], "experts": arch.get("num_experts"),
+            "top_k": arch.get("num_experts_per_tok"), "width": arch.get("moe_intermediate_size"),
+            "router": {"kind": "topk_softmax",
+                       "tensors": {"weight": f"{p}.mlp.router.weight", "bias": f"{p}.mlp.router.bias"}},
+            "expert_tensors": ex}
 
 
 def _layer(arch, p, attn, mlp):
@@ -486,7 +527,7 @@ def normalize_arch(cfg):
             partial = int(cfg["rotary_dim"]) / head_dim if cfg.get("rotary_dim") else 1.0
         rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, partial, default_theta=fam.get("rope_theta", 10000.0))
     if fam["biases"] == "config":
-        qkvo = bool(cfg.get("attention_bias", False))
+        qkvo = bool(cfg.get("attention_bias", fam.get("bias_default", False)))
         bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": bool(cfg.get("mlp_bias", False))}
     elif fam["biases"] == "qkv":
         bias = {"q_bias": True, "k_bias": True, "v_bias": True, "o_bias": False, "mlp_bias": False}
@@ -541,6 +582,13 @@ def normalize_arch(cfg):
     if family == "mixtral" and window and int(window) < arch["max_position_embeddings"]:
         # every layer's queries see their last `window` positions (a longer window never binds)
         arch["sliding_window"] = int(window)
+    if fam.get("layer_windows"):
+        arch.update(_layer_windows(cfg, layers, arch["max_position_embeddings"]))
+    if fam.get("sinks"):
+        arch["attn_sinks"] = True
+    if fam.get("router") == "topk_softmax":
+        arch["swiglu_alpha"] = float(cfg.get("swiglu_alpha", 1.702))
+        arch["swiglu_limit"] = float(cfg.get("swiglu_limit", 7.0))
     kinds = ["dense"] * layers
     if fam["moe"] == "sigmoid_group":
         try:
@@ -572,6 +620,25 @@ def normalize_arch(cfg):
                 arch["shared_width"] = int(cfg["shared_expert_intermediate_size"])
     arch["layer_mlp"] = kinds
     return family, arch
+
+
+def _layer_windows(cfg, layers, max_pos):
+    """layer_types (sliding_attention / full_attention) -> each layer's window, 0 = full; a
+    sliding layer's KV slot keeps only its window (kv_ring)."""
+    types = cfg.get("layer_types")
+    window = cfg.get("sliding_window")
+    if types is None:  # the config classes' default: sliding, full, sliding, ...
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers:
+        raise UnsupportedModel(f"config.json layer_types must list one type per layer ({layers})")
+    unknown = sorted({t for t in types if t not in ("sliding_attention", "full_attention")})
+    if unknown:
+        raise UnsupportedModel(f"config.json layer_types: {', '.join(map(str, unknown))} is not supported "
+                               "(sliding_attention, full_attention)")
+    if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
+        raise UnsupportedModel(f"config.json sliding_window {window!r} must be a positive integer for sliding_attention layers")
+    w = [window if t == "sliding_attention" and window < max_pos else 0 for t in types]
+    return {"layer_window": w, "kv_ring": True}
 
 
 def supported_model_types():

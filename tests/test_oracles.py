@@ -227,6 +227,13 @@ def test_oracle_checkpoint(variant, oracle_root):
         assert any(k.endswith("block_sparse_moe.experts.0.w1.weight") for k in keys)
         w = cfg["sliding_window"]
         assert w is None or w < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS < len(info["ids"])
+    if spec["family"] == "gpt_oss":  # sliding and full layers, a window that binds, sinks that take weight
+        assert set(cfg["layer_types"]) == {"sliding_attention", "full_attention"}
+        assert cfg["sliding_window"] < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS
+        with safe_open(files[0], "pt") as st:
+            sinks = [st.get_tensor(f"model.layers.{i}.self_attn.sinks").float() for i in range(cfg["num_hidden_layers"])]
+        assert max(float(x.abs().max()) for x in sinks) > 0.5
+        assert cfg["swiglu_limit"] < 7 and cfg["rope_parameters"]["truncate"] is False
     if spec["family"] == "olmoe":  # clip_qkv set (the engine clamps q/k/v), top-k unnormalised
         assert cfg["clip_qkv"] and not cfg["norm_topk_prob"]
     if spec["family"] == "minimax_m2":  # whole-projection q/k norms, partial rotary, the bias on the MoE block

@@ -186,7 +186,8 @@ def test_mimo_v2_flash_config_facts():
     assert swa["rope"]["inv_freq"][1] == pytest.approx(1e4 ** (-2 / 64), rel=1e-6)
     assert (swa["v_head_dim"], swa["v_scale"]) == (128, 0.707)
     assert swa["tensors"]["sinks"] == "model.layers.1.self_attn.attention_sink_bias" and "sinks" not in full["tensors"]
-    assert swa["state"] == {"kv_values_per_pos": 4 * (192 + 128), "fixed_bytes": 0, "truncatable": True}
+    assert swa["state"] == {"kv_values_per_pos": 4 * (192 + 128), "fixed_bytes": 0, "truncatable": True, "window": 129}
+    assert swa["ring"] and not full["ring"] and "window" not in full["state"]
     assert full["state"]["kv_values_per_pos"] == 2 * (192 + 128)
     assert specs[1]["mlp"]["kind"] == "moe" and specs[1]["mlp"]["router"]["kind"] == "sigmoid_group"
     # the hub's sliding_window_size excludes the query; an explicit null value scale is 1
@@ -194,8 +195,9 @@ def test_mimo_v2_flash_config_facts():
     assert family_registry.layer_specs(arch)[1]["attn"]["window"] == 128
     assert family_registry.layer_specs(arch)[1]["attn"]["v_scale"] == 1.0
     # one slot of 200 positions, f16: token ids, 2 full layers of 2 KV heads, 5 sliding ones of 4
+    # that keep their 128-position window
     layers = family_registry.layer_specs(arch)
-    assert family_registry.kv_slot_bytes(layers, 200) == 4 * 200 + 2 * (2 * 320 * 2) * 200 + 5 * (4 * 320 * 2) * 200
+    assert family_registry.kv_slot_bytes(layers, 200) == 4 * 200 + 2 * (2 * 320 * 2) * 200 + 5 * (4 * 320 * 2) * 128
     with pytest.raises(family_registry.UnsupportedModel, match="layer_types"):
         family_registry.normalize_arch(dict(cfg, layer_types=["full_attention"] * 3))
     with pytest.raises(family_registry.UnsupportedModel, match="rope_parameters"):

@@ -55,6 +55,13 @@ MLA = dict(SIGMOID, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rop
                             "beta_fast": 32, "beta_slow": 1})
 DSA = dict(index_topk=16, index_head_dim=32, index_n_heads=8)
 
+GPT_OSS = dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
+               num_experts_per_tok=2, intermediate_size=32, sliding_window=12, swiglu_limit=1.0, rms_norm_eps=1e-5,
+               layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 128})
+SINK_STD = 1.0      # attention sinks: comparable to the scores, so they take real weight
+
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
     "llama": dict(family="llama", seed=11, config={}),
@@ -120,6 +127,10 @@ VARIANTS = {
     "minimax_m2": dict(family="minimax_m2", seed=95, config=dict(
         num_hidden_layers=3, num_key_value_heads=2, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
         intermediate_size=32, rotary_dim=16, rms_norm_eps=1e-6)),
+    # sinks, alternating sliding (window 12, shorter than prompt + generated) and full layers,
+    # q/k/v/o biases, a biased router (top-k on logits, softmax over the k), expert biases, a
+    # SwiGLU limit low enough to clamp, YaRN without truncation
+    "gpt_oss": dict(family="gpt_oss", seed=95, config=GPT_OSS),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -154,11 +165,12 @@ def model_class(family):
             "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
             "glm_moe_dsa": (tf.GlmMoeDsaConfig, tf.GlmMoeDsaForCausalLM),
             "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM),
-            "minimax_m2": (tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM)}[family]
+            "minimax_m2": (tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM),
+            "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM)}[family]
 
 
 SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")  # group-limited sigmoid routers
-MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2") + SIGMOID_FAMILIES
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2", "gpt_oss") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 
@@ -177,8 +189,10 @@ def randomize(model, seed, out_gain):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name or name == "lm_head.weight":
                 p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
-            elif name.endswith("mlp.gate.weight"):
+            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")):
                 pass  # routers: see pick_routers
+            elif name.endswith(".sinks"):
+                p.copy_(SINK_STD * torch.randn(p.shape, generator=g))
             elif name.endswith("e_score_correction_bias"):
                 p.copy_(BIAS_STD * torch.randn(p.shape, generator=g))
             else:

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
+from colibri.convert import gpt_oss
 from colibri.family import deepseek
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
@@ -144,6 +145,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 whole(mlp["shared"]["gate"]["tensors"]["weight"], "f32", [1, H], o)
         names = mlp["expert_tensors"]
         pre = f"model.layers.{l}"
+        if arch.get("expert_names") == "gpt_oss":
+            gpt_oss.plan_experts(p, tensors, take, pre, names, E, I, H)
+            continue
         fused = f"{pre}.mlp.experts.gate_up_proj"  # transformers' fused source layout
         if fused in tensors:
             gu = take(fused, [E, 2 * I, H])

@@ -61,5 +61,5 @@ def attn_overrides(arch, l, nkv):
     table = arch["rope_by_type"][t]
     sliding = t == SLIDING
     return {"kv_heads": 2 * nkv if sliding else nkv, "window": arch["sliding_window"] if sliding else 0,
-            "sinks": sliding, "v_head_dim": arch["v_head_dim"], "v_scale": arch["v_scale"],
+            "ring": sliding, "sinks": sliding, "v_head_dim": arch["v_head_dim"], "v_scale": arch["v_scale"],
             "rope": {"style": "neox", "dim": table["dim"], "inv_freq": table["inv_freq"], "scale": table["scale"]}}
