@@ -65,8 +65,8 @@ def fp8_pairs(oracle_root, tmp_path_factory):
     return pair
 
 
-# DeepSeek-V3 / GLM and MiniMax-M2 releases ship block-FP8 (MiniMax-M2's experts under w1/w2/w3)
-@pytest.mark.parametrize("variant", ["deepseek_v3", "minimax_m2"])
+# DeepSeek-V3 / GLM, MiniMax-M2 (experts under w1/w2/w3) and MiMo-V2-Flash releases ship block-FP8
+@pytest.mark.parametrize("variant", ["deepseek_v3", "minimax_m2", "mimo_v2_flash"])
 def test_fp8_source_converts_to_its_exact_values(variant, fp8_pairs, oracle_root, tmp_path):
     fp8, deq = fp8_pairs(variant)
     info = json.loads((Path(oracle_root) / variant / "ref.json").read_text())

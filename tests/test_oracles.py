@@ -240,11 +240,19 @@ def test_oracle_checkpoint(variant, oracle_root):
         assert cfg["num_attention_heads"] * cfg["head_dim"] != cfg["hidden_size"] and cfg["rotary_dim"] < cfg["head_dim"]
         assert any(k.endswith("block_sparse_moe.e_score_correction_bias") for k in keys)
         assert info["selection_changed_by_bias"] > 0
+    if spec["family"] == "mimo_v2_flash":  # both layer kinds, a window that binds, sinks, v heads narrower
+        types = cfg["layer_types"]
+        assert {"full_attention", "sliding_attention"} <= set(types) and cfg["v_head_dim"] < cfg["head_dim"]
+        assert cfg["sliding_window"] < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS
+        assert sum(k.endswith("self_attn.attention_sink_bias") for k in keys) == types.count("sliding_attention")
+        assert cfg["mlp_layer_types"][0] == "dense" and cfg["attention_value_scale"] != 1
     if spec["family"] in make_oracles.MOE_FAMILIES:
         assert info["router_margin"] is not None and min(info["router_margin"]) > 0
     if spec["family"] in make_oracles.SIGMOID_FAMILIES:
         # sigmoid group routing: the oracle must exercise the group limit and the selection-only bias
-        assert cfg["topk_group"] < cfg["n_group"] and cfg["n_shared_experts"] >= 1
+        # (and shared experts, except MiMo-V2-Flash, which has none)
+        assert cfg["topk_group"] < cfg["n_group"]
+        assert cfg.get("n_shared_experts", 0) >= 1 or spec["family"] == "mimo_v2_flash"
         assert info["selection_changed_by_groups"] > 0 and info["selection_changed_by_bias"] > 0
     if "index_topk" in spec["config"]:
         # DSA: sparse selection for most positions, by an indexer with several heads whose

@@ -131,6 +131,13 @@ VARIANTS = {
     # q/k/v/o biases, a biased router (top-k on logits, softmax over the k), expert biases, a
     # SwiGLU limit low enough to clamp, YaRN without truncation
     "gpt_oss": dict(family="gpt_oss", seed=95, config=GPT_OSS),
+    # full and sliding layers (a window well inside prompt + generated tokens; sinks, twice the KV
+    # heads and their own RoPE theta on the sliding ones), v heads narrower than q/k with the value
+    # scale, partial RoPE, a dense first layer, group-limited sigmoid routing without shared experts
+    "mimo_v2_flash": dict(family="mimo_v2_flash", seed=96, config=dict(
+        num_hidden_layers=4, num_key_value_heads=1, head_dim=48, v_head_dim=32, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1, sliding_window=12,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"])),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -166,10 +173,11 @@ def model_class(family):
             "glm_moe_dsa": (tf.GlmMoeDsaConfig, tf.GlmMoeDsaForCausalLM),
             "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM),
             "minimax_m2": (tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM),
-            "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM)}[family]
+            "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM),
+            "mimo_v2_flash": (tf.MiMoV2FlashConfig, tf.MiMoV2FlashForCausalLM)}[family]
 
 
-SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")  # group-limited sigmoid routers
+SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "mimo_v2_flash")  # group-limited sigmoid routers
 MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2", "gpt_oss") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
