@@ -199,6 +199,7 @@ FAMILIES = {
         "model_types": ["mimo_v2_flash"],
         **_LLAMA_LIKE,
         "attn_layout": "mimo",
+        "ignored_tensors": r"^model\.mtp\.",  # its MTP module, which transformers does not load
         "biases": "qkv_config",      # q/k/v biased when attention_bias, o never
         "qk_norm": False,
         "moe": "sigmoid_group",

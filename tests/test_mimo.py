@@ -4,6 +4,8 @@ keeping every position; prefix reuse and KV persistence work with it; the engine
 the planner says."""
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,22 @@ def test_kv_persistence_with_a_ring(oracle, ringed, tmp_path):
     b.close()
     assert int(t2["end"]["reused_tokens"]) >= 37, t2["end"]
     assert t2["tokens"] == greedy(ring, second)
+
+
+def test_the_releases_mtp_module_is_left_out(oracle, tmp_path):
+    """The release ships an MTP module under model.mtp.*, which transformers does not load: the
+    converter leaves it out instead of refusing the checkpoint; any other stray tensor is refused."""
+    from safetensors.torch import load_file, save_file
+    src = tmp_path / "src"
+    shutil.copytree(oracle[0] / "hf", src)
+    t = load_file(src / "model.safetensors")
+    t["model.mtp.layers.0.input_layernorm.weight"] = t["model.norm.weight"].clone()
+    save_file(t, src / "model.safetensors", metadata={"format": "pt"})
+    coli("convert", src, tmp_path / "out")
+    man = json.loads((tmp_path / "out" / "colibri.json").read_text())
+    assert man["family"] == "mimo_v2_flash"
+    t["model.extra.weight"] = t["model.norm.weight"].clone()
+    save_file(t, src / "model.safetensors", metadata={"format": "pt"})
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "coli"), "convert", str(src),
+                        str(tmp_path / "out2")], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "model.extra.weight" in r.stderr and "model.mtp" not in r.stderr

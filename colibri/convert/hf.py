@@ -171,7 +171,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                     t = take(out[proj], shape)
                     p.add(out[proj], "expert", shape[0], shape[1], [part(t, t["offset"], shape[0])], g["file"], eo)
     p.mtp = keep_mtp_layers(p, tensors, L, take, part)
-    unused = [n for n in tensors if n not in p.used and not IGNORED.search(n)]
+    # a family may ship weights its transformers model never loads (MiMo-V2-Flash's model.mtp.*)
+    skip = family_registry.FAMILIES.get(arch.get("_family"), {}).get("ignored_tensors")
+    unused = [n for n in tensors if n not in p.used and not IGNORED.search(n) and not (skip and re.search(skip, n))]
     if unused:
         more = f" (and {len(unused) - 5} more)" if len(unused) > 5 else ""
         raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
