@@ -188,6 +188,7 @@ FAMILIES = {
         "moe_width": "intermediate_size",
         "renorm": True,
         "expert_names": "mixtral",
+        "router_bias": "block",      # e_score_correction_bias beside the gate, not in it
         "rope_theta": 5000000.0,     # the config class's default_theta
         "partial_rotary": "rotary_dim",
         "default_tie": False,
@@ -603,6 +604,8 @@ def normalize_arch(cfg):
             arch["norm_topk_prob"] = True
         if fam.get("expert_names"):
             arch["expert_names"] = fam["expert_names"]
+        if fam.get("router_bias"):
+            arch["router_bias"] = fam["router_bias"]
     elif fam["moe"]:
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         if experts:

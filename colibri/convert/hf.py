@@ -354,6 +354,8 @@ def convert(src, out, experts="q4", dense="q8", log=print):
                 raise ConvertError(f"tensor '{name}' appears in two source shards")
             tensors[name] = dict(t, file=str(f.resolve()))
     attach_fp8_scales(cfg, tensors)
+    if arch.get("expert_names") == "mixtral" and not any(".block_sparse_moe." in n for n in tensors):
+        del arch["expert_names"]  # transformers' own layout (save_original_format=False): mlp.gate, fused experts
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)
     del arch["_family"]

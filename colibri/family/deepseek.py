@@ -146,6 +146,8 @@ def moe_mlp_spec(arch, p):
         b = f"{p}.block_sparse_moe"
         ex = {x: f"{b}.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
         names = {"weight": f"{b}.gate.weight", "bias": f"{b}.e_score_correction_bias"}
+    elif arch.get("router_bias") == "block":  # MiniMax-M2 as transformers names it (fused experts)
+        names["bias"] = f"{p}.mlp.e_score_correction_bias"
     router = {"kind": "sigmoid_group", "renorm": arch["norm_topk_prob"], "groups": arch["n_group"],
               "topk_group": arch["topk_group"], "scale": arch["routed_scaling_factor"], "tensors": names}
     spec = {"kind": "moe", "act": "silu", "experts": arch["num_experts"], "top_k": arch["num_experts_per_tok"],

@@ -1,0 +1,36 @@
+"""Mixtral and MiniMax-M2 checkpoints saved in transformers' own layout (save_original_format=False:
+mlp.gate, fused mlp.experts.gate_up_proj / down_proj, MiniMax's bias as mlp.e_score_correction_bias)
+convert to the same model as their original block_sparse_moe layout."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from launcher_helpers import coli
+
+F32 = ["--experts", "f32", "--dense", "f32"]
+
+
+@pytest.mark.parametrize("variant", ["mixtral", "minimax_m2"])
+def test_transformers_layout_converts_to_the_same_model(variant, oracle_root, tmp_path):
+    import make_oracles
+    from safetensors import safe_open
+    hf = Path(oracle_root) / variant / "hf"
+    fused = tmp_path / "fused"
+    _, cls = make_oracles.model_class(make_oracles.VARIANTS[variant]["family"])
+    cls.from_pretrained(hf).save_pretrained(fused, save_original_format=False)
+    for f in hf.glob("tokenizer*"):
+        shutil.copy(f, fused / f.name)
+    with safe_open(fused / "model.safetensors", "pt") as st:
+        keys = set(st.keys())
+    assert "model.layers.0.mlp.experts.gate_up_proj" in keys and not any("block_sparse_moe" in k for k in keys)
+    ids = ",".join(map(str, json.loads((Path(oracle_root) / variant / "ref.json").read_text())["ids"][:40]))
+    out = {}
+    for name, src in (("orig", hf), ("fused", fused)):
+        r = coli("convert", src, tmp_path / f"c_{name}", *F32, timeout=600)
+        assert r.returncode == 0, r.stderr
+        r = coli("logits", "--model", tmp_path / f"c_{name}", "--ids", ids, "--out", tmp_path / f"{name}.f32", timeout=600)
+        assert r.returncode == 0, r.stderr
+        out[name] = (tmp_path / f"{name}.f32").read_bytes()
+    assert out["fused"] == out["orig"]
