@@ -261,7 +261,7 @@ def layer_specs(arch):
         if arch.get("mimo"):
             attn.update(mimo.attn_overrides(arch, l, nkv))
             if attn["sinks"]:
-                at["sinks"] = f"{p}.self_attn.attention_sink_bias"
+                at["sinks"] = f"{p}.self_attn.{arch['mimo'].get('sinks_name', 'attention_sink_bias')}"
             attn["state"]["kv_values_per_pos"] = attn["kv_heads"] * (hd + attn["v_head_dim"])
             if attn["ring"]:  # a sliding layer keeps only its window
                 attn["state"]["window"] = attn["window"]

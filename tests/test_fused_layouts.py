@@ -1,6 +1,7 @@
-"""Mixtral and MiniMax-M2 checkpoints saved in transformers' own layout (save_original_format=False:
-mlp.gate, fused mlp.experts.gate_up_proj / down_proj, MiniMax's bias as mlp.e_score_correction_bias)
-convert to the same model as their original block_sparse_moe layout."""
+"""Checkpoints saved in transformers' own layout (save_original_format=False: Mixtral's and
+MiniMax-M2's mlp.gate and MiniMax's mlp.e_score_correction_bias for block_sparse_moe, fused
+mlp.experts.gate_up_proj / down_proj, MiMo-V2-Flash's self_attn.sinks for attention_sink_bias)
+convert to the same model as their original layout."""
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ from launcher_helpers import coli
 F32 = ["--experts", "f32", "--dense", "f32"]
 
 
-@pytest.mark.parametrize("variant", ["mixtral", "minimax_m2"])
+@pytest.mark.parametrize("variant", ["mixtral", "minimax_m2", "mimo_v2_flash"])
 def test_transformers_layout_converts_to_the_same_model(variant, oracle_root, tmp_path):
     import make_oracles
     from safetensors import safe_open
@@ -24,7 +25,8 @@ def test_transformers_layout_converts_to_the_same_model(variant, oracle_root, tm
         shutil.copy(f, fused / f.name)
     with safe_open(fused / "model.safetensors", "pt") as st:
         keys = set(st.keys())
-    assert "model.layers.0.mlp.experts.gate_up_proj" in keys and not any("block_sparse_moe" in k for k in keys)
+    assert "model.layers.1.mlp.experts.gate_up_proj" in keys and not any("block_sparse_moe" in k for k in keys)
+    assert not any(k.endswith("attention_sink_bias") for k in keys)
     ids = ",".join(map(str, json.loads((Path(oracle_root) / variant / "ref.json").read_text())["ids"][:40]))
     out = {}
     for name, src in (("orig", hf), ("fused", fused)):

@@ -356,6 +356,8 @@ def convert(src, out, experts="q4", dense="q8", log=print):
     attach_fp8_scales(cfg, tensors)
     if arch.get("expert_names") == "mixtral" and not any(".block_sparse_moe." in n for n in tensors):
         del arch["expert_names"]  # transformers' own layout (save_original_format=False): mlp.gate, fused experts
+    if arch.get("mimo") and any(n.endswith(".self_attn.sinks") for n in tensors):
+        arch["mimo"]["sinks_name"] = "sinks"  # MiMo in transformers' layout: sinks, not attention_sink_bias
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)
     del arch["_family"]
