@@ -138,6 +138,15 @@ VARIANTS = {
         num_hidden_layers=4, num_key_value_heads=1, head_dim=48, v_head_dim=32, n_routed_experts=8,
         num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1, sliding_window=12,
         layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"])),
+    # the other MiMo shapes: q/k/v biases, v heads as wide as q/k (the kernels' sink path), no value
+    # scale (null), a sliding first layer with its own RoPE table as the model's, a dense middle layer
+    "mimo_v2_flash_bias": dict(family="mimo_v2_flash", seed=97, config=dict(
+        num_hidden_layers=3, num_key_value_heads=1, head_dim=32, v_head_dim=32, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1, sliding_window=10,
+        attention_bias=True, attention_value_scale=None, mlp_layer_types=["sparse", "dense", "sparse"],
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}})),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
