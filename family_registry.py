@@ -7,7 +7,7 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 import math
 import re
 
-from colibri.family import deepseek
+from colibri.family import deepseek, mimo
 
 # Families the engine implements (the key is the name written into colibri.json; the engine's
 # `colibri families` must list the same, which tests/test_registry.py checks).
@@ -94,7 +94,10 @@ FAMILIES = {
         "expert_names": "mixtral",   # block_sparse_moe.experts.N.w1/w3/w2, block_sparse_moe.gate
         "default_tie": False,
     },
-    # gpt-oss: the harmony chat format (colibri/server/harmony.py). It always reasons, in the
+    # gpt-oss: learned attention sinks, sliding-window layers (layer_types) that keep only their
+    # window, q/k/v/o biases, a biased router taking top-k on logits then softmax over the k,
+    # biased experts with the clamped SwiGLU, fused (and in releases MXFP4) expert tensors.
+    # Chat is the harmony format (colibri/server/harmony.py). It always reasons, in the
     # analysis channel; reasoning_effort (low/medium/high) sets how much. <|return|> ends an
     # answer and <|call|> a tool call: both are end-of-generation tokens.
     "gpt_oss": {
@@ -103,8 +106,14 @@ FAMILIES = {
         **_LLAMA_LIKE,
         "interactive_max_tokens": 4096,   # the analysis comes first and is often long
         "biases": "config",
+        "bias_default": True,        # GptOssConfig.attention_bias defaults to true
         "qk_norm": False,
         "moe": True,
+        "moe_width": "intermediate_size",
+        "router": "topk_softmax",
+        "expert_names": "gpt_oss",   # mlp.experts.gate_up_proj (interleaved) / down_proj, mlp.router
+        "sinks": True,
+        "layer_windows": True,       # sliding_attention layers: a ring of sliding_window positions
         "default_tie": False,
         "thinking": None,                 # no on/off switch: reasoning_effort instead
         "reasoning": "harmony",
@@ -184,6 +193,37 @@ FAMILIES = {
         "default_tie": False,
         "thinking": "thinking",
     },
+    # MiniMax-M2: sigmoid routing with the correction bias on the MoE block (one group, top-k
+    # always renormalised), experts under Mixtral's names and widths, q/k RMSNorm over the whole
+    # projection, partial RoPE given as rotary_dim.
+    "minimax_m2": {
+        "display": "MiniMax-M2",
+        "model_types": ["minimax_m2"],
+        **_LLAMA_LIKE,
+        "biases": "none",
+        "qk_norm": "full",
+        "moe": "sigmoid_group",
+        "moe_width": "intermediate_size",
+        "renorm": True,
+        "expert_names": "mixtral",
+        "router_bias": "block",      # e_score_correction_bias beside the gate, not in it
+        "rope_theta": 5000000.0,     # the config class's default_theta
+        "partial_rotary": "rotary_dim",
+        "default_tie": False,
+    },
+    # MiMo-V2-Flash (colibri/family/mimo.py): full and sliding-window layers, each with its own RoPE
+    # and KV heads, sinks on the sliding ones, v heads narrower than q/k, dense first layer.
+    "mimo_v2_flash": {
+        "display": "MiMo-V2-Flash",
+        "model_types": ["mimo_v2_flash"],
+        **_LLAMA_LIKE,
+        "attn_layout": "mimo",
+        "ignored_tensors": r"^model\.mtp\.",  # its MTP module, which transformers does not load
+        "biases": "qkv_config",      # q/k/v biased when attention_bias, o never
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
+    },
 }
 
 # Tensor classes by HF name, for the planner and doctor; first match wins (norms before
@@ -194,6 +234,7 @@ TENSOR_CLASSES = (
     ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
     ("router", re.compile(r"\.(mlp|block_sparse_moe)\.gate\.(weight|bias|e_score_correction_bias)$")),
     ("router", re.compile(r"\.mlp\.shared_expert_gate\.weight$")),
+    ("router", re.compile(r"\.(mlp|block_sparse_moe)\.e_score_correction_bias$")),  # MiniMax-M2
     ("embed", re.compile(r"^model\.embed_tokens\.")),
     ("lm_head", re.compile(r"^lm_head\.")),
     ("norm", re.compile(r"norm\.(weight|bias)$")),
@@ -229,11 +270,24 @@ def layer_specs(arch):
         if arch.get("qk_norm"):
             at["q_norm"], at["k_norm"] = f"{p}.self_attn.q_norm.weight", f"{p}.self_attn.k_norm.weight"
         qkn = (arch.get("qk_norm_scope") or "per_head") if arch.get("qk_norm") else "none"
+        window = int((arch.get("layer_window") or [arch.get("sliding_window") or 0] * L)[l])
         attn = {"kind": "gqa", "heads": nh, "kv_heads": nkv, "head_dim": hd,
-                "qk_norm": qkn, "qk_norm_eps": eps, "window": int(arch.get("sliding_window") or 0), "sinks": False,
+                "qk_norm": qkn, "qk_norm_eps": eps, "window": window, "sinks": bool(arch.get("attn_sinks")),
                 "rope": {"style": "neox", "dim": arch.get("rotary_dim")},
                 "state": {"kv_values_per_pos": 2 * nkv * hd, "fixed_bytes": 0, "truncatable": True},
                 "tensors": at}
+        if arch.get("mimo"):
+            attn.update(mimo.attn_overrides(arch, l, nkv))
+            if attn["sinks"]:
+                at["sinks"] = f"{p}.self_attn.{arch['mimo'].get('sinks_name', 'attention_sink_bias')}"
+            attn["state"]["kv_values_per_pos"] = attn["kv_heads"] * (hd + attn["v_head_dim"])
+            if attn["ring"]:  # a sliding layer keeps only its window
+                attn["state"]["window"] = attn["window"]
+        if arch.get("attn_sinks"):  # one learned logit per head joins the softmax
+            at["sinks"] = f"{p}.self_attn.sinks"
+        if window and arch.get("kv_ring"):  # the slot keeps only the window (a ring)
+            attn["ring"] = True
+            attn["state"]["window"] = window
         if arch.get("clip_qkv"):
             attn["clip_qkv"] = arch["clip_qkv"]
         specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
@@ -242,6 +296,8 @@ def layer_specs(arch):
 
 def _mlp_spec(arch, p, kind):
     if kind == "moe":
+        if arch.get("expert_names") == "gpt_oss":
+            return _gpt_oss_moe_spec(arch, p)
         if arch.get("expert_names") == "mixtral":
             ex = {x: f"{p}.block_sparse_moe.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
             router = f"{p}.block_sparse_moe.gate.weight"
@@ -263,6 +319,19 @@ def _mlp_spec(arch, p, kind):
     if arch.get("mlp_bias"):
         mt.update({f"{x}_bias": f"{p}.mlp.{x}_proj.bias" for x in ("gate", "up", "down")})
     return {"kind": "dense", "act": "silu", "width": arch.get("intermediate_size"), "tensors": mt}
+
+
+def _gpt_oss_moe_spec(arch, p):
+    """gpt-oss experts: per-expert gate/up/down with biases in the container (the converter splits
+    the fused, interleaved source), the clamped SwiGLU, a biased top-k-then-softmax router."""
+    ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
+    ex.update({f"{x}_bias": f"{p}.mlp.experts.{{e}}.{x}_proj.bias" for x in ("gate", "up", "down")})
+    return {"kind": "moe", "act": "swiglu_clamp", "swiglu_alpha": arch["swiglu_alpha"],
+            "swiglu_limit": arch["swiglu_limit"], "experts": arch.get("num_experts"),
+            "top_k": arch.get("num_experts_per_tok"), "width": arch.get("moe_intermediate_size"),
+            "router": {"kind": "topk_softmax",
+                       "tensors": {"weight": f"{p}.mlp.router.weight", "bias": f"{p}.mlp.router.bias"}},
+            "expert_tensors": ex}
 
 
 def _layer(arch, p, attn, mlp):
@@ -353,13 +422,13 @@ def family_for_model_type(model_type):
     raise UnsupportedModel(f"model_type '{model_type}' is not supported (supported: {known})")
 
 
-def _rope_inv_freq(cfg, head_dim, default_partial=1.0, partial=None):
+def _rope_inv_freq(cfg, head_dim, default_partial=1.0, partial=None, default_theta=10000.0):
     """inv_freq and cos/sin scale exactly as transformers' modeling_rope_utils computes them."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE:
         raise UnsupportedModel(f"rope type '{rope_type}' is not supported (supported: {', '.join(SUPPORTED_ROPE)})")
-    base = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    base = float(params.get("rope_theta", cfg.get("rope_theta", default_theta)))
     if partial is None:
         partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or default_partial)
     dim = int(head_dim * partial)
@@ -428,6 +497,11 @@ def normalize_arch(cfg):
     """HF config.json -> (family, arch dict for colibri.json). Raises UnsupportedModel."""
     family = family_for_model_type(cfg.get("model_type"))
     fam = FAMILIES[family]
+    if fam.get("attn_layout") == "mimo":
+        try:
+            cfg = mimo.config_defaults(cfg)
+        except (KeyError, TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json lacks a usable {e}") from None
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
@@ -453,13 +527,27 @@ def normalize_arch(cfg):
         raise UnsupportedModel(f"hidden_act '{act}' is not supported (only silu)")
     if cfg.get("use_sliding_window"):
         raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not supported yet")
-    if mla:  # the rotary part of each head is qk_rope_head_dim, rotated whole
+    layered = None
+    if fam.get("attn_layout") == "mimo":  # one RoPE table per layer kind; the model's is layer 0's
+        try:
+            layered = mimo.attn_arch(cfg, lambda params: _rope_inv_freq(dict(cfg, rope_parameters=params), head_dim,
+                                                                      mimo.DEFAULT_PARTIAL))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json: {e}") from None
+        for t in layered["rope_by_type"].values():
+            t["inv_freq"] = [_float32(f) for f in t["inv_freq"]]
+        first = layered["rope_by_type"][layered["layer_types"][0]]
+        rot_dim, inv_freq, rope_scale = first["dim"], first["inv_freq"], first["scale"]
+    elif mla:  # the rotary part of each head is qk_rope_head_dim, rotated whole
         rot_dim, inv_freq, rope_scale = _rope_inv_freq(dict(cfg, partial_rotary_factor=1.0), mla["qk_rope_head_dim"],
                                                        partial=1.0)
     else:
-        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, fam.get("partial_rotary", 1.0))
+        partial = fam.get("partial_rotary", 1.0)
+        if partial == "rotary_dim":  # MiniMax-M2: rotary_dim, unless a partial_rotary_factor overrides it
+            partial = int(cfg["rotary_dim"]) / head_dim if cfg.get("rotary_dim") else 1.0
+        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, partial, default_theta=fam.get("rope_theta", 10000.0))
     if fam["biases"] == "config":
-        qkvo = bool(cfg.get("attention_bias", False))
+        qkvo = bool(cfg.get("attention_bias", fam.get("bias_default", False)))
         bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": bool(cfg.get("mlp_bias", False))}
     elif fam["biases"] == "qkv":
         bias = {"q_bias": True, "k_bias": True, "v_bias": True, "o_bias": False, "mlp_bias": False}
@@ -498,8 +586,10 @@ def normalize_arch(cfg):
     }
     if mla:
         arch.update(mla)
+    if layered:
+        arch["mimo"] = layered
     if fam["qk_norm"] == "full":
-        if heads * head_dim != hidden:
+        if family == "olmoe" and heads * head_dim != hidden:
             raise UnsupportedModel(f"{family}: q/k norms span hidden_size, so head_dim {head_dim} x {heads} heads "
                                    f"must equal hidden_size {hidden}")
         arch.update(qk_norm=True, qk_norm_scope="full")
@@ -512,6 +602,13 @@ def normalize_arch(cfg):
     if family == "mixtral" and window and int(window) < arch["max_position_embeddings"]:
         # every layer's queries see their last `window` positions (a longer window never binds)
         arch["sliding_window"] = int(window)
+    if fam.get("layer_windows"):
+        arch.update(_layer_windows(cfg, layers, arch["max_position_embeddings"]))
+    if fam.get("sinks"):
+        arch["attn_sinks"] = True
+    if fam.get("router") == "topk_softmax":
+        arch["swiglu_alpha"] = float(cfg.get("swiglu_alpha", 1.702))
+        arch["swiglu_limit"] = float(cfg.get("swiglu_limit", 7.0))
     kinds = ["dense"] * layers
     if fam["moe"] == "sigmoid_group":
         try:
@@ -519,6 +616,14 @@ def normalize_arch(cfg):
         except (TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json: {e}") from None
         kinds = arch.pop("layer_mlp")
+        if fam.get("moe_width"):  # MiniMax-M2: experts as wide as intermediate_size, top-k renormalised
+            arch["moe_intermediate_size"] = int(cfg[fam["moe_width"]])
+        if fam.get("renorm"):
+            arch["norm_topk_prob"] = True
+        if fam.get("expert_names"):
+            arch["expert_names"] = fam["expert_names"]
+        if fam.get("router_bias"):
+            arch["router_bias"] = fam["router_bias"]
     elif fam["moe"]:
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         if experts:
@@ -537,6 +642,25 @@ def normalize_arch(cfg):
                 arch["shared_width"] = int(cfg["shared_expert_intermediate_size"])
     arch["layer_mlp"] = kinds
     return family, arch
+
+
+def _layer_windows(cfg, layers, max_pos):
+    """layer_types (sliding_attention / full_attention) -> each layer's window, 0 = full; a
+    sliding layer's KV slot keeps only its window (kv_ring)."""
+    types = cfg.get("layer_types")
+    window = cfg.get("sliding_window")
+    if types is None:  # the config classes' default: sliding, full, sliding, ...
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers:
+        raise UnsupportedModel(f"config.json layer_types must list one type per layer ({layers})")
+    unknown = sorted({t for t in types if t not in ("sliding_attention", "full_attention")})
+    if unknown:
+        raise UnsupportedModel(f"config.json layer_types: {', '.join(map(str, unknown))} is not supported "
+                               "(sliding_attention, full_attention)")
+    if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
+        raise UnsupportedModel(f"config.json sliding_window {window!r} must be a positive integer for sliding_attention layers")
+    w = [window if t == "sliding_attention" and window < max_pos else 0 for t in types]
+    return {"layer_window": w, "kv_ring": True}
 
 
 def supported_model_types():

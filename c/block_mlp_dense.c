@@ -1,4 +1,5 @@
 /* Dense SwiGLU MLP block, and the SwiGLU MLP every routed expert reuses. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,14 @@ void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out) {
     if (!g || !u) { free(g); free(u); return; } /* fwd_oom() tells the caller */
     matmul(g, x, T, &p->gate, p->gate_b);
     matmul(u, x, T, &p->up, p->up_b);
-    for (size_t i = 0; i < (size_t)T * inter; i++) g[i] = silu(g[i]) * u[i];
+    if (p->act == ACT_SWIGLU_CLAMP) {
+        const float a = p->alpha, lim = p->limit;
+        for (size_t i = 0; i < (size_t)T * inter; i++) {
+            float x = g[i] < lim ? g[i] : lim, y = u[i] < -lim ? -lim : (u[i] > lim ? lim : u[i]);
+            g[i] = (y + 1.0f) * (x / (1.0f + expf(-a * x)));
+        }
+    } else
+        for (size_t i = 0; i < (size_t)T * inter; i++) g[i] = silu(g[i]) * u[i];
     matmul(out, g, T, &p->down, p->down_b);
     free(g);
     free(u);
@@ -39,8 +47,20 @@ void mlp_load(BlockLoader *L, Mlp *m, const JsonValue *tensors, int e, int hidde
         int rows = i == 2 ? hidden : inter, cols = i == 2 ? inter : hidden;
         if (!name) { bl_fail(L, "MLP names no usable '%s' tensor%s", keys[i], e >= 0 ? " template ({e})" : ""); return; }
         *mats[i] = bl_mat_named(L, name, rows, cols);
-        if (bias && e < 0) *biases[i] = bl_vec(L, tensors, bias_keys[i], 1, rows, 1);
+        const char *bname = bias ? expand(tensors, bias_keys[i], e, buf, sizeof buf) : NULL;
+        if (bname) *biases[i] = bl_vec_named(L, bname, 1, rows);
     }
+}
+
+int mlp_act_load(BlockLoader *L, const JsonValue *spec, Mlp *m) {
+    const char *act = bl_str(L, spec, "act");
+    if (L->failed) return -1;
+    if (!strcmp(act, "silu")) { m->act = ACT_SILU; return 0; }
+    if (strcmp(act, "swiglu_clamp")) return bl_fail(L, "MLP activation '%s' is not implemented (silu, swiglu_clamp)", act);
+    m->act = ACT_SWIGLU_CLAMP;
+    m->alpha = (float)bl_num(L, spec, "swiglu_alpha", 1e-6, 1e6);
+    m->limit = (float)bl_num(L, spec, "swiglu_limit", 1e-6, 1e30);
+    return L->failed ? -1 : 0;
 }
 
 void mlp_release(Mlp *m) {
@@ -57,9 +77,7 @@ typedef struct {
 static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     MlpDense *p = self;
     p->width = bl_int(L, spec, "width", 1, 1 << 20);
-    const char *act = bl_str(L, spec, "act");
-    if (L->failed) return -1;
-    if (strcmp(act, "silu")) return bl_fail(L, "dense MLP: activation '%s' is not implemented (silu)", act);
+    if (L->failed || mlp_act_load(L, spec, &p->mlp)) return -1;
     mlp_load(L, &p->mlp, json_get(spec, "tensors"), -1, L->a->hidden, p->width, 1);
     return L->failed ? -1 : 0;
 }

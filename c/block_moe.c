@@ -21,18 +21,22 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     p->E = bl_int(L, spec, "experts", 1, 4096);
     p->K = bl_int(L, spec, "top_k", 1, 4096);
     p->width = bl_int(L, spec, "width", 1, 1 << 20);
-    const char *act = bl_str(L, spec, "act");
+    Mlp act = {0};
     const JsonValue *rs = bl_obj(L, spec, "router"), *ex = bl_obj(L, spec, "expert_tensors");
-    if (L->failed) return -1;
+    if (L->failed || mlp_act_load(L, spec, &act)) return -1;
     if (p->K > p->E) return bl_fail(L, "moe: top_k %d exceeds %d experts", p->K, p->E);
-    if (strcmp(act, "silu")) return bl_fail(L, "moe: activation '%s' is not implemented (silu)", act);
+    /* expert biases (gpt-oss): "{e}" templates gate_bias / up_bias / down_bias beside the weights */
+    const int bias = json_get_str(ex, "gate_bias") || json_get_str(ex, "up_bias") || json_get_str(ex, "down_bias");
     const char *rk = bl_str(L, rs, "kind");
     if (L->failed) return -1;
     if (!(p->router = router_find(rk))) return bl_fail(L, "router kind '%s' is not implemented by this engine", rk);
     if (!(p->router_self = calloc(1, p->router->size))) return bl_fail(L, "out of memory");
     if (p->router->load(p->router_self, rs, p->E, p->K, L)) return -1;
     if (!(p->experts = calloc((size_t)p->E, sizeof(Mlp)))) return bl_fail(L, "out of memory");
-    for (int e = 0; e < p->E && !L->failed; e++) mlp_load(L, &p->experts[e], ex, e, L->a->hidden, p->width, 0);
+    for (int e = 0; e < p->E && !L->failed; e++) {
+        p->experts[e] = (Mlp){.act = act.act, .alpha = act.alpha, .limit = act.limit};
+        mlp_load(L, &p->experts[e], ex, e, L->a->hidden, p->width, bias);
+    }
     p->xl = (ExpertLayer){.layer = L->layer, .E = p->E, .K = p->K, .H = L->a->hidden, .width = p->width,
                           .experts = p->experts, .router = p->router, .router_self = p->router_self};
     return L->failed ? -1 : 0;
@@ -54,7 +58,8 @@ static void release(void *self) {
     Moe *p = self;
     if (p->router && p->router->free) p->router->free(p->router_self);
     free(p->router_self);
-    free(p->experts); /* experts hold no owned buffers (no biases) */
+    for (int e = 0; p->experts && e < p->E; e++) mlp_release(&p->experts[e]); /* their biases */
+    free(p->experts);
 }
 
 static ExpertLayer *experts(void *self) { return &((Moe *)self)->xl; }

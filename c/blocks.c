@@ -8,7 +8,7 @@
 
 extern const BlockKind block_norm_rms, block_attn_gqa, block_mlp_dense, block_moe;
 extern const BlockKind block_moe_shared, block_attn_mla;
-extern const RouterKind router_softmax_topk, router_sigmoid_group;
+extern const RouterKind router_softmax_topk, router_sigmoid_group, router_topk_softmax;
 
 #define MAX_KINDS 32
 /* One row per block kind. */
@@ -23,6 +23,7 @@ static const BlockKind *kinds[MAX_KINDS] = {
 static const RouterKind *const routers[] = {
     &router_softmax_topk,
     &router_sigmoid_group,
+    &router_topk_softmax,
     NULL,
 };
 

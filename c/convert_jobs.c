@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "convert_gather.h"
 #include "gguf_quants.h"
 #include "quant.h"
 
@@ -123,6 +124,17 @@ int convert_jobs_main(int argc, char **argv) {
             break;
         }
         QType qt;
+        const char *gf = gather_fields(line);
+        if (gf) { /* strided or MXFP4 sources: convert_gather.c */
+            int dfd = qtype_from_name(qn, &qt) ? -1 : open_cached(&dst, dp, O_WRONLY);
+            if (dfd < 0 || gather_job(gf, sp, soff, dt, rows, cols, dfd, doff, qt)) {
+                if (dfd < 0) fprintf(stderr, "convert-jobs: unsupported qtype %s or cannot open %s\n", qn, dp);
+                rc = 2;
+                break;
+            }
+            done++;
+            continue;
+        }
         int es = src_elem(dt), gt = gguf_type_from_name(dt); /* GGUF_* sources: whole blocks per row */
         size_t in_row = gt >= 0 ? gguf_row_bytes(gt, cols) : (size_t)cols * (size_t)es;
         if (gt >= 0 && !in_row) {

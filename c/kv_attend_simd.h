@@ -37,13 +37,15 @@
 #define ATT_VACC ATT_CAT(ATT_NAME, _vacc)
 #define ATT_SOFTMAX ATT_CAT(ATT_NAME, _softmax)
 
-/* s[0..n) = exp(s - max); returns 1/sum. */
-TGT_INLINE float ATT_SOFTMAX(float *s, int n) {
+/* s[0..n) = exp(s - max); returns 1/sum. sink: an extra logit in the max and the sum (no value
+ * row), -INFINITY for none. */
+TGT_INLINE float ATT_SOFTMAX(float *s, int n, float sink) {
     VT m = VSET1(-INFINITY);
     int j = 0;
     for (; j + W <= n; j += W) m = VMAX(m, VLOADF(s + j));
     float mx = VHMAX(m);
     for (int t = j; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+    mx = sink > mx ? sink : mx;
     const VT vmx = VSET1(mx);
     VT sum = VZERO();
     for (j = 0; j + W <= n; j += W) {
@@ -60,6 +62,7 @@ TGT_INLINE float ATT_SOFTMAX(float *s, int n) {
     }
     float tot = VHSUM(sum);
     for (; j < n; j++) tot += s[j];
+    if (sink > -INFINITY) tot += expf(sink - mx);
     return 1.0f / tot;
 }
 
@@ -90,8 +93,8 @@ TGT_INLINE void ATT_VACC(const float *w, int n, const unsigned char *vb, size_t 
 }
 
 TGT void ATT_NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale,
-                  float *sc, float *o) {
-    if (hd % W) { ATT_REF(q, g, hd, k, v, stride, n, scale, sc, o); return; }
+                  const float *sinks, float *sc, float *o) {
+    if (hd % W) { ATT_REF(q, g, hd, k, v, stride, n, scale, sinks, sc, o); return; }
     const int nv = hd / W;
     const unsigned char *kb = k, *vb = v;
     for (int j0 = 0; j0 < n; j0 += ATT_TILE) {
@@ -123,7 +126,7 @@ TGT void ATT_NAME(const float *q, int g, int hd, const void *k, const void *v, s
     for (int i0 = 0; i0 < g; i0 += HCMAX) {
         const int hc = g - i0 < HCMAX ? g - i0 : HCMAX;
         float inv[HCMAX];
-        for (int i = 0; i < hc; i++) inv[i] = ATT_SOFTMAX(sc + (size_t)(i0 + i) * n, n);
+        for (int i = 0; i < hc; i++) inv[i] = ATT_SOFTMAX(sc + (size_t)(i0 + i) * n, n, sinks ? sinks[i0 + i] : -INFINITY);
         const float *w = sc + (size_t)i0 * n;
         float *oi = o + (size_t)i0 * hd;
         for (int c0 = 0; c0 < nv; c0 += 4) {

@@ -13,9 +13,9 @@
 #include "kv_attend_simd.h"
 #undef ATT_EXP_ONLY
 
-void kv_attend_ref_f32(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
-void kv_attend_ref_f16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
-void kv_attend_ref_bf16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, float *sc, float *o);
+void kv_attend_ref_f32(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
+void kv_attend_ref_f16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
+void kv_attend_ref_bf16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
 
 /* ---------------- AVX2 ---------------- */
 #define A2 __attribute__((target("avx2,fma,f16c")))

@@ -1,5 +1,6 @@
 #include "kv_kernels.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "ops.h"
@@ -52,23 +53,35 @@ static void axpy_f32(float w, const void *row, int n, float *o) {
     for (int i = 0; i < n; i++) o[i] += w * x[i];
 }
 
+/* s[0..n) = softmax over the n scores and one extra logit `sink` that takes weight but has
+ * no value row (gpt-oss attention sinks). */
+static void softmax_sink(float *s, int n, float sink) {
+    float mx = sink, sum = 0;
+    for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    for (int j = 0; j < n; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+    sum += expf(sink - mx);
+    const float inv = 1.0f / sum;
+    for (int j = 0; j < n; j++) s[j] *= inv;
+}
+
 /* The reference attention: per head, every score, a softmax, then the weighted V rows. */
 static void attend_ref(float (*dot)(const float *, const void *, int), void (*axpy)(float, const void *, int, float *),
-                       const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale,
+                       const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks,
                        float *sc, float *o) {
     const unsigned char *kb = k, *vb = v;
     for (int i = 0; i < g; i++) {
         float *s = sc + (size_t)i * n, *oi = o + (size_t)i * hd;
         for (int j = 0; j < n; j++) s[j] = dot(q + (size_t)i * hd, kb + (size_t)j * stride, hd) * scale;
-        softmax(s, n);
+        if (sinks) softmax_sink(s, n, sinks[i]);
+        else softmax(s, n);
         memset(oi, 0, sizeof(float) * (size_t)hd);
         for (int j = 0; j < n; j++) axpy(s[j], vb + (size_t)j * stride, hd, oi);
     }
 }
 #define ATTEND_REF(NAME)                                                                                      \
     void kv_attend_ref_##NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, \
-                              float scale, float *sc, float *o) {                                              \
-        attend_ref(dot_##NAME, axpy_##NAME, q, g, hd, k, v, stride, n, scale, sc, o);                           \
+                              float scale, const float *sinks, float *sc, float *o) {                                              \
+        attend_ref(dot_##NAME, axpy_##NAME, q, g, hd, k, v, stride, n, scale, sinks, sc, o);                        \
     }
 ATTEND_REF(f32)
 ATTEND_REF(f16)
@@ -115,7 +128,7 @@ AVX2 static inline float hsum(__m256 v) {
 KV_AVX2(f16, wide_f16, f16_to_f32)
 KV_AVX2(bf16, wide_bf16, bf16_to_f32)
 #define KV_ATTEND_DECL(NAME)                                                                                   \
-    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, \
+    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
               float *sc, float *o);
 KV_ATTEND_DECL(kv_attend_avx2_f32)
 KV_ATTEND_DECL(kv_attend_avx2_f16)
@@ -134,7 +147,7 @@ static const KvKernels avx512_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx512_f32}
 
 #if defined(__aarch64__)
 #define KV_ATTEND_NEON(NAME)                                                                                   \
-    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, \
+    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
               float *sc, float *o);
 KV_ATTEND_NEON(kv_attend_neon_f32)
 KV_ATTEND_NEON(kv_attend_neon_f16)

@@ -10,10 +10,12 @@
 /* The g query heads q[i*hd ..] (i < g) that share one KV head attend over positions 0..n-1,
  * whose K row j starts at k + j*stride bytes and V row j at v + j*stride:
  *   o[i*hd ..] = sum_j softmax_j(scale * q_i . K_j) * V_j.
+ * sinks: NULL, or one learned logit per head (sinks[i]) that joins each head's softmax without
+ * a value row, so the weights sum to less than one (gpt-oss).
  * sc is scratch for g*n floats. Each head's result depends only on its own inputs (not on g,
  * the batch or the thread), so batched prefill equals token by token. */
 typedef void (*KvAttendFn)(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n,
-                           float scale, float *sc, float *o);
+                           float scale, const float *sinks, float *sc, float *o);
 
 typedef struct {
     float (*dot)(const float *q, const void *row, int n);            /* q . row */

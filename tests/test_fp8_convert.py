@@ -29,37 +29,47 @@ def quantize(w, block):
 
 
 @pytest.fixture(scope="module")
-def fp8_pair(oracle_root, tmp_path_factory):
-    """The deepseek_v3 oracle as an FP8 checkpoint (linear weights of attention and MLPs) and
-    as the f32 checkpoint of exactly the values the FP8 one encodes."""
+def fp8_pairs(oracle_root, tmp_path_factory):
+    """pair(variant): the oracle as an FP8 checkpoint (linear weights of attention, MLPs and
+    experts; routers, norms, embeddings stay as they were, as in the releases) and as the f32
+    checkpoint of exactly the values the FP8 one encodes."""
     from safetensors.torch import load_file, save_file
-    src = Path(oracle_root) / "deepseek_v3" / "hf"
-    root = tmp_path_factory.mktemp("fp8")
-    fp8, deq = root / "fp8", root / "deq"
-    for d in (fp8, deq):
-        shutil.copytree(src, d, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
-    a, b = {}, {}
-    for f in sorted(src.glob("*.safetensors")):
-        for name, w in load_file(f).items():
-            linear = w.dim() == 2 and (".self_attn." in name or "_proj." in name)
-            if linear:
-                q, s, v = quantize(w, BLOCK)
-                a[name], a[name + "_scale_inv"], b[name] = q, s, v
-            else:
-                a[name], b[name] = w, w.float()
-    save_file(a, fp8 / "model.safetensors")
-    save_file(b, deq / "model.safetensors")
-    cfg = json.loads((fp8 / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                  "weight_block_size": BLOCK}
-    (fp8 / "config.json").write_text(json.dumps(cfg))
-    assert sum(1 for k in a if k.endswith("_scale_inv")) > 20
-    return fp8, deq
+    made = {}
+
+    def pair(variant):
+        if variant in made:
+            return made[variant]
+        src = Path(oracle_root) / variant / "hf"
+        root = tmp_path_factory.mktemp(f"fp8_{variant}")
+        fp8, deq = root / "fp8", root / "deq"
+        for d in (fp8, deq):
+            shutil.copytree(src, d, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+        a, b = {}, {}
+        for f in sorted(src.glob("*.safetensors")):
+            for name, w in load_file(f).items():
+                linear = w.dim() == 2 and any(x in name for x in (".self_attn.", "_proj.", ".experts."))
+                if linear:
+                    q, s, v = quantize(w, BLOCK)
+                    a[name], a[name + "_scale_inv"], b[name] = q, s, v
+                else:
+                    a[name], b[name] = w, w.float()
+        save_file(a, fp8 / "model.safetensors")
+        save_file(b, deq / "model.safetensors")
+        cfg = json.loads((fp8 / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": BLOCK}
+        (fp8 / "config.json").write_text(json.dumps(cfg))
+        assert sum(1 for k in a if k.endswith("_scale_inv")) > 20
+        made[variant] = fp8, deq
+        return made[variant]
+    return pair
 
 
-def test_fp8_source_converts_to_its_exact_values(fp8_pair, oracle_root, tmp_path):
-    fp8, deq = fp8_pair
-    info = json.loads((Path(oracle_root) / "deepseek_v3" / "ref.json").read_text())
+# DeepSeek-V3 / GLM, MiniMax-M2 (experts under w1/w2/w3) and MiMo-V2-Flash releases ship block-FP8
+@pytest.mark.parametrize("variant", ["deepseek_v3", "minimax_m2", "mimo_v2_flash"])
+def test_fp8_source_converts_to_its_exact_values(variant, fp8_pairs, oracle_root, tmp_path):
+    fp8, deq = fp8_pairs(variant)
+    info = json.loads((Path(oracle_root) / variant / "ref.json").read_text())
     outs = {}
     for name, src in (("fp8", fp8), ("deq", deq)):
         r = coli("convert", src, tmp_path / name, *F32, timeout=600)
@@ -73,9 +83,9 @@ def test_fp8_source_converts_to_its_exact_values(fp8_pair, oracle_root, tmp_path
     assert shards(tmp_path / "fp8") == shards(tmp_path / "deq")  # the same container, byte for byte
 
 
-def test_fp8_weight_without_its_scale_is_refused(fp8_pair, tmp_path):
+def test_fp8_weight_without_its_scale_is_refused(fp8_pairs, tmp_path):
     from safetensors.torch import load_file, save_file
-    fp8, _ = fp8_pair
+    fp8, _ = fp8_pairs("deepseek_v3")
     bad = tmp_path / "bad"
     shutil.copytree(fp8, bad)
     t = load_file(bad / "model.safetensors")

@@ -66,6 +66,16 @@ def test_scan_of_a_real_container_matches_its_files(tiny):
     assert s["expert_bytes"] == s["experts"]["bytes_each"] * s["experts"]["count"]
 
 
+@pytest.mark.parametrize("variant", ["mixtral", "minimax_m2"])
+def test_scan_counts_experts_kept_under_block_sparse_moe(variant, oracle_root, tmp_path):
+    """Mixtral and MiniMax-M2 name their experts block_sparse_moe.experts.N: the plan streams them too."""
+    d = convert_tiny(oracle_root, tmp_path / "m", family=variant, template=None)
+    s = container_scan.scan(d)
+    a = json.loads((d / "colibri.json").read_text())["arch"]
+    assert s["experts"]["per_layer"] == a["num_experts"] and s["experts"]["layers"] == a["layer_mlp"].count("moe")
+    assert s["expert_bytes"] == s["experts"]["bytes_each"] * s["experts"]["count"] > 0
+
+
 @pytest.mark.parametrize("name,cls", [
     ("model.layers.3.mlp.experts.17.down_proj.weight", "expert"),
     ("model.layers.0.self_attn.q_norm.weight", "norm"),

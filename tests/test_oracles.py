@@ -227,13 +227,36 @@ def test_oracle_checkpoint(variant, oracle_root):
         assert any(k.endswith("block_sparse_moe.experts.0.w1.weight") for k in keys)
         w = cfg["sliding_window"]
         assert w is None or w < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS < len(info["ids"])
+    if spec["family"] == "gpt_oss":  # sliding and full layers, a window that binds, sinks that take weight
+        assert set(cfg["layer_types"]) == {"sliding_attention", "full_attention"}
+        assert cfg["sliding_window"] < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS
+        with safe_open(files[0], "pt") as st:
+            sinks = [st.get_tensor(f"model.layers.{i}.self_attn.sinks").float() for i in range(cfg["num_hidden_layers"])]
+        assert max(float(x.abs().max()) for x in sinks) > 0.5
+        assert cfg["swiglu_limit"] < 7 and cfg["rope_parameters"]["truncate"] is False
     if spec["family"] == "olmoe":  # clip_qkv set (the engine clamps q/k/v), top-k unnormalised
         assert cfg["clip_qkv"] and not cfg["norm_topk_prob"]
+    if spec["family"] == "minimax_m2":  # whole-projection q/k norms, partial rotary, the bias on the MoE block
+        assert cfg["num_attention_heads"] * cfg["head_dim"] != cfg["hidden_size"] and cfg["rotary_dim"] < cfg["head_dim"]
+        assert any(k.endswith("block_sparse_moe.e_score_correction_bias") for k in keys)
+        assert info["selection_changed_by_bias"] > 0
+    if spec["family"] == "mimo_v2_flash":  # both layer kinds, a window that binds, sinks
+        types = cfg["layer_types"]
+        assert {"full_attention", "sliding_attention"} <= set(types) and "dense" in cfg["mlp_layer_types"]
+        assert cfg["sliding_window"] < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS
+        assert sum(k.endswith("self_attn.attention_sink_bias") for k in keys) == types.count("sliding_attention")
+        if variant == "mimo_v2_flash":  # v heads narrower than q/k, values scaled, the release's dense first layer
+            assert cfg["v_head_dim"] < cfg["head_dim"] and cfg["attention_value_scale"] not in (None, 1)
+            assert cfg["mlp_layer_types"][0] == "dense"
+        else:  # biases, v heads as wide as q/k (the kernels' sinks), no value scale
+            assert cfg["attention_bias"] and cfg["v_head_dim"] == cfg["head_dim"] and cfg["attention_value_scale"] is None
     if spec["family"] in make_oracles.MOE_FAMILIES:
         assert info["router_margin"] is not None and min(info["router_margin"]) > 0
     if spec["family"] in make_oracles.SIGMOID_FAMILIES:
         # sigmoid group routing: the oracle must exercise the group limit and the selection-only bias
-        assert cfg["topk_group"] < cfg["n_group"] and cfg["n_shared_experts"] >= 1
+        # (and shared experts, except MiMo-V2-Flash, which has none)
+        assert cfg["topk_group"] < cfg["n_group"]
+        assert cfg.get("n_shared_experts", 0) >= 1 or spec["family"] == "mimo_v2_flash"
         assert info["selection_changed_by_groups"] > 0 and info["selection_changed_by_bias"] > 0
     if "index_topk" in spec["config"]:
         # DSA: sparse selection for most positions, by an indexer with several heads whose

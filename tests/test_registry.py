@@ -77,7 +77,7 @@ def test_kv_bytes_per_token_sums_the_layers_state():
     assert family_registry.kv_bytes_per_token(arch, "qwen3_moe", kv="f32") == 2 * 3 * 2 * 32 * 4
 
 
-@pytest.mark.parametrize("variant", ["llama_gqa", "llama_headdim", "qwen2", "qwen3_moe"])
+@pytest.mark.parametrize("variant", ["llama_gqa", "llama_headdim", "qwen2", "qwen3_moe", "minimax_m2"])
 def test_kv_slot_bytes_is_what_the_engine_allocates(variant, oracle_root, tmp_path):
     """Asked of the engine (READY kv_slot_bytes, what kv_init allocates), not of a copy of the formula."""
     from launcher_helpers import convert_tiny
@@ -143,3 +143,62 @@ def test_new_moe_tensor_classes():
     assert cls("model.layers.3.block_sparse_moe.gate.weight") == "router"
     assert cls("model.layers.3.mlp.shared_expert_gate.weight") == "router"
     assert cls("model.layers.3.mlp.shared_expert.up_proj.weight") == "shared_expert"
+
+
+def test_minimax_m2_config_facts():
+    """MiniMax-M2: rotary_dim gives the partial RoPE (a partial_rotary_factor wins), theta defaults to
+    the config class's 5e6, q/k norms span the whole projection whatever hidden_size is, the
+    correction bias is read from the MoE block and the top-k is renormalised whatever the config says."""
+    cfg = {"model_type": "minimax_m2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 10, "num_local_experts": 4,
+           "num_experts_per_tok": 2, "intermediate_size": 48, "rotary_dim": 16, "norm_topk_prob": False}
+    _, arch = family_registry.normalize_arch(cfg)
+    assert arch["rotary_dim"] == 16 and arch["rope_inv_freq"][1] == pytest.approx(5e6 ** (-2 / 16), rel=1e-6)
+    spec = family_registry.layer_specs(arch)[1]
+    attn, mlp = spec["attn"], spec["mlp"]
+    assert attn["qk_norm"] == "full" and attn["rope"]["dim"] == 16 and "q_bias" not in attn["tensors"]
+    assert mlp["kind"] == "moe" and mlp["width"] == 48 and mlp["experts"] == 4
+    r = mlp["router"]
+    assert (r["kind"], r["renorm"], r["groups"], r["scale"]) == ("sigmoid_group", True, 1, 1.0)
+    assert r["tensors"] == {"weight": "model.layers.1.block_sparse_moe.gate.weight",
+                            "bias": "model.layers.1.block_sparse_moe.e_score_correction_bias"}
+    assert mlp["expert_tensors"]["gate"] == "model.layers.1.block_sparse_moe.experts.{e}.w1.weight"
+    _, arch = family_registry.normalize_arch(dict(cfg, rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.25}))
+    assert arch["rotary_dim"] == 8 and arch["rope_inv_freq"][1] == pytest.approx(1e4 ** (-2 / 8), rel=1e-6)
+    cls = lambda n: next(c for c, rx in family_registry.TENSOR_CLASSES if rx.search(n))  # noqa: E731
+    assert cls("model.layers.1.block_sparse_moe.e_score_correction_bias") == "router"
+
+
+def test_mimo_v2_flash_config_facts():
+    """MiMo-V2-Flash: the config class's defaults where config.json is silent (layer pattern, dense
+    first layer, per-kind RoPE, value scale), and each layer's gqa geometry from its kind."""
+    cfg = {"model_type": "mimo_v2_flash", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_hidden_layers": 7, "vocab_size": 10, "n_routed_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 16, "intermediate_size": 48}
+    _, arch = family_registry.normalize_arch(cfg)
+    assert arch["layer_mlp"] == ["dense"] + ["moe"] * 6 and arch["head_dim"] == 192
+    specs = family_registry.layer_specs(arch)
+    kinds = [(s["attn"]["kv_heads"], s["attn"]["window"], s["attn"]["sinks"]) for s in specs]
+    assert kinds == [(2, 0, False)] + [(4, 129, True)] * 4 + [(2, 0, False), (4, 129, True)]
+    full, swa = specs[0]["attn"], specs[1]["attn"]
+    assert full["rope"]["dim"] == swa["rope"]["dim"] == 64 and arch["rotary_dim"] == 64
+    assert full["rope"]["inv_freq"][1] == pytest.approx(5e6 ** (-2 / 64), rel=1e-6)
+    assert swa["rope"]["inv_freq"][1] == pytest.approx(1e4 ** (-2 / 64), rel=1e-6)
+    assert (swa["v_head_dim"], swa["v_scale"]) == (128, 0.707)
+    assert swa["tensors"]["sinks"] == "model.layers.1.self_attn.attention_sink_bias" and "sinks" not in full["tensors"]
+    assert swa["state"] == {"kv_values_per_pos": 4 * (192 + 128), "fixed_bytes": 0, "truncatable": True, "window": 129}
+    assert swa["ring"] and not full["ring"] and "window" not in full["state"]
+    assert full["state"]["kv_values_per_pos"] == 2 * (192 + 128)
+    assert specs[1]["mlp"]["kind"] == "moe" and specs[1]["mlp"]["router"]["kind"] == "sigmoid_group"
+    # the hub's sliding_window_size excludes the query; an explicit null value scale is 1
+    _, arch = family_registry.normalize_arch(dict(cfg, sliding_window_size=127, attention_value_scale=None))
+    assert family_registry.layer_specs(arch)[1]["attn"]["window"] == 128
+    assert family_registry.layer_specs(arch)[1]["attn"]["v_scale"] == 1.0
+    # one slot of 200 positions, f16: token ids, 2 full layers of 2 KV heads, 5 sliding ones of 4
+    # that keep their 128-position window
+    layers = family_registry.layer_specs(arch)
+    assert family_registry.kv_slot_bytes(layers, 200) == 4 * 200 + 2 * (2 * 320 * 2) * 200 + 5 * (4 * 320 * 2) * 128
+    with pytest.raises(family_registry.UnsupportedModel, match="layer_types"):
+        family_registry.normalize_arch(dict(cfg, layer_types=["full_attention"] * 3))
+    with pytest.raises(family_registry.UnsupportedModel, match="rope_parameters"):
+        family_registry.normalize_arch(dict(cfg, rope_parameters={"rope_type": "default", "rope_theta": 1e4}))

@@ -55,6 +55,13 @@ MLA = dict(SIGMOID, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rop
                             "beta_fast": 32, "beta_slow": 1})
 DSA = dict(index_topk=16, index_head_dim=32, index_n_heads=8)
 
+GPT_OSS = dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
+               num_experts_per_tok=2, intermediate_size=32, sliding_window=12, swiglu_limit=1.0, rms_norm_eps=1e-5,
+               layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 128})
+SINK_STD = 1.0      # attention sinks: comparable to the scores, so they take real weight
+
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
     "llama": dict(family="llama", seed=11, config={}),
@@ -115,6 +122,31 @@ VARIANTS = {
     "mixtral_window": dict(family="mixtral", seed=94, config=dict(
         num_hidden_layers=3, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
         intermediate_size=32, rms_norm_eps=1e-5, sliding_window=20)),
+    # q/k norms over the whole projection (heads x head_dim != hidden), partial RoPE as rotary_dim,
+    # sigmoid routing whose correction bias sits on the MoE block, experts under block_sparse_moe
+    "minimax_m2": dict(family="minimax_m2", seed=95, config=dict(
+        num_hidden_layers=3, num_key_value_heads=2, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
+        intermediate_size=32, rotary_dim=16, rms_norm_eps=1e-6)),
+    # sinks, alternating sliding (window 12, shorter than prompt + generated) and full layers,
+    # q/k/v/o biases, a biased router (top-k on logits, softmax over the k), expert biases, a
+    # SwiGLU limit low enough to clamp, YaRN without truncation
+    "gpt_oss": dict(family="gpt_oss", seed=95, config=GPT_OSS),
+    # full and sliding layers (a window well inside prompt + generated tokens; sinks, twice the KV
+    # heads and their own RoPE theta on the sliding ones), v heads narrower than q/k with the value
+    # scale, partial RoPE, a dense first layer, group-limited sigmoid routing without shared experts
+    "mimo_v2_flash": dict(family="mimo_v2_flash", seed=96, config=dict(
+        num_hidden_layers=4, num_key_value_heads=1, head_dim=48, v_head_dim=32, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1, sliding_window=12,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"])),
+    # the other MiMo shapes: q/k/v biases, v heads as wide as q/k (the kernels' sink path), no value
+    # scale (null), a sliding first layer with its own RoPE table as the model's, a dense middle layer
+    "mimo_v2_flash_bias": dict(family="mimo_v2_flash", seed=97, config=dict(
+        num_hidden_layers=3, num_key_value_heads=1, head_dim=32, v_head_dim=32, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_group=2, topk_group=1, sliding_window=10,
+        attention_bias=True, attention_value_scale=None, mlp_layer_types=["sparse", "dense", "sparse"],
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}})),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -148,11 +180,14 @@ def model_class(family):
             "glm4_moe_lite": (tf.Glm4MoeLiteConfig, tf.Glm4MoeLiteForCausalLM),
             "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
             "glm_moe_dsa": (tf.GlmMoeDsaConfig, tf.GlmMoeDsaForCausalLM),
-            "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM)}[family]
+            "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM),
+            "minimax_m2": (tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM),
+            "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM),
+            "mimo_v2_flash": (tf.MiMoV2FlashConfig, tf.MiMoV2FlashForCausalLM)}[family]
 
 
-SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")  # group-limited sigmoid routers
-MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral") + SIGMOID_FAMILIES
+SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "mimo_v2_flash")  # group-limited sigmoid routers
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2", "gpt_oss") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 
@@ -171,8 +206,10 @@ def randomize(model, seed, out_gain):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name or name == "lm_head.weight":
                 p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
-            elif name.endswith("mlp.gate.weight"):
+            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")):
                 pass  # routers: see pick_routers
+            elif name.endswith(".sinks"):
+                p.copy_(SINK_STD * torch.randn(p.shape, generator=g))
             elif name.endswith("e_score_correction_bias"):
                 p.copy_(BIAS_STD * torch.randn(p.shape, generator=g))
             else:
@@ -185,14 +222,26 @@ def routers(model):
     return [m for m in model.modules() if type(m).__name__.lower().endswith("topkrouter")]
 
 
-def sigmoid_group_margin(mod, x):
+def router_bias(mod, args):
+    """A sigmoid router's correction bias: its own (DeepSeek), or the MoE block's, which passes it
+    in (MiniMax-M2); None for softmax routers."""
+    if hasattr(mod, "e_score_correction_bias"):
+        return mod.e_score_correction_bias
+    return args[1] if len(args) > 1 else None
+
+
+def is_sigmoid_router(mod):
+    return hasattr(mod, "e_score_correction_bias") or type(mod).__name__ == "MiniMaxM2TopKRouter"
+
+
+def sigmoid_group_margin(mod, x, bias):
     """Per position, a lower bound on the router-logit change (each logit moved by at most e: a
     sigmoid score by e/4) that flips the selection, in the units of the softmax routers' margin
     (logit[k-1] - logit[k], which a change e flips at 2e): 4 x the expert margin, 2 x the group
     margin, on the biased scores selection uses."""
     torch = _torch()
-    choice = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid() + mod.e_score_correction_bias
-    g, k, tg = mod.num_group, mod.top_k, mod.topk_group
+    choice = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid() + bias
+    g, k, tg = getattr(mod, "num_group", 1), mod.top_k, getattr(mod, "topk_group", 1)
     margins = []
     if tg < g:
         gs = choice.view(len(choice), g, -1).topk(2, dim=-1).values.sum(-1).sort(dim=-1, descending=True).values
@@ -205,20 +254,20 @@ def sigmoid_group_margin(mod, x):
     return torch.stack(margins).min(dim=0).values
 
 
-def sigmoid_group_effects(mod, x):
+def sigmoid_group_effects(mod, x, bias):
     """Positions whose selection the group limit, and the correction bias, change: the oracle
     must exercise both (tests/test_oracles.py checks the counts)."""
     scores = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid()
 
     def pick(choice, grouped):
-        if grouped and mod.topk_group < mod.num_group:
+        if grouped and getattr(mod, "topk_group", 1) < getattr(mod, "num_group", 1):
             gs = choice.view(len(choice), mod.num_group, -1).topk(2, dim=-1).values.sum(-1)
             keep = gs.topk(mod.topk_group, dim=-1).indices
             mask = _torch().zeros_like(gs, dtype=_torch().bool).scatter_(1, keep, True)
             choice = choice.masked_fill(~mask.repeat_interleave(choice.shape[1] // mod.num_group, dim=1), float("-inf"))
         return choice.topk(mod.top_k, dim=-1).indices.sort(dim=-1).values
 
-    biased = scores + mod.e_score_correction_bias
+    biased = scores + bias
     chosen = pick(biased, True)
     by_groups = (chosen != pick(biased, False)).any(-1)
     by_bias = (chosen != pick(scores, True)).any(-1)
@@ -273,9 +322,10 @@ class RouterMargins:
         self.handles = [r.register_forward_hook(self._hook) for r in self.rs]
 
     def _hook(self, mod, args, out):
-        if hasattr(mod, "e_score_correction_bias"):
-            self.per_layer.append(sigmoid_group_margin(mod, args[0]))
-            g, b = sigmoid_group_effects(mod, args[0])
+        bias = router_bias(mod, args)
+        if bias is not None:
+            self.per_layer.append(sigmoid_group_margin(mod, args[0], bias))
+            g, b = sigmoid_group_effects(mod, args[0], bias)
             self.effects = [self.effects[0] + g, self.effects[1] + b]
             return
         logits = out[0].float()
@@ -334,7 +384,7 @@ def pick_routers(model, seed, ids, dtype):
         for m in model.modules():
             if m in rs:
                 i = rs.index(m)
-                std = SIGMOID_ROUTER_STD if hasattr(m, "e_score_correction_bias") else ROUTER_STD
+                std = SIGMOID_ROUTER_STD if is_sigmoid_router(m) else ROUTER_STD
                 param, draw = m.weight, lambda: std * torch.randn(m.weight.shape, generator=g)
             elif m in ixs:
                 i = ixs.index(m)

@@ -180,15 +180,39 @@ static void test_kv_attend(void) {
                             }
                         const KvKernels *port = kv_kernels_for(KI_PORTABLE, types[ti]), *fast = kv_kernels_for((KernIsa)isa, types[ti]);
                         const float scale = 1.0f / sqrtf((float)hd);
-                        port->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, sc, o1);
-                        fast->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, sc, o2);
+                        port->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, NULL, sc, o1);
+                        fast->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, NULL, sc, o2);
                         for (int i = 0; i < g * hd; i++) worst = fmax(worst, fabs(o1[i] - o2[i]) / (1 + fabs(o1[i])));
-                        fast->attend(q + (g - 1) * hd, 1, hd, cache, cache + hd * es, stride, n, scale, sc, o3);
+                        fast->attend(q + (g - 1) * hd, 1, hd, cache, cache + hd * es, stride, n, scale, NULL, sc, o3);
                         same_alone &= !memcmp(o3, o2 + (g - 1) * hd, sizeof(float) * hd);
+                        float sinks[8];
+                        for (int i = 0; i < g; i++) sinks[i] = 4 * rnd01(&seed);
+                        port->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, sinks, sc, o1);
+                        fast->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, sinks, sc, o2);
+                        for (int i = 0; i < g * hd; i++) worst = fmax(worst, fabs(o1[i] - o2[i]) / (1 + fabs(o1[i])));
                         free(cache); free(q); free(row); free(sc); free(o1); free(o2); free(o3);
                     }
         CHECK(worst < 2e-5, "%s attention differs from portable by %g (relative)", kernels_isa_name((KernIsa)isa), worst);
         CHECK(same_alone, "%s attention: a head's result depends on its group", kernels_isa_name((KernIsa)isa));
+    }
+}
+
+/* A sink is one more logit in each head's softmax with no value row: over one position with
+ * score s0 the output is V0 / (1 + exp(sink - s0)). */
+static void test_kv_attend_sink(void) {
+    const int hd = 16;
+    float q[16], row[32], sc[1], o[16], sink = 0.7f;
+    for (int d = 0; d < hd; d++) { q[d] = 0.1f * (float)(d - 5); row[d] = 0.05f * (float)d; row[hd + d] = 1.0f + 0.25f * (float)d; }
+    float s0 = 0;
+    for (int d = 0; d < hd; d++) s0 += q[d] * row[d];
+    s0 *= 0.25f;
+    for (int isa = 0; isa < KI_COUNT; isa++) {
+        const KvKernels *k = kernels_supported((KernIsa)isa) ? kv_kernels_for((KernIsa)isa, QT_F32) : NULL;
+        if (!k) continue;
+        k->attend(q, 1, hd, row, row + hd, sizeof row, 1, 0.25f, &sink, sc, o);
+        double worst = 0;
+        for (int d = 0; d < hd; d++) worst = fmax(worst, fabs(o[d] - row[hd + d] / (1 + exp(sink - s0))));
+        CHECK(worst < 1e-5, "%s attention with a sink is off by %g", kernels_isa_name((KernIsa)isa), worst);
     }
 }
 
@@ -226,6 +250,7 @@ static void test_kv_kernels(void) {
         }
     }
     test_kv_attend();
+    test_kv_attend_sink();
 }
 
 void test_kv_kernel_sets(void) { test_kv_kernels(); }

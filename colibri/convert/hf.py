@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
+from colibri.convert import gpt_oss
 from colibri.family import deepseek
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
@@ -77,7 +78,6 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     """tensors: name -> dict(file, dtype, shape, offset). Returns the Planner with every output."""
     p = Planner(arch, experts_q, dense_q)
     H, V, L = arch["hidden_size"], arch["vocab_size"], arch["num_layers"]
-    hd, nh, nkv = arch["head_dim"], arch["num_heads"], arch["num_kv_heads"]
 
     def take(name, shape):
         t = tensors.get(name)
@@ -114,16 +114,11 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             p.used.add("lm_head.weight")  # a tied checkpoint may still carry a copy
     else:
         whole(trunk["lm_head"], "dense", [V, H], (L + 1,))
-    attn_shapes = {"q": [nh * hd, H], "k": [nkv * hd, H], "v": [nkv * hd, H], "o": [H, nh * hd],
-                   "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * hd], "o_bias": [H],
-                   "q_norm": [hd], "k_norm": [hd]}
-    if arch.get("qk_norm_scope") == "full":  # OLMoE: one norm over all heads
-        attn_shapes.update(q_norm=[nh * hd], k_norm=[nkv * hd])
     for l, spec in enumerate(family_registry.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
-        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else attn_shapes
+        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else gqa_shapes(spec["attn"], H)
         for key, name in spec["attn"]["tensors"].items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
@@ -150,6 +145,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 whole(mlp["shared"]["gate"]["tensors"]["weight"], "f32", [1, H], o)
         names = mlp["expert_tensors"]
         pre = f"model.layers.{l}"
+        if arch.get("expert_names") == "gpt_oss":
+            gpt_oss.plan_experts(p, tensors, take, pre, names, E, I, H)
+            continue
         fused = f"{pre}.mlp.experts.gate_up_proj"  # transformers' fused source layout
         if fused in tensors:
             gu = take(fused, [E, 2 * I, H])
@@ -173,12 +171,25 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                     t = take(out[proj], shape)
                     p.add(out[proj], "expert", shape[0], shape[1], [part(t, t["offset"], shape[0])], g["file"], eo)
     p.mtp = keep_mtp_layers(p, tensors, L, take, part)
-    unused = [n for n in tensors if n not in p.used and not IGNORED.search(n)]
+    # a family may ship weights its transformers model never loads (MiMo-V2-Flash's model.mtp.*)
+    skip = family_registry.FAMILIES.get(arch.get("_family"), {}).get("ignored_tensors")
+    unused = [n for n in tensors if n not in p.used and not IGNORED.search(n) and not (skip and re.search(skip, n))]
     if unused:
         more = f" (and {len(unused) - 5} more)" if len(unused) > 5 else ""
         raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
                            f"{', '.join(sorted(unused)[:5])}{more}; refusing to drop weights silently")
     return p
+
+
+def gqa_shapes(attn, hidden):
+    """Source shape of every tensor a "gqa" spec names, from the layer's own geometry (MiMo's
+    sliding layers have more KV heads than its full ones, and v heads narrower than q/k)."""
+    nh, nkv, hd = attn["heads"], attn["kv_heads"], attn["head_dim"]
+    vd = attn.get("v_head_dim", hd)
+    full = attn.get("qk_norm") == "full"  # one norm over all heads (OLMoE, MiniMax-M2)
+    return {"q": [nh * hd, hidden], "k": [nkv * hd, hidden], "v": [nkv * vd, hidden], "o": [hidden, nh * vd],
+            "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * vd], "o_bias": [hidden],
+            "q_norm": [nh * hd] if full else [hd], "k_norm": [nkv * hd] if full else [hd], "sinks": [nh]}
 
 
 MTP_RE = re.compile(r"^model\.layers\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
@@ -343,6 +354,10 @@ def convert(src, out, experts="q4", dense="q8", log=print):
                 raise ConvertError(f"tensor '{name}' appears in two source shards")
             tensors[name] = dict(t, file=str(f.resolve()))
     attach_fp8_scales(cfg, tensors)
+    if arch.get("expert_names") == "mixtral" and not any(".block_sparse_moe." in n for n in tensors):
+        del arch["expert_names"]  # transformers' own layout (save_original_format=False): mlp.gate, fused experts
+    if arch.get("mimo") and any(n.endswith(".self_attn.sinks") for n in tensors):
+        arch["mimo"]["sinks_name"] = "sinks"  # MiMo in transformers' layout: sinks, not attention_sink_bias
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)
     del arch["_family"]

@@ -141,9 +141,15 @@ def indexer_shapes(ix, hidden, q_lora):
 def moe_mlp_spec(arch, p):
     """Routed experts behind a sigmoid group router, plus the shared experts when there are any."""
     ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
+    names = {"weight": f"{p}.mlp.gate.weight", "bias": f"{p}.mlp.gate.e_score_correction_bias"}
+    if arch.get("expert_names") == "mixtral":  # MiniMax-M2: Mixtral's names, the bias on the MoE block
+        b = f"{p}.block_sparse_moe"
+        ex = {x: f"{b}.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
+        names = {"weight": f"{b}.gate.weight", "bias": f"{b}.e_score_correction_bias"}
+    elif arch.get("router_bias") == "block":  # MiniMax-M2 as transformers names it (fused experts)
+        names["bias"] = f"{p}.mlp.e_score_correction_bias"
     router = {"kind": "sigmoid_group", "renorm": arch["norm_topk_prob"], "groups": arch["n_group"],
-              "topk_group": arch["topk_group"], "scale": arch["routed_scaling_factor"],
-              "tensors": {"weight": f"{p}.mlp.gate.weight", "bias": f"{p}.mlp.gate.e_score_correction_bias"}}
+              "topk_group": arch["topk_group"], "scale": arch["routed_scaling_factor"], "tensors": names}
     spec = {"kind": "moe", "act": "silu", "experts": arch["num_experts"], "top_k": arch["num_experts_per_tok"],
             "width": arch["moe_intermediate_size"], "router": router, "expert_tensors": ex}
     if arch["shared_width"]:

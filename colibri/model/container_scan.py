@@ -15,7 +15,7 @@ from colibri.convert.safetensors_io import read_raw_header as _read_raw_header
 
 FORMAT_VERSION = 1
 
-EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")  # block_sparse_moe: Mixtral, MiniMax-M2
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 

@@ -1,0 +1,142 @@
+"""gpt-oss specifics beyond the oracle comparison (tests/test_oracles.py): the sliding layers'
+KV ring (only the window is kept) gives the same bits as keeping every position, prefix reuse and
+KV persistence work with it (a wrapped ring is only reused by a prompt that extends the history;
+anything else recomputes from the start), and the registry's facts for the family."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import family_registry
+from test_expert_streaming import Raw
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def coli(*args):
+    p = subprocess.run([sys.executable, str(ROOT / "coli"), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    if p.returncode:
+        pytest.fail(f"coli {' '.join(map(str, args))} exited {p.returncode}: {p.stderr[-2000:]}", pytrace=False)
+    return p
+
+
+@pytest.fixture(scope="module")
+def oracle(oracle_root):
+    d = Path(oracle_root) / "gpt_oss"
+    return d, json.loads((d / "ref.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ringed(oracle, tmp_path_factory):
+    """The bf16 container (sliding layers keep a ring) and a copy whose specs keep every position."""
+    out = tmp_path_factory.mktemp("gpt_oss") / "ring"
+    coli("convert", oracle[0] / "hf", out, "--experts", "bf16", "--dense", "bf16")
+    full = out.parent / "full"
+    shutil.copytree(out, full)
+    man = json.loads((full / "colibri.json").read_text())
+    n = 0
+    for spec in man["layers"]:
+        a = spec["attn"]
+        if a.pop("ring", False):
+            del a["state"]["window"]
+            n += 1
+    assert n == 2, "the oracle should have two sliding layers"
+    (full / "colibri.json").write_text(json.dumps(man))
+    return out, full
+
+
+def logits(model, ids, out, *flags):
+    coli("logits", "--model", model, "--ids", ",".join(map(str, ids)), "--out", out, *flags)
+    return Path(out).read_bytes()
+
+
+def test_ring_gives_the_bits_of_the_whole_cache(oracle, ringed, tmp_path):
+    ring, full = ringed
+    ids = oracle[1]["ids"]
+    window = json.loads((oracle[0] / "hf" / "config.json").read_text())["sliding_window"]
+    assert len(ids) > 4 * window
+    want = logits(full, ids, tmp_path / "full.f32")
+    for flags in ([], ["--batch", "1"], ["--batch", "5"], ["--batch", "13"]):
+        assert logits(ring, ids, tmp_path / "ring.f32", *flags) == want, flags
+    a, b = Raw(ring), Raw(full)
+    # per token: 4 layers x K and V x 2 heads x 16 dims x 2 bytes; the two sliding layers hold 12 positions
+    ctx = int(a.ready["ctx"])
+    assert int(a.ready["kv_bytes_per_token"]) == int(b.ready["kv_bytes_per_token"]) == 4 * 2 * 2 * 16 * 2
+    assert int(b.ready["kv_slot_bytes"]) - int(a.ready["kv_slot_bytes"]) == 2 * 2 * 2 * 16 * 2 * (ctx - window)
+    a.close()
+    b.close()
+
+
+def greedy(model, prompt, *flags, n=8):
+    e = Raw(model, *flags)
+    t = e.turn(prompt, max_tokens=n, temp=0)
+    e.close()
+    return t["tokens"]
+
+
+def test_prefix_reuse_over_a_wrapped_ring(oracle, ringed):
+    ring, _ = ringed
+    ids = oracle[1]["ids"]
+    first = ids[:30]
+    e = Raw(ring)
+    t1 = e.turn(first, max_tokens=8, temp=0)
+    second = first + t1["tokens"] + ids[30:40]
+    t2 = e.turn(second, max_tokens=8, temp=0)  # extends the history: the ring still holds its window
+    assert int(t2["end"]["reused_tokens"]) >= len(first) + 7, t2["end"]
+    assert t2["tokens"] == greedy(ring, second)
+    third = ids[:20] + ids[50:60]  # rewinds past the ring's window: recomputed from the start
+    t3 = e.turn(third, max_tokens=8, temp=0)
+    assert t3["end"]["reused_tokens"] == "0", t3["end"]
+    assert t3["tokens"] == greedy(ring, third)
+    e.close()
+
+
+def test_kv_persistence_with_a_ring(oracle, ringed, tmp_path):
+    ring, _ = ringed
+    ids = oracle[1]["ids"]
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    a = Raw(ring, "--kv-dir", kv)
+    t1 = a.turn(ids[:30], max_tokens=8, temp=0)
+    a.close()
+    second = ids[:30] + t1["tokens"] + ids[30:40]
+    b = Raw(ring, "--kv-dir", kv)
+    t2 = b.turn(second, max_tokens=8, temp=0)
+    b.close()
+    assert int(t2["end"]["reused_tokens"]) >= 37, t2["end"]
+    assert t2["tokens"] == greedy(ring, second)
+
+
+def test_registry_facts():
+    cfg = {"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "num_hidden_layers": 3, "vocab_size": 10, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "intermediate_size": 32, "sliding_window": 8, "max_position_embeddings": 512, "swiglu_limit": 7.0,
+           "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                               "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}}
+    family, arch = family_registry.normalize_arch(cfg)
+    specs = family_registry.layer_specs(arch)
+    assert family == "gpt_oss" and arch["q_bias"] and arch["o_bias"]  # attention_bias defaults to true
+    # no layer_types: sliding, full, sliding (the config class's default)
+    assert [s["attn"]["window"] for s in specs] == [8, 0, 8]
+    assert [s["attn"].get("ring", False) for s in specs] == [True, False, True]
+    assert [s["attn"]["state"].get("window", 0) for s in specs] == [8, 0, 8]
+    a = specs[1]["attn"]
+    assert a["sinks"] and a["tensors"]["sinks"] == "model.layers.1.self_attn.sinks"
+    assert a["tensors"]["o_bias"] == "model.layers.1.self_attn.o_proj.bias"
+    mlp = specs[0]["mlp"]
+    assert mlp["act"] == "swiglu_clamp" and mlp["swiglu_alpha"] == 1.702 and mlp["swiglu_limit"] == 7.0
+    assert mlp["router"]["kind"] == "topk_softmax" and mlp["router"]["tensors"]["bias"] == "model.layers.0.mlp.router.bias"
+    assert mlp["expert_tensors"]["down_bias"] == "model.layers.0.mlp.experts.{e}.down_proj.bias"
+    assert arch["rope_attention_scaling"] == pytest.approx(0.1 * __import__("math").log(32.0) + 1)
+    _, arch = family_registry.normalize_arch(dict(cfg, layer_types=["full_attention"] * 3, attention_bias=False))
+    assert [s["attn"]["window"] for s in family_registry.layer_specs(arch)] == [0, 0, 0] and not arch["q_bias"]
+    with pytest.raises(family_registry.UnsupportedModel, match="layer_types: chunked_attention"):
+        family_registry.normalize_arch(dict(cfg, layer_types=["chunked_attention"] * 3))
+    with pytest.raises(family_registry.UnsupportedModel, match="one type per layer"):
+        family_registry.normalize_arch(dict(cfg, layer_types=["full_attention"]))
+    with pytest.raises(family_registry.UnsupportedModel, match="sliding_window"):
+        family_registry.normalize_arch(dict(cfg, sliding_window=None))
