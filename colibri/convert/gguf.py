@@ -476,9 +476,9 @@ def write_json(path, obj):
 
 # ---------------------------------------------------------------- conversion
 
-def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
+def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     src, out = Path(src_path), Path(out_dir)
-    if experts not in convert_hf.EXPERT_CHOICES:
+    if experts is not None and experts not in convert_hf.EXPERT_CHOICES:
         raise ConvertError(f"--experts must be one of {', '.join(convert_hf.EXPERT_CHOICES)}")
     if dense not in convert_hf.DENSE_CHOICES:
         raise ConvertError(f"--dense must be one of {', '.join(convert_hf.DENSE_CHOICES)}")
@@ -496,6 +496,8 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
         arch["rope_inv_freq"] = inv
     tokenizer, specials, eos_ids, bos_id = build_tokenizer(g)
     table, sources = map_tensors(g, family, cfg)
+    if experts is None:
+        experts = convert_hf.default_experts(any(t.type == 39 and "exps" in n for n, t in g.tensors.items()))
     arch["_family"] = fam
     planner = convert_hf.plan_tensors(arch, table, experts, dense)
     del arch["_family"]
