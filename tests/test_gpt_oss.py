@@ -223,3 +223,13 @@ def test_mxfp4_experts_from_a_bf16_source(oracle, tmp_path):
     print(f"bf16 source: q4 experts mean KL {out['q4'][0]:.2e} top-1 {100 * out['q4'][1]:.1f}%, "
           f"mxfp4 experts mean KL {out['mxfp4'][0]:.2e} top-1 {100 * out['mxfp4'][1]:.1f}%")
     assert out["mxfp4"][0] < 0.15 and out["mxfp4"][1] >= 0.9
+
+
+def test_doctor_and_info_count_expert_biases_as_resident(ringed):
+    """Expert biases are small resident f32 tensors, not parts of the streamed experts."""
+    ring, _ = ringed
+    p = subprocess.run([sys.executable, str(ROOT / "coli"), "doctor", "--deep", "--model", str(ring)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert "[fail]" not in p.stdout and "expert layout agree" in p.stdout, p.stdout
+    info = coli("info", "--model", ring).stdout
+    assert "expert bf16," in info and "other f32" in info, info

@@ -15,7 +15,8 @@ from colibri.convert.safetensors_io import read_raw_header as _read_raw_header
 
 FORMAT_VERSION = 1
 
-EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+# a routed expert's projections; their biases (gpt-oss) are small f32 tensors the engine keeps resident
+EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(?!.*\.bias$)")
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
