@@ -4,6 +4,7 @@ KV persistence work with it (a wrapped ring is reused by a prompt that extends t
 from a turn-boundary checkpoint of the rings; anything earlier recomputes from the start), MXFP4
 experts, and the registry's facts for the family."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -199,7 +200,8 @@ def test_mxfp4_checkpoint_converts_exactly_and_stays_mxfp4(oracle, mxfp4, tmp_pa
     for name, flags in (("f32", ["--experts", "f32"]), ("q4", ["--experts", "q4"]), ("mxfp4", ["--experts", "mxfp4"]),
                         ("default", [])):
         out = tmp_path / name
-        coli("convert", mx, out, "--dense", "f32", *flags)
+        log = coli("convert", mx, out, "--dense", "f32", *flags).stdout
+        assert re.search(r"(\d+)/\1 tensors", log), log  # the progress reaches the end (gather jobs count)
         got[name] = np.frombuffer(logits(out, ids, tmp_path / f"{name}.f32"), "<f4").reshape(ref.shape)
         if name == "default":
             assert json.loads((out / "colibri.json").read_text())["quant"]["experts"] == "mxfp4"
