@@ -200,7 +200,7 @@ def test_mxfp4_checkpoint_converts_exactly_and_stays_mxfp4(oracle, mxfp4, tmp_pa
     for name, flags in (("f32", ["--experts", "f32"]), ("q4", ["--experts", "q4"]), ("mxfp4", ["--experts", "mxfp4"]),
                         ("default", [])):
         out = tmp_path / name
-        log = coli("convert", mx, out, "--dense", "f32", *flags).stdout
+        log = coli("convert", mx, out, "--dense", "f32", *flags).stderr
         assert re.search(r"(\d+)/\1 tensors", log), log  # the progress reaches the end (gather jobs count)
         got[name] = np.frombuffer(logits(out, ids, tmp_path / f"{name}.f32"), "<f4").reshape(ref.shape)
         if name == "default":
