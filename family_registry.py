@@ -230,6 +230,7 @@ FAMILIES = {
 # attention: q_norm lives in self_attn). The converter's storage choice follows the same split:
 # experts, dense trunk (attention, dense MLP, embed, lm_head), and f32 (norms, router, biases).
 TENSOR_CLASSES = (
+    ("other", re.compile(r"\.mlp\.experts\.\d+\.\w+\.bias$")),  # gpt-oss expert biases: resident f32
     ("expert", re.compile(r"\.(mlp|block_sparse_moe)\.experts\.\d+\.")),
     ("shared_expert", re.compile(r"\.mlp\.shared_experts?\.")),
     ("router", re.compile(r"\.(mlp|block_sparse_moe)\.gate\.(weight|bias|e_score_correction_bias)$")),

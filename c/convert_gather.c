@@ -84,10 +84,14 @@ int gather_job(const char *fields, const char *src, long long soff, const char *
         }
         const size_t brow = (size_t)cols / 2, srow = (size_t)cols / 32, span = (size_t)((rows - 1) * step + 1);
         if (read_span(src, soff, span * brow, &in) || read_span(sp, s_off, span * srow, &sc)) goto done;
-        for (long long r = 0; r < rows; r++)
-            mxfp4_dequant_row(in + (size_t)(r * step) * brow, sc + (size_t)(r * step) * srow, cols, f + (size_t)r * padded);
+        for (long long r = 0; r < rows; r++) {
+            const unsigned char *br = in + (size_t)(r * step) * brow, *sr = sc + (size_t)(r * step) * srow;
+            if (qt == QT_MXFP4) mxfp4_from_release(br, sr, (int)cols, out + (size_t)r * out_row); /* kept as shipped */
+            else mxfp4_dequant_row(br, sr, cols, f + (size_t)r * padded);
+        }
     }
-    for (long long r = 0; r < rows; r++) quantize_row(qt, f + (size_t)r * padded, (int)cols, out + (size_t)r * out_row);
+    if (strncmp(fields, "\tmxfp4\t", 7) || qt != QT_MXFP4)
+        for (long long r = 0; r < rows; r++) quantize_row(qt, f + (size_t)r * padded, (int)cols, out + (size_t)r * out_row);
     size_t n = out_row * (size_t)rows, done_b = 0;
     while (done_b < n) {
         ssize_t w = pwrite(dfd, out + done_b, n - done_b, (off_t)(doff + (long long)done_b));

@@ -100,6 +100,14 @@ static int load_scale(const char *line, long long rows, long long cols, BlockSca
     return rc;
 }
 
+/* A PROGRESS line for the launcher at most every half second, and at the last job. */
+static void progress(long done, long total, double *last) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t = ts.tv_sec + ts.tv_nsec / 1e9;
+    if (t - *last > 0.5 || done == total) { fprintf(stderr, "PROGRESS %ld %ld\n", done, total); *last = t; }
+}
+
 int convert_jobs_main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: colibri convert-jobs JOBFILE\n"); return 2; }
     FILE *jf = fopen(argv[2], "r");
@@ -132,7 +140,7 @@ int convert_jobs_main(int argc, char **argv) {
                 rc = 2;
                 break;
             }
-            done++;
+            progress(++done, total, &last);
             continue;
         }
         int es = src_elem(dt), gt = gguf_type_from_name(dt); /* GGUF_* sources: whole blocks per row */
@@ -192,11 +200,7 @@ int convert_jobs_main(int argc, char **argv) {
             }
         }
         if (rc) break;
-        done++;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double t = ts.tv_sec + ts.tv_nsec / 1e9;
-        if (t - last > 0.5 || done == total) { fprintf(stderr, "PROGRESS %ld %ld\n", done, total); last = t; }
+        progress(++done, total, &last);
     }
     if (!rc && dst.fd > 0 && fsync(dst.fd)) { fprintf(stderr, "convert-jobs: fsync failed\n"); rc = 2; }
     free(rowf); free(in); free(out); free(bs.s);

@@ -12,7 +12,7 @@ static const GgufType TYPES[] = {
     {"GGUF_F32", GGUF_T_F32, 1, 4},       {"GGUF_F16", GGUF_T_F16, 1, 2},       {"GGUF_BF16", GGUF_T_BF16, 1, 2},
     {"GGUF_Q4_0", GGUF_T_Q4_0, 32, 18},   {"GGUF_Q4_1", GGUF_T_Q4_1, 32, 20},   {"GGUF_Q5_0", GGUF_T_Q5_0, 32, 22},
     {"GGUF_Q5_1", GGUF_T_Q5_1, 32, 24},   {"GGUF_Q8_0", GGUF_T_Q8_0, 32, 34},   {"GGUF_Q4_K", GGUF_T_Q4_K, 256, 144},
-    {"GGUF_Q5_K", GGUF_T_Q5_K, 256, 176}, {"GGUF_Q6_K", GGUF_T_Q6_K, 256, 210},
+    {"GGUF_Q5_K", GGUF_T_Q5_K, 256, 176}, {"GGUF_Q6_K", GGUF_T_Q6_K, 256, 210}, {"GGUF_MXFP4", GGUF_T_MXFP4, 32, 17},
 };
 #define NTYPES (sizeof TYPES / sizeof TYPES[0])
 
@@ -141,6 +141,7 @@ void gguf_dequant_row(int type, const void *src, long long cols, float *dst) {
     case GGUF_T_BF16:
         for (long long i = 0; i < cols; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); dst[i] = bf16_to_f32(h); }
         return;
+    case GGUF_T_MXFP4: mxfp4_dequant_block_row(src, (int)cols, dst); return; /* colibri's mxfp4 block */
     default: break;
     }
     for (long long i = 0; i < nb; i++, s += t->bytes, dst += t->block) {
@@ -169,6 +170,7 @@ static int f16_finite(float v, unsigned char *p) {
 int gguf_keep_row(int type, const void *src, long long cols, QType qt, void *dst) {
     const unsigned char *s = src;
     unsigned char *o = dst;
+    if (type == GGUF_T_MXFP4 && qt == QT_MXFP4 && gguf_row_bytes(type, cols)) { memcpy(dst, src, (size_t)cols / 32 * 17); return 1; }
     if (gguf_row_bytes(type, cols) == 0 || (qt != QT_Q8 && qt != QT_Q4)) return 0;
     long long nb = cols / 32;
     if (type == GGUF_T_Q8_0 && qt == QT_Q8) { memcpy(dst, src, (size_t)nb * 34); return 1; } /* same block */

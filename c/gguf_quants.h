@@ -9,7 +9,7 @@
 
 enum {
     GGUF_T_F32 = 0, GGUF_T_F16 = 1, GGUF_T_Q4_0 = 2, GGUF_T_Q4_1 = 3, GGUF_T_Q5_0 = 6, GGUF_T_Q5_1 = 7,
-    GGUF_T_Q8_0 = 8, GGUF_T_Q4_K = 12, GGUF_T_Q5_K = 13, GGUF_T_Q6_K = 14, GGUF_T_BF16 = 30
+    GGUF_T_Q8_0 = 8, GGUF_T_Q4_K = 12, GGUF_T_Q5_K = 13, GGUF_T_Q6_K = 14, GGUF_T_BF16 = 30, GGUF_T_MXFP4 = 39
 };
 
 /* ggml type id for "GGUF_Q4_K" etc., -1 if unknown or unsupported. */
@@ -22,7 +22,8 @@ size_t gguf_row_bytes(int type, long long cols);
 void gguf_dequant_row(int type, const void *src, long long cols, float *dst);
 /* Writes the row into colibri storage qt without going through float re-quantization when
  * that is possible: byte copies (Q8_0 -> q8, Q4_1 -> q4), exact re-encodings (Q4_0 -> q4/q8,
- * Q5_0 -> q8) and Q4_K -> q4 (sub-block scale and min rounded to f16, nibbles kept).
+ * Q5_0 -> q8), Q4_K -> q4 (sub-block scale and min rounded to f16, nibbles kept) and MXFP4 ->
+ * mxfp4 (the same block).
  * Returns 1 if dst was written, 0 if the caller must dequantize and quantize. */
 int gguf_keep_row(int type, const void *src, long long cols, QType qt, void *dst);
 

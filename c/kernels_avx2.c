@@ -57,7 +57,7 @@ AVX2 void dequant_row_avx2(QType q, const void *src, int cols, float *dst) {
         }
         return;
     }
-    default: return;
+    default: dequant_row(q, src, cols, dst); return; /* the portable codec (mxfp4) */
     }
 }
 

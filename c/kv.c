@@ -39,6 +39,7 @@ int kv_init(KvCache *kv, const Arch *a, int ctx) {
         if (s->per_pos && !(y->pos = malloc(s->per_pos * (size_t)y->cap))) { kv_free(kv); return -1; }
         if (s->fixed && !(y->fixed = calloc(1, s->fixed))) { kv_free(kv); return -1; }
         kv->fixed_total += s->fixed;
+        if (y->cap < ctx) kv->ring_total += s->per_pos * (size_t)y->cap;
         kv->truncatable &= s->truncatable;
     }
     return 0;
@@ -55,7 +56,8 @@ void kv_free(KvCache *kv) {
     memset(kv, 0, sizeof(*kv));
 }
 
-/* Every layer's fixed state, concatenated, into a checkpoint (save) or back out of it. */
+/* Every layer's fixed state, then every ring (a windowed layer's whole buffer: the positions
+ * it holds are those before the checkpoint), concatenated into a checkpoint (save) or back. */
 static void fixed_copy(KvCache *kv, unsigned char *ck, int save) {
     size_t off = 0;
     for (int l = 0; l < kv->n_layers; l++) {
@@ -64,6 +66,14 @@ static void fixed_copy(KvCache *kv, unsigned char *ck, int save) {
         if (save) memcpy(ck + off, y->fixed, y->fixed_bytes);
         else memcpy(y->fixed, ck + off, y->fixed_bytes);
         off += y->fixed_bytes;
+    }
+    for (int l = 0; l < kv->n_layers; l++) {
+        KvLayer *y = &kv->layer[l];
+        if (!y->per_pos || y->cap >= kv->ctx) continue;
+        size_t n = y->per_pos * (size_t)y->cap;
+        if (save) memcpy(ck + off, y->pos, n);
+        else memcpy(y->pos, ck + off, n);
+        off += n;
     }
 }
 
@@ -75,10 +85,11 @@ static void drop_checkpoint(KvCache *kv, int i) {
 }
 
 void kv_checkpoint(KvCache *kv) {
-    if (kv->truncatable || !kv->fixed_total) return; /* any prefix is reusable without one */
+    /* any prefix is reusable without one, unless a ring may wrap past it */
+    if ((kv->truncatable || !kv->fixed_total) && !kv->ring_total) return;
     if (kv->n_ck && kv->ck_pos[kv->n_ck - 1] == kv->n) return;
     if (kv->n_ck == KV_MAX_CHECKPOINTS) drop_checkpoint(kv, 0); /* bounded: the oldest goes */
-    unsigned char *ck = malloc(kv->fixed_total);
+    unsigned char *ck = malloc(kv->fixed_total + kv->ring_total);
     if (!ck) return; /* without it, reuse falls back further; never wrong, only slower */
     fixed_copy(kv, ck, 1);
     kv->ck[kv->n_ck] = ck;
@@ -107,12 +118,10 @@ int kv_reuse(KvCache *kv, const int32_t *ids, int n) {
     int keep = lcp(kv->tokens, kv->n, ids, n);
     if (keep >= n) keep = n - 1; /* the last prompt token is recomputed for fresh logits */
     if (keep < 0) keep = 0;
-    if (keep != kv->n && rings_wrapped(kv)) { /* no checkpoint holds ring contents: start over */
-        reset_fixed(kv);
-        keep = 0;
-    } else if (!kv->truncatable && keep != kv->n) {
-        /* The fixed state only describes position kv->n: go back to a checkpoint at or before
-         * keep whose tokens are still the prompt's, else start over. */
+    if (keep != kv->n && (!kv->truncatable || rings_wrapped(kv))) {
+        /* The fixed state only describes position kv->n, and a wrapped ring only the positions
+         * before it: go back to a checkpoint at or before keep whose tokens are still the
+         * prompt's, else start over. */
         int best = -1;
         for (int i = 0; i < kv->n_ck; i++)
             if (kv->ck_pos[i] <= keep && (best < 0 || kv->ck_pos[i] > kv->ck_pos[best])) best = i;

@@ -95,10 +95,11 @@ typedef struct {
     KvLayer *layer;  /* [n_layers] */
     int32_t *tokens; /* [ctx]; non-NULL once initialised */
     size_t fixed_total;     /* sum of the layers' fixed state */
+    size_t ring_total;      /* sum of the windowed layers' rings (cap < ctx) */
     int truncatable;        /* every layer truncatable: any prefix can be reused */
-    int n_ck;               /* checkpoints of the fixed state, oldest first */
+    int n_ck;               /* checkpoints of the fixed state and the rings, oldest first */
     int ck_pos[KV_MAX_CHECKPOINTS];
-    unsigned char *ck[KV_MAX_CHECKPOINTS]; /* [fixed_total] each */
+    unsigned char *ck[KV_MAX_CHECKPOINTS]; /* [fixed_total + ring_total] each */
 } KvCache;
 
 int kv_init(KvCache *kv, const Arch *a, int ctx);
@@ -109,10 +110,11 @@ size_t kv_bytes_per_token(const Arch *a); /* per-position state over the layers 
 int kv_held(const KvCache *kv, int l);
 /* Rewinds kv so that a prompt ids[0..n) can continue from it; returns the positions kept
  * (at most n - 1, so the last prompt token is always recomputed). Truncatable layers keep the
- * longest common prefix; a non-truncatable layer restores the latest checkpoint within it,
- * or restarts from 0. */
+ * longest common prefix; a non-truncatable layer, or a ring that has wrapped since, restores
+ * the latest checkpoint within it, or restarts from 0. */
 int kv_reuse(KvCache *kv, const int32_t *ids, int n);
-/* Records the fixed state at the current position (a turn boundary) for later reuse. */
+/* Records the fixed state and the rings at the current position (a turn boundary) for later
+ * reuse. */
 void kv_checkpoint(KvCache *kv);
 
 /* Runs tokens[0..T) at positions kv->n.. and appends them to the cache. When logits is not

@@ -5,7 +5,7 @@
 
 Kernels kern;
 
-static const char *QT_NAMES[QT_COUNT] = {"f32", "bf16", "f16", "q8", "q4"};
+static const char *QT_NAMES[QT_COUNT] = {"f32", "bf16", "f16", "q8", "q4", "mxfp4"};
 
 const char *qtype_name(QType q) { return (unsigned)q < QT_COUNT ? QT_NAMES[q] : "?"; }
 
@@ -23,6 +23,7 @@ size_t qtype_row_bytes(QType q, int cols) {
     case QT_F16: return (size_t)cols * 2;
     case QT_Q8: return blocks * 34;
     case QT_Q4: return blocks * 20;
+    case QT_MXFP4: return blocks * 17;
     default: return 0;
     }
 }
@@ -134,6 +135,7 @@ void quantize_row(QType q, const float *x, int cols, void *dst) {
             for (int j = 0; j < 16; j++) o[4 + j] = (unsigned char)(qs[j] | (qs[j + 16] << 4));
         }
         return;
+    case QT_MXFP4: mxfp4_quantize_row(x, cols, dst); return;
     default: return;
     }
 }
@@ -164,6 +166,7 @@ static void dequant_row_portable(QType q, const void *src, int cols, float *dst)
             }
         }
         return;
+    case QT_MXFP4: mxfp4_dequant_block_row(src, cols, dst); return; /* whole blocks, as q8 */
     default: return;
     }
 }
@@ -267,7 +270,10 @@ void quantize_act_avx2(const float *x, int cols, const QAct *a, int t);
 void qdot_q8_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 float dot_avx512(const float *a, const float *b, int n);
+void qdot_mxfp4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 #endif
+void qdot_mxfp4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
+                         size_t ldy);
 
 static const char *const ISA_NAMES[KI_COUNT] = {"portable", "avx2", "avx512", "neon"};
 
@@ -299,6 +305,7 @@ int kernels_supported(KernIsa isa) {
 float dot_neon(const float *a, const float *b, int n);
 void qdot_q8_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 void qdot_q4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
+void qdot_mxfp4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 #endif
 
 int kernels_use(KernIsa isa) {
@@ -311,6 +318,7 @@ int kernels_use(KernIsa isa) {
     kern.quantize_act = quantize_act_portable;
     kern.qdot[QT_Q8] = qdot_q8_portable;
     kern.qdot[QT_Q4] = qdot_q4_portable;
+    kern.qdot[QT_MXFP4] = qdot_mxfp4_portable;
 #if defined(__x86_64__) || defined(__i386__)
     if (isa == KI_AVX2 || isa == KI_AVX512) {
         kern.dequant_row = dequant_row_avx2;
@@ -318,6 +326,7 @@ int kernels_use(KernIsa isa) {
         kern.quantize_act = quantize_act_avx2;
         kern.qdot[QT_Q8] = qdot_q8_avx2;
         kern.qdot[QT_Q4] = qdot_q4_avx2;
+        kern.qdot[QT_MXFP4] = qdot_mxfp4_avx2;
     }
     if (isa == KI_AVX512) {
         kern.dot = dot_avx512; /* q8/q4 keep the AVX2 dots: see kernels_avx512.c */
@@ -328,6 +337,7 @@ int kernels_use(KernIsa isa) {
         kern.dot = dot_neon;
         kern.qdot[QT_Q8] = qdot_q8_neon;
         kern.qdot[QT_Q4] = qdot_q4_neon;
+        kern.qdot[QT_MXFP4] = qdot_mxfp4_neon;
     }
 #endif
     return 0;

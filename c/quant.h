@@ -2,13 +2,15 @@
  * (a short last row is zero-padded to a whole block), so one row is always whole bytes:
  *   q8 : [f16 scale d][32 x int8 q]                      x = d*q        (34 bytes / 32)
  *   q4 : [f16 scale d][f16 min m][16 bytes, 2 nibbles]   x = d*q + m    (20 bytes / 32)
- *        byte j holds element j (low nibble) and element j+16 (high nibble). */
+ *        byte j holds element j (low nibble) and element j+16 (high nibble).
+ *   mxfp4: [e8m0 E][16 bytes, 2 e2m1 nibbles, as q4]   x = e2m1 * 2^(E-127) (17 bytes / 32;
+ *          gpt-oss releases' experts kept as they ship, c/kernels_mxfp4.c) */
 #ifndef COLI_QUANT_H
 #define COLI_QUANT_H
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { QT_F32 = 0, QT_BF16, QT_F16, QT_Q8, QT_Q4, QT_COUNT } QType;
+typedef enum { QT_F32 = 0, QT_BF16, QT_F16, QT_Q8, QT_Q4, QT_MXFP4, QT_COUNT } QType;
 
 #define QBLOCK 32
 
@@ -19,6 +21,13 @@ size_t qtype_row_bytes(QType q, int cols);
 /* Row codecs (portable reference; quantize is used by the converter). */
 void quantize_row(QType q, const float *x, int cols, void *dst);
 void dequant_row(QType q, const void *src, int cols, float *dst);
+
+/* MXFP4 codecs (c/kernels_mxfp4.c): the container row from floats (the smallest power-of-two
+ * scale that fits each block), back to floats, and from a release row (blocks with byte j =
+ * elements 2j and 2j+1, and its own scales bytes): codes and scales copied, no rounding. */
+void mxfp4_quantize_row(const float *x, int cols, void *dst);
+void mxfp4_dequant_block_row(const void *src, int cols, float *dst);
+void mxfp4_from_release(const unsigned char *blocks, const unsigned char *scales, int cols, void *dst);
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
@@ -61,7 +70,7 @@ typedef struct {
     float (*dot)(const float *a, const float *b, int n);
     /* Quantizes activation row t of x (cols floats) into a. Bit-identical across kernels. */
     void (*quantize_act)(const float *x, int cols, const QAct *a, int t);
-    QDotFn qdot[QT_COUNT]; /* QT_Q8 and QT_Q4; NULL for the float types */
+    QDotFn qdot[QT_COUNT]; /* QT_Q8, QT_Q4 and QT_MXFP4; NULL for the float types */
 } Kernels;
 extern Kernels kern;
 /* The best set this CPU runs, or portable when force_portable. */

@@ -25,7 +25,7 @@ def coli(*args):
 @pytest.fixture(scope="module")
 def models(oracle_root, tmp_path_factory):
     out = {"streaming": streaming_model.container()}
-    for v in ("qwen3_moe", "llama"):
+    for v in ("qwen3_moe", "llama", "gpt_oss"):
         d = tmp_path_factory.mktemp(v) / "c"
         r = coli("convert", Path(oracle_root) / v / "hf", d)
         assert r.returncode == 0, r.stderr
@@ -48,6 +48,7 @@ CASES = [  # model, --ram GB, ctx, slots, threads, cap, kv
     ("qwen3_moe", "0.05", 512, 4, 2, None, None),
     ("qwen3_moe", "2", 64, 1, 1, 1, "bf16"),
     ("llama", "0.05", 300, 3, 2, None, None),
+    ("gpt_oss", "0.05", 400, 2, 2, 1, None),  # sliding layers keep a ring of 12; resident expert biases
     ("streaming", "0.05", 512, 1, 2, None, None),  # tight: the engine lowers its prefill batch to fit
 ]
 

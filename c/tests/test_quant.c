@@ -34,7 +34,9 @@ static void test_quant_kernels(void) {
         unsigned char *buf = malloc(qtype_row_bytes(QT_F32, padded));
         for (int i = 0; i < cols; i++) x[i] = rnd(&seed) * 3;
         /* worst-case error per element, relative to the row's absolute max */
-        const float tol[QT_COUNT] = {0, 1.0f / 128, 1.0f / 1024, 1.0f / 127, 1.0f / 15 + 1e-3f};
+        /* mxfp4: the scale 2^e puts amax in (3, 6]; the widest code step there is 2 (4 to 6), so
+         * the error is at most one scale unit, under amax / 3 */
+        const float tol[QT_COUNT] = {0, 1.0f / 128, 1.0f / 1024, 1.0f / 127, 1.0f / 15 + 1e-3f, 1.0f / 3};
         float amax = 0;
         for (int i = 0; i < cols; i++) amax = fmaxf(amax, fabsf(x[i]));
         for (int q = 0; q < QT_COUNT; q++) {
@@ -162,11 +164,14 @@ static void check_qdot_exact(QType qt, int cols, const Kernels *k, unsigned *see
     const size_t rb = qtype_row_bytes(qt, cols);
     float *x = malloc(sizeof(float) * cols), *wf = malloc(sizeof(float) * cols);
     unsigned char *w = malloc(rb);
-    long long want = 0;
+    double want = 0;
+    static const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
     for (int i = 0; i < cols; i++) {
         int j = i % QBLOCK;
         x[i] = j == 5 ? 32767 : (float)((int)(rnd(seed) * 100));
         if (qt == QT_Q8) wf[i] = j == 0 ? 127 : (j == 5 ? 1 : (float)(int)(rnd(seed) * 127));
+        else if (qt == QT_MXFP4) /* amax 6: scale 1, every value an e2m1 code (halves: exact sums) */
+            wf[i] = j == 0 ? 6 : e2m1[(int)((rnd(seed) + 1) * 3.99f)] * (rnd(seed) < 0 ? -1 : 1);
         else wf[i] = j == 0 ? -8 : (j == 1 ? 7 : (float)((int)((rnd(seed) + 1) * 7.5f) - 8));
     }
     /* a short last block still needs its pins */
@@ -175,12 +180,15 @@ static void check_qdot_exact(QType qt, int cols, const Kernels *k, unsigned *see
     quantize_row(qt, wf, cols, w);
     float *wd = malloc(sizeof(float) * nb * QBLOCK);
     dequant_row(qt, w, cols, wd);
-    for (int i = 0; i < cols; i++) want += (long long)wd[i] * (long long)x[i];
+    for (int i = 0; i < cols; i++) want += (double)wd[i] * (double)x[i];
+    int exact_w = 1;
+    for (int i = 0; i < cols; i++) exact_w &= wd[i] == wf[i] || qt == QT_Q4;
+    CHECK(exact_w, "%s cols=%d: pinned weights did not round-trip exactly", qtype_name(qt), cols);
     QAct a = act_alloc(1, cols);
     k->quantize_act(x, cols, &a, 0);
     float got;
     k->qdot[qt](w, rb, 1, &a, 0, 1, &got, 1);
-    CHECK(got == (float)want && fabs((double)want) < 16777216.0, "%s %s cols=%d: exact integer dot %g, want %lld",
+    CHECK(got == (float)want && fabs(want) < 8388608.0, "%s %s cols=%d: exact integer dot %g, want %.1f",
           k->name, qtype_name(qt), cols, got, want);
     act_free(&a);
     free(x); free(wf); free(wd); free(w);
@@ -219,7 +227,7 @@ static void test_qdot(void) {
     const int cols_list[] = {32, 64, 96, 45, 7, 1, 1000};
     for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++) {
         int cols = cols_list[c];
-        for (QType qt = QT_Q8; qt <= QT_Q4; qt++) {
+        for (QType qt = QT_Q8; qt <= QT_MXFP4; qt++) {
             check_qdot_random(qt, cols, &port, &fast, &seed);
             check_qdot_exact(qt, cols, &port, &seed);
             check_qdot_exact(qt, cols, &fast, &seed);

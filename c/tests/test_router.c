@@ -46,20 +46,22 @@ static int write_router_container(const char *dir, const float *bias) {
 
 static float logit(float p) { return logf(p / (1.0f - p)); }
 
-/* Routes one position whose sigmoid scores are p[E]; 0 ok. */
-static int route_one(const char *dir, const char *spec_json, const float *p, int *sel, float *wts, int k) {
+/* Routes one position through router kind `kind`: x[e] = logit(p[e]) (sigmoid scores p), or
+ * p itself when raw; 0 ok. */
+static int route_kind(const char *dir, const char *kind, int raw, const char *spec_json, const float *p, int *sel,
+                      float *wts, int k) {
     char err[512];
     Container *ct = ct_open(dir, err, sizeof err);
     if (!ct) { CHECK(0, "ct_open: %s", err); return -1; }
     Arch a = {.hidden = HID};
     BlockLoader L = {ct, &a, 0, err, sizeof err, 0};
     JsonDoc *doc = json_parse(spec_json, strlen(spec_json), err, sizeof err);
-    const RouterKind *rk = router_find("sigmoid_group");
+    const RouterKind *rk = router_find(kind);
     void *self = calloc(1, rk ? rk->size : 1);
     int rc = -1;
     if (doc && rk && self && rk->load(self, json_root(doc), E, k, &L) == 0) {
         float x[HID];
-        for (int e = 0; e < E; e++) x[e] = logit(p[e]);
+        for (int e = 0; e < E; e++) x[e] = raw ? p[e] : logit(p[e]);
         rk->route(self, x, 1, sel, wts);
         rc = 0;
     } else {
@@ -70,6 +72,24 @@ static int route_one(const char *dir, const char *spec_json, const float *p, int
     json_free(doc);
     ct_close(ct);
     return rc;
+}
+
+static int route_one(const char *dir, const char *spec_json, const float *p, int *sel, float *wts, int k) {
+    return route_kind(dir, "sigmoid_group", 0, spec_json, p, sel, wts, k);
+}
+
+/* gpt-oss: logits W x + b, their top k (ties to the lower index), softmax over those k alone. */
+static void test_topk_softmax(const char *dir) {
+    const float x[E] = {1, 3, 2, 3, 0, -1, 2.5f, 0}, bias[E] = {0, 0, 1.5f, 0, 0, 0, 0, 0};
+    const char *spec = "{\"kind\":\"topk_softmax\",\"tensors\":{\"weight\":\"w\",\"bias\":\"b\"}}";
+    int sel[3];
+    float w[3];
+    if (write_router_container(dir, bias) || route_kind(dir, "topk_softmax", 1, spec, x, sel, w, 3)) return;
+    const double z = exp(3.5) + 2 * exp(3.0);
+    CHECK(sel[0] == 2 && sel[1] == 1 && sel[2] == 3, "top-3 of biased logits, ties to the lower index: %d %d %d", sel[0],
+          sel[1], sel[2]);
+    CHECK(fabs(w[0] - exp(3.5) / z) < 1e-6 && fabs(w[1] - exp(3.0) / z) < 1e-6 && fabs(w[2] - w[1]) < 1e-7,
+          "softmax over the chosen logits: %g %g %g", w[0], w[1], w[2]);
 }
 
 void test_router(void) {
@@ -101,6 +121,7 @@ void test_router(void) {
     if (route_one(dir, flat, p, sel, w, 3)) return;
     CHECK(sel[0] == 0 && sel[1] == 5 && (sel[2] == 2 || sel[2] == 3) && fabsf(w[0] - 0.95f) < 1e-5f &&
               fabsf(w[1] - 0.5f) < 1e-5f, "ungrouped: %d %d %d (%g %g)", sel[0], sel[1], sel[2], w[0], w[1]);
+    test_topk_softmax(dir);
     char path[600];
     snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
     unlink(path);

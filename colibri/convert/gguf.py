@@ -28,7 +28,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
-from colibri.convert import gguf_moe, gguf_softmax_moe, gguf_spm
+from colibri.convert import gguf_gpt_oss, gguf_moe, gguf_softmax_moe, gguf_spm
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
 from colibri.convert.hf import ConvertError
@@ -36,10 +36,10 @@ from colibri.limits import row_bytes
 from version import VERSION
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe",
-         "deepseek2": "deepseek_v3", **gguf_softmax_moe.ARCHS}  # llama with experts: mixtral
+         "deepseek2": "deepseek_v3", "gpt-oss": "gpt_oss", **gguf_softmax_moe.ARCHS}  # llama with experts: mixtral
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM"}
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")   # kept as q4 when q4 or q8 is asked for
 EXACT_Q8 = ("Q8_0", "Q5_0")           # kept as q8 when q8 is asked for
 
@@ -140,11 +140,12 @@ def build_config(g, tensors):
     emb = tensors.get("token_embd.weight")
     if emb is None or len(emb.shape) != 2:
         raise ConvertError(f"{g.path}: no 2-D token_embd.weight tensor")
-    if gg_arch in gguf_moe.ARCHS:
+    if gg_arch in gguf_moe.ARCHS or gg_arch == gguf_gpt_oss.ARCH:
         base = {"hidden_size": H, "hidden_act": "silu", "rms_norm_eps": float(m.need("attention.layer_norm_rms_epsilon", float)),
                 "max_position_embeddings": m.get("context_length", 4096, kind=int), "vocab_size": emb.shape[1],
                 "tie_word_embeddings": "output.weight" not in tensors, "torch_dtype": "float32"}
-        family, cfg = gguf_moe.build_config(g, tensors, m, _uniform, base)
+        builder = gguf_gpt_oss.build_config if gg_arch == gguf_gpt_oss.ARCH else gguf_moe.build_config
+        family, cfg = builder(g, tensors, m, _uniform, base)
         return family, _special_ids(g, cfg)
     heads = _uniform(m, "attention.head_count", L)
     kv = _uniform(m, "attention.head_count_kv", L) if f"{gg_arch}.attention.head_count_kv" in g.metadata else heads
@@ -259,6 +260,8 @@ def map_tensors(g, family, cfg):
     if moe:
         per_layer.update(gguf_moe.PER_LAYER)
         L += int(cfg.get("num_nextn_predict_layers") or 0) if family == "glm4_moe" else 0
+    if family == "gpt_oss":
+        per_layer.update(gguf_gpt_oss.PER_LAYER)
     split_kv_b = {}
     for name, info in g.tensors.items():
         if name == "rope_freqs.weight":
@@ -282,6 +285,8 @@ def map_tensors(g, family, cfg):
                     if llama_rows and parts[2] in ("attn_q.bias", "attn_k.bias"):
                         raise ConvertError(f"{g.path}: llama GGUF with Q/K biases is not supported yet "
                                            "(their elements are permuted; see docs)")
+                elif family == "gpt_oss" and gguf_gpt_oss.expert_bias_rows(parts[2], shape, pre, path, table, sources, info):
+                    continue
                 elif parts[2] in experts:
                     if len(shape) != 3:
                         raise ConvertError(f"{g.path}: expert tensor '{name}' is not 3-D ({shape})")
@@ -496,9 +501,9 @@ def write_json(path, obj):
 
 # ---------------------------------------------------------------- conversion
 
-def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
+def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     src, out = Path(src_path), Path(out_dir)
-    if experts not in convert_hf.EXPERT_CHOICES:
+    if experts is not None and experts not in convert_hf.EXPERT_CHOICES:
         raise ConvertError(f"--experts must be one of {', '.join(convert_hf.EXPERT_CHOICES)}")
     if dense not in convert_hf.DENSE_CHOICES:
         raise ConvertError(f"--dense must be one of {', '.join(convert_hf.DENSE_CHOICES)}")
@@ -516,6 +521,8 @@ def convert(src_path, out_dir, experts="q4", dense="q8", log=print):
         arch["rope_inv_freq"] = inv
     tokenizer, specials, eos_ids, bos_id = build_tokenizer(g)
     table, sources = map_tensors(g, family, cfg)
+    if experts is None:
+        experts = convert_hf.default_experts(any(t.type == 39 and "exps" in n for n, t in g.tensors.items()))
     arch["_family"] = fam
     planner = convert_hf.plan_tensors(arch, table, experts, dense)
     del arch["_family"]

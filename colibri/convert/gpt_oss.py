@@ -34,6 +34,8 @@ def plan_experts(p, tensors, take, pre, names, E, I, H):
     """Adds layer `pre`'s E experts (gate [I, H], up [I, H], down [H, I] and their biases) to the
     planner p; each expert's three projections adjacent, anchored in the gate_up source's file."""
     base = f"{pre}.mlp.experts"
+    if f"{base}.0.gate_proj.weight" in tensors:  # already one tensor per expert (GGUF files)
+        return _per_expert(p, take, pre, names, E, I, H)
     mx = f"{base}.gate_up_proj_blocks" in tensors
     gub = _raw(p, tensors, f"{base}.gate_up_proj_bias", [E, 2 * I], ELEM)
     dnb = _raw(p, tensors, f"{base}.down_proj_bias", [E, H], ELEM)
@@ -75,3 +77,17 @@ def plan_experts(p, tensors, take, pre, names, E, I, H):
         p.add(out["gate_bias"], "f32", 1, I, [(gub["file"], b0, gub["dtype"], 1, ("gather", 0, 2))], anchor, eo)
         p.add(out["up_bias"], "f32", 1, I, [(gub["file"], b0 + be, gub["dtype"], 1, ("gather", 0, 2))], anchor, eo)
         p.add(out["down_bias"], "f32", 1, H, [(dnb["file"], dnb["offset"] + e * H * de, dnb["dtype"], 1)], anchor, eo)
+
+
+def _per_expert(p, take, pre, names, E, I, H):
+    """Experts stored one tensor per projection and expert, under the container's own names."""
+    shapes = {"gate": [I, H], "up": [I, H], "down": [H, I], "gate_bias": [I], "up_bias": [I], "down_bias": [H]}
+    anchor = None
+    for e in range(E):
+        eo = (int(pre.rsplit(".", 1)[1]) + 1, e)
+        for key, shape in shapes.items():
+            t = take(names[key].replace("{e}", str(e)), shape)
+            anchor = anchor or t["file"]
+            rows, cols = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])
+            p.add(names[key].replace("{e}", str(e)), "f32" if len(shape) == 1 else "expert", rows, cols,
+                  [(t["file"], t["offset"], t["dtype"], rows)], anchor, eo)

@@ -15,7 +15,9 @@ from colibri.convert.safetensors_io import read_raw_header as _read_raw_header
 
 FORMAT_VERSION = 1
 
-EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")  # block_sparse_moe: Mixtral, MiniMax-M2
+# a routed expert's projections (block_sparse_moe: Mixtral, MiniMax-M2); their biases (gpt-oss) are
+# small f32 tensors the engine keeps resident
+EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(?!.*\.bias$)")
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 

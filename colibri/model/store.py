@@ -342,7 +342,7 @@ def fetch_hf(name, log):
 
 # ---------------------------------------------------------------- the command
 
-def pull(name, experts="q4", dense="q8", log=None):
+def pull(name, experts=None, dense="q8", log=None):
     """Fetches and converts `name`; returns the container directory."""
     log = log or (lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True))
     from colibri.convert import hf as convert_hf
