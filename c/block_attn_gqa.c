@@ -1,6 +1,7 @@
 /* GQA attention block: grouped K/V heads, optional q/k/v/o biases, optional per-head q/k
  * RMSNorm (per head, or over the whole projection as OLMoE does), optional clip_qkv (q/k/v
- * clamped to [-c, c] after the norms, OLMoE), an optional sliding window (each query sees its
+ * clamped to [-c, c] after the norms, OLMoE), an optional output gate (attention output times
+ * sigmoid(gate . x), Qwen3.5/3.6; q/k norm weights then carry qk_norm_offset), an optional sliding window (each query sees its
  * last `window` positions, Mixtral; the cache still keeps every position), NeoX-style (rotate-half) RoPE over the first rope.dim dims of each head.
  * State: per position, K then V for every KV head, in the cache's element type. */
 #include <math.h>
@@ -16,7 +17,7 @@ typedef struct {
     int nh, nkv, hd, rot, qk_full; /* qk_full: q/k norms span all heads */
     int window;                     /* positions each query attends to, 0 = all */
     float qk_eps, clip;             /* clip: 0 = none */
-    QMat wq, wk, wv, wo;
+    QMat wq, wk, wv, wo, wg; /* wg: output gate, or rows 0 */
     const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
 } AttnGqa;
 
@@ -52,12 +53,17 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
         p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
         p->q_norm = bl_vec(L, t, "q_norm", 1, p->hd, 0);
         p->k_norm = bl_vec(L, t, "k_norm", 1, p->hd, 0);
+        if (!L->failed && json_get(spec, "qk_norm_offset")) { /* (1 + w) norms, as block_norm_rms */
+            float off = (float)bl_num(L, spec, "qk_norm_offset", -16.0, 16.0);
+            for (int i = 0; i < p->hd && !L->failed; i++) { ((float *)p->q_norm)[i] += off; ((float *)p->k_norm)[i] += off; }
+        }
     } else if (qkn && !strcmp(qkn, "full")) {
         p->qk_full = 1;
         p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
         p->q_norm = bl_vec(L, t, "q_norm", 1, qd, 0);
         p->k_norm = bl_vec(L, t, "k_norm", 1, kvd, 0);
     }
+    if (t && json_get_str(t, "gate")) p->wg = bl_mat(L, t, "gate", qd, H);
     if (json_get(spec, "clip_qkv")) p->clip = (float)bl_num(L, spec, "clip_qkv", 0.0, 1e30);
     return L->failed ? -1 : 0;
 }
@@ -142,6 +148,10 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             const unsigned char *vc = cache + (size_t)start * stride + ((size_t)kvd + kh * hd) * es;
             kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sc, att + off);
         }
+    }
+    if (y->wg.rows) { /* the sigmoid output gate, computed into q (spent) */
+        matmul(q, x, T, &y->wg, NULL);
+        for (size_t i = 0; i < (size_t)T * qd; i++) att[i] *= 1.0f / (1.0f + expf(-q[i]));
     }
     matmul(out, att, T, &y->wo, y->bo);
     free(q); free(k); free(v); free(att);

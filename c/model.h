@@ -112,6 +112,8 @@ int kv_held(const KvCache *kv, int l);
  * longest common prefix; a non-truncatable layer restores the latest checkpoint within it,
  * or restarts from 0. */
 int kv_reuse(KvCache *kv, const int32_t *ids, int n);
+/* Empties the slot: no positions, zero fixed state, no checkpoints. */
+void kv_restart(KvCache *kv);
 /* Records the fixed state at the current position (a turn boundary) for later reuse. */
 void kv_checkpoint(KvCache *kv);
 

@@ -55,6 +55,19 @@ MLA = dict(SIGMOID, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rop
                             "beta_fast": 32, "beta_slow": 1})
 DSA = dict(index_topk=16, index_head_dim=32, index_n_heads=8)
 
+# Qwen3.5/3.6 hybrid: gated-DeltaNet layers (key heads shared by value heads, key dim != value
+# dim) and gated full-attention layers with partial rotary and an mrope_section; every layer an
+# MoE with a sigmoid-gated shared expert. SEQ_LEN spans two of transformers' 64-position chunks.
+QWEN35 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+              moe_intermediate_size=32, shared_expert_intermediate_size=48, rms_norm_eps=1e-6,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
+              linear_conv_kernel_dim=4,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+# The release wrapper's vision tower, as small as it goes (converted away, never run).
+TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                   temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
+
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
     "llama": dict(family="llama", seed=11, config={}),
@@ -115,6 +128,12 @@ VARIANTS = {
     "mixtral_window": dict(family="mixtral", seed=94, config=dict(
         num_hidden_layers=3, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
         intermediate_size=32, rms_norm_eps=1e-5, sliding_window=20)),
+    # the release format: the vision-language wrapper (text_config, model.language_model.*, model.visual.*)
+    "qwen3_5_moe": dict(family="qwen3_5_moe", seed=101, wrap="vl", config=dict(QWEN35)),
+    # the text-only config; one key head for two value heads, key dim > value dim, alternating layers
+    "qwen3_5_moe_text": dict(family="qwen3_5_moe", seed=102, model_type="qwen3_5_moe_text", config=dict(
+        QWEN35, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -136,8 +155,11 @@ def _torch():
     return torch
 
 
-def model_class(family):
+def model_class(family, wrap=None):
     import transformers as tf
+    if family == "qwen3_5_moe":
+        return ((tf.Qwen3_5MoeConfig, tf.Qwen3_5MoeForConditionalGeneration) if wrap == "vl"
+                else (tf.Qwen3_5MoeTextConfig, tf.Qwen3_5MoeForCausalLM))
     return {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
             "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
             "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
@@ -152,7 +174,7 @@ def model_class(family):
 
 
 SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")  # group-limited sigmoid routers
-MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral") + SIGMOID_FAMILIES
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "qwen3_5_moe") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 
@@ -175,6 +197,10 @@ def randomize(model, seed, out_gain):
                 pass  # routers: see pick_routers
             elif name.endswith("e_score_correction_bias"):
                 p.copy_(BIAS_STD * torch.randn(p.shape, generator=g))
+            elif name.endswith("A_log"):  # DeltaNet decay rate ~0.14: the state remembers ~10 positions
+                p.copy_(-2.0 + 0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
             else:
                 # residual-branch outputs smaller, so no single layer dominates the stream
                 gain = out_gain if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")) else 1.0
@@ -420,8 +446,9 @@ def build_variant(name, spec, vdir):
     family, seed = spec["family"], spec["seed"]
     dtype = spec.get("dtype", "bfloat16")
     layout = spec.get("layout", "hub")
-    cfg_cls, model_cls = model_class(family)
-    cfg = cfg_cls(**copy.deepcopy({**BASE, **spec["config"]}))  # configs mutate rope dicts
+    cfg_cls, model_cls = model_class(family, spec.get("wrap"))
+    text = copy.deepcopy({**BASE, **spec["config"]})  # configs mutate rope dicts
+    cfg = cfg_cls(text_config=text, vision_config=dict(TINY_VISION)) if spec.get("wrap") == "vl" else cfg_cls(**text)
     torch.manual_seed(seed)
     model = model_cls(cfg).float().eval()
     randomize(model, seed, spec.get("out_gain", OUT_GAIN))
@@ -465,8 +492,8 @@ def build_variant(name, spec, vdir):
         "saved_dtype": dtype, "expert_layout": layout if family == "qwen3_moe" else None,
         "sharded": (hf / "model.safetensors.index.json").exists(), "files": keys,
         "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-        "vocab_size": cfg.vocab_size, "eos_token_id": EOS,
-        "ids": ids, "logits_shape": [len(ids), cfg.vocab_size],
+        "vocab_size": text["vocab_size"], "eos_token_id": EOS,
+        "ids": ids, "logits_shape": [len(ids), text["vocab_size"]],
         "max_abs_logit": logits.abs().max().item(), "logit_std": logits.std().item(),
         "top1": logits.argmax(-1).tolist(), "margin": top_margins(logits).tolist(),
         "router_margin": rmargin.tolist() if rmargin is not None else None,

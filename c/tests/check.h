@@ -30,5 +30,6 @@ void test_expert_streaming(void);
 void test_moe_exec(void);
 void test_sampler_sort(void);
 void test_router(void);
+void test_delta_rule(void);
 
 #endif

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.family import deepseek
+from colibri.family import deepseek, qwen35
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
@@ -119,12 +119,24 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                    "q_norm": [hd], "k_norm": [hd]}
     if arch.get("qk_norm_scope") == "full":  # OLMoE: one norm over all heads
         attn_shapes.update(q_norm=[nh * hd], k_norm=[nkv * hd])
+    def rows_of(name, klass, rows, cols, src, shape, ranges, order):
+        """Output rows gathered from row ranges of one source tensor (a 3-D one as [rows, last])."""
+        t = take(src, shape)
+        if t["dtype"] not in qwen35.ELEM:
+            raise ConvertError(f"source tensor '{src}' is {t['dtype']}; this layout needs F32, F16 or BF16")
+        row = shape[-1] * qwen35.ELEM[t["dtype"]]
+        p.add(name, klass, rows, cols, [(t["file"], t["offset"] + r0 * row, t["dtype"], n) for r0, n in ranges],
+              t["file"], order)
+
     for l, spec in enumerate(family_registry.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
+        special = qwen35.attn_outputs(spec["attn"], arch, f"model.layers.{l}", H) if arch.get("layer_attn") else None
+        for out in special or ():
+            rows_of(*out, o)
         shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else attn_shapes
-        for key, name in spec["attn"]["tensors"].items():
+        for key, name in ({} if special else spec["attn"]["tensors"]).items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
             ix = spec["attn"]["indexer"]
@@ -342,6 +354,8 @@ def convert(src, out, experts="q4", dense="q8", log=print):
             if name in tensors:
                 raise ConvertError(f"tensor '{name}' appears in two source shards")
             tensors[name] = dict(t, file=str(f.resolve()))
+    if family_registry.FAMILIES[family].get("hybrid"):
+        tensors = qwen35.text_tensors(tensors, log)
     attach_fp8_scales(cfg, tensors)
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)

@@ -1,0 +1,96 @@
+/* The gated delta rule, recurrent and chunked (delta_rule.h). */
+#include "delta_rule.h"
+
+#include <math.h>
+#include <string.h>
+
+void delta_rule_recurrent(const DeltaIn *in, float *S, float *o) {
+    const int dk = in->dk, dv = in->dv;
+    for (int t = 0; t < in->T; t++) {
+        const float *q = in->q + t * in->qs, *k = in->k + t * in->ks, *v = in->v + t * in->vs;
+        const float decay = expf(in->g[t]), beta = in->beta[t];
+        float *ot = o + t * in->os;
+        for (int i = 0; i < dk * dv; i++) S[i] *= decay;
+        for (int j = 0; j < dv; j++) ot[j] = 0; /* ot doubles as kv_mem, then delta */
+        for (int d = 0; d < dk; d++)
+            for (int j = 0; j < dv; j++) ot[j] += S[d * dv + j] * k[d];
+        for (int j = 0; j < dv; j++) ot[j] = (v[j] - ot[j]) * beta;
+        for (int d = 0; d < dk; d++)
+            for (int j = 0; j < dv; j++) S[d * dv + j] += k[d] * ot[j];
+        for (int j = 0; j < dv; j++) ot[j] = 0; /* the delta is spent: o_t = S^T q */
+        for (int d = 0; d < dk; d++)
+            for (int j = 0; j < dv; j++) ot[j] += S[d * dv + j] * q[d];
+    }
+}
+
+size_t delta_rule_work_floats(int dk, int dv) {
+    const size_t C = DELTA_CHUNK;
+    return C * C + C * dv * 2 + C * dk + C + C * dk;
+}
+
+static float dot(const float *a, const float *b, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* One chunk of n positions: with G the cumulative decay inside the chunk and
+ * A[i][j] = beta_i (k_i . k_j) exp(G_i - G_j) for j < i, solve (I + A) U = beta v and
+ * (I + A) W = beta exp(G) k by forward substitution; then the corrected values
+ * V' = U - W S, the outputs o_i = exp(G_i) q_i S + sum_{j<=i} (q_i . k_j) exp(G_i - G_j) V'_j,
+ * and S = exp(G_last) S + sum_j exp(G_last - G_j) k_j V'_j^T. */
+void delta_rule_chunked(const DeltaIn *in, float *S, float *o, float *work) {
+    const int dk = in->dk, dv = in->dv, C = DELTA_CHUNK;
+    float *A = work, *U = A + C * C, *Vn = U + C * dv, *W = Vn + C * dv, *G = W + C * dk, *kd = G + C;
+    for (int c0 = 0; c0 < in->T; c0 += C) {
+        const int n = in->T - c0 < C ? in->T - c0 : C;
+        const float *q = in->q + c0 * in->qs, *k = in->k + c0 * in->ks, *v = in->v + c0 * in->vs;
+        const float *beta = in->beta + c0;
+        float *oc = o + c0 * in->os;
+        float acc = 0;
+        for (int i = 0; i < n; i++) G[i] = acc += in->g[c0 + i];
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < i; j++)
+                A[i * C + j] = beta[i] * dot(k + i * in->ks, k + j * in->ks, dk) * expf(G[i] - G[j]);
+        for (int i = 0; i < n; i++) {
+            float *u = U + i * dv, *w = W + i * dk;
+            const float eg = expf(G[i]);
+            for (int x = 0; x < dv; x++) u[x] = beta[i] * v[i * in->vs + x];
+            for (int x = 0; x < dk; x++) w[x] = beta[i] * eg * k[i * in->ks + x];
+            for (int j = 0; j < i; j++) {
+                const float a = A[i * C + j];
+                for (int x = 0; x < dv; x++) u[x] -= a * U[j * dv + x];
+                for (int x = 0; x < dk; x++) w[x] -= a * W[j * dk + x];
+            }
+        }
+        for (int i = 0; i < n; i++) { /* V' = U - W S, and the read of the old state */
+            float *vn = Vn + i * dv, *ot = oc + i * in->os;
+            const float eg = expf(G[i]);
+            memcpy(vn, U + i * dv, sizeof(float) * (size_t)dv);
+            memset(ot, 0, sizeof(float) * (size_t)dv);
+            for (int d = 0; d < dk; d++) {
+                const float wd = W[i * dk + d], qd = q[i * in->qs + d] * eg;
+                const float *s = S + d * dv;
+                for (int x = 0; x < dv; x++) { vn[x] -= wd * s[x]; ot[x] += qd * s[x]; }
+            }
+        }
+        for (int i = 0; i < n; i++) { /* the chunk's own contribution */
+            float *ot = oc + i * in->os;
+            for (int j = 0; j <= i; j++) {
+                const float a = dot(q + i * in->qs, k + j * in->ks, dk) * expf(G[i] - G[j]);
+                for (int x = 0; x < dv; x++) ot[x] += a * Vn[j * dv + x];
+            }
+        }
+        const float last = G[n - 1], el = expf(last);
+        for (int i = 0; i < dk * dv; i++) S[i] *= el;
+        for (int j = 0; j < n; j++) {
+            const float e = expf(last - G[j]);
+            for (int d = 0; d < dk; d++) kd[d] = e * k[j * in->ks + d];
+            for (int d = 0; d < dk; d++) {
+                float *s = S + d * dv;
+                const float *vn = Vn + j * dv;
+                for (int x = 0; x < dv; x++) s[x] += kd[d] * vn[x];
+            }
+        }
+    }
+}
