@@ -188,7 +188,9 @@ def randomize(model, seed, out_gain):
             if "rotary_emb" in name:
                 continue
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                # a norm initialised to zeros computes x * (1 + w) (Qwen3.5): keep its scale near 1 too
+                centre = 0.0 if not p.any() else 1.0
+                p.copy_(centre + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name or name == "lm_head.weight":
@@ -203,7 +205,7 @@ def randomize(model, seed, out_gain):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
             else:
                 # residual-branch outputs smaller, so no single layer dominates the stream
-                gain = out_gain if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")) else 1.0
+                gain = out_gain if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight", "down_proj")) else 1.0
                 p.copy_(gain * torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
 
 
