@@ -113,6 +113,7 @@ int kv_reuse(KvCache *kv, const int32_t *ids, int n) {
     int keep = lcp(kv->tokens, kv->n, ids, n);
     if (keep >= n) keep = n - 1; /* the last prompt token is recomputed for fresh logits */
     if (keep < 0) keep = 0;
+    kv->last_common = keep;
     if (keep != kv->n && rings_wrapped(kv)) { /* no checkpoint holds ring contents: start over */
         reset_fixed(kv);
         keep = 0;

@@ -99,6 +99,7 @@ typedef struct {
     int n_ck;               /* checkpoints of the fixed state, oldest first */
     int ck_pos[KV_MAX_CHECKPOINTS];
     unsigned char *ck[KV_MAX_CHECKPOINTS]; /* [fixed_total] each */
+    int last_common;        /* kv_reuse: positions the prompt shared with the slot (before any fallback) */
 } KvCache;
 
 int kv_init(KvCache *kv, const Arch *a, int ctx);

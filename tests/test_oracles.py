@@ -227,6 +227,10 @@ def test_oracle_checkpoint(variant, oracle_root):
         assert any(k.endswith("block_sparse_moe.experts.0.w1.weight") for k in keys)
         w = cfg["sliding_window"]
         assert w is None or w < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS < len(info["ids"])
+    if spec["family"] == "qwen3_5_moe":  # linear and full layers; the release's wrapper carries a vision tower
+        types = (cfg.get("text_config") or cfg)["layer_types"]
+        assert {"linear_attention", "full_attention"} == set(types)
+        assert any(k.startswith("model.visual.") for k in keys) == (spec.get("wrap") == "vl")
     if spec["family"] == "olmoe":  # clip_qkv set (the engine clamps q/k/v), top-k unnormalised
         assert cfg["clip_qkv"] and not cfg["norm_topk_prob"]
     if spec["family"] in make_oracles.MOE_FAMILIES:
