@@ -7,7 +7,7 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 import math
 import re
 
-from colibri.family import deepseek, qwen35
+from colibri.family import deepseek, kimi, qwen35
 
 # Families the engine implements (the key is the name written into colibri.json; the engine's
 # `colibri families` must list the same, which tests/test_registry.py checks).
@@ -106,6 +106,21 @@ FAMILIES = {
         "partial_rotary": 0.25,
         "default_tie": False,
         "thinking": "enable_thinking",
+    },
+    # Kimi-Linear (colibri/family/kimi.py): KDA layers (fixed state, per-channel decay) and MLA
+    # layers without position encoding, the DeepSeek-V3 MoE.
+    "kimi_linear": {
+        "display": "Kimi-Linear",
+        "model_types": ["kimi_linear"],
+        **_LLAMA_LIKE,
+        "kv": "mla",
+        "attn": "mla",
+        "mla_rope": "none",
+        "hybrid": "kda",
+        "biases": "config",
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
     },
     # The DeepSeek-V3 line (colibri/family/deepseek.py): sigmoid group-limited routing, shared
     # experts, leading dense layers; "mla" attention keeps the compressed latent per position.
@@ -209,8 +224,10 @@ def layer_specs(arch):
     for l in range(L):
         p = f"model.layers.{l}"
         mlp = deepseek.moe_mlp_spec(arch, p) if kinds[l] == "moe" and arch.get("router") == "sigmoid_group" else None
-        if (arch.get("layer_attn") or [None] * L)[l] == "gated_deltanet":
-            specs.append(_layer(arch, p, qwen35.deltanet_spec(arch, p), mlp or _mlp_spec(arch, p, kinds[l])))
+        linear = (arch.get("layer_attn") or [None] * L)[l]
+        if linear in ("gated_deltanet", "kda"):
+            attn = qwen35.deltanet_spec(arch, p) if linear == "gated_deltanet" else kimi.kda_spec(arch, p)
+            specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
             continue
         if arch.get("attn") == "mla":
             specs.append(_layer(arch, p, deepseek.mla_attn_spec(arch, p), mlp or _mlp_spec(arch, p, kinds[l])))
@@ -431,8 +448,10 @@ def normalize_arch(cfg):
     """HF config.json -> (family, arch dict for colibri.json). Raises UnsupportedModel."""
     family = family_for_model_type(cfg.get("model_type"))
     fam = FAMILIES[family]
-    if fam.get("hybrid"):  # a vision-language wrapper: its text model
+    if fam.get("hybrid") == "gated_deltanet":  # a vision-language wrapper: its text model
         cfg = qwen35.text_config(cfg)
+    elif fam.get("hybrid") == "kda":  # the release's own spellings
+        cfg = kimi.config(cfg)
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
@@ -542,7 +561,7 @@ def normalize_arch(cfg):
                 arch["shared_width"] = int(cfg["shared_expert_intermediate_size"])
     if fam.get("hybrid"):
         try:
-            arch.update(qwen35.linear_arch(cfg, layers))
+            arch.update((kimi if fam["hybrid"] == "kda" else qwen35).linear_arch(cfg, layers))
         except (TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json: {e}") from None
     arch["layer_mlp"] = kinds

@@ -61,27 +61,6 @@ static StateDesc state(const void *self, QType kv_type) {
 /* torch's softplus (beta 1, threshold 20) */
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* qkv[T][cd] <- silu(causal depthwise conv over [window; qkv]); the window moves on by T. */
-static int conv_silu(const AttnGdn *p, float *win, float *qkv, int T) {
-    const int K = p->K, cd = p->cd, W = K - 1;
-    float *buf = fwd_malloc(sizeof(float) * (size_t)(W + T) * cd);
-    if (!buf) return -1;
-    memcpy(buf, win, sizeof(float) * (size_t)W * cd);
-    memcpy(buf + (size_t)W * cd, qkv, sizeof(float) * (size_t)T * cd);
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < cd; c++) {
-        const float *w = p->conv + (size_t)c * K;
-        for (int t = 0; t < T; t++) {
-            float s = 0;
-            for (int j = 0; j < K; j++) s += w[j] * buf[(size_t)(t + j) * cd + c];
-            qkv[(size_t)t * cd + c] = silu(s);
-        }
-    }
-    memcpy(win, buf + (size_t)T * cd, sizeof(float) * (size_t)W * cd);
-    free(buf);
-    return 0;
-}
-
 static void l2norm(float *x, int n) {
     float s = 0;
     for (int i = 0; i < n; i++) s += x[i] * x[i];
@@ -111,7 +90,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             g[(size_t)h * T + t] = -expf(p->A_log[h]) * softplus(a + p->dt_bias[h]);
             beta[(size_t)h * T + t] = 1.0f / (1.0f + expf(-b));
         }
-    if (conv_silu(p, win, qkv, T)) goto done;
+    if (short_conv_silu(p->conv, p->K, cd, win, qkv, T)) goto done;
     const float scale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < 2 * nk; h++) { /* q heads, then k heads */
@@ -124,7 +103,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     for (int h = 0; h < nv; h++) {
         const int kh = h / rep;
         DeltaIn in = {qkv + (size_t)kh * dk, qkv + (size_t)(nk + kh) * dk, qkv + (size_t)2 * nk * dk + (size_t)h * dv,
-                      cd, cd, cd, vd, g + (size_t)h * T, beta + (size_t)h * T, T, dk, dv};
+                      cd, cd, cd, vd, g + (size_t)h * T, beta + (size_t)h * T, T, dk, dv, 0};
         float *Sh = S + (size_t)h * dk * dv, *oh = o + (size_t)h * dv;
         if (T == 1) delta_rule_recurrent(&in, Sh, oh);
         else delta_rule_chunked(&in, Sh, oh, work + (size_t)h * wf);

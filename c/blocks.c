@@ -7,7 +7,7 @@
 #include <string.h>
 
 extern const BlockKind block_norm_rms, block_attn_gqa, block_mlp_dense, block_moe;
-extern const BlockKind block_moe_shared, block_attn_mla, block_attn_deltanet;
+extern const BlockKind block_moe_shared, block_attn_mla, block_attn_deltanet, block_attn_kda;
 extern const RouterKind router_softmax_topk, router_sigmoid_group;
 
 #define MAX_KINDS 32
@@ -20,6 +20,7 @@ static const BlockKind *kinds[MAX_KINDS] = {
     &block_moe_shared,
     &block_attn_mla,
     &block_attn_deltanet,
+    &block_attn_kda,
 };
 static const RouterKind *const routers[] = {
     &router_softmax_topk,

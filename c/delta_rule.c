@@ -3,6 +3,30 @@
 
 #include <math.h>
 #include <string.h>
+#include <stdlib.h>
+
+#include "fwd_alloc.h"
+#include "ops.h"
+
+int short_conv_silu(const float *w, int K, int cd, float *win, float *x, int T) {
+    const int W = K - 1;
+    float *buf = fwd_malloc(sizeof(float) * (size_t)(W + T) * cd);
+    if (!buf) return -1;
+    memcpy(buf, win, sizeof(float) * (size_t)W * cd);
+    memcpy(buf + (size_t)W * cd, x, sizeof(float) * (size_t)T * cd);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < cd; c++) {
+        const float *wc = w + (size_t)c * K;
+        for (int t = 0; t < T; t++) {
+            float s = 0;
+            for (int j = 0; j < K; j++) s += wc[j] * buf[(size_t)(t + j) * cd + c];
+            x[(size_t)t * cd + c] = silu(s);
+        }
+    }
+    memcpy(win, buf + (size_t)T * cd, sizeof(float) * (size_t)W * cd);
+    free(buf);
+    return 0;
+}
 
 void delta_rule_recurrent(const DeltaIn *in, float *S, float *o) {
     const int dk = in->dk, dv = in->dv;
@@ -25,7 +49,7 @@ void delta_rule_recurrent(const DeltaIn *in, float *S, float *o) {
 
 size_t delta_rule_work_floats(int dk, int dv) {
     const size_t C = DELTA_CHUNK;
-    return C * C + C * dv * 2 + C * dk + C + C * dk;
+    return C * C + C * dv * 2 + C * dk + C * dk + C * dk; /* A, U, V', W, G (KDA: per channel), k */
 }
 
 static float dot(const float *a, const float *b, int n) {
@@ -86,6 +110,93 @@ void delta_rule_chunked(const DeltaIn *in, float *S, float *o, float *work) {
         for (int j = 0; j < n; j++) {
             const float e = expf(last - G[j]);
             for (int d = 0; d < dk; d++) kd[d] = e * k[j * in->ks + d];
+            for (int d = 0; d < dk; d++) {
+                float *s = S + d * dv;
+                const float *vn = Vn + j * dv;
+                for (int x = 0; x < dv; x++) s[x] += kd[d] * vn[x];
+            }
+        }
+    }
+}
+
+/* The recurrent rule with S row d decayed by exp(g_t[d]). */
+void kda_recurrent(const DeltaIn *in, float *S, float *o) {
+    const int dk = in->dk, dv = in->dv;
+    for (int t = 0; t < in->T; t++) {
+        const float *q = in->q + t * in->qs, *k = in->k + t * in->ks, *v = in->v + t * in->vs, *g = in->g + t * in->gs;
+        float *ot = o + t * in->os;
+        for (int d = 0; d < dk; d++) {
+            const float e = expf(g[d]);
+            for (int j = 0; j < dv; j++) S[d * dv + j] *= e;
+        }
+        for (int j = 0; j < dv; j++) ot[j] = 0;
+        for (int d = 0; d < dk; d++)
+            for (int j = 0; j < dv; j++) ot[j] += S[d * dv + j] * k[d];
+        for (int j = 0; j < dv; j++) ot[j] = (v[j] - ot[j]) * in->beta[t];
+        for (int d = 0; d < dk; d++)
+            for (int j = 0; j < dv; j++) S[d * dv + j] += k[d] * ot[j];
+        for (int j = 0; j < dv; j++) ot[j] = 0;
+        for (int d = 0; d < dk; d++)
+            for (int j = 0; j < dv; j++) ot[j] += S[d * dv + j] * q[d];
+    }
+}
+
+/* delta_rule_chunked with a per-channel cumulative decay G_i[d]: the pairwise decay
+ * exp(G_i - G_j) moves inside the key products, and exp(G_i), exp(G_last - G_j) scale
+ * channels rather than whole rows. */
+void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
+    const int dk = in->dk, dv = in->dv, C = DELTA_CHUNK;
+    float *A = work, *U = A + C * C, *Vn = U + C * dv, *W = Vn + C * dv, *G = W + C * dk, *kd = G + C * dk;
+    for (int c0 = 0; c0 < in->T; c0 += C) {
+        const int n = in->T - c0 < C ? in->T - c0 : C;
+        const float *q = in->q + c0 * in->qs, *k = in->k + c0 * in->ks, *v = in->v + c0 * in->vs;
+        const float *beta = in->beta + c0;
+        float *oc = o + c0 * in->os;
+        for (int d = 0; d < dk; d++) {
+            float acc = 0;
+            for (int i = 0; i < n; i++) G[i * dk + d] = acc += in->g[(c0 + i) * in->gs + d];
+        }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < i; j++) {
+                float s = 0;
+                for (int d = 0; d < dk; d++) s += k[i * in->ks + d] * k[j * in->ks + d] * expf(G[i * dk + d] - G[j * dk + d]);
+                A[i * C + j] = beta[i] * s;
+            }
+        for (int i = 0; i < n; i++) {
+            float *u = U + i * dv, *w = W + i * dk;
+            for (int x = 0; x < dv; x++) u[x] = beta[i] * v[i * in->vs + x];
+            for (int x = 0; x < dk; x++) w[x] = beta[i] * expf(G[i * dk + x]) * k[i * in->ks + x];
+            for (int j = 0; j < i; j++) {
+                const float a = A[i * C + j];
+                for (int x = 0; x < dv; x++) u[x] -= a * U[j * dv + x];
+                for (int x = 0; x < dk; x++) w[x] -= a * W[j * dk + x];
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            float *vn = Vn + i * dv, *ot = oc + i * in->os;
+            memcpy(vn, U + i * dv, sizeof(float) * (size_t)dv);
+            memset(ot, 0, sizeof(float) * (size_t)dv);
+            for (int d = 0; d < dk; d++) {
+                const float wd = W[i * dk + d], qd = q[i * in->qs + d] * expf(G[i * dk + d]);
+                const float *s = S + d * dv;
+                for (int x = 0; x < dv; x++) { vn[x] -= wd * s[x]; ot[x] += qd * s[x]; }
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            float *ot = oc + i * in->os;
+            for (int j = 0; j <= i; j++) {
+                float a = 0;
+                for (int d = 0; d < dk; d++) a += q[i * in->qs + d] * k[j * in->ks + d] * expf(G[i * dk + d] - G[j * dk + d]);
+                for (int x = 0; x < dv; x++) ot[x] += a * Vn[j * dv + x];
+            }
+        }
+        const float *last = G + (n - 1) * dk;
+        for (int d = 0; d < dk; d++) {
+            const float e = expf(last[d]);
+            for (int x = 0; x < dv; x++) S[d * dv + x] *= e;
+        }
+        for (int j = 0; j < n; j++) {
+            for (int d = 0; d < dk; d++) kd[d] = expf(last[d] - G[j * dk + d]) * k[j * in->ks + d];
             for (int d = 0; d < dk; d++) {
                 float *s = S + d * dv;
                 const float *vn = Vn + j * dv;

@@ -231,13 +231,18 @@ def test_oracle_checkpoint(variant, oracle_root):
         types = (cfg.get("text_config") or cfg)["layer_types"]
         assert {"linear_attention", "full_attention"} == set(types)
         assert any(k.startswith("model.visual.") for k in keys) == (spec.get("wrap") == "vl")
+    if spec["family"] == "kimi_linear":  # the release's 1-indexed layer lists; its own tensor names
+        assert cfg["linear_attn_config"]["kda_layers"] and cfg["linear_attn_config"]["full_attn_layers"]
+        assert any(k.endswith("self_attn.q_conv1d.weight") for k in keys)
+        assert any(k.endswith("block_sparse_moe.experts.0.w1.weight") for k in keys)
     if spec["family"] == "olmoe":  # clip_qkv set (the engine clamps q/k/v), top-k unnormalised
         assert cfg["clip_qkv"] and not cfg["norm_topk_prob"]
     if spec["family"] in make_oracles.MOE_FAMILIES:
         assert info["router_margin"] is not None and min(info["router_margin"]) > 0
     if spec["family"] in make_oracles.SIGMOID_FAMILIES:
         # sigmoid group routing: the oracle must exercise the group limit and the selection-only bias
-        assert cfg["topk_group"] < cfg["n_group"] and cfg["n_shared_experts"] >= 1
+        n_group, n_shared = cfg.get("n_group", cfg.get("num_expert_group")), cfg.get("n_shared_experts", cfg.get("num_shared_experts"))
+        assert cfg["topk_group"] < n_group and n_shared >= 1  # Kimi-Linear's config spells them its own way
         assert info["selection_changed_by_groups"] > 0 and info["selection_changed_by_bias"] > 0
     if "index_topk" in spec["config"]:
         # DSA: sparse selection for most positions, by an indexer with several heads whose

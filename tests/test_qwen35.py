@@ -1,5 +1,6 @@
-"""Qwen3.5/3.6-MoE (gated DeltaNet hybrid) beyond the shared oracle suite: the release wrapper
-converts to its text model, prefill in chunks of any size matches the reference, and the
+"""The hybrid linear-attention families beyond the shared oracle suite: Qwen3.5/3.6-MoE (gated
+DeltaNet; the release wrapper converts to its text model) and Kimi-Linear (KDA; the release's
+config spelling and tensor names); prefill in chunks of any size matches the reference, and the
 recurrent state behaves under prefix reuse (turn-boundary checkpoints, never truncation) and
 slot persistence (a resumed conversation is byte-identical to an uninterrupted one)."""
 import json
@@ -15,7 +16,7 @@ from colibri import engine_client  # noqa: E402
 from engine_binaries import assert_clean_exit  # noqa: E402
 from test_oracles import EXACT_TOL, exact_ratio, load_ref, run_logits  # noqa: E402
 
-WRAPPED, TEXT = "qwen3_5_moe", "qwen3_5_moe_text"
+WRAPPED, TEXT, KIMI = "qwen3_5_moe", "qwen3_5_moe_text", "kimi_linear"
 
 
 def convert(src, out, *flags):
@@ -69,11 +70,35 @@ def test_plan_counts_fixed_state_and_per_token_kv_apart(model):
     assert str(fixed) in found and str(per_token) in found, found[:2000]
 
 
-@pytest.mark.parametrize("variant", [WRAPPED, TEXT])
+def test_kimi_release_layout_converts(oracle_root, tmp_path):
+    out = tmp_path / "c"
+    convert(Path(oracle_root) / KIMI / "hf", out, "--experts", "bf16", "--dense", "bf16")
+    hf = json.loads((Path(oracle_root) / KIMI / "hf" / "config.json").read_text())
+    man = json.loads((out / "colibri.json").read_text())
+    kinds = [spec["attn"]["kind"] for spec in man["layers"]]
+    want = ["mla"] * hf["num_hidden_layers"]
+    for i in hf["linear_attn_config"]["kda_layers"]:  # 1-indexed, as the release writes them
+        want[i - 1] = "kda"
+    assert kinds == want and "kda" in kinds and "mla" in kinds
+    kda = man["layers"][kinds.index("kda")]["attn"]
+    lac = hf["linear_attn_config"]
+    nh, hd, K = lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"]
+    assert kda["state"] == {"kv_values_per_pos": 0, "fixed_bytes": 4 * ((K - 1) * 3 * nh * hd + nh * hd * hd),
+                            "truncatable": False}
+    mla = man["layers"][kinds.index("mla")]["attn"]
+    assert mla["rope"]["style"] == "none"  # no position encoding in the full-attention layers
+    moe = man["layers"][1]["mlp"]
+    assert moe["router"]["kind"] == "sigmoid_group" and moe["router"]["scale"] == hf["routed_scaling_factor"]
+    assert moe["top_k"] == hf["num_experts_per_token"] and moe["router"]["groups"] == hf["num_expert_group"]
+    assert man["layers"][0]["mlp"]["kind"] == "dense" and moe["kind"] == "moe_shared"
+
+
+@pytest.mark.parametrize("variant", [WRAPPED, TEXT, KIMI])
 @pytest.mark.parametrize("batch", [7, 40])
 def test_prefill_in_chunks_of_any_size_matches_the_reference(variant, batch, oracle_root, tmp_path):
     """96 positions in forward passes of 7 or 40 (each run in the chunked form from the state the
-    last one left, 40 splitting transformers' 64-position chunks differently) match transformers."""
+    last one left, 40 splitting transformers' 64-position chunks differently) match transformers
+    (an f32 cache, so only the arithmetic differs)."""
     info, ref = load_ref(oracle_root, variant)
     out = tmp_path / "c"
     convert(Path(oracle_root) / variant / "hf", out, "--experts", "f32", "--dense", "f32")

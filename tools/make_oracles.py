@@ -68,6 +68,14 @@ QWEN35 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=32, num_exper
 TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                    temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
 
+# Kimi-Linear: KDA layers and NoPE MLA layers (1-indexed lists in linear_attn_config, the
+# release's spelling), sigmoid group routing with shared experts, a dense first layer.
+KIMI = dict(num_hidden_layers=4, num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+            n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True, first_k_dense_replace=1,
+            q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24, rms_norm_eps=1e-5,
+            linear_attn_config={"full_attn_layers": [2, 4], "kda_layers": [1, 3], "head_dim": 16, "num_heads": 4,
+                                "short_conv_kernel_size": 4})
+
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
     "llama": dict(family="llama", seed=11, config={}),
@@ -134,6 +142,8 @@ VARIANTS = {
     "qwen3_5_moe_text": dict(family="qwen3_5_moe", seed=102, model_type="qwen3_5_moe_text", config=dict(
         QWEN35, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=16,
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])),
+    # a flipped routing decision lives on in the recurrent state: more router draws for a decisive one
+    "kimi_linear": dict(family="kimi_linear", seed=113, router_tries=24, config=dict(KIMI)),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -170,10 +180,11 @@ def model_class(family, wrap=None):
             "glm4_moe_lite": (tf.Glm4MoeLiteConfig, tf.Glm4MoeLiteForCausalLM),
             "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
             "glm_moe_dsa": (tf.GlmMoeDsaConfig, tf.GlmMoeDsaForCausalLM),
-            "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM)}[family]
+            "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM),
+            "kimi_linear": (tf.KimiLinearConfig, tf.KimiLinearForCausalLM)}[family]
 
 
-SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32")  # group-limited sigmoid routers
+SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "kimi_linear")  # group-limited sigmoid routers
 MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "qwen3_5_moe") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
@@ -346,7 +357,7 @@ def round_to(model, dtype):
 INDEX_TRIES = 8  # candidate draws of each DSA indexer's weights_proj; the most decisive one is kept
 
 
-def pick_routers(model, seed, ids, dtype):
+def pick_routers(model, seed, ids, dtype, tries=ROUTER_TRIES):
     """Draw router weights (and DSA indexer head weights) layer by layer, in the order the forward
     pass meets them, so each measured margin only depends on choices already fixed; keep the
     draw with the largest smallest margin: router top-k (RouterMargins), indexer top-k
@@ -371,7 +382,7 @@ def pick_routers(model, seed, ids, dtype):
             else:
                 continue
             best, best_w = None, None
-            for _ in range(ROUTER_TRIES if m in rs else INDEX_TRIES):
+            for _ in range(tries if m in rs else INDEX_TRIES):
                 w = draw().to(getattr(torch, dtype)).float()
                 with torch.no_grad():
                     param.copy_(w)
@@ -456,7 +467,7 @@ def build_variant(name, spec, vdir):
     randomize(model, seed, spec.get("out_gain", OUT_GAIN))
     round_to(model, dtype)
     ids = torch.randint(1, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(seed + 3000)).tolist()
-    pick_routers(model, seed, ids, dtype)
+    pick_routers(model, seed, ids, dtype, spec.get("router_tries", ROUTER_TRIES))
     prompt = pick_prompt(model, seed)
     in_memory = forward_logits(model, ids)
 

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.family import deepseek, qwen35
+from colibri.family import deepseek, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
@@ -119,20 +119,25 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                    "q_norm": [hd], "k_norm": [hd]}
     if arch.get("qk_norm_scope") == "full":  # OLMoE: one norm over all heads
         attn_shapes.update(q_norm=[nh * hd], k_norm=[nkv * hd])
-    def rows_of(name, klass, rows, cols, src, shape, ranges, order):
-        """Output rows gathered from row ranges of one source tensor (a 3-D one as [rows, last])."""
-        t = take(src, shape)
-        if t["dtype"] not in qwen35.ELEM:
-            raise ConvertError(f"source tensor '{src}' is {t['dtype']}; this layout needs F32, F16 or BF16")
-        row = shape[-1] * qwen35.ELEM[t["dtype"]]
-        p.add(name, klass, rows, cols, [(t["file"], t["offset"] + r0 * row, t["dtype"], n) for r0, n in ranges],
-              t["file"], order)
+    def rows_of(name, klass, rows, cols, pieces, order):
+        """One output gathered from row ranges (rows of `cols` values) of one or more source tensors."""
+        parts, anchor = [], None
+        for src, shape, ranges in pieces:
+            t = take(src, shape)
+            if t["dtype"] not in qwen35.ELEM:
+                raise ConvertError(f"source tensor '{src}' is {t['dtype']}; this layout needs F32, F16 or BF16")
+            anchor = anchor or t["file"]
+            parts += [(t["file"], t["offset"] + r0 * cols * qwen35.ELEM[t["dtype"]], t["dtype"], n) for r0, n in ranges]
+        p.add(name, klass, rows, cols, parts, anchor, order)
 
     for l, spec in enumerate(family_registry.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
-        special = qwen35.attn_outputs(spec["attn"], arch, f"model.layers.{l}", H) if arch.get("layer_attn") else None
+        if spec["attn"]["kind"] == "kda":
+            special = kimi.attn_outputs(spec["attn"], H, lambda n: n in tensors)
+        else:
+            special = qwen35.attn_outputs(spec["attn"], arch, f"model.layers.{l}", H) if arch.get("attn_output_gate") else None
         for out in special or ():
             rows_of(*out, o)
         shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else attn_shapes
@@ -354,8 +359,9 @@ def convert(src, out, experts="q4", dense="q8", log=print):
             if name in tensors:
                 raise ConvertError(f"tensor '{name}' appears in two source shards")
             tensors[name] = dict(t, file=str(f.resolve()))
-    if family_registry.FAMILIES[family].get("hybrid"):
-        tensors = qwen35.text_tensors(tensors, log)
+    rename = {"gated_deltanet": qwen35.text_tensors, "kda": kimi.source_tensors}.get(family_registry.FAMILIES[family].get("hybrid"))
+    if rename:
+        tensors = rename(tensors, log)
     attach_fp8_scales(cfg, tensors)
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)

@@ -141,6 +141,8 @@ def indexer_shapes(ix, hidden, q_lora):
 def moe_mlp_spec(arch, p):
     """Routed experts behind a sigmoid group router, plus the shared experts when there are any."""
     ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
+    if arch.get("expert_names") == "w123":  # Kimi-Linear: experts.N.w1 (gate), w3 (up), w2 (down)
+        ex = {x: f"{p}.mlp.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
     router = {"kind": "sigmoid_group", "renorm": arch["norm_topk_prob"], "groups": arch["n_group"],
               "topk_group": arch["topk_group"], "scale": arch["routed_scaling_factor"],
               "tensors": {"weight": f"{p}.mlp.gate.weight", "bias": f"{p}.mlp.gate.e_score_correction_bias"}}

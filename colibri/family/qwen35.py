@@ -72,7 +72,7 @@ def gated_q_names(p):
 
 def attn_outputs(spec, arch, p, H):
     """The converter's outputs for one attention block of this family, or None for the generic
-    path: (output name, storage class, rows, cols, source name, source shape, row ranges)."""
+    path: (output name, storage class, rows, cols, [(source name, source shape, row ranges)])."""
     t = spec["tensors"]
     if spec["kind"] == "gated_deltanet":
         nk, nv, dk, dv, K = (spec[x] for x in ("k_heads", "v_heads", "k_head_dim", "v_head_dim", "conv_kernel"))
@@ -84,19 +84,19 @@ def attn_outputs(spec, arch, p, H):
         for key, name in t.items():
             klass, shape = shapes[key]
             rows = 1 if len(shape) == 1 else shape[0]
-            out.append((name, klass, rows, shape[-1], name, shape, [(0, rows)]))
+            out.append((name, klass, rows, shape[-1], [(name, shape, [(0, rows)])]))
         return out
     if "gate" not in t:
         return None
     nh, nkv, hd = spec["heads"], spec["kv_heads"], spec["head_dim"]
-    src = f"{p}.self_attn.q_proj.weight"  # [heads x (query hd, gate hd), H]
-    out = [(t["q"], "dense", nh * hd, H, src, [2 * nh * hd, H], [(2 * h * hd, hd) for h in range(nh)]),
-           (t["gate"], "dense", nh * hd, H, src, [2 * nh * hd, H], [((2 * h + 1) * hd, hd) for h in range(nh)])]
+    src, shape = f"{p}.self_attn.q_proj.weight", [2 * nh * hd, H]  # heads x (query hd, gate hd)
+    out = [(t["q"], "dense", nh * hd, H, [(src, shape, [(2 * h * hd, hd) for h in range(nh)])]),
+           (t["gate"], "dense", nh * hd, H, [(src, shape, [((2 * h + 1) * hd, hd) for h in range(nh)])])]
     shapes = {"k": [nkv * hd, H], "v": [nkv * hd, H], "o": [H, nh * hd], "q_norm": [hd], "k_norm": [hd]}
     for key in ("k", "v", "o", "q_norm", "k_norm"):
         s = shapes[key]
-        out.append((t[key], "dense" if len(s) == 2 else "f32", 1 if len(s) == 1 else s[0], s[-1], t[key], s,
-                    [(0, 1 if len(s) == 1 else s[0])]))
+        rows = 1 if len(s) == 1 else s[0]
+        out.append((t[key], "dense" if len(s) == 2 else "f32", rows, s[-1], [(t[key], s, [(0, rows)])]))
     return out
 
 
