@@ -115,9 +115,17 @@ def turn(eng, ids, slot=0, n=6):
     return ev[0], toks, [e[1:] for e in ev if e[0] == "logprob"]
 
 
-def test_resumed_slot_is_byte_identical_to_an_uninterrupted_conversation(model, oracle_root, tmp_path):
-    out, _ = model
-    info, _ = load_ref(oracle_root, WRAPPED)
+@pytest.fixture(scope="module")
+def models(model, oracle_root, tmp_path_factory):
+    kimi = tmp_path_factory.mktemp("kimi") / "c"
+    convert(Path(oracle_root) / KIMI / "hf", kimi, "--experts", "bf16", "--dense", "bf16")
+    return {WRAPPED: model[0], KIMI: kimi}
+
+
+@pytest.mark.parametrize("variant", [WRAPPED, KIMI])
+def test_resumed_slot_is_byte_identical_to_an_uninterrupted_conversation(variant, models, oracle_root, tmp_path):
+    out = models[variant]
+    info, _ = load_ref(oracle_root, variant)
     prompt = info["ids"][:40]
     live, resumed = tmp_path / "live", tmp_path / "resumed"
     live.mkdir()
@@ -139,9 +147,10 @@ def test_resumed_slot_is_byte_identical_to_an_uninterrupted_conversation(model, 
     assert (live / ".coli_kv").read_bytes() == (resumed / ".coli_kv").read_bytes()
 
 
-def test_prefix_reuse_restores_a_checkpoint_instead_of_truncating(model, oracle_root):
-    out, _ = model
-    info, _ = load_ref(oracle_root, WRAPPED)
+@pytest.mark.parametrize("variant", [WRAPPED, KIMI])
+def test_prefix_reuse_restores_a_checkpoint_instead_of_truncating(variant, models, oracle_root):
+    out = models[variant]
+    info, _ = load_ref(oracle_root, variant)
     prompt, other = info["ids"][:30], info["ids"][60:70]
     with engine_client.Engine(out, ctx=128, batch=16) as fresh:
         _, want, want_lp = turn(fresh, prompt + other)
@@ -166,3 +175,37 @@ def test_prefix_reuse_restores_a_checkpoint_instead_of_truncating(model, oracle_
 def turn_fresh(out, ids):
     with engine_client.Engine(out, ctx=128, batch=16) as eng:
         return turn(eng, ids)
+
+
+def test_kimi_release_spellings_give_the_same_logits(oracle_root, tmp_path):
+    """The release as it ships: layer kinds only in linear_attn_config, the dense layer under
+    first_k_dense_replace, its MLP under .mlp., A_log as [heads]; the same model as the oracle."""
+    from safetensors.torch import load_file, save_file
+    src = Path(oracle_root) / KIMI / "hf"
+    rel = tmp_path / "release"
+    rel.mkdir()
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (rel / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((src / "config.json").read_text())
+    for key in ("layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim"):
+        cfg.pop(key)
+    cfg.update(first_k_dense_replace=1, mla_use_nope=True, moe_router_activation_func="sigmoid")
+    (rel / "config.json").write_text(json.dumps(cfg))
+    tensors = {}
+    for f in src.glob("*.safetensors"):
+        for name, t in load_file(f).items():
+            if name.endswith("A_log"):
+                t = t.reshape(-1)
+            tensors[name.replace("layers.0.block_sparse_moe.", "layers.0.mlp.")] = t
+    save_file(tensors, rel / "model.safetensors", metadata={"format": "pt"})
+    info, ref = load_ref(oracle_root, KIMI)
+    out = tmp_path / "c"
+    convert(rel, out, "--experts", "f32", "--dense", "f32")
+    got = run_logits(out, info["ids"], tmp_path / "l.f32", "--kv", "f32")
+    assert exact_ratio(got, ref) <= EXACT_TOL / 10
+    cfg["mla_use_nope"] = False
+    (rel / "config.json").write_text(json.dumps(cfg))
+    p = subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(rel), str(tmp_path / "d")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0 and "mla_use_nope" in p.stderr

@@ -135,7 +135,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
         if spec["attn"]["kind"] == "kda":
-            special = kimi.attn_outputs(spec["attn"], H, lambda n: n in tensors)
+            special = kimi.attn_outputs(spec["attn"], H, lambda n: list(tensors[n]["shape"]) if n in tensors else None)
         else:
             special = qwen35.attn_outputs(spec["attn"], arch, f"model.layers.{l}", H) if arch.get("attn_output_gate") else None
         for out in special or ():

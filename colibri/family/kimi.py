@@ -27,6 +27,11 @@ def config(cfg):
 
 def linear_arch(cfg, layers):
     """The KDA/MLA layer pattern and the KDA geometry; raises ValueError on an unusable config."""
+    if cfg.get("mla_use_nope") is False:
+        raise ValueError("mla_use_nope false (rotary MLA layers) is not supported: Kimi-Linear's MLA has no RoPE")
+    act = cfg.get("moe_router_activation_func", "sigmoid")
+    if act != "sigmoid":
+        raise ValueError(f"moe_router_activation_func '{act}' is not supported (sigmoid)")
     lac = cfg.get("linear_attn_config") or {}
     types = cfg.get("layer_types")
     if types is None and "kda_layers" in lac and "full_attn_layers" in lac:
@@ -65,21 +70,24 @@ def kda_spec(arch, p):
             "tensors": t}
 
 
-def attn_outputs(spec, H, has):
+def attn_outputs(spec, H, shape_of):
     """Converter outputs of a KDA block: (name, class, rows, cols, [(source, shape, row ranges)]);
-    `has(name)` tells whether the source holds a tensor. The conv is one tensor (as transformers
-    saves it) or the release's three, concatenated q, k, v."""
+    `shape_of(name)` is a source tensor's shape, or None. The conv is one tensor (as transformers
+    saves it) or the release's three, concatenated q, k, v; A_log is [1, 1, heads, 1] (as
+    transformers keeps it) or [heads]."""
     nh, hd, K = spec["heads"], spec["head_dim"], spec["conv_kernel"]
     qd, t = nh * hd, spec["tensors"]
     shapes = {"q": ("dense", [qd, H]), "k": ("dense", [qd, H]), "v": ("dense", [qd, H]), "o": ("dense", [H, qd]),
               "f_a": ("f32", [hd, H]), "f_b": ("f32", [qd, hd]), "g_a": ("f32", [hd, H]), "g_b": ("f32", [qd, hd]),
               "b": ("f32", [nh, H]), "dt_bias": ("f32", [qd]), "A_log": ("f32", [1, 1, nh, 1]), "norm": ("f32", [hd])}
     out = []
+    if shape_of(t["A_log"]) == [nh]:
+        shapes["A_log"] = ("f32", [nh])
     for key, (klass, shape) in shapes.items():
         rows, cols = (1, nh) if key == "A_log" else (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
         out.append((t[key], klass, rows, cols, [(t[key], shape, [(0, rows)])]))
     conv = t["conv"]
-    if has(conv):
+    if shape_of(conv) is not None:
         pieces = [(conv, [3 * qd, 1, K], [(0, 3 * qd)])]
     else:
         pieces = [(conv.replace(".conv1d.", f".{x}_conv1d."), [qd, 1, K], [(0, qd)]) for x in "qkv"]
