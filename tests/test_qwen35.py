@@ -209,3 +209,23 @@ def test_kimi_release_spellings_give_the_same_logits(oracle_root, tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(rel), str(tmp_path / "d")], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode != 0 and "mla_use_nope" in p.stderr
+
+
+@pytest.mark.parametrize("variant", [WRAPPED, KIMI])
+def test_slots_keep_their_own_recurrent_state(variant, models, oracle_root):
+    """Two conversations interleaved on two slots answer as each does alone."""
+    out = models[variant]
+    info, _ = load_ref(oracle_root, variant)
+    a, b = info["ids"][:24], info["ids"][50:70]
+    alone = {}
+    for name, ids in (("a", a), ("b", b)):
+        with engine_client.Engine(out, ctx=128, batch=16) as eng:
+            _, first, _ = turn(eng, ids)
+            alone[name] = (first, turn(eng, ids + first + [5, 6, 7])[1])
+    with engine_client.Engine(out, ctx=128, kv_slots=2, batch=16) as eng:
+        _, fa, _ = turn(eng, a, slot=0)
+        _, fb, _ = turn(eng, b, slot=1)
+        _, sa, _ = turn(eng, a + fa + [5, 6, 7], slot=0)
+        _, sb, _ = turn(eng, b + fb + [5, 6, 7], slot=1)
+    assert_clean_exit(eng)
+    assert (fa, sa) == alone["a"] and (fb, sb) == alone["b"]
