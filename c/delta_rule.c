@@ -28,23 +28,58 @@ int short_conv_silu(const float *w, int K, int cd, float *win, float *x, int T) 
     return 0;
 }
 
-void delta_rule_recurrent(const DeltaIn *in, float *S, float *o) {
-    const int dk = in->dk, dv = in->dv;
-    for (int t = 0; t < in->T; t++) {
-        const float *q = in->q + t * in->qs, *k = in->k + t * in->ks, *v = in->v + t * in->vs;
-        const float decay = expf(in->g[t]), beta = in->beta[t];
-        float *ot = o + t * in->os;
-        for (int i = 0; i < dk * dv; i++) S[i] *= decay;
-        for (int j = 0; j < dv; j++) ot[j] = 0; /* ot doubles as kv_mem, then delta */
-        for (int d = 0; d < dk; d++)
-            for (int j = 0; j < dv; j++) ot[j] += S[d * dv + j] * k[d];
-        for (int j = 0; j < dv; j++) ot[j] = (v[j] - ot[j]) * beta;
-        for (int d = 0; d < dk; d++)
-            for (int j = 0; j < dv; j++) S[d * dv + j] += k[d] * ot[j];
-        for (int j = 0; j < dv; j++) ot[j] = 0; /* the delta is spent: o_t = S^T q */
-        for (int d = 0; d < dk; d++)
-            for (int j = 0; j < dv; j++) ot[j] += S[d * dv + j] * q[d];
+/* The hot loops run over contiguous rows of S; on x86 they are built for AVX-512, AVX2 and the
+ * baseline and picked at load time (results differ between those only in rounding). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define HOT __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define HOT
+#endif
+
+static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
+#pragma omp simd
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static inline float dot(const float *restrict a, const float *restrict b, int n) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* y += a x and z += b x at once */
+static inline void axpy2(float *restrict y, float a, float *restrict z, float b, const float *restrict x, int n) {
+#pragma omp simd
+    for (int i = 0; i < n; i++) { y[i] += a * x[i]; z[i] += b * x[i]; }
+}
+
+/* One position of the rule, the decay per row of S (dec[d]) or for all of it (dec == NULL,
+ * decay): two passes over S, decay + read, then write + output. */
+static inline void rule_step(float *restrict S, const float *restrict q, const float *restrict k, const float *restrict v,
+                             const float *dec, float decay, float beta, float *restrict ot, int dk, int dv) {
+    float delta[1024]; /* dv <= 1024 (the blocks' loaders check) */
+    memset(delta, 0, sizeof(float) * (size_t)dv);
+    for (int d = 0; d < dk; d++) {
+        float *restrict row = S + (size_t)d * dv;
+        const float e = dec ? dec[d] : decay, kd = k[d];
+#pragma omp simd
+        for (int j = 0; j < dv; j++) { row[j] *= e; delta[j] += kd * row[j]; }
     }
+#pragma omp simd
+    for (int j = 0; j < dv; j++) { delta[j] = (v[j] - delta[j]) * beta; ot[j] = 0; }
+    for (int d = 0; d < dk; d++) {
+        float *restrict row = S + (size_t)d * dv;
+        const float kd = k[d], qd = q[d];
+#pragma omp simd
+        for (int j = 0; j < dv; j++) { row[j] += kd * delta[j]; ot[j] += qd * row[j]; }
+    }
+}
+
+HOT void delta_rule_recurrent(const DeltaIn *in, float *S, float *o) {
+    for (int t = 0; t < in->T; t++)
+        rule_step(S, in->q + t * in->qs, in->k + t * in->ks, in->v + t * in->vs, NULL, expf(in->g[t]), in->beta[t],
+                  o + t * in->os, in->dk, in->dv);
 }
 
 size_t delta_rule_work_floats(int dk, int dv) {
@@ -52,18 +87,12 @@ size_t delta_rule_work_floats(int dk, int dv) {
     return C * C + C * dv * 2 + C * dk + C * dk + C * dk; /* A, U, V', W, G (KDA: per channel), k */
 }
 
-static float dot(const float *a, const float *b, int n) {
-    float s = 0;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 /* One chunk of n positions: with G the cumulative decay inside the chunk and
  * A[i][j] = beta_i (k_i . k_j) exp(G_i - G_j) for j < i, solve (I + A) U = beta v and
  * (I + A) W = beta exp(G) k by forward substitution; then the corrected values
  * V' = U - W S, the outputs o_i = exp(G_i) q_i S + sum_{j<=i} (q_i . k_j) exp(G_i - G_j) V'_j,
  * and S = exp(G_last) S + sum_j exp(G_last - G_j) k_j V'_j^T. */
-void delta_rule_chunked(const DeltaIn *in, float *S, float *o, float *work) {
+HOT void delta_rule_chunked(const DeltaIn *in, float *S, float *o, float *work) {
     const int dk = in->dk, dv = in->dv, C = DELTA_CHUNK;
     float *A = work, *U = A + C * C, *Vn = U + C * dv, *W = Vn + C * dv, *G = W + C * dk, *kd = G + C;
     for (int c0 = 0; c0 < in->T; c0 += C) {
@@ -83,8 +112,8 @@ void delta_rule_chunked(const DeltaIn *in, float *S, float *o, float *work) {
             for (int x = 0; x < dk; x++) w[x] = beta[i] * eg * k[i * in->ks + x];
             for (int j = 0; j < i; j++) {
                 const float a = A[i * C + j];
-                for (int x = 0; x < dv; x++) u[x] -= a * U[j * dv + x];
-                for (int x = 0; x < dk; x++) w[x] -= a * W[j * dk + x];
+                axpy(u, -a, U + j * dv, dv);
+                axpy(w, -a, W + j * dk, dk);
             }
         }
         for (int i = 0; i < n; i++) { /* V' = U - W S, and the read of the old state */
@@ -95,14 +124,14 @@ void delta_rule_chunked(const DeltaIn *in, float *S, float *o, float *work) {
             for (int d = 0; d < dk; d++) {
                 const float wd = W[i * dk + d], qd = q[i * in->qs + d] * eg;
                 const float *s = S + d * dv;
-                for (int x = 0; x < dv; x++) { vn[x] -= wd * s[x]; ot[x] += qd * s[x]; }
+                axpy2(vn, -wd, ot, qd, s, dv);
             }
         }
         for (int i = 0; i < n; i++) { /* the chunk's own contribution */
             float *ot = oc + i * in->os;
             for (int j = 0; j <= i; j++) {
                 const float a = dot(q + i * in->qs, k + j * in->ks, dk) * expf(G[i] - G[j]);
-                for (int x = 0; x < dv; x++) ot[x] += a * Vn[j * dv + x];
+                axpy(ot, a, Vn + j * dv, dv);
             }
         }
         const float last = G[n - 1], el = expf(last);
@@ -113,38 +142,27 @@ void delta_rule_chunked(const DeltaIn *in, float *S, float *o, float *work) {
             for (int d = 0; d < dk; d++) {
                 float *s = S + d * dv;
                 const float *vn = Vn + j * dv;
-                for (int x = 0; x < dv; x++) s[x] += kd[d] * vn[x];
+                axpy(s, kd[d], vn, dv);
             }
         }
     }
 }
 
 /* The recurrent rule with S row d decayed by exp(g_t[d]). */
-void kda_recurrent(const DeltaIn *in, float *S, float *o) {
-    const int dk = in->dk, dv = in->dv;
+HOT void kda_recurrent(const DeltaIn *in, float *S, float *o) {
+    float dec[1024]; /* dk <= 1024 */
     for (int t = 0; t < in->T; t++) {
-        const float *q = in->q + t * in->qs, *k = in->k + t * in->ks, *v = in->v + t * in->vs, *g = in->g + t * in->gs;
-        float *ot = o + t * in->os;
-        for (int d = 0; d < dk; d++) {
-            const float e = expf(g[d]);
-            for (int j = 0; j < dv; j++) S[d * dv + j] *= e;
-        }
-        for (int j = 0; j < dv; j++) ot[j] = 0;
-        for (int d = 0; d < dk; d++)
-            for (int j = 0; j < dv; j++) ot[j] += S[d * dv + j] * k[d];
-        for (int j = 0; j < dv; j++) ot[j] = (v[j] - ot[j]) * in->beta[t];
-        for (int d = 0; d < dk; d++)
-            for (int j = 0; j < dv; j++) S[d * dv + j] += k[d] * ot[j];
-        for (int j = 0; j < dv; j++) ot[j] = 0;
-        for (int d = 0; d < dk; d++)
-            for (int j = 0; j < dv; j++) ot[j] += S[d * dv + j] * q[d];
+        const float *g = in->g + t * in->gs;
+        for (int d = 0; d < in->dk; d++) dec[d] = expf(g[d]);
+        rule_step(S, in->q + t * in->qs, in->k + t * in->ks, in->v + t * in->vs, dec, 0, in->beta[t], o + t * in->os,
+                  in->dk, in->dv);
     }
 }
 
 /* delta_rule_chunked with a per-channel cumulative decay G_i[d]: the pairwise decay
  * exp(G_i - G_j) moves inside the key products, and exp(G_i), exp(G_last - G_j) scale
  * channels rather than whole rows. */
-void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
+HOT void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
     const int dk = in->dk, dv = in->dv, C = DELTA_CHUNK;
     float *A = work, *U = A + C * C, *Vn = U + C * dv, *W = Vn + C * dv, *G = W + C * dk, *kd = G + C * dk;
     for (int c0 = 0; c0 < in->T; c0 += C) {
@@ -168,8 +186,8 @@ void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
             for (int x = 0; x < dk; x++) w[x] = beta[i] * expf(G[i * dk + x]) * k[i * in->ks + x];
             for (int j = 0; j < i; j++) {
                 const float a = A[i * C + j];
-                for (int x = 0; x < dv; x++) u[x] -= a * U[j * dv + x];
-                for (int x = 0; x < dk; x++) w[x] -= a * W[j * dk + x];
+                axpy(u, -a, U + j * dv, dv);
+                axpy(w, -a, W + j * dk, dk);
             }
         }
         for (int i = 0; i < n; i++) {
@@ -179,7 +197,7 @@ void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
             for (int d = 0; d < dk; d++) {
                 const float wd = W[i * dk + d], qd = q[i * in->qs + d] * expf(G[i * dk + d]);
                 const float *s = S + d * dv;
-                for (int x = 0; x < dv; x++) { vn[x] -= wd * s[x]; ot[x] += qd * s[x]; }
+                axpy2(vn, -wd, ot, qd, s, dv);
             }
         }
         for (int i = 0; i < n; i++) {
@@ -187,7 +205,7 @@ void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
             for (int j = 0; j <= i; j++) {
                 float a = 0;
                 for (int d = 0; d < dk; d++) a += q[i * in->qs + d] * k[j * in->ks + d] * expf(G[i * dk + d] - G[j * dk + d]);
-                for (int x = 0; x < dv; x++) ot[x] += a * Vn[j * dv + x];
+                axpy(ot, a, Vn + j * dv, dv);
             }
         }
         const float *last = G + (n - 1) * dk;
@@ -200,7 +218,7 @@ void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
             for (int d = 0; d < dk; d++) {
                 float *s = S + d * dv;
                 const float *vn = Vn + j * dv;
-                for (int x = 0; x < dv; x++) s[x] += kd[d] * vn[x];
+                axpy(s, kd[d], vn, dv);
             }
         }
     }
