@@ -74,21 +74,21 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     const int vd = nv * dv, rep = nv / nk;
     float *win = (float *)r->state->fixed, *S = win + conv_floats(p);
     float *qkv = fwd_malloc(sizeof(float) * (size_t)T * cd), *z = fwd_malloc(sizeof(float) * (size_t)T * vd);
-    float *gb = fwd_malloc(sizeof(float) * (size_t)T * nv * 2), *o = fwd_malloc(sizeof(float) * (size_t)T * vd);
+    float *gb = fwd_malloc(sizeof(float) * (size_t)T * nv * 4), *o = fwd_malloc(sizeof(float) * (size_t)T * vd);
     /* every buffer before the state moves: a failed allocation leaves the state as it was */
     const size_t wf = delta_rule_work_floats(dk, dv);
     float *work = T > 1 ? fwd_malloc(sizeof(float) * wf * (size_t)nv) : NULL;
     if (!qkv || !z || !gb || !o || (T > 1 && !work)) goto done; /* fwd_oom() tells the caller */
     matmul(qkv, x, T, &p->wqkv, NULL);
     matmul(z, x, T, &p->wz, NULL);
-    float *g = gb, *beta = gb + (size_t)T * nv; /* [nv][T] each: one head's positions adjacent */
+    /* g, beta: [nv][T] each (one head's positions adjacent), from a.x, b.x: [T][nv] each */
+    float *g = gb, *beta = gb + (size_t)T * nv, *ax = beta + (size_t)T * nv, *bx = ax + (size_t)T * nv;
+    matmul_f32(ax, x, T, p->wa, nv, H);
+    matmul_f32(bx, x, T, p->wb, nv, H);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nv; h++) {
-            const float *xt = x + (size_t)t * H, *wa = p->wa + (size_t)h * H, *wb = p->wb + (size_t)h * H;
-            float a = 0, b = 0;
-            for (int i = 0; i < H; i++) { a += wa[i] * xt[i]; b += wb[i] * xt[i]; }
-            g[(size_t)h * T + t] = -expf(p->A_log[h]) * softplus(a + p->dt_bias[h]);
-            beta[(size_t)h * T + t] = 1.0f / (1.0f + expf(-b));
+            g[(size_t)h * T + t] = -expf(p->A_log[h]) * softplus(ax[(size_t)t * nv + h] + p->dt_bias[h]);
+            beta[(size_t)h * T + t] = 1.0f / (1.0f + expf(-bx[(size_t)t * nv + h]));
         }
     if (short_conv_silu(p->conv, p->K, cd, win, qkv, T)) goto done;
     const float scale = 1.0f / sqrtf((float)dk);
