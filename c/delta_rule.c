@@ -28,6 +28,8 @@ int short_conv_silu(const float *w, int K, int cd, float *win, float *x, int T) 
     return 0;
 }
 
+#define KDA_SUB 16 /* kda_chunked's sub-chunks (kda_pair_decays) */
+
 /* The hot loops run over contiguous rows of S; on x86 they are built for AVX-512, AVX2 and the
  * baseline and picked at load time (results differ between those only in rounding). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
@@ -84,7 +86,8 @@ HOT void delta_rule_recurrent(const DeltaIn *in, float *S, float *o) {
 
 size_t delta_rule_work_floats(int dk, int dv) {
     const size_t C = DELTA_CHUNK;
-    return C * C + C * dv * 2 + C * dk + C * dk + C * dk; /* A, U, V', W, G (KDA: per channel), k */
+    /* A, U, V', W, G (KDA: per channel), k; KDA's factored decays: kE, qE, kF */
+    return C * C + C * dv * 2 + C * dk * 3 + C * dk * 2 + (C / KDA_SUB) * C * dk;
 }
 
 /* One chunk of n positions: with G the cumulative decay inside the chunk and
@@ -159,12 +162,43 @@ HOT void kda_recurrent(const DeltaIn *in, float *S, float *o) {
     }
 }
 
+/* Pairwise per-channel decays exp(G_i - G_j), j <= i, with few exponentials: positions fall in
+ * sub-chunks of KDA_SUB; for j before i's sub-chunk (starting at b) the decay factors exactly as
+ * exp(G_i - G_b) exp(G_b - G_j), both at most 1 since G only falls, so nothing overflows.
+ * kE_i = k_i exp(G_i - G_b), qE_i likewise, kF[b / KDA_SUB][j] = k_j exp(G_b - G_j) for j < b. */
+static void kda_pair_decays(const float *G, const float *k, const float *q, size_t ks, size_t qs, int n, int dk,
+                            float *kE, float *qE, float *kF) {
+    for (int i = 0; i < n; i++) {
+        const float *gb = G + (i / KDA_SUB * KDA_SUB) * dk, *gi = G + i * dk;
+        for (int d = 0; d < dk; d++) {
+            const float e = expf(gi[d] - gb[d]);
+            kE[i * dk + d] = k[i * ks + d] * e;
+            qE[i * dk + d] = q[i * qs + d] * e;
+        }
+    }
+    for (int b = KDA_SUB; b < n; b += KDA_SUB)
+        for (int j = 0; j < b; j++)
+            for (int d = 0; d < dk; d++)
+                kF[((size_t)(b / KDA_SUB) * DELTA_CHUNK + j) * dk + d] = k[j * ks + d] * expf(G[b * dk + d] - G[j * dk + d]);
+}
+
+/* sum_d x_i[d] k_j[d] exp(G_i[d] - G_j[d]): factored (kda_pair_decays) across sub-chunks, direct within one */
+static inline float pair_dot(const float *xE, const float *kF, const float *G, const float *x, const float *k, size_t xs,
+                             size_t ks, int i, int j, int dk) {
+    const int b = i / KDA_SUB * KDA_SUB;
+    if (j < b) return dot(xE + i * dk, kF + ((size_t)(b / KDA_SUB) * DELTA_CHUNK + j) * dk, dk);
+    float s = 0;
+    for (int d = 0; d < dk; d++) s += x[i * xs + d] * k[j * ks + d] * expf(G[i * dk + d] - G[j * dk + d]);
+    return s;
+}
+
 /* delta_rule_chunked with a per-channel cumulative decay G_i[d]: the pairwise decay
  * exp(G_i - G_j) moves inside the key products, and exp(G_i), exp(G_last - G_j) scale
  * channels rather than whole rows. */
 HOT void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
     const int dk = in->dk, dv = in->dv, C = DELTA_CHUNK;
     float *A = work, *U = A + C * C, *Vn = U + C * dv, *W = Vn + C * dv, *G = W + C * dk, *kd = G + C * dk;
+    float *kE = kd + C * dk, *qE = kE + C * dk, *kF = qE + C * dk; /* kF: [C / KDA_SUB][C][dk] */
     for (int c0 = 0; c0 < in->T; c0 += C) {
         const int n = in->T - c0 < C ? in->T - c0 : C;
         const float *q = in->q + c0 * in->qs, *k = in->k + c0 * in->ks, *v = in->v + c0 * in->vs;
@@ -174,12 +208,10 @@ HOT void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
             float acc = 0;
             for (int i = 0; i < n; i++) G[i * dk + d] = acc += in->g[(c0 + i) * in->gs + d];
         }
+        kda_pair_decays(G, k, q, in->ks, in->qs, n, dk, kE, qE, kF);
         for (int i = 0; i < n; i++)
-            for (int j = 0; j < i; j++) {
-                float s = 0;
-                for (int d = 0; d < dk; d++) s += k[i * in->ks + d] * k[j * in->ks + d] * expf(G[i * dk + d] - G[j * dk + d]);
-                A[i * C + j] = beta[i] * s;
-            }
+            for (int j = 0; j < i; j++)
+                A[i * C + j] = beta[i] * pair_dot(kE, kF, G, k, k, in->ks, in->ks, i, j, dk);
         for (int i = 0; i < n; i++) {
             float *u = U + i * dv, *w = W + i * dk;
             for (int x = 0; x < dv; x++) u[x] = beta[i] * v[i * in->vs + x];
@@ -202,11 +234,8 @@ HOT void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) {
         }
         for (int i = 0; i < n; i++) {
             float *ot = oc + i * in->os;
-            for (int j = 0; j <= i; j++) {
-                float a = 0;
-                for (int d = 0; d < dk; d++) a += q[i * in->qs + d] * k[j * in->ks + d] * expf(G[i * dk + d] - G[j * dk + d]);
-                axpy(ot, a, Vn + j * dv, dv);
-            }
+            for (int j = 0; j <= i; j++)
+                axpy(ot, pair_dot(qE, kF, G, q, k, in->qs, in->ks, i, j, dk), Vn + j * dv, dv);
         }
         const float *last = G + (n - 1) * dk;
         for (int d = 0; d < dk; d++) {
