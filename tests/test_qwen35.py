@@ -57,6 +57,16 @@ def test_release_wrapper_converts_the_text_model(model, oracle_root):
     assert not any("visual" in n or "language_model" in n for n in names)
 
 
+def test_info_names_the_layer_mix_and_the_fixed_state(model):
+    out, _ = model
+    p = subprocess.run([sys.executable, str(ROOT / "coli"), "info", "--model", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    man = json.loads((out / "colibri.json").read_text())
+    fixed = sum(s["attn"]["state"]["fixed_bytes"] for s in man["layers"])
+    assert f"attention    3 gated_deltanet + 1 gqa layers; fixed state {fixed / 1e6:.2f} MB per slot" in p.stdout, p.stdout
+
+
 def test_plan_counts_fixed_state_and_per_token_kv_apart(model):
     out, _ = model
     p = subprocess.run([sys.executable, str(ROOT / "coli"), "plan", "--model", str(out), "--json"], cwd=ROOT,
