@@ -239,3 +239,25 @@ def test_slots_keep_their_own_recurrent_state(variant, models, oracle_root):
         _, sb, _ = turn(eng, b + fb + [5, 6, 7], slot=1)
     assert_clean_exit(eng)
     assert (fa, sa) == alone["a"] and (fb, sb) == alone["b"]
+
+
+@pytest.mark.parametrize("variant", [WRAPPED, TEXT, KIMI])
+def test_transformers_own_layout_converts_to_the_same_model(variant, oracle_root, tmp_path):
+    """save_pretrained(save_original_format=False): fused experts, one conv tensor, the forget
+    gate's own module; the same logits as the release layout."""
+    import make_oracles
+    import torch
+    torch.set_num_threads(1)
+    spec = make_oracles.VARIANTS[variant]
+    src = Path(oracle_root) / variant / "hf"
+    model = make_oracles.model_class(spec["family"], spec.get("wrap"))[1].from_pretrained(src, dtype=torch.float32)
+    hf = tmp_path / "hf"
+    model.save_pretrained(hf, save_original_format=False)
+    from safetensors import safe_open
+    with safe_open(hf / "model.safetensors", "pt") as f:
+        assert any(n.endswith("experts.gate_up_proj") for n in f.keys())
+    info, ref = load_ref(oracle_root, variant)
+    out = tmp_path / "c"
+    convert(hf, out, "--experts", "f32", "--dense", "f32")
+    got = run_logits(out, info["ids"], tmp_path / "l.f32", "--kv", "f32")
+    assert exact_ratio(got, ref) <= EXACT_TOL / 10
