@@ -261,3 +261,27 @@ def test_transformers_own_layout_converts_to_the_same_model(variant, oracle_root
     convert(hf, out, "--experts", "f32", "--dense", "f32")
     got = run_logits(out, info["ids"], tmp_path / "l.f32", "--kv", "f32")
     assert exact_ratio(got, ref) <= EXACT_TOL / 10
+
+
+@pytest.mark.parametrize("variant", [WRAPPED, KIMI])
+def test_turn_boundary_checkpoints_survive_a_restart(variant, models, oracle_root, tmp_path):
+    """A prompt that leaves the last answer early (a template that drops it, say) resumes from
+    the turn-boundary checkpoint after a restart too, as it does in the engine that made it."""
+    out = models[variant]
+    info, _ = load_ref(oracle_root, variant)
+    prompt, other = info["ids"][:30], info["ids"][60:70]
+    live, resumed = tmp_path / "live", tmp_path / "resumed"
+    live.mkdir()
+    resumed.mkdir()
+    with engine_client.Engine(out, ctx=128, kv_dir=live, batch=16) as eng:
+        _, first, _ = turn(eng, prompt)
+        again = prompt + first[:2] + other
+        want_accept, want, want_lp = turn(eng, again)
+    with engine_client.Engine(out, ctx=128, kv_dir=resumed, batch=16) as eng:
+        turn(eng, prompt)
+    with engine_client.Engine(out, ctx=128, kv_dir=resumed, batch=16) as eng:
+        accept, got, got_lp = turn(eng, again)
+    assert_clean_exit(eng)
+    assert accept == want_accept == ("accept", len(again), len(prompt))
+    assert got == want and got_lp == want_lp
+    assert (live / ".coli_kv").read_bytes() == (resumed / ".coli_kv").read_bytes()
