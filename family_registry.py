@@ -7,7 +7,7 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 import math
 import re
 
-from colibri.family import deepseek, mimo
+from colibri.family import deepseek, kimi, mimo, qwen35
 
 # Families the engine implements (the key is the name written into colibri.json; the engine's
 # `colibri families` must list the same, which tests/test_registry.py checks).
@@ -120,6 +120,37 @@ FAMILIES = {
         "tools": "harmony",
         "reasoning_efforts": ("low", "medium", "high"),
         "stop_tokens": ("<|return|>", "<|call|>"),
+    # Hybrid linear attention (colibri/family/qwen35.py): three of four layers gated DeltaNet
+    # (fixed recurrent state), the rest GQA with an output gate; releases wrap the text model in
+    # a vision-language config (text_config), whose vision tower is not converted.
+    "qwen3_5_moe": {
+        "display": "Qwen3.5 / Qwen3.6 MoE",
+        "model_types": ["qwen3_5_moe", "qwen3_5_moe_text"],
+        **_LLAMA_LIKE,
+        "biases": "attention_bias",
+        "qk_norm": True,
+        "moe": True,
+        "renorm": True,
+        "shared_expert": "gated",
+        "hybrid": "gated_deltanet",
+        "partial_rotary": 0.25,
+        "default_tie": False,
+        "thinking": "enable_thinking",
+    },
+    # Kimi-Linear (colibri/family/kimi.py): KDA layers (fixed state, per-channel decay) and MLA
+    # layers without position encoding, the DeepSeek-V3 MoE.
+    "kimi_linear": {
+        "display": "Kimi-Linear",
+        "model_types": ["kimi_linear"],
+        **_LLAMA_LIKE,
+        "kv": "mla",
+        "attn": "mla",
+        "mla_rope": "none",
+        "hybrid": "kda",
+        "biases": "config",
+        "qk_norm": False,
+        "moe": "sigmoid_group",
+        "default_tie": False,
     },
     # The DeepSeek-V3 line (colibri/family/deepseek.py): sigmoid group-limited routing, shared
     # experts, leading dense layers; "mla" attention keeps the compressed latent per position.
@@ -239,7 +270,7 @@ TENSOR_CLASSES = (
     ("embed", re.compile(r"^model\.embed_tokens\.")),
     ("lm_head", re.compile(r"^lm_head\.")),
     ("norm", re.compile(r"norm\.(weight|bias)$")),
-    ("attention", re.compile(r"\.self_attn\.")),
+    ("attention", re.compile(r"\.(self_attn|linear_attn)\.")),
     ("dense_mlp", re.compile(r"\.mlp\.(gate|up|down)_proj\.")),
 )
 
@@ -261,6 +292,11 @@ def layer_specs(arch):
     for l in range(L):
         p = f"model.layers.{l}"
         mlp = deepseek.moe_mlp_spec(arch, p) if kinds[l] == "moe" and arch.get("router") == "sigmoid_group" else None
+        linear = (arch.get("layer_attn") or [None] * L)[l]
+        if linear in ("gated_deltanet", "kda"):
+            attn = qwen35.deltanet_spec(arch, p) if linear == "gated_deltanet" else kimi.kda_spec(arch, p)
+            specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
+            continue
         if arch.get("attn") == "mla":
             specs.append(_layer(arch, p, deepseek.mla_attn_spec(arch, p), mlp or _mlp_spec(arch, p, kinds[l])))
             continue
@@ -291,6 +327,10 @@ def layer_specs(arch):
             attn["state"]["window"] = window
         if arch.get("clip_qkv"):
             attn["clip_qkv"] = arch["clip_qkv"]
+        if arch.get("attn_output_gate"):  # q_proj's per-head query|gate halves, split by the converter
+            at["q"], at["gate"] = qwen35.gated_q_names(p)
+        if arch.get("norm_offset") and arch.get("qk_norm"):
+            attn["qk_norm_offset"] = arch["norm_offset"]
         specs.append(_layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
     return specs
 
@@ -335,12 +375,18 @@ def _gpt_oss_moe_spec(arch, p):
             "expert_tensors": ex}
 
 
+def _norm(arch, weight):
+    spec = {"kind": "rmsnorm", "eps": arch.get("rms_norm_eps"), "tensors": {"weight": weight}}
+    if arch.get("norm_offset"):  # x * (w + offset): Qwen3.5's (1 + w) norms
+        spec["weight_offset"] = arch["norm_offset"]
+    return spec
+
+
 def _layer(arch, p, attn, mlp):
-    eps = arch.get("rms_norm_eps")
     return {
-        "attn_norm": {"kind": "rmsnorm", "eps": eps, "tensors": {"weight": f"{p}.input_layernorm.weight"}},
+        "attn_norm": _norm(arch, f"{p}.input_layernorm.weight"),
         "attn": attn,
-        "mlp_norm": {"kind": "rmsnorm", "eps": eps, "tensors": {"weight": f"{p}.post_attention_layernorm.weight"}},
+        "mlp_norm": _norm(arch, f"{p}.post_attention_layernorm.weight"),
         "mlp": mlp,
     }
 
@@ -348,7 +394,7 @@ def _layer(arch, p, attn, mlp):
 def trunk_spec(arch):
     """The tensors around the layers: embedding, final norm, output head."""
     return {"embed": "model.embed_tokens.weight",
-            "final_norm": {"kind": "rmsnorm", "eps": arch["rms_norm_eps"], "tensors": {"weight": "model.norm.weight"}},
+            "final_norm": _norm(arch, "model.norm.weight"),
             "lm_head": "model.embed_tokens.weight" if arch.get("tie_word_embeddings") else "lm_head.weight"}
 
 
@@ -503,6 +549,10 @@ def normalize_arch(cfg):
             cfg = mimo.config_defaults(cfg)
         except (KeyError, TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json lacks a usable {e}") from None
+    elif fam.get("hybrid") == "gated_deltanet":  # a vision-language wrapper: its text model
+        cfg = qwen35.text_config(cfg)
+    elif fam.get("hybrid") == "kda":  # the release's own spellings
+        cfg = kimi.config(cfg)
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
@@ -641,6 +691,11 @@ def normalize_arch(cfg):
                 arch["expert_names"] = fam["expert_names"]
             if fam.get("shared_expert") == "gated":
                 arch["shared_width"] = int(cfg["shared_expert_intermediate_size"])
+    if fam.get("hybrid"):
+        try:
+            arch.update((kimi if fam["hybrid"] == "kda" else qwen35).linear_arch(cfg, layers))
+        except (TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json: {e}") from None
     arch["layer_mlp"] = kinds
     return family, arch
 

@@ -4,7 +4,8 @@
  * last `window` positions), optional learned attention sinks (one extra logit per head in the
  * softmax, gpt-oss), NeoX-style (rotate-half) RoPE over the first rope.dim dims of each head,
  * from the model's table or the block's own (rope.inv_freq + rope.scale, for layers whose RoPE
- * differs).
+ * differs), an optional output gate (attention output times sigmoid(gate . x), Qwen3.5/3.6;
+ * q/k norm weights then carry qk_norm_offset).
  * State: per position, K then V for every KV head, in the cache's element type. With "ring"
  * (a window set) the slot keeps only the last `window` positions, position j in slot j % cap
  * (Mixtral keeps every position; gpt-oss's sliding layers keep the ring).
@@ -27,7 +28,7 @@ typedef struct {
     int window;                     /* positions each query attends to, 0 = all */
     int ring;                       /* the state keeps only the window */
     float qk_eps, clip;             /* clip: 0 = none */
-    QMat wq, wk, wv, wo;
+    QMat wq, wk, wv, wo, wg; /* wg: output gate, or rows 0 */
     const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
     const float *sinks;             /* [nh] or NULL */
     float *inv_freq, rope_scale;    /* the block's own RoPE table, or NULL: the model's */
@@ -87,12 +88,17 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
         p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
         p->q_norm = bl_vec(L, t, "q_norm", 1, p->hd, 0);
         p->k_norm = bl_vec(L, t, "k_norm", 1, p->hd, 0);
+        if (!L->failed && json_get(spec, "qk_norm_offset")) { /* (1 + w) norms, as block_norm_rms */
+            float off = (float)bl_num(L, spec, "qk_norm_offset", -16.0, 16.0);
+            for (int i = 0; i < p->hd && !L->failed; i++) { ((float *)p->q_norm)[i] += off; ((float *)p->k_norm)[i] += off; }
+        }
     } else if (qkn && !strcmp(qkn, "full")) {
         p->qk_full = 1;
         p->qk_eps = (float)bl_num(L, spec, "qk_norm_eps", 1e-30, 1.0);
         p->q_norm = bl_vec(L, t, "q_norm", 1, qd, 0);
         p->k_norm = bl_vec(L, t, "k_norm", 1, kvd, 0);
     }
+    if (t && json_get_str(t, "gate")) p->wg = bl_mat(L, t, "gate", qd, H);
     if (json_get(spec, "clip_qkv")) p->clip = (float)bl_num(L, spec, "clip_qkv", 0.0, 1e30);
     return L->failed ? -1 : 0;
 }
@@ -203,6 +209,10 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         }
     }
     free(lin);
+    if (y->wg.rows) { /* the sigmoid output gate, computed into q (spent) */
+        matmul(q, x, T, &y->wg, NULL);
+        for (size_t i = 0; i < (size_t)T * qd; i++) att[i] *= 1.0f / (1.0f + expf(-q[i]));
+    }
     matmul(out, att, T, &y->wo, y->bo);
     free(q); free(k); free(v); free(att);
 }

@@ -7,7 +7,8 @@
  * Decode uses the weight-absorbed form: score = (W_uk^T q_nope) . c + q_rope . k_rope and
  * out = W_uv (sum p c); a prefill chunk that is most of the context expands keys and values of
  * every cached position once and attends over them. Both read the same cached latent.
- * RoPE: "interleaved" (pairs (x0,x1), (x2,x3)... as DeepSeek lays them out) or "neox" (halves). */
+ * RoPE: "interleaved" (pairs (x0,x1), (x2,x3)... as DeepSeek lays them out), "neox" (halves), or "none"
+ * (Kimi-Linear: no position encoding at all). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,7 @@
 #include "rope.h"
 
 typedef struct {
-    int nh, ql, kl, dn, dr, dv, interleaved;
+    int nh, ql, kl, dn, dr, dv, interleaved, norope;
     float scale, eps;
     QMat wq, wqa, wqb, wkva, wkvb, wo;
     const float *qa_norm, *kva_norm, *bqa, *bkva, *bo;
@@ -70,10 +71,11 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     const char *style = bl_str(L, rope, "style");
     int dim = bl_int(L, rope, "dim", 0, 4096);
     if (L->failed) return -1;
-    if (strcmp(style, "interleaved") && strcmp(style, "neox"))
-        return bl_fail(L, "mla: rope style '%s' is not implemented (interleaved, neox)", style);
+    if (strcmp(style, "interleaved") && strcmp(style, "neox") && strcmp(style, "none"))
+        return bl_fail(L, "mla: rope style '%s' is not implemented (interleaved, neox, none)", style);
     p->interleaved = !strcmp(style, "interleaved");
-    if (dim != p->dr || dim != L->a->rotary_dim)
+    p->norope = !strcmp(style, "none"); /* Kimi-Linear: the shared key part is not rotated (NoPE) */
+    if (dim != p->dr || (!p->norope && dim != L->a->rotary_dim))
         return bl_fail(L, "mla: rope.dim %d must equal qk_rope_head_dim %d and the model's RoPE table (%d)", dim, p->dr,
                        L->a->rotary_dim);
     const int qkd = p->dn + p->dr, qd = p->nh * qkd;
@@ -243,10 +245,10 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type);
     for (int t = 0; t < T; t++) {
         const int pos = r->p0 + t;
-        for (int h = 0; h < nh; h++) rope_rotate(q + (size_t)t * qd + h * qkd + y->dn, r->a, dr, pos, y->interleaved);
+        for (int h = 0; h < nh && !y->norope; h++) rope_rotate(q + (size_t)t * qd + h * qkd + y->dn, r->a, dr, pos, y->interleaved);
         float *lat = kva + (size_t)t * (kl + dr);
         rmsnorm(lat, lat, y->kva_norm, kl, y->eps);
-        rope_rotate(lat + kl, r->a, dr, pos, y->interleaved);
+        if (!y->norope) rope_rotate(lat + kl, r->a, dr, pos, y->interleaved);
         unsigned char *dst = r->state->pos + (size_t)pos * stride;
         kv_store_row(r->kv_type, lat, kl, dst);
         kv_store_row(r->kv_type, lat + kl, dr, dst + (size_t)kl * es);

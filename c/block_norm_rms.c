@@ -1,4 +1,5 @@
-/* RMSNorm block: y = x / rms(x) * w, per row. */
+/* RMSNorm block: y = x / rms(x) * (w + weight_offset), per row. Qwen3.5/3.6 store w - 1 (their
+ * norms compute x * (1 + w)): the spec's weight_offset 1 adds it back once, at load. */
 #include <stdlib.h>
 
 #include "blocks.h"
@@ -15,6 +16,10 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     p->n = L->a->hidden;
     p->eps = (float)bl_num(L, spec, "eps", 1e-30, 1.0);
     p->w = bl_vec(L, json_get(spec, "tensors"), "weight", 1, p->n, 0);
+    if (!L->failed && json_get(spec, "weight_offset")) {
+        float off = (float)bl_num(L, spec, "weight_offset", -16.0, 16.0);
+        for (int i = 0; i < p->n && !L->failed; i++) ((float *)p->w)[i] += off;
+    }
     return L->failed ? -1 : 0;
 }
 

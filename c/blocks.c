@@ -7,7 +7,7 @@
 #include <string.h>
 
 extern const BlockKind block_norm_rms, block_attn_gqa, block_mlp_dense, block_moe;
-extern const BlockKind block_moe_shared, block_attn_mla;
+extern const BlockKind block_moe_shared, block_attn_mla, block_attn_deltanet, block_attn_kda;
 extern const RouterKind router_softmax_topk, router_sigmoid_group, router_topk_softmax;
 
 #define MAX_KINDS 32
@@ -19,6 +19,8 @@ static const BlockKind *kinds[MAX_KINDS] = {
     &block_moe,
     &block_moe_shared,
     &block_attn_mla,
+    &block_attn_deltanet,
+    &block_attn_kda,
 };
 static const RouterKind *const routers[] = {
     &router_softmax_topk,

@@ -376,6 +376,10 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
      * one prompt token is recomputed to get fresh logits. */
     int reuse = kv_reuse(kv, ids, n);
+    if (reuse < kv->last_common) /* the state cannot be cut back there: say why the prefix is recomputed */
+        fprintf(stderr, "colibri: slot %d: reusing %d of %d common positions: a recurrent (or wrapped sliding-window) "
+                "state cannot be cut back to any prefix; %s\n", f->slot, reuse, kv->last_common,
+                reuse ? "resumed from the turn-boundary checkpoint there" : "no checkpoint within it, full recompute");
     emit_line("ACCEPT %s %d %d", f->id, n, reuse);
     SamplerParams sp = f->sp;
     if (!f->has_seed) sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);

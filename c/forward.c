@@ -63,7 +63,11 @@ int forward(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *lo
         float *dst = NULL;
         if (logits && all_logits) dst = logits + (size_t)s * m->a.vocab;
         else if (logits && last) dst = logits;
-        if (forward_chunk(m, kv, tokens + s, n, dst, all_logits)) return -1;
+        if (forward_chunk(m, kv, tokens + s, n, dst, all_logits)) {
+            /* a recurrent state may hold part of the failed chunk: no prefix of it is trustworthy */
+            if (!kv->truncatable) kv_restart(kv);
+            return -1;
+        }
     }
     return 0;
 }

@@ -114,10 +114,17 @@ static void reset_fixed(KvCache *kv) {
         if (kv->layer[l].fixed) memset(kv->layer[l].fixed, 0, kv->layer[l].fixed_bytes);
 }
 
+void kv_restart(KvCache *kv) {
+    reset_fixed(kv);
+    while (kv->n_ck) drop_checkpoint(kv, kv->n_ck - 1);
+    kv->n = 0;
+}
+
 int kv_reuse(KvCache *kv, const int32_t *ids, int n) {
     int keep = lcp(kv->tokens, kv->n, ids, n);
     if (keep >= n) keep = n - 1; /* the last prompt token is recomputed for fresh logits */
     if (keep < 0) keep = 0;
+    kv->last_common = keep;
     if (keep != kv->n && (!kv->truncatable || rings_wrapped(kv))) {
         /* The fixed state only describes position kv->n, and a wrapped ring only the positions
          * before it: go back to a checkpoint at or before keep whose tokens are still the

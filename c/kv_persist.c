@@ -16,7 +16,8 @@
 typedef struct {
     char magic[8];
     uint64_t fingerprint;
-    uint32_t n, n_layers, kv_type, reserved;
+    uint32_t n, n_layers, kv_type;
+    uint32_t n_ck; /* turn-boundary checkpoints of the fixed state after the layers (0 in older files) */
     uint64_t per_pos, fixed; /* sums over the layers' descriptors: a cross-check of the layout */
 } KvHeader;
 
@@ -67,7 +68,7 @@ int kv_save(const KvCache *kv, const Arch *a, uint64_t fp, const char *path, cha
     unlink(tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) { snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno)); return -1; }
-    KvHeader h = {KV_MAGIC, fp, (uint32_t)kv->n, (uint32_t)a->n_layers, (uint32_t)kv->type, 0, 0, 0};
+    KvHeader h = {KV_MAGIC, fp, (uint32_t)kv->n, (uint32_t)a->n_layers, (uint32_t)kv->type, (uint32_t)kv->n_ck, 0, 0};
     memcpy(h.magic, KV_MAGIC, 8);
     layout(kv, &h.per_pos, &h.fixed);
     uint64_t sum = 1469598103934665603ull;
@@ -75,6 +76,10 @@ int kv_save(const KvCache *kv, const Arch *a, uint64_t fp, const char *path, cha
     for (int l = 0; l < a->n_layers && !bad; l++) {
         const KvLayer *y = &kv->layer[l];
         bad = write_all(fd, y->pos, y->per_pos * (size_t)kv_held(kv, l), &sum) || write_all(fd, y->fixed, y->fixed_bytes, &sum);
+    }
+    for (int i = 0; i < kv->n_ck && !bad; i++) { /* so a resumed slot can still go back to a turn boundary */
+        int32_t pos = kv->ck_pos[i];
+        bad = write_all(fd, &pos, sizeof pos, &sum) || write_all(fd, kv->ck[i], kv->fixed_total, &sum);
     }
     uint64_t check = sum;
     bad = bad || write_all(fd, &check, sizeof check, &sum) || fsync(fd);
@@ -101,10 +106,10 @@ static int read_all(FILE *f, void *p, size_t n, uint64_t *sum) {
 static int mul(uint64_t *acc, uint64_t a) { return __builtin_mul_overflow(*acc, a, acc) ? -1 : 0; }
 static int add(uint64_t *acc, uint64_t a) { return __builtin_add_overflow(*acc, a, acc) ? -1 : 0; }
 
-/* The exact length of a file holding n positions: header, tokens, each layer's held positions and
- * fixed state, checksum. The layout comes from this engine's descriptors (the header's sums were
+/* The exact length of a file holding n positions and n_ck checkpoints: header, tokens, each layer's
+ * held positions and fixed state, the checkpoints (position, fixed state), checksum. The layout comes from this engine's descriptors (the header's sums were
  * checked against them), so only n is the file's. */
-static int expected_size(const KvCache *kv, uint64_t n, uint64_t *out) {
+static int expected_size(const KvCache *kv, uint64_t n, uint64_t n_ck, uint64_t *out) {
     uint64_t s = sizeof(KvHeader) + sizeof(uint64_t), tokens = n;
     if (mul(&tokens, sizeof(int32_t)) || add(&s, tokens)) return -1;
     for (int l = 0; l < kv->n_layers; l++) {
@@ -112,6 +117,8 @@ static int expected_size(const KvCache *kv, uint64_t n, uint64_t *out) {
         uint64_t held = n < (uint64_t)y->cap ? n : (uint64_t)y->cap, b = y->per_pos;
         if (mul(&b, held) || add(&s, b) || add(&s, y->fixed_bytes)) return -1;
     }
+    uint64_t ck = sizeof(int32_t) + (uint64_t)kv->fixed_total;
+    if (mul(&ck, n_ck) || add(&s, ck)) return -1;
     *out = s;
     return 0;
 }
@@ -135,7 +142,7 @@ static int all_finite(const void *p, size_t bytes, QType type) {
  * must describe this model and fit this slot, and the file must be exactly as long as the header
  * says, before a byte lands in the slot. On any refusal the slot stays empty (n = 0). */
 int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *err, size_t errlen) {
-    kv->n = 0;
+    kv_restart(kv);
     /* O_NONBLOCK: a FIFO planted under the slot's name must not hang the start-up */
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
@@ -161,7 +168,10 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
                  path);
         goto out;
     }
-    if (h.reserved != 0) { snprintf(err, errlen, "%s: unknown KV file version; ignored, the slot starts empty", path); goto out; }
+    if (h.n_ck > KV_MAX_CHECKPOINTS || (h.n_ck && (kv->truncatable || !kv->fixed_total))) {
+        snprintf(err, errlen, "%s: unknown KV file version; ignored, the slot starts empty", path);
+        goto out;
+    }
     if (h.fingerprint != fp || h.n_layers != (uint32_t)a->n_layers || h.per_pos != per_pos || h.fixed != fixed) {
         snprintf(err, errlen, "%s: saved for another model; ignored, the slot starts empty", path);
         goto out;
@@ -176,7 +186,7 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
                  h.n, kv->ctx);
         goto out;
     }
-    if (expected_size(kv, h.n, &want)) {
+    if (expected_size(kv, h.n, h.n_ck, &want)) {
         snprintf(err, errlen, "%s: header sizes do not fit in a file: corrupt; ignored, the slot starts empty", path);
         goto out;
     }
@@ -194,16 +204,24 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
         KvLayer *y = &kv->layer[l];
         size_t bytes = y->per_pos * (size_t)kv_held(kv, l);
         if (read_all(f, y->pos, bytes, &sum) || read_all(f, y->fixed, y->fixed_bytes, &sum)) goto torn;
-        if (!all_finite(y->pos, bytes, kv->type)) goto torn;
+        if (!all_finite(y->pos, bytes, kv->type) || !all_finite(y->fixed, y->fixed_bytes, QT_F32)) goto torn;
+    }
+    for (uint32_t i = 0; i < h.n_ck; i++) { /* increasing positions within the slot's history */
+        int32_t pos;
+        if (read_all(f, &pos, sizeof pos, &sum) || pos < 0 || pos > (int32_t)n || (i && pos <= kv->ck_pos[i - 1])) goto torn;
+        unsigned char *ck = malloc(kv->fixed_total);
+        if (!ck) goto torn;
+        kv->ck[i] = ck;
+        kv->ck_pos[i] = pos;
+        kv->n_ck = (int)i + 1;
+        if (read_all(f, ck, kv->fixed_total, &sum) || !all_finite(ck, kv->fixed_total, QT_F32)) goto torn;
     }
     if (fread(&check, 1, sizeof check, f) != sizeof check || check != sum) goto torn;
     rc = 1;
     goto out;
 torn:
     snprintf(err, errlen, "%s: corrupt (bad token, value or checksum); ignored, the slot starts empty", path);
-    kv->n = 0;
-    for (int l = 0; l < a->n_layers; l++) /* no half-read recurrent state survives */
-        if (kv->layer[l].fixed) memset(kv->layer[l].fixed, 0, kv->layer[l].fixed_bytes);
+    kv_restart(kv); /* no half-read recurrent state or checkpoint survives */
 out:
     fclose(f);
     return rc;

@@ -100,6 +100,7 @@ typedef struct {
     int n_ck;               /* checkpoints of the fixed state and the rings, oldest first */
     int ck_pos[KV_MAX_CHECKPOINTS];
     unsigned char *ck[KV_MAX_CHECKPOINTS]; /* [fixed_total + ring_total] each */
+    int last_common;        /* kv_reuse: positions the prompt shared with the slot (before any fallback) */
 } KvCache;
 
 int kv_init(KvCache *kv, const Arch *a, int ctx);
@@ -113,6 +114,8 @@ int kv_held(const KvCache *kv, int l);
  * longest common prefix; a non-truncatable layer, or a ring that has wrapped since, restores
  * the latest checkpoint within it, or restarts from 0. */
 int kv_reuse(KvCache *kv, const int32_t *ids, int n);
+/* Empties the slot: no positions, zero fixed state, no checkpoints. */
+void kv_restart(KvCache *kv);
 /* Records the fixed state and the rings at the current position (a turn boundary) for later
  * reuse. */
 void kv_checkpoint(KvCache *kv);

@@ -22,7 +22,7 @@ static int get_int(BlockLoader *L, const JsonValue *o, const char *key, int lo, 
 }
 
 /* Families whose layer specs this engine has blocks for (family_registry.py must agree). */
-const char *const ENGINE_FAMILIES[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "olmoe", "qwen2_moe", "mixtral", "gpt_oss", "minimax_m2", "mimo_v2_flash", NULL};
+const char *const ENGINE_FAMILIES[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "olmoe", "qwen2_moe", "mixtral", "gpt_oss", "minimax_m2", "mimo_v2_flash", "qwen3_5_moe", "kimi_linear", NULL};
 
 /* The facts that hold for every layer. */
 static int parse_globals(BlockLoader *L, Arch *a, const JsonValue *man) {

@@ -29,7 +29,7 @@ def convert(oracle_root, name, out):
 @pytest.fixture(scope="module")
 def models(oracle_root, tmp_path_factory):
     base = tmp_path_factory.mktemp("hardening")
-    return {name: convert(oracle_root, name, base / name) for name in ("llama", "qwen3_moe")}
+    return {name: convert(oracle_root, name, base / name) for name in ("llama", "qwen3_moe", "qwen3_5_moe")}
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_stale_temporaries_are_removed_at_start(model, tmp_path):
 
 # --- out of memory in the forward pass ----------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "qwen3_5_moe"])
 @pytest.mark.parametrize("after", [0, 3, 9, 25, 60])
 def test_forward_allocation_failure_fails_one_request(models, name, after, monkeypatch):
     """COLI_FAIL_ALLOC_AFTER=N fails the forward pass's allocation N+1, once: during prefill or

@@ -119,8 +119,10 @@ class Raw:
 # (--batch) at ~1e-4 of the largest logit, never on where experts live. For these families
 # --batch is checked to a tolerance, and the same chunking streamed must be byte-identical.
 # With the DSA indexer (glm_moe_dsa, deepseek_v32) such a difference can flip a hard top-k
-# selection, so there only the byte-identical check applies.
-CHUNK_DEPENDENT = {"deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite"}
+# selection, so there only the byte-identical check applies. Gated DeltaNet (qwen3_5_moe) and KDA
+# (kimi_linear) run a prefill chunk in their chunked form and a single position in their
+# recurrent form: the same function, rounded differently.
+CHUNK_DEPENDENT = {"deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "qwen3_5_moe", "kimi_linear"}
 TOP_K_SELECTION = {"deepseek_v32", "glm_moe_dsa"}
 
 

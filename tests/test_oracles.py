@@ -204,7 +204,7 @@ def test_oracle_checkpoint(variant, oracle_root):
     spec = make_oracles.VARIANTS[variant]
     hf = Path(oracle_root) / variant / "hf"
     cfg = json.loads((hf / "config.json").read_text())
-    assert cfg["model_type"] == spec["family"] and (hf / "tokenizer.json").exists()
+    assert cfg["model_type"] == spec.get("model_type", spec["family"]) and (hf / "tokenizer.json").exists()
     assert np.isfinite(ref).all() and ref.std() > 0.5, "reference logits are degenerate"
     files = sorted(hf.glob("*.safetensors"))
     assert (len(files) > 1) == ("shard" in spec) == (hf / "model.safetensors.index.json").exists()
@@ -234,6 +234,14 @@ def test_oracle_checkpoint(variant, oracle_root):
             sinks = [st.get_tensor(f"model.layers.{i}.self_attn.sinks").float() for i in range(cfg["num_hidden_layers"])]
         assert max(float(x.abs().max()) for x in sinks) > 0.5
         assert cfg["swiglu_limit"] < 7 and cfg["rope_parameters"]["truncate"] is False
+    if spec["family"] == "qwen3_5_moe":  # linear and full layers; the release's wrapper carries a vision tower
+        types = (cfg.get("text_config") or cfg)["layer_types"]
+        assert {"linear_attention", "full_attention"} == set(types)
+        assert any(k.startswith("model.visual.") for k in keys) == (spec.get("wrap") == "vl")
+    if spec["family"] == "kimi_linear":  # the release's 1-indexed layer lists; its own tensor names
+        assert cfg["linear_attn_config"]["kda_layers"] and cfg["linear_attn_config"]["full_attn_layers"]
+        assert any(k.endswith("self_attn.q_conv1d.weight") for k in keys)
+        assert any(k.endswith("block_sparse_moe.experts.0.w1.weight") for k in keys)
     if spec["family"] == "olmoe":  # clip_qkv set (the engine clamps q/k/v), top-k unnormalised
         assert cfg["clip_qkv"] and not cfg["norm_topk_prob"]
     if spec["family"] == "minimax_m2":  # whole-projection q/k norms, partial rotary, the bias on the MoE block
@@ -254,9 +262,10 @@ def test_oracle_checkpoint(variant, oracle_root):
         assert info["router_margin"] is not None and min(info["router_margin"]) > 0
     if spec["family"] in make_oracles.SIGMOID_FAMILIES:
         # sigmoid group routing: the oracle must exercise the group limit and the selection-only bias
-        # (and shared experts, except MiMo-V2-Flash, which has none)
-        assert cfg["topk_group"] < cfg["n_group"]
-        assert cfg.get("n_shared_experts", 0) >= 1 or spec["family"] == "mimo_v2_flash"
+        # (and shared experts, except MiMo-V2-Flash, which has none; Kimi-Linear spells them its own way)
+        n_group, n_shared = cfg.get("n_group", cfg.get("num_expert_group")), cfg.get("n_shared_experts", cfg.get("num_shared_experts"))
+        assert cfg["topk_group"] < n_group
+        assert (n_shared or 0) >= 1 or spec["family"] == "mimo_v2_flash"
         assert info["selection_changed_by_groups"] > 0 and info["selection_changed_by_bias"] > 0
     if "index_topk" in spec["config"]:
         # DSA: sparse selection for most positions, by an indexer with several heads whose

@@ -62,6 +62,27 @@ GPT_OSS = dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
                                 "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 128})
 SINK_STD = 1.0      # attention sinks: comparable to the scores, so they take real weight
 
+# Qwen3.5/3.6 hybrid: gated-DeltaNet layers (key heads shared by value heads, key dim != value
+# dim) and gated full-attention layers with partial rotary and an mrope_section; every layer an
+# MoE with a sigmoid-gated shared expert. SEQ_LEN spans two of transformers' 64-position chunks.
+QWEN35 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+              moe_intermediate_size=32, shared_expert_intermediate_size=48, rms_norm_eps=1e-6,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
+              linear_conv_kernel_dim=4,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+# The release wrapper's vision tower, as small as it goes (converted away, never run).
+TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                   temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
+
+# Kimi-Linear: KDA layers and NoPE MLA layers (1-indexed lists in linear_attn_config, the
+# release's spelling), sigmoid group routing with shared experts, a dense first layer.
+KIMI = dict(num_hidden_layers=4, num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+            n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True, first_k_dense_replace=1,
+            q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24, rms_norm_eps=1e-5,
+            linear_attn_config={"full_attn_layers": [2, 4], "kda_layers": [1, 3], "head_dim": 16, "num_heads": 4,
+                                "short_conv_kernel_size": 4})
+
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
     "llama": dict(family="llama", seed=11, config={}),
@@ -147,6 +168,14 @@ VARIANTS = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}})),
+    # the release format: the vision-language wrapper (text_config, model.language_model.*, model.visual.*)
+    "qwen3_5_moe": dict(family="qwen3_5_moe", seed=101, wrap="vl", config=dict(QWEN35)),
+    # the text-only config; one key head for two value heads, key dim > value dim, alternating layers
+    "qwen3_5_moe_text": dict(family="qwen3_5_moe", seed=102, model_type="qwen3_5_moe_text", config=dict(
+        QWEN35, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])),
+    # a flipped routing decision lives on in the recurrent state: more router draws for a decisive one
+    "kimi_linear": dict(family="kimi_linear", seed=113, router_tries=24, config=dict(KIMI)),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -168,8 +197,11 @@ def _torch():
     return torch
 
 
-def model_class(family):
+def model_class(family, wrap=None):
     import transformers as tf
+    if family == "qwen3_5_moe":
+        return ((tf.Qwen3_5MoeConfig, tf.Qwen3_5MoeForConditionalGeneration) if wrap == "vl"
+                else (tf.Qwen3_5MoeTextConfig, tf.Qwen3_5MoeForCausalLM))
     return {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
             "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
             "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
@@ -183,11 +215,13 @@ def model_class(family):
             "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM),
             "minimax_m2": (tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM),
             "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM),
-            "mimo_v2_flash": (tf.MiMoV2FlashConfig, tf.MiMoV2FlashForCausalLM)}[family]
+            "mimo_v2_flash": (tf.MiMoV2FlashConfig, tf.MiMoV2FlashForCausalLM),
+            "kimi_linear": (tf.KimiLinearConfig, tf.KimiLinearForCausalLM)}[family]
 
 
-SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "mimo_v2_flash")  # group-limited sigmoid routers
-MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2", "gpt_oss") + SIGMOID_FAMILIES
+SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "mimo_v2_flash",
+                    "kimi_linear")  # group-limited sigmoid routers
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2", "gpt_oss", "qwen3_5_moe") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 
@@ -201,7 +235,9 @@ def randomize(model, seed, out_gain):
             if "rotary_emb" in name:
                 continue
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                # a norm initialised to zeros computes x * (1 + w) (Qwen3.5): keep its scale near 1 too
+                centre = 0.0 if not p.any() else 1.0
+                p.copy_(centre + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name or name == "lm_head.weight":
@@ -212,9 +248,13 @@ def randomize(model, seed, out_gain):
                 p.copy_(SINK_STD * torch.randn(p.shape, generator=g))
             elif name.endswith("e_score_correction_bias"):
                 p.copy_(BIAS_STD * torch.randn(p.shape, generator=g))
+            elif name.endswith("A_log"):  # DeltaNet decay rate ~0.14: the state remembers ~10 positions
+                p.copy_(-2.0 + 0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
             else:
                 # residual-branch outputs smaller, so no single layer dominates the stream
-                gain = out_gain if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")) else 1.0
+                gain = out_gain if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight", "down_proj")) else 1.0
                 p.copy_(gain * torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
 
 
@@ -368,7 +408,7 @@ def round_to(model, dtype):
 INDEX_TRIES = 8  # candidate draws of each DSA indexer's weights_proj; the most decisive one is kept
 
 
-def pick_routers(model, seed, ids, dtype):
+def pick_routers(model, seed, ids, dtype, tries=ROUTER_TRIES):
     """Draw router weights (and DSA indexer head weights) layer by layer, in the order the forward
     pass meets them, so each measured margin only depends on choices already fixed; keep the
     draw with the largest smallest margin: router top-k (RouterMargins), indexer top-k
@@ -393,7 +433,7 @@ def pick_routers(model, seed, ids, dtype):
             else:
                 continue
             best, best_w = None, None
-            for _ in range(ROUTER_TRIES if m in rs else INDEX_TRIES):
+            for _ in range(tries if m in rs else INDEX_TRIES):
                 w = draw().to(getattr(torch, dtype)).float()
                 with torch.no_grad():
                     param.copy_(w)
@@ -470,14 +510,15 @@ def build_variant(name, spec, vdir):
     family, seed = spec["family"], spec["seed"]
     dtype = spec.get("dtype", "bfloat16")
     layout = spec.get("layout", "hub")
-    cfg_cls, model_cls = model_class(family)
-    cfg = cfg_cls(**copy.deepcopy({**BASE, **spec["config"]}))  # configs mutate rope dicts
+    cfg_cls, model_cls = model_class(family, spec.get("wrap"))
+    text = copy.deepcopy({**BASE, **spec["config"]})  # configs mutate rope dicts
+    cfg = cfg_cls(text_config=text, vision_config=dict(TINY_VISION)) if spec.get("wrap") == "vl" else cfg_cls(**text)
     torch.manual_seed(seed)
     model = model_cls(cfg).float().eval()
     randomize(model, seed, spec.get("out_gain", OUT_GAIN))
     round_to(model, dtype)
     ids = torch.randint(1, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(seed + 3000)).tolist()
-    pick_routers(model, seed, ids, dtype)
+    pick_routers(model, seed, ids, dtype, spec.get("router_tries", ROUTER_TRIES))
     prompt = pick_prompt(model, seed)
     in_memory = forward_logits(model, ids)
 
@@ -515,8 +556,8 @@ def build_variant(name, spec, vdir):
         "saved_dtype": dtype, "expert_layout": layout if family == "qwen3_moe" else None,
         "sharded": (hf / "model.safetensors.index.json").exists(), "files": keys,
         "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-        "vocab_size": cfg.vocab_size, "eos_token_id": EOS,
-        "ids": ids, "logits_shape": [len(ids), cfg.vocab_size],
+        "vocab_size": text["vocab_size"], "eos_token_id": EOS,
+        "ids": ids, "logits_shape": [len(ids), text["vocab_size"]],
         "max_abs_logit": logits.abs().max().item(), "logit_std": logits.std().item(),
         "top1": logits.argmax(-1).tolist(), "margin": top_margins(logits).tolist(),
         "router_margin": rmargin.tolist() if rmargin is not None else None,

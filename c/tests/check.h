@@ -32,5 +32,6 @@ void test_moe_exec(void);
 void test_sampler_sort(void);
 void test_router(void);
 void test_attend_split(void);
+void test_delta_rule(void);
 
 #endif

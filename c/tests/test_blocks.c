@@ -319,6 +319,34 @@ void test_blocks(void) {
     forward(&m, &back, &next, 1, got, 0);
     CHECK(!memcmp(got, want, sizeof got), "restored slot continues bit for bit");
     kv_free(&back);
+    /* and its turn-boundary checkpoints: a restored slot falls back exactly as the original */
+    kv_checkpoint(&kv); /* turn boundaries at SEQ + 1 and SEQ + 2 */
+    const int32_t D[SEQ + 2] = {1, 5, 6, 6, 6, 6, 11, 2}, E[SEQ + 2] = {1, 5, 6, 6, 6, 6, 11, 3};
+    feed(&m, &kv, D, SEQ + 1, SEQ + 2, want);
+    kv_checkpoint(&kv);
+    CHECK(kv.n_ck == 2 && kv_save(&kv, &m.a, 42, path, err, sizeof err) == 0, "save with checkpoints: %s", err);
+    kv_init(&back, &m.a, 32);
+    CHECK(kv_restore(&back, &m.a, 42, path, err, sizeof err) == 1 && back.n_ck == 2 && back.ck_pos[0] == SEQ + 1 &&
+          !memcmp(back.ck[0], kv.ck[0], kv.fixed_total), "checkpoints restored byte for byte: %s", err);
+    /* E leaves D at its last token: both go back to the checkpoint at SEQ + 1 */
+    CHECK(kv_reuse(&kv, E, SEQ + 2) == SEQ + 1 && kv_reuse(&back, E, SEQ + 2) == SEQ + 1, "both fall back to SEQ + 1");
+    feed(&m, &kv, E, SEQ + 1, SEQ + 2, want);
+    feed(&m, &back, E, SEQ + 1, SEQ + 2, got);
+    CHECK(!memcmp(got, want, sizeof got), "restored checkpoint continues bit for bit");
+    kv_free(&back);
+    /* a checkpoint position past the slot's history: refused, the slot starts empty */
+    CHECK(kv_save(&kv, &m.a, 42, path, err, sizeof err) == 0, "save: %s", err);
+    FILE *pf = fopen(path, "r+b");
+    long ck_at = 48 + 4L * kv.n; /* header, tokens, then the layers' state */
+    for (int l = 0; l < kv.n_layers; l++) ck_at += (long)(kv.layer[l].per_pos * (size_t)kv_held(&kv, l) + kv.layer[l].fixed_bytes);
+    int32_t past = kv.n + 5;
+    fseek(pf, ck_at, SEEK_SET);
+    fwrite(&past, sizeof past, 1, pf);
+    fclose(pf);
+    kv_init(&back, &m.a, 32);
+    CHECK(kv_restore(&back, &m.a, 42, path, err, sizeof err) == -1 && back.n == 0 && back.n_ck == 0 && strstr(err, "corrupt"),
+          "bad checkpoint position refused: %s", err);
+    kv_free(&back);
     kv_free(&kv);
     model_free(&m);
     unlink(path);

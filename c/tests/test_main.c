@@ -31,6 +31,7 @@ int main(int argc, char **argv) {
     test_moe_exec();
     test_router();
     test_attend_split();
+    test_delta_rule();
     printf("c unit tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
     return checks_failed != 0;
 }

@@ -127,9 +127,16 @@ def _uniform(meta, key, n_layers):
     return meta.need(key, int)
 
 
+# llama.cpp architectures colibri runs from their HF checkpoints only (docs/architecture.md says why).
+NOT_YET = {"qwen35moe": "Qwen3.5/3.6-MoE; llama.cpp rewrites its linear-attention tensors"}
+
+
 def build_config(g, tensors):
     """GGUF metadata -> HF config.json dict."""
     gg_arch = g.metadata.get("general.architecture")
+    if gg_arch in NOT_YET:
+        raise ConvertError(f"{g.path}: GGUF architecture '{gg_arch}' is not supported yet ({NOT_YET[gg_arch]}); "
+                           "convert the Hugging Face checkpoint instead")
     if gg_arch not in ARCHS:
         raise ConvertError(f"{g.path}: GGUF architecture '{gg_arch}' is not supported "
                            f"(supported: {', '.join(ARCHS)})")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.convert import gpt_oss
-from colibri.family import deepseek
+from colibri.family import deepseek, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
@@ -114,12 +114,29 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             p.used.add("lm_head.weight")  # a tied checkpoint may still carry a copy
     else:
         whole(trunk["lm_head"], "dense", [V, H], (L + 1,))
+    def rows_of(name, klass, rows, cols, pieces, order):
+        """One output gathered from row ranges (rows of `cols` values) of one or more source tensors."""
+        parts, anchor = [], None
+        for src, shape, ranges in pieces:
+            t = take(src, shape)
+            if t["dtype"] not in qwen35.ELEM:
+                raise ConvertError(f"source tensor '{src}' is {t['dtype']}; this layout needs F32, F16 or BF16")
+            anchor = anchor or t["file"]
+            parts += [(t["file"], t["offset"] + r0 * cols * qwen35.ELEM[t["dtype"]], t["dtype"], n) for r0, n in ranges]
+        p.add(name, klass, rows, cols, parts, anchor, order)
+
     for l, spec in enumerate(family_registry.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
+        if spec["attn"]["kind"] == "kda":
+            special = kimi.attn_outputs(spec["attn"], H, lambda n: list(tensors[n]["shape"]) if n in tensors else None)
+        else:
+            special = qwen35.attn_outputs(spec["attn"], arch, f"model.layers.{l}", H) if arch.get("attn_output_gate") else None
+        for out in special or ():
+            rows_of(*out, o)
         shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else gqa_shapes(spec["attn"], H)
-        for key, name in spec["attn"]["tensors"].items():
+        for key, name in ({} if special else spec["attn"]["tensors"]).items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
             ix = spec["attn"]["indexer"]
@@ -360,6 +377,9 @@ def convert(src, out, experts=None, dense="q8", log=print):
             if name in tensors:
                 raise ConvertError(f"tensor '{name}' appears in two source shards")
             tensors[name] = dict(t, file=str(f.resolve()))
+    rename = {"gated_deltanet": qwen35.text_tensors, "kda": kimi.source_tensors}.get(family_registry.FAMILIES[family].get("hybrid"))
+    if rename:
+        tensors = rename(tensors, log)
     attach_fp8_scales(cfg, tensors)
     if arch.get("expert_names") == "mixtral" and not any(".block_sparse_moe." in n for n in tensors):
         del arch["expert_names"]  # transformers' own layout (save_original_format=False): mlp.gate, fused experts

@@ -148,6 +148,8 @@ def moe_mlp_spec(arch, p):
         names = {"weight": f"{b}.gate.weight", "bias": f"{b}.e_score_correction_bias"}
     elif arch.get("router_bias") == "block":  # MiniMax-M2 as transformers names it (fused experts)
         names["bias"] = f"{p}.mlp.e_score_correction_bias"
+    elif arch.get("expert_names") == "w123":  # Kimi-Linear: experts.N.w1 (gate), w3 (up), w2 (down)
+        ex = {x: f"{p}.mlp.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
     router = {"kind": "sigmoid_group", "renorm": arch["norm_topk_prob"], "groups": arch["n_group"],
               "topk_group": arch["topk_group"], "scale": arch["routed_scaling_factor"], "tensors": names}
     spec = {"kind": "moe", "act": "silu", "experts": arch["num_experts"], "top_k": arch["num_experts_per_tok"],
