@@ -106,6 +106,9 @@ def test_unsupported_patterns_say_so(pattern):
     ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "allOf", "#"),
     ({"$ref": "https://example.com/s.json"}, "$ref", "#"),
     ({"$ref": "#/$defs/missing"}, "$ref", "#"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf", "#"),
+    ({"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}}, {"type": "object"}]}, "oneOf", "#"),
+    ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "$ref", "#"),
     ({"type": "strin"}, "type", "#"),
     ({"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}, "required", "#"),
     ({"type": "array", "minItems": 3, "maxItems": 2}, "maxItems", "#"),
@@ -115,6 +118,12 @@ def test_out_of_subset_keywords_are_named(schema, keyword, path):
     with pytest.raises(SchemaError) as e:
         schema_to_gbnf(schema)
     assert e.value.keyword == keyword and e.value.path == path and f"'{keyword}'" in str(e.value)
+
+
+def test_one_of_with_distinct_branches_is_allowed():
+    assert schema_to_gbnf({"oneOf": [{"type": "string"}, {"type": "integer"}, {"enum": [True]}]})
+    tagged = [{"type": "object", "properties": {"t": {"const": t}}, "required": ["t"]} for t in "ab"]
+    assert schema_to_gbnf({"oneOf": tagged})
 
 
 def test_recursive_refs_and_annotations(tmp_path):

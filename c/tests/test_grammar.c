@@ -167,6 +167,14 @@ static void test_masks(void) {
     CHECK(r && grammar_mask(r, 2, &m) == 1 && bit(m, ']'), "budget mask keeps only the close");
     grammar_run_free(r);
     grammar_free(g);
+
+    /* inside a character the budget counts only the bytes still missing */
+    g = parse("root ::= [a-z] | \"\u03a9x\"", err);
+    r = grammar_run_new(g, v);
+    CHECK(r && grammar_min_bytes(r) == 1 && grammar_allows(r, 0xCE, 2) && !grammar_allows(r, 0xCE, 1), "budget mid-character");
+    CHECK(r && grammar_accept(r, 0xCE) == 0 && grammar_min_bytes(r) == 2, "min bytes mid-character: %d", r ? grammar_min_bytes(r) : -1);
+    grammar_run_free(r);
+    grammar_free(g);
     grammar_vocab_free(v);
 }
 

@@ -116,6 +116,8 @@ class _Compiler:
                 subs = s[comb]
                 if not isinstance(subs, list) or not subs:
                     self.fail(comb, path, "must be a non-empty list of schemas")
+                if comb == "oneOf":
+                    self.exclusive(subs, path)
                 return "(" + " | ".join(self.value(x, f"{path}/{comb}/{i}", f"{hint}-{i}")
                                         for i, x in enumerate(subs)) + ")"
         if "allOf" in s:
@@ -149,6 +151,68 @@ class _Compiler:
         alts = [self.typed(x, s, path, hint) for x in types]
         return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
 
+    def exclusive(self, subs, path):
+        """oneOf needs exactly one branch to match; the grammar would let a value through that
+        two branches match, so the branches must be told apart by JSON type or by a required
+        property of distinct constant values (a discriminator)."""
+        kinds = [self.kinds(x) for x in subs]
+        for i in range(len(subs)):
+            for j in range(i):
+                common = kinds[i] & kinds[j]
+                if not common or (common == {"object"} and self.discriminated(subs[i], subs[j])):
+                    continue
+                ci, cj = self.consts(subs[i]), self.consts(subs[j])
+                if ci is not None and cj is not None and not set(map(_key, ci)) & set(map(_key, cj)):
+                    continue
+                self.fail("oneOf", path, f"branches {j} and {i} can match the same value, which oneOf forbids and "
+                                         "constrained decoding cannot rule out; use anyOf, or tell the branches apart "
+                                         "by type or by a required property with distinct const values")
+
+    def deref(self, s, depth=0):
+        while isinstance(s, dict) and "$ref" in s and depth < 50:
+            s, depth = self._resolve(s["$ref"], ""), depth + 1
+        if isinstance(s, dict) and "allOf" in s and isinstance(s["allOf"], list) and len(s["allOf"]) == 1:
+            return self.deref(s["allOf"][0], depth + 1)
+        return s
+
+    def kinds(self, s):
+        """The JSON kinds (integer counts as number) a schema can produce."""
+        s = self.deref(s)
+        every = {"object", "array", "string", "number", "boolean", "null"}
+        if not isinstance(s, dict):
+            return every
+        for comb in ("anyOf", "oneOf"):
+            if isinstance(s.get(comb), list):
+                return set().union(*(self.kinds(x) for x in s[comb])) if s[comb] else every
+        if "const" in s or "enum" in s:
+            vals = [s["const"]] if "const" in s else s["enum"] if isinstance(s["enum"], list) else []
+            return {_kind(v) for v in vals}
+        t = s.get("type")
+        if t is None:
+            implied = {k for k, ks in BY_TYPE.items() if set(s) & ks}
+            return {"number" if k == "integer" else k for k in implied} or every
+        return {"number" if x == "integer" else x for x in (t if isinstance(t, list) else [t]) if isinstance(x, str)}
+
+    def consts(self, s):
+        """The values a const/enum schema allows, or None."""
+        s = self.deref(s)
+        if isinstance(s, dict) and "const" in s:
+            return [s["const"]]
+        if isinstance(s, dict) and isinstance(s.get("enum"), list):
+            return s["enum"]
+        return None
+
+    def discriminated(self, a, b):
+        a, b = self.deref(a), self.deref(b)
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            return False
+        pa, pb = a.get("properties", {}), b.get("properties", {})
+        for k in set(a.get("required", [])) & set(b.get("required", [])):
+            ca, cb = self.consts(pa.get(k, {})), self.consts(pb.get(k, {}))
+            if ca is not None and cb is not None and not set(map(_key, ca)) & set(map(_key, cb)):
+                return True
+        return False
+
     def only(self, s, keys, path):
         extra = sorted(set(s) - ANNOTATIONS - keys)
         if extra:
@@ -160,19 +224,30 @@ class _Compiler:
         if ref in self.refs:
             return self.refs[ref]
         m = re.fullmatch(r"#(?:/(\$defs|definitions)/([^/]+))?", ref)
-        if not m:
-            self.fail("$ref", path, f"only '#', '#/$defs/NAME' and '#/definitions/NAME' are supported, not {ref!r}")
-        target = self.root
-        if m.group(1):
-            table = self.root.get(m.group(1)) if isinstance(self.root, dict) else None
-            key = m.group(2).replace("~1", "/").replace("~0", "~")
-            if not isinstance(table, dict) or key not in table:
-                self.fail("$ref", path, f"{ref!r} names no schema in this document")
-            target = table[key]
+        target = self._resolve(ref, path)
+        seen, alias = {ref}, target
+        while isinstance(alias, dict) and set(alias) - ANNOTATIONS == {"$ref"}:  # a chain of plain $refs
+            nxt = alias["$ref"]
+            if nxt in seen:
+                self.fail("$ref", path, f"{ref!r} refers back to itself without any schema in between")
+            seen.add(nxt)
+            alias = self._resolve(nxt, path)
         name = self.new_rule("def-" + (m.group(2) or "root"))
         self.refs[ref] = name
         self.rules[name] = self.value(target, ref, name)
         return name
+
+    def _resolve(self, ref, path):
+        m = re.fullmatch(r"#(?:/(\$defs|definitions)/([^/]+))?", ref) if isinstance(ref, str) else None
+        if not m:
+            self.fail("$ref", path, f"only '#', '#/$defs/NAME' and '#/definitions/NAME' are supported, not {ref!r}")
+        if not m.group(1):
+            return self.root
+        table = self.root.get(m.group(1)) if isinstance(self.root, dict) else None
+        key = m.group(2).replace("~1", "/").replace("~0", "~")
+        if not isinstance(table, dict) or key not in table:
+            self.fail("$ref", path, f"{ref!r} names no schema in this document")
+        return table[key]
 
     def choices(self, s, path):
         if "const" in s:
@@ -328,6 +403,20 @@ class _Compiler:
             return self.prim("string")
         rep = f"{{{lo},}}" if hi is None else f"{{{lo},{hi}}}"
         return self.new_rule(hint or "string", f'"\\"" {self.prim("char")}{rep} "\\""')
+
+
+def _kind(v):
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), "object")
+
+
+def _key(v):
+    return json.dumps(v, sort_keys=True)
 
 
 def _is_type(v, t):
