@@ -411,10 +411,10 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         int tok;
         if (gr && grammar_finished(gr)) { finish = "stop"; break; } /* e.g. a grammar of the empty string */
         if (gr) { /* budget: bytes the grammar may still need after this token, one per token left */
-            double tg = now_ms();
             int left = e->ctx - kv->n;
             if (f->max_tokens >= 0 && f->max_tokens - produced < left) left = f->max_tokens - produced;
-            tok = engine_grammar_pick(e, gr, &smp, logits, left - 1);
+            tok = engine_grammar_pick(e, gr, &smp, logits, left - 1, &t_grammar);
+            double tg = now_ms();
             if (tok >= 0 && grammar_accept(gr, tok)) tok = -2;
             t_grammar += now_ms() - tg;
             if (tok == -1) { dead_end = 1; break; }

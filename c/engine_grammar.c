@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tokenizer.h"
 
@@ -64,20 +65,49 @@ oom:
 
 static int bit(const uint32_t *m, int t) { return (m[t >> 5] >> (t & 31)) & 1; }
 
-int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logits, int budget) {
-    /* Most tokens a model picks fit; only a misfit pays for the mask (llama.cpp does the same). */
-    int tok = sampler_sample(s, logits);
-    if (grammar_allows(r, tok, budget)) return tok;
-    if (grammar_run_failed(r)) return -2;
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logits, int budget, double *ms) {
+    /* Greedy: the model's own pick usually fits, and checking it costs a few trie steps; only a
+     * misfit pays for the mask. (The argmax is the sampler's own work, not the grammar's.) */
+    int first = s->p.temperature <= 0 ? argmax(logits, e->model.a.vocab) : -1;
+    double t0 = now_ms();
+    if (first >= 0 && grammar_allows(r, first, budget)) { *ms += now_ms() - t0; return first; }
     const uint32_t *bits;
-    int count = grammar_mask(r, budget, &bits);
-    if (count == 0 && budget >= 0) count = grammar_mask(r, -1, &bits);
-    if (count < 0) return -2;
-    if (count == 0) return -1;
     const int V = e->model.a.vocab;
+    int count;
+    if (s->p.temperature <= 0) {
+        /* the best allowed token, visiting only words with allowed bits; near the end of the
+         * budget only a token that beats the best so far is checked against it, instead of
+         * filtering the whole mask */
+        count = grammar_mask(r, -1, &bits);
+        int tight = budget >= 0 && grammar_mask_max_next(r) > budget, best = -1;
+        for (int pass = 0; pass < 2 && best < 0 && count > 0; pass++, tight = 0) /* pass 2: the budget cannot be met */
+            for (int w = 0; w < (V + 31) / 32; w++)
+                for (uint32_t m = bits[w]; m; m &= m - 1) {
+                    int t = w * 32 + __builtin_ctz(m);
+                    if (t < V && (best < 0 || logits[t] > logits[best]) && (!tight || grammar_allows(r, t, budget))) best = t;
+                }
+        *ms += now_ms() - t0;
+        return count < 0 || grammar_run_failed(r) ? -2 : best < 0 ? -1 : best;
+    }
+    count = grammar_mask(r, budget, &bits);
+    if (count == 0 && budget >= 0) count = grammar_mask(r, -1, &bits); /* the budget cannot be met: let it run */
+    if (count <= 0) { *ms += now_ms() - t0; return count < 0 ? -2 : -1; }
+    /* Sampling: one pass over the masked logits (sampling first and checking would pay for the
+     * sampler twice whenever the model's pick misfits). */
     float *x = e->grammar->masked;
-    for (int t = 0; t < V; t++) x[t] = bit(bits, t) ? logits[t] : -INFINITY;
-    tok = sampler_sample(s, x);
+    for (int w = 0; w < (V + 31) / 32; w++) {
+        int base = w * 32, n = V - base < 32 ? V - base : 32;
+        if (bits[w] == UINT32_MAX) memcpy(x + base, logits + base, sizeof(float) * (size_t)n);
+        else for (int k = 0; k < n; k++) x[base + k] = (bits[w] >> k) & 1 ? logits[base + k] : -INFINITY;
+    }
+    *ms += now_ms() - t0;
+    int tok = sampler_sample(s, x);
     if (tok >= 0 && tok < V && bit(bits, tok)) return tok;
     int best = -1; /* every allowed logit is -inf or NaN: the first allowed token */
     for (int t = 0; t < V; t++)

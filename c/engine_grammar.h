@@ -12,8 +12,9 @@
 GrammarRun *engine_grammar_begin(Engine *e, const char *text, size_t n, char *err, size_t errlen);
 /* A token sampled from the logits among those the grammar allows whose state can still be
  * completed within budget bytes (budget < 0: no limit; when no token fits the budget, the limit
- * is dropped). -1: no token can continue the output (a dead end); -2: out of memory. */
-int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logits, int budget);
+ * is dropped). -1: no token can continue the output (a dead end); -2: out of memory. The time
+ * spent on the grammar (not on sampling) is added to *ms. */
+int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logits, int budget, double *ms);
 void engine_grammar_free(Engine *e);
 
 #endif

@@ -75,6 +75,10 @@ int grammar_accept_bytes(GrammarRun *r, const char *s, size_t n, size_t *at);
  * until the next call on r. */
 int grammar_mask(GrammarRun *r, int budget, const uint32_t **bits);
 
+/* After grammar_mask: the most bytes a state an allowed token leads to needs (a budget at least
+ * this large filters nothing). */
+int grammar_mask_max_next(const GrammarRun *r);
+
 /* Stats for the benchmark and the END line. */
 typedef struct { uint64_t masks_built, mask_hits, dfa_states, nodes; } GrammarStats;
 void grammar_stats(const GrammarRun *r, GrammarStats *s);
