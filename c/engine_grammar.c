@@ -8,6 +8,8 @@
 
 #include "tokenizer.h"
 
+#define KEEP_STATES_MAX 200000 /* about 200 MB of transition tables */
+
 struct EngineGrammar {
     GrammarVocab *vocab;
     char *text;      /* the grammar `run` was compiled from */
@@ -47,7 +49,11 @@ GrammarRun *engine_grammar_begin(Engine *e, const char *text, size_t n, char *er
     if (!eg && !(eg = e->grammar = calloc(1, sizeof *eg))) goto oom;
     if (!eg->vocab && !(eg->vocab = build_vocab(e))) goto oom;
     if (!eg->masked && !(eg->masked = malloc(sizeof(float) * (size_t)e->model.a.vocab))) goto oom;
-    if (eg->run && eg->len == n && !memcmp(eg->text, text, n) && !grammar_run_failed(eg->run)) {
+    GrammarStats gs = {0};
+    if (eg->run) grammar_stats(eg->run, &gs);
+    /* the same grammar again starts warm, unless its DFA has grown past a bound on its memory */
+    if (eg->run && eg->len == n && !memcmp(eg->text, text, n) && !grammar_run_failed(eg->run) &&
+        gs.dfa_states < KEEP_STATES_MAX) {
         grammar_run_reset(eg->run);
         return eg->run;
     }
