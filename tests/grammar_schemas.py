@@ -24,7 +24,10 @@ def random_schema(rng, depth=0, defs=None):
     if kind == "integer":
         return {"type": "integer"}
     if kind == "integer_min":
-        return {"type": "integer", "minimum": rng.choice([0, 1])}
+        s = {"type": "integer", "minimum": rng.choice([-120, -3, 0, 1, 7, 95])}
+        if rng.random() < 0.6:
+            s["maximum"] = s["minimum"] + rng.choice([0, 5, 99, 1234])
+        return s
     if kind in ("number", "boolean", "null"):
         return {"type": kind, "description": "an annotation"}
     if kind == "enum":
@@ -130,7 +133,7 @@ def random_instance(rng, s, root):
         return "".join(rng.choice(CHARS) for _ in range(rng.randint(lo, s.get("maxLength", lo + 5))))
     if t == "integer":
         if "minimum" in s:
-            return rng.choice([42, 10 ** 15] + [0] * (s["minimum"] == 0) + [1])
+            return rng.randint(s["minimum"], s.get("maximum", s["minimum"] + 10 ** 15))
         return rng.choice([0, -7, 42, 10 ** 15, -(10 ** 15)])
     if t == "number":
         return rng.choice([0, -1.5, 3.25, 1e-05, 6.02e23, 12])

@@ -5,9 +5,11 @@ may allow less than the schema (properties come in the declared order, no proper
 declared ones, at most 16 integer digits), never more. Keywords outside the subset raise
 SchemaError naming the keyword and where it is, so the server can answer 400."""
 import json
+import math
 import re
 
 from colibri.grammar import gbnf
+from colibri.grammar.ranges import int_range
 from colibri.grammar.regex import MAX_REPEAT, PatternError, pattern_to_gbnf
 
 # Keywords that say nothing about which instances are valid.
@@ -18,7 +20,7 @@ BY_TYPE = {
     "object": {"properties", "required", "additionalProperties"},
     "array": {"items", "minItems", "maxItems"},
     "string": {"minLength", "maxLength", "pattern", "format"},
-    "integer": {"minimum", "exclusiveMinimum"},
+    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "number": set(),
     "boolean": set(),
     "null": set(),
@@ -28,7 +30,7 @@ TYPES = tuple(BY_TYPE)
 SUPPORTED = ("type (object, array, string, number, integer, boolean, null), properties, required, "
              "additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, format (date, time, "
              "date-time, uuid; others are annotations), enum, const, anyOf, oneOf, allOf (one schema), $ref to "
-             "$defs/definitions, integer minimum/exclusiveMinimum of 0 or 1")
+             "$defs/definitions, integer minimum/maximum/exclusiveMinimum/exclusiveMaximum")
 
 PRIMITIVES = {
     "ws": '| " " | "\\n" [ \\t]{0,20}',
@@ -287,19 +289,28 @@ class _Compiler:
         if t == "string":
             return self.string(s, path, hint)
         if t == "integer":
-            lo = s.get("minimum")
-            if "exclusiveMinimum" in s:
-                em = s["exclusiveMinimum"]
-                if isinstance(em, bool) or not isinstance(em, (int, float)) or lo is not None:
-                    self.fail("exclusiveMinimum", path, "only a number, without 'minimum', is supported")
-                lo = int(em) + 1 if float(em).is_integer() else None
-            if lo is None and "minimum" not in s and "exclusiveMinimum" not in s:
-                return self.prim("integer")
-            if isinstance(lo, bool) or lo not in (0, 1):
-                self.fail("minimum" if "minimum" in s else "exclusiveMinimum", path,
-                          "only a lower bound of 0 or 1 is supported on integers")
-            return '("0" | [1-9] [0-9]{0,15})' if lo == 0 else "([1-9] [0-9]{0,15})"
+            return self.integer(s, path)
         return self.prim(t)
+
+    def integer(self, s, path):
+        bounds = {}
+        for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if k in s:
+                v = s[k]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) > 1e300:
+                    self.fail(k, path, "must be a number")
+                bounds[k] = v
+        if not bounds:
+            return self.prim("integer")
+        lows = [math.ceil(v) if k == "minimum" else math.floor(v) + 1
+                for k, v in bounds.items() if k in ("minimum", "exclusiveMinimum")]
+        highs = [math.floor(v) if k == "maximum" else math.ceil(v) - 1
+                 for k, v in bounds.items() if k in ("maximum", "exclusiveMaximum")]
+        lo, hi = max(lows, default=None), min(highs, default=None)
+        expr = int_range(lo, hi)
+        if expr is None:
+            self.fail(sorted(bounds)[0], path, "no integer lies between the bounds; no output can satisfy it")
+        return expr
 
     def obj(self, s, path, hint):
         props = s.get("properties", {})
