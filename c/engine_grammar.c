@@ -16,7 +16,8 @@ struct EngineGrammar {
     size_t len;
     Grammar *g;
     GrammarRun *run;
-    float *masked;   /* logits with the disallowed tokens at -inf */
+    float *masked;   /* logits with the disallowed tokens at -inf (picks run one at a time) */
+    int busy;        /* `run` serves a request now */
 };
 
 static int is_eos(const Arch *a, int tok) {
@@ -52,10 +53,17 @@ GrammarRun *engine_grammar_begin(Engine *e, const char *text, size_t n, char *er
     GrammarStats gs = {0};
     if (eg->run) grammar_stats(eg->run, &gs);
     /* the same grammar again starts warm, unless its DFA has grown past a bound on its memory */
-    if (eg->run && eg->len == n && !memcmp(eg->text, text, n) && !grammar_run_failed(eg->run) &&
+    if (eg->run && !eg->busy && eg->len == n && !memcmp(eg->text, text, n) && !grammar_run_failed(eg->run) &&
         gs.dfa_states < KEEP_STATES_MAX) {
         grammar_run_reset(eg->run);
+        eg->busy = 1;
         return eg->run;
+    }
+    if (eg->busy) { /* the kept run serves another request: this one gets a run of its own */
+        Grammar *g = grammar_parse(text, n, err, errlen);
+        GrammarRun *r = g ? grammar_run_new(g, eg->vocab) : NULL;
+        if (!r && g) { grammar_free(g); goto oom; }
+        return r;
     }
     grammar_run_free(eg->run); grammar_free(eg->g); free(eg->text);
     eg->run = NULL; eg->g = NULL; eg->text = NULL;
@@ -63,6 +71,7 @@ GrammarRun *engine_grammar_begin(Engine *e, const char *text, size_t n, char *er
     if (!(eg->text = malloc(n + 1)) || !(eg->run = grammar_run_new(eg->g, eg->vocab))) goto oom;
     memcpy(eg->text, text, n);
     eg->len = n;
+    eg->busy = 1;
     return eg->run;
 oom:
     snprintf(err, errlen, "grammar: out of memory");
@@ -119,6 +128,15 @@ int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logit
     for (int t = 0; t < V; t++)
         if (bit(bits, t) && (best < 0 || x[t] > x[best])) best = t;
     return best;
+}
+
+void engine_grammar_end(Engine *e, GrammarRun *r) {
+    EngineGrammar *eg = e->grammar;
+    if (!r) return;
+    if (eg && r == eg->run) { eg->busy = 0; return; }
+    const Grammar *g = grammar_run_grammar(r);
+    grammar_run_free(r);
+    grammar_free((Grammar *)g);
 }
 
 void engine_grammar_free(Engine *e) {

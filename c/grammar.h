@@ -52,6 +52,7 @@ size_t grammar_vocab_nodes(const GrammarVocab *v); /* trie size, for the benchma
 typedef struct GrammarRun GrammarRun;
 GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v);
 void grammar_run_free(GrammarRun *r);
+const Grammar *grammar_run_grammar(const GrammarRun *r);
 void grammar_run_reset(GrammarRun *r);  /* back to the start of the output; caches are kept */
 int grammar_run_failed(const GrammarRun *r); /* an allocation failed: treat as out of memory */
 

@@ -333,6 +333,7 @@ void grammar_run_free(GrammarRun *r) {
 }
 
 void grammar_run_reset(GrammarRun *r) { r->cur = r->start; }
+const Grammar *grammar_run_grammar(const GrammarRun *r) { return r->g; }
 int grammar_run_failed(const GrammarRun *r) { return r->failed; }
 int grammar_complete(const GrammarRun *r) { return r->st[r->cur].complete; }
 int grammar_finished(const GrammarRun *r) { return r->st[r->cur].finished; }
