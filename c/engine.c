@@ -372,7 +372,12 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         masks_before = gs.masks_built;
     }
     KvCache *kv = &e->slots[f->slot];
-    if (!kv->tokens && kv_init(kv, a, e->ctx)) { emit_error(f->id, "out_of_memory", "cannot allocate the KV cache"); free(ids); return; }
+    if (!kv->tokens && kv_init(kv, a, e->ctx)) {
+        emit_error(f->id, "out_of_memory", "cannot allocate the KV cache");
+        engine_grammar_end(e, gr);
+        free(ids);
+        return;
+    }
     /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
      * one prompt token is recomputed to get fresh logits. */
     int reuse = kv_reuse(kv, ids, n);
@@ -389,6 +394,7 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     char *piece = malloc(piece_cap);
     if (!logits || !piece || sampler_init(&smp, &sp, a->vocab)) {
         emit_error(f->id, "out_of_memory", "no memory for the sampler");
+        engine_grammar_end(e, gr);
         sampler_free(&smp);
         free(ids); free(logits); free(piece);
         return;
@@ -415,10 +421,10 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         int tok;
         if (gr && grammar_finished(gr)) { finish = "stop"; break; } /* e.g. a grammar of the empty string */
         if (gr) { /* budget: bytes the grammar may still need after this token, one per token left */
-            double tg = now_ms();
             int left = e->ctx - kv->n;
             if (f->max_tokens >= 0 && f->max_tokens - produced < left) left = f->max_tokens - produced;
-            tok = engine_grammar_pick(e, gr, &smp, logits, left - 1);
+            tok = engine_grammar_pick(e, gr, &smp, logits, left - 1, &t_grammar);
+            double tg = now_ms();
             if (tok >= 0 && grammar_accept(gr, tok)) tok = -2;
             t_grammar += now_ms() - tg;
             if (tok == -1) { dead_end = 1; break; }
@@ -467,6 +473,7 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     kv_checkpoint(kv);
     persist_slot(e, f->slot); /* after END: the client never waits for the disk */
     if (!oom && !dead_end && verdict != 2) engine_stream_learn(e);
+    engine_grammar_end(e, gr);
     sampler_free(&smp);
     free(piece);
     free(logits);

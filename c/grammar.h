@@ -52,6 +52,7 @@ size_t grammar_vocab_nodes(const GrammarVocab *v); /* trie size, for the benchma
 typedef struct GrammarRun GrammarRun;
 GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v);
 void grammar_run_free(GrammarRun *r);
+const Grammar *grammar_run_grammar(const GrammarRun *r);
 void grammar_run_reset(GrammarRun *r);  /* back to the start of the output; caches are kept */
 int grammar_run_failed(const GrammarRun *r); /* an allocation failed: treat as out of memory */
 
@@ -74,6 +75,10 @@ int grammar_accept_bytes(GrammarRun *r, const char *s, size_t n, size_t *at);
  * budget to complete. Returns how many tokens are allowed (-1 out of memory). The bits stay valid
  * until the next call on r. */
 int grammar_mask(GrammarRun *r, int budget, const uint32_t **bits);
+
+/* After grammar_mask: the most bytes a state an allowed token leads to needs (a budget at least
+ * this large filters nothing). */
+int grammar_mask_max_next(const GrammarRun *r);
 
 /* Stats for the benchmark and the END line. */
 typedef struct { uint64_t masks_built, mask_hits, dfa_states, nodes; } GrammarStats;

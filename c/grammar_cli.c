@@ -36,8 +36,8 @@ static Grammar *load_grammar(const char *path, char *err, size_t errlen) {
     return g;
 }
 
-/* One line per text: `complete`, `prefix` (valid so far, more needed or allowed) or `reject N`
- * (byte N cannot follow). */
+/* One line per text: `complete`, `prefix N` (valid so far; N more bytes at least complete it)
+ * or `reject N` (byte N cannot follow). */
 static int check_main(int argc, char **argv) {
     if (argc != 3) { fprintf(stderr, "usage: colibri grammar-check GRAMMAR_FILE < texts (NUL-separated)\n"); return 2; }
     char err[512];
@@ -51,7 +51,8 @@ static int check_main(int argc, char **argv) {
         size_t len = strnlen(in + at, n - at), bad;
         grammar_run_reset(r);
         if (grammar_accept_bytes(r, in + at, len, &bad)) printf("reject %zu\n", bad);
-        else printf("%s\n", grammar_complete(r) ? "complete" : "prefix");
+        else if (grammar_complete(r)) printf("complete\n");
+        else printf("prefix %d\n", grammar_min_bytes(r));
         at += len + 1;
         if (at == n) break; /* a trailing separator ends the list */
     }

@@ -223,3 +223,8 @@ int grammar_mask(GrammarRun *r, int budget, const uint32_t **bits) {
     *bits = r->scratch_mask;
     return count;
 }
+
+int grammar_mask_max_next(const GrammarRun *r) {
+    const GState *st = &r->st[r->cur];
+    return st->mask ? (int)st->mask_maxnext : -1;
+}

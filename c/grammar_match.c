@@ -125,6 +125,40 @@ static int expand(GrammarRun *r) {
     return 0;
 }
 
+/* ---- characters ---- */
+static int class_hits(const Grammar *g, const GElem *e, uint32_t lo, uint32_t hi) {
+    const uint32_t *rg = g->ranges + 2 * e->a;
+    if (e->type == GE_CHAR) {
+        for (uint32_t k = 0; k < e->b; k++) if (rg[2 * k] <= hi && rg[2 * k + 1] >= lo) return 1;
+        return 0;
+    }
+    for (uint32_t cp = lo, moved = 1; moved;) { /* a code point in [lo, hi] no range covers? */
+        moved = 0;
+        for (uint32_t k = 0; k < e->b; k++)
+            if (cp >= rg[2 * k] && cp <= rg[2 * k + 1]) { if (rg[2 * k + 1] >= hi) return 0; cp = rg[2 * k + 1] + 1; moved = 1; }
+    }
+    return 1;
+}
+
+/* The code points a UTF-8 sequence of need bytes starting with pend[0..npend) can still become. */
+static void pending_range(const uint8_t *pend, int npend, int need, uint32_t *plo, uint32_t *phi) {
+    uint32_t lo = pend[0] & (need == 2 ? 0x1F : need == 3 ? 0x0F : 0x07), hi;
+    for (int k = 1; k < npend; k++) lo = lo << 6 | (pend[k] & 0x3F);
+    hi = lo;
+    for (int k = npend; k < need; k++) { lo = lo << 6; hi = hi << 6 | 0x3F; }
+    uint32_t floor = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
+    *plo = lo < floor ? floor : lo;
+    *phi = hi > 0x10FFFF ? 0x10FFFF : hi;
+}
+
+/* Does the stack topped by nd accept some character in [lo, hi] (surrogates excluded)? */
+static int stack_can_take(const Grammar *g, const GNode *nd, uint32_t lo, uint32_t hi) {
+    const GElem *e = &g->el[nd->pos];
+    if (lo > hi) return 0;
+    return (lo < 0xD800 && class_hits(g, e, lo, hi < 0xD7FF ? hi : 0xD7FF)) ||
+           (hi > 0xDFFF && class_hits(g, e, lo > 0xE000 ? lo : 0xE000, hi));
+}
+
 static int cmp_u32(const void *a, const void *b) {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return x < y ? -1 : x > y;
@@ -170,7 +204,20 @@ static int32_t state_get(GrammarRun *r, const uint32_t *ids, size_t n, const uin
         uint32_t m = ids[i] == G_EMPTY ? 0 : r->nodes[ids[i]].minb;
         if (m < mb) mb = m;
     }
-    s->minb = npend ? mb + (uint32_t)(need - npend) : mb;
+    if (npend) { /* the rest of this character, then the rest of a stack that can take it */
+        const Grammar *g = r->g;
+        uint32_t lo, hi;
+        pending_range(pend, npend, need, &lo, &hi);
+        mb = G_INF_BYTES;
+        for (size_t i = 0; i < n; i++) {
+            if (ids[i] == G_EMPTY) continue;
+            const GNode *nd = &r->nodes[ids[i]];
+            if (!stack_can_take(g, nd, lo, hi)) continue;
+            uint32_t m = nd->minb - (g->minrest[nd->pos] - g->minrest[nd->pos + 1]) + (uint32_t)(need - npend);
+            if (m < mb) mb = m;
+        }
+    }
+    s->minb = mb;
     s->mask_count = -1;
     if (gmap_put(&r->st_map, h, id)) { r->failed = 1; return -1; }
     return id;
@@ -186,30 +233,11 @@ static int32_t state_from_out(GrammarRun *r, const uint8_t *pend, int npend, int
     return state_get(r, r->out, k, pend, npend, need);
 }
 
-/* ---- characters ---- */
-static int class_hits(const Grammar *g, const GElem *e, uint32_t lo, uint32_t hi) {
-    const uint32_t *rg = g->ranges + 2 * e->a;
-    if (e->type == GE_CHAR) {
-        for (uint32_t k = 0; k < e->b; k++) if (rg[2 * k] <= hi && rg[2 * k + 1] >= lo) return 1;
-        return 0;
-    }
-    for (uint32_t cp = lo, moved = 1; moved;) { /* a code point in [lo, hi] no range covers? */
-        moved = 0;
-        for (uint32_t k = 0; k < e->b; k++)
-            if (cp >= rg[2 * k] && cp <= rg[2 * k + 1]) { if (rg[2 * k + 1] >= hi) return 0; cp = rg[2 * k + 1] + 1; moved = 1; }
-    }
-    return 1;
-}
-
-/* Does some stack of state s accept some character in [lo, hi] (surrogates excluded)? */
+/* Does some stack of state s accept some character in [lo, hi]? */
 static int set_can_take(const GrammarRun *r, const GState *s, uint32_t lo, uint32_t hi) {
     for (uint32_t i = 0; i < s->set_n; i++) {
         uint32_t id = r->pool[s->set_off + i];
-        if (id == G_EMPTY) continue;
-        const GElem *e = &r->g->el[r->nodes[id].pos];
-        if ((lo < 0xD800 && class_hits(r->g, e, lo, hi < 0xD7FF ? hi : 0xD7FF)) ||
-            (hi > 0xDFFF && class_hits(r->g, e, lo > 0xE000 ? lo : 0xE000, hi)))
-            return 1;
+        if (id != G_EMPTY && stack_can_take(r->g, &r->nodes[id], lo, hi)) return 1;
     }
     return 0;
 }
@@ -245,14 +273,8 @@ static int32_t compute_next(GrammarRun *r, int32_t s, unsigned b) {
         if ((b & 0xC0) != 0x80) return G_DEAD;
         st.pend[st.npend++] = (uint8_t)b;
     }
-    /* the code points a sequence starting with these bytes can still become */
-    uint32_t lo = st.pend[0] & (st.need == 2 ? 0x1F : st.need == 3 ? 0x0F : 0x07), hi;
-    for (int k = 1; k < st.npend; k++) lo = lo << 6 | (st.pend[k] & 0x3F);
-    hi = lo;
-    for (int k = st.npend; k < st.need; k++) { lo = lo << 6; hi = hi << 6 | 0x3F; }
-    uint32_t floor = st.need == 2 ? 0x80 : st.need == 3 ? 0x800 : 0x10000;
-    if (lo < floor) lo = floor;
-    if (hi > 0x10FFFF) hi = 0x10FFFF;
+    uint32_t lo, hi;
+    pending_range(st.pend, st.npend, st.need, &lo, &hi);
     if (lo > hi || !set_can_take(r, &st, lo, hi)) return G_DEAD;
     if (st.npend == st.need) return advance_cp(r, s, lo);
     /* the same stacks with a longer partial character; copied out, as the pool may move */
@@ -311,6 +333,7 @@ void grammar_run_free(GrammarRun *r) {
 }
 
 void grammar_run_reset(GrammarRun *r) { r->cur = r->start; }
+const Grammar *grammar_run_grammar(const GrammarRun *r) { return r->g; }
 int grammar_run_failed(const GrammarRun *r) { return r->failed; }
 int grammar_complete(const GrammarRun *r) { return r->st[r->cur].complete; }
 int grammar_finished(const GrammarRun *r) { return r->st[r->cur].finished; }

@@ -694,6 +694,7 @@ Grammar *grammar_parse(const char *text, size_t n, char *err, size_t errlen) {
         g->n_el += p.rules[r].n;
     }
     g->ranges = p.ranges; p.ranges = NULL;
+    if (!g->ranges && !(g->ranges = calloc(2, sizeof *g->ranges))) { oom(&p); goto fail; } /* only `.`: no ranges */
     g->n_ranges = p.n_ranges / 2;
     g->literals = p.lit; p.lit = NULL;
     g->literals_len = p.lit_len;

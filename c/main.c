@@ -26,7 +26,7 @@ static const char *USAGE =
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
     "       colibri detokenize --model DIR 1,2,3\n"
-    "       colibri grammar-check GRAMMAR_FILE < NUL-separated texts   (complete, prefix or reject BYTE, one a line)\n"
+    "       colibri grammar-check GRAMMAR_FILE < NUL-separated texts   (complete, prefix MIN_BYTES_LEFT or reject BYTE, one a line)\n"
     "       colibri grammar-bench --tokenizer tokenizer.json --grammar FILE [--steps N] [--runs N] [--seed S]\n"
     "       colibri families   (the model families this engine implements)\n"
     "       colibri limits     (KV slots, quantized block sizes, default --batch, runtime base bytes; one `name value` a line)\n"

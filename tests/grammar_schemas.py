@@ -14,7 +14,7 @@ def random_schema(rng, depth=0, defs=None):
     """A schema of the supported subset; `defs` collects $defs the schema may $ref."""
     leaf = ["string", "string_len", "integer", "integer_min", "number", "boolean", "null", "enum", "const",
             "pattern", "format"]
-    nodes = ["object", "object", "array", "anyOf", "type_list"] + (["ref"] if defs is not None else [])
+    nodes = ["object", "object", "array", "anyOf", "oneOf", "type_list"] + (["ref"] if defs is not None else [])
     kind = rng.choice(leaf + (nodes if depth < 3 else []))
     if kind == "string":
         return {"type": "string"}
@@ -24,7 +24,10 @@ def random_schema(rng, depth=0, defs=None):
     if kind == "integer":
         return {"type": "integer"}
     if kind == "integer_min":
-        return {"type": "integer", "minimum": rng.choice([0, 1])}
+        s = {"type": "integer", "minimum": rng.choice([-120, -3, 0, 1, 7, 95])}
+        if rng.random() < 0.6:
+            s["maximum"] = s["minimum"] + rng.choice([0, 5, 99, 1234])
+        return s
     if kind in ("number", "boolean", "null"):
         return {"type": kind, "description": "an annotation"}
     if kind == "enum":
@@ -52,10 +55,18 @@ def random_schema(rng, depth=0, defs=None):
             s["maxItems"] = lo + rng.randint(0, 3)
         return s
     if kind == "anyOf":
-        return {rng.choice(["anyOf", "oneOf"]): [random_schema(rng, depth + 1, defs) for _ in range(rng.randint(1, 3))]}
+        return {"anyOf": [random_schema(rng, depth + 1, defs) for _ in range(rng.randint(1, 3))]}
+    if kind == "oneOf":  # branches told apart by type, or objects by a discriminator
+        tags = rng.sample(["cat", "dog", "eel"], rng.randint(1, 3))
+        branches = [{"type": "object", "properties": {"kind": {"const": t}, "n": random_schema(rng, depth + 1, defs)},
+                     "required": ["kind"], "additionalProperties": False} for t in tags]
+        branches += rng.sample([{"type": "string", "maxLength": 4}, {"type": "integer"}, {"type": "null"},
+                                {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}], rng.randint(0, 3))
+        return {"oneOf": rng.sample(branches, len(branches))}
     if kind == "type_list":
         return {"type": rng.sample(["string", "integer", "boolean", "null"], rng.randint(1, 3))}
     name = f"D{len(defs)}"
+    defs[name] = True  # reserved: a $ref inside takes the next name
     defs[name] = random_schema(rng, depth + 1, defs)
     return {"$ref": f"#/$defs/{name}"}
 
@@ -122,7 +133,7 @@ def random_instance(rng, s, root):
         return "".join(rng.choice(CHARS) for _ in range(rng.randint(lo, s.get("maxLength", lo + 5))))
     if t == "integer":
         if "minimum" in s:
-            return rng.choice([42, 10 ** 15] + [0] * (s["minimum"] == 0) + [1])
+            return rng.randint(s["minimum"], s.get("maximum", s["minimum"] + 10 ** 15))
         return rng.choice([0, -7, 42, 10 ** 15, -(10 ** 15)])
     if t == "number":
         return rng.choice([0, -1.5, 3.25, 1e-05, 6.02e23, 12])

@@ -12,7 +12,7 @@ import pytest
 from colibri.grammar import SchemaError, gbnf, json_object_gbnf, schema_grammar, schema_to_gbnf
 from colibri.grammar.regex import PatternError, pattern_to_gbnf
 from engine_binaries import build
-from grammar_schemas import PATTERNS, NoInstance, dumps_styles, grammar_check, random_instance, random_root
+from grammar_schemas import PATTERNS, NoInstance, dumps_styles, grammar_check, random_instance, random_root, valid
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,6 +73,27 @@ def test_wrapped_grammar_for_tool_calls(tmp_path):
         ["complete", "reject 0"]
 
 
+@pytest.mark.parametrize("bounds", [
+    {"minimum": 0}, {"minimum": 1}, {"minimum": -15, "maximum": 7}, {"minimum": 95, "maximum": 1203},
+    {"exclusiveMinimum": -1.5, "exclusiveMaximum": 20}, {"maximum": -8}, {"minimum": 3, "maximum": 3},
+    {"minimum": 2.5, "maximum": 99.9}, {"minimum": -1005, "maximum": -998},
+])
+def test_integer_bounds_are_exact(tmp_path, bounds):
+    schema = {"type": "integer", **bounds}
+    window = list(range(-1300, 1300)) + [10 ** 15, -(10 ** 15)]
+    texts = [str(v) for v in window] + ["-0", "007", "1.0"]
+    verdicts = grammar_check(schema_grammar(schema), texts, tmp_path)
+    for v, verdict in zip(window, verdicts):
+        assert (verdict == "complete") == valid(v, schema, schema), (bounds, v, verdict)
+    assert all(v != "complete" for v in verdicts[len(window):])
+
+
+def test_integer_bounds_with_no_integer_between_are_refused():
+    with pytest.raises(SchemaError) as e:
+        schema_to_gbnf({"type": "integer", "minimum": 2.1, "maximum": 2.9})
+    assert e.value.keyword == "maximum"
+
+
 @pytest.mark.parametrize("pattern,good,bad", PATTERNS)
 def test_patterns_agree_with_python_re(tmp_path, pattern, good, bad):
     for s in good:
@@ -97,6 +118,7 @@ def test_unsupported_patterns_say_so(pattern):
 
 @pytest.mark.parametrize("schema,keyword,path", [
     ({"type": "number", "minimum": 3}, "minimum", "#"),
+    ({"type": "integer", "minimum": "3"}, "minimum", "#"),
     ({"type": "object", "properties": {"a": {"type": "string", "format": "email", "minLength": 1,
                                              "pattern": "x"}}}, "minLength", "#/properties/a"),
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems", "#"),
@@ -106,6 +128,9 @@ def test_unsupported_patterns_say_so(pattern):
     ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "allOf", "#"),
     ({"$ref": "https://example.com/s.json"}, "$ref", "#"),
     ({"$ref": "#/$defs/missing"}, "$ref", "#"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf", "#"),
+    ({"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}}, {"type": "object"}]}, "oneOf", "#"),
+    ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "$ref", "#"),
     ({"type": "strin"}, "type", "#"),
     ({"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}, "required", "#"),
     ({"type": "array", "minItems": 3, "maxItems": 2}, "maxItems", "#"),
@@ -115,6 +140,12 @@ def test_out_of_subset_keywords_are_named(schema, keyword, path):
     with pytest.raises(SchemaError) as e:
         schema_to_gbnf(schema)
     assert e.value.keyword == keyword and e.value.path == path and f"'{keyword}'" in str(e.value)
+
+
+def test_one_of_with_distinct_branches_is_allowed():
+    assert schema_to_gbnf({"oneOf": [{"type": "string"}, {"type": "integer"}, {"enum": [True]}]})
+    tagged = [{"type": "object", "properties": {"t": {"const": t}}, "required": ["t"]} for t in "ab"]
+    assert schema_to_gbnf({"oneOf": tagged})
 
 
 def test_recursive_refs_and_annotations(tmp_path):

@@ -167,10 +167,37 @@ static void test_masks(void) {
     CHECK(r && grammar_mask(r, 2, &m) == 1 && bit(m, ']'), "budget mask keeps only the close");
     grammar_run_free(r);
     grammar_free(g);
+
+    /* inside a character the budget counts only the bytes still missing */
+    g = parse("root ::= [a-z] | \"\u03a9x\"", err);
+    r = grammar_run_new(g, v);
+    CHECK(r && grammar_min_bytes(r) == 1 && grammar_allows(r, 0xCE, 2) && !grammar_allows(r, 0xCE, 1), "budget mid-character");
+    CHECK(r && grammar_accept(r, 0xCE) == 0 && grammar_min_bytes(r) == 2, "min bytes mid-character: %d", r ? grammar_min_bytes(r) : -1);
+    grammar_run_free(r);
+    grammar_free(g);
+    grammar_vocab_free(v);
+}
+
+/* A vocabulary that cannot spell what the grammar needs: the mask is empty while the output is
+ * incomplete, which the engine reports as a dead end instead of forcing a token. */
+static void test_dead_end(void) {
+    const char *bytes[] = {"a", "b", "</s>"};
+    size_t len[] = {1, 1, 4};
+    uint8_t kind[] = {GV_TEXT, GV_TEXT, GV_EOS};
+    GrammarVocab *v = grammar_vocab_new(3, bytes, len, kind);
+    char err[256];
+    Grammar *g = parse("root ::= \"a\" \"z\"", err);
+    GrammarRun *r = v && g ? grammar_run_new(g, v) : NULL;
+    const uint32_t *m;
+    CHECK(r && grammar_mask(r, -1, &m) == 1 && grammar_accept(r, 0) == 0, "a fits");
+    CHECK(r && grammar_mask(r, -1, &m) == 0 && !grammar_complete(r), "nothing spells z: a dead end, detected");
+    grammar_run_free(r);
+    grammar_free(g);
     grammar_vocab_free(v);
 }
 
 void test_grammar(void) {
+    test_dead_end();
     test_errors();
     test_matching();
     test_masks();

@@ -5,9 +5,11 @@ may allow less than the schema (properties come in the declared order, no proper
 declared ones, at most 16 integer digits), never more. Keywords outside the subset raise
 SchemaError naming the keyword and where it is, so the server can answer 400."""
 import json
+import math
 import re
 
 from colibri.grammar import gbnf
+from colibri.grammar.ranges import int_range
 from colibri.grammar.regex import MAX_REPEAT, PatternError, pattern_to_gbnf
 
 # Keywords that say nothing about which instances are valid.
@@ -18,7 +20,7 @@ BY_TYPE = {
     "object": {"properties", "required", "additionalProperties"},
     "array": {"items", "minItems", "maxItems"},
     "string": {"minLength", "maxLength", "pattern", "format"},
-    "integer": {"minimum", "exclusiveMinimum"},
+    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "number": set(),
     "boolean": set(),
     "null": set(),
@@ -28,7 +30,7 @@ TYPES = tuple(BY_TYPE)
 SUPPORTED = ("type (object, array, string, number, integer, boolean, null), properties, required, "
              "additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, format (date, time, "
              "date-time, uuid; others are annotations), enum, const, anyOf, oneOf, allOf (one schema), $ref to "
-             "$defs/definitions, integer minimum/exclusiveMinimum of 0 or 1")
+             "$defs/definitions, integer minimum/maximum/exclusiveMinimum/exclusiveMaximum")
 
 PRIMITIVES = {
     "ws": '| " " | "\\n" [ \\t]{0,20}',
@@ -116,6 +118,8 @@ class _Compiler:
                 subs = s[comb]
                 if not isinstance(subs, list) or not subs:
                     self.fail(comb, path, "must be a non-empty list of schemas")
+                if comb == "oneOf":
+                    self.exclusive(subs, path)
                 return "(" + " | ".join(self.value(x, f"{path}/{comb}/{i}", f"{hint}-{i}")
                                         for i, x in enumerate(subs)) + ")"
         if "allOf" in s:
@@ -149,6 +153,68 @@ class _Compiler:
         alts = [self.typed(x, s, path, hint) for x in types]
         return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
 
+    def exclusive(self, subs, path):
+        """oneOf needs exactly one branch to match; the grammar would let a value through that
+        two branches match, so the branches must be told apart by JSON type or by a required
+        property of distinct constant values (a discriminator)."""
+        kinds = [self.kinds(x) for x in subs]
+        for i in range(len(subs)):
+            for j in range(i):
+                common = kinds[i] & kinds[j]
+                if not common or (common == {"object"} and self.discriminated(subs[i], subs[j])):
+                    continue
+                ci, cj = self.consts(subs[i]), self.consts(subs[j])
+                if ci is not None and cj is not None and not set(map(_key, ci)) & set(map(_key, cj)):
+                    continue
+                self.fail("oneOf", path, f"branches {j} and {i} can match the same value, which oneOf forbids and "
+                                         "constrained decoding cannot rule out; use anyOf, or tell the branches apart "
+                                         "by type or by a required property with distinct const values")
+
+    def deref(self, s, depth=0):
+        while isinstance(s, dict) and "$ref" in s and depth < 50:
+            s, depth = self._resolve(s["$ref"], ""), depth + 1
+        if isinstance(s, dict) and "allOf" in s and isinstance(s["allOf"], list) and len(s["allOf"]) == 1:
+            return self.deref(s["allOf"][0], depth + 1)
+        return s
+
+    def kinds(self, s):
+        """The JSON kinds (integer counts as number) a schema can produce."""
+        s = self.deref(s)
+        every = {"object", "array", "string", "number", "boolean", "null"}
+        if not isinstance(s, dict):
+            return every
+        for comb in ("anyOf", "oneOf"):
+            if isinstance(s.get(comb), list):
+                return set().union(*(self.kinds(x) for x in s[comb])) if s[comb] else every
+        if "const" in s or "enum" in s:
+            vals = [s["const"]] if "const" in s else s["enum"] if isinstance(s["enum"], list) else []
+            return {_kind(v) for v in vals}
+        t = s.get("type")
+        if t is None:
+            implied = {k for k, ks in BY_TYPE.items() if set(s) & ks}
+            return {"number" if k == "integer" else k for k in implied} or every
+        return {"number" if x == "integer" else x for x in (t if isinstance(t, list) else [t]) if isinstance(x, str)}
+
+    def consts(self, s):
+        """The values a const/enum schema allows, or None."""
+        s = self.deref(s)
+        if isinstance(s, dict) and "const" in s:
+            return [s["const"]]
+        if isinstance(s, dict) and isinstance(s.get("enum"), list):
+            return s["enum"]
+        return None
+
+    def discriminated(self, a, b):
+        a, b = self.deref(a), self.deref(b)
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            return False
+        pa, pb = a.get("properties", {}), b.get("properties", {})
+        for k in set(a.get("required", [])) & set(b.get("required", [])):
+            ca, cb = self.consts(pa.get(k, {})), self.consts(pb.get(k, {}))
+            if ca is not None and cb is not None and not set(map(_key, ca)) & set(map(_key, cb)):
+                return True
+        return False
+
     def only(self, s, keys, path):
         extra = sorted(set(s) - ANNOTATIONS - keys)
         if extra:
@@ -160,19 +226,30 @@ class _Compiler:
         if ref in self.refs:
             return self.refs[ref]
         m = re.fullmatch(r"#(?:/(\$defs|definitions)/([^/]+))?", ref)
-        if not m:
-            self.fail("$ref", path, f"only '#', '#/$defs/NAME' and '#/definitions/NAME' are supported, not {ref!r}")
-        target = self.root
-        if m.group(1):
-            table = self.root.get(m.group(1)) if isinstance(self.root, dict) else None
-            key = m.group(2).replace("~1", "/").replace("~0", "~")
-            if not isinstance(table, dict) or key not in table:
-                self.fail("$ref", path, f"{ref!r} names no schema in this document")
-            target = table[key]
+        target = self._resolve(ref, path)
+        seen, alias = {ref}, target
+        while isinstance(alias, dict) and set(alias) - ANNOTATIONS == {"$ref"}:  # a chain of plain $refs
+            nxt = alias["$ref"]
+            if nxt in seen:
+                self.fail("$ref", path, f"{ref!r} refers back to itself without any schema in between")
+            seen.add(nxt)
+            alias = self._resolve(nxt, path)
         name = self.new_rule("def-" + (m.group(2) or "root"))
         self.refs[ref] = name
         self.rules[name] = self.value(target, ref, name)
         return name
+
+    def _resolve(self, ref, path):
+        m = re.fullmatch(r"#(?:/(\$defs|definitions)/([^/]+))?", ref) if isinstance(ref, str) else None
+        if not m:
+            self.fail("$ref", path, f"only '#', '#/$defs/NAME' and '#/definitions/NAME' are supported, not {ref!r}")
+        if not m.group(1):
+            return self.root
+        table = self.root.get(m.group(1)) if isinstance(self.root, dict) else None
+        key = m.group(2).replace("~1", "/").replace("~0", "~")
+        if not isinstance(table, dict) or key not in table:
+            self.fail("$ref", path, f"{ref!r} names no schema in this document")
+        return table[key]
 
     def choices(self, s, path):
         if "const" in s:
@@ -212,19 +289,28 @@ class _Compiler:
         if t == "string":
             return self.string(s, path, hint)
         if t == "integer":
-            lo = s.get("minimum")
-            if "exclusiveMinimum" in s:
-                em = s["exclusiveMinimum"]
-                if isinstance(em, bool) or not isinstance(em, (int, float)) or lo is not None:
-                    self.fail("exclusiveMinimum", path, "only a number, without 'minimum', is supported")
-                lo = int(em) + 1 if float(em).is_integer() else None
-            if lo is None and "minimum" not in s and "exclusiveMinimum" not in s:
-                return self.prim("integer")
-            if isinstance(lo, bool) or lo not in (0, 1):
-                self.fail("minimum" if "minimum" in s else "exclusiveMinimum", path,
-                          "only a lower bound of 0 or 1 is supported on integers")
-            return '("0" | [1-9] [0-9]{0,15})' if lo == 0 else "([1-9] [0-9]{0,15})"
+            return self.integer(s, path)
         return self.prim(t)
+
+    def integer(self, s, path):
+        bounds = {}
+        for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if k in s:
+                v = s[k]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) > 1e300:
+                    self.fail(k, path, "must be a number")
+                bounds[k] = v
+        if not bounds:
+            return self.prim("integer")
+        lows = [math.ceil(v) if k == "minimum" else math.floor(v) + 1
+                for k, v in bounds.items() if k in ("minimum", "exclusiveMinimum")]
+        highs = [math.floor(v) if k == "maximum" else math.ceil(v) - 1
+                 for k, v in bounds.items() if k in ("maximum", "exclusiveMaximum")]
+        lo, hi = max(lows, default=None), min(highs, default=None)
+        expr = int_range(lo, hi)
+        if expr is None:
+            self.fail(sorted(bounds)[0], path, "no integer lies between the bounds; no output can satisfy it")
+        return expr
 
     def obj(self, s, path, hint):
         props = s.get("properties", {})
@@ -328,6 +414,20 @@ class _Compiler:
             return self.prim("string")
         rep = f"{{{lo},}}" if hi is None else f"{{{lo},{hi}}}"
         return self.new_rule(hint or "string", f'"\\"" {self.prim("char")}{rep} "\\""')
+
+
+def _kind(v):
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), "object")
+
+
+def _key(v):
+    return json.dumps(v, sort_keys=True)
 
 
 def _is_type(v, t):
