@@ -362,7 +362,7 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     int reuse = kv_reuse(kv, ids, n);
     emit_line("ACCEPT %s %d %d", f->id, n, reuse);
     SamplerParams sp = f->sp;
-    if (!f->has_seed) sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    if (!f->has_seed) sp.seed = sampler_entropy_seed();
     Sampler smp = {0};
     float *logits = malloc(sizeof(float) * (size_t)a->vocab);
     size_t piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
