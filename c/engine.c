@@ -393,7 +393,7 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
         if (kv->n >= e->ctx) { finish = "length"; break; } /* prompt + output never exceed the context */
         int tok = sampler_sample(&smp, logits);
         if (!produced) t_first = now_ms() - t0;
-        if (is_eos(a, tok)) { finish = "stop"; break; }
+        if (!f->ignore_eos && is_eos(a, tok)) { finish = "stop"; break; }
         size_t len = e->tok ? tok_stream_push(e->tok, &ts, tok, f->render_special, piece, piece_cap) : 0;
         emit_data(f->id, tok, piece, len);
         if (f->logprobs && emit_logprob(e, f->id, logits, tok, f->top_logprobs)) { oom = 1; break; }

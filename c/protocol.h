@@ -29,6 +29,7 @@ typedef struct {
     int logprobs;      /* send a LOGPROB line after each DATA */
     int top_logprobs;  /* alternatives in each LOGPROB line (0-20) */
     size_t literal;    /* the payload's first `literal` bytes list literal spans of the text after them */
+    int ignore_eos;    /* generate past end-of-sequence tokens (benchmarks, fixed-length runs) */
     int has_seed;
     SamplerParams sp;
 } Frame;
