@@ -19,6 +19,7 @@
 #include "logprob.h"
 #include "protocol.h"
 #include "sampler.h"
+#include "serve_loop.h"
 #include "tokenizer.h"
 
 static double now_ms(void) {
@@ -73,6 +74,7 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
         if (!strcmp(a, "--model")) { if (!v) { snprintf(err, errlen, "--model needs a directory"); return -1; } o->model_dir = v; i++; }
         else if (!strcmp(a, "--ctx")) { rc = opt_int(a, v, 1, 1 << 24, &o->ctx, err, errlen); i++; }
         else if (!strcmp(a, "--kv-slots")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->kv_slots, err, errlen); i++; }
+        else if (!strcmp(a, "--parallel")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->parallel, err, errlen); i++; }
         else if (!strcmp(a, "--threads")) { rc = opt_int(a, v, 1, 1024, &o->threads, err, errlen); i++; }
         else if (!strcmp(a, "--batch")) { rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen); i++; }
         else if (!strcmp(a, "--portable")) o->portable = 1;
@@ -139,6 +141,13 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
         return -1;
     }
     e->n_slots = o->kv_slots ? o->kv_slots : 1;
+    e->parallel = o->parallel ? o->parallel : e->n_slots;
+    if (e->parallel > e->n_slots) {
+        snprintf(err, errlen, "--parallel %d exceeds --kv-slots %d: each running request needs a KV slot of its own; "
+                 "raise --kv-slots or lower --parallel", e->parallel, e->n_slots);
+        engine_close(e);
+        return -1;
+    }
     char path[4096];
     struct stat st;
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
@@ -172,7 +181,7 @@ static void restore_slots(Engine *e, const char *dir) {
     }
 }
 
-static void persist_slot(Engine *e, int slot) {
+void engine_persist_slot(Engine *e, int slot) {
     if (!e->kv_dir) return;
     char path[4200], err[512];
     slot_path(e, slot, path, sizeof path);
@@ -216,54 +225,8 @@ int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t
     return 0;
 }
 
-/* Pending control frames that arrive while a generation runs. */
-typedef struct {
-    FrameReader *in;
-    Frame *queue;
-    char **payloads;
-    int n, cap;
-} Inbox;
-
-static void inbox_push(Inbox *b, const Frame *f, char *payload) {
-    if (b->n == b->cap) {
-        int cap = b->cap ? b->cap * 2 : 8;
-        Frame *q = realloc(b->queue, sizeof(Frame) * (size_t)cap);
-        if (q) b->queue = q;
-        char **p = q ? realloc(b->payloads, sizeof(char *) * (size_t)cap) : NULL;
-        if (p) b->payloads = p;
-        if (!q || !p) { /* refuse this one request; the running one and the queue go on */
-            emit_error(f->id, "out_of_memory", "no memory to queue the request");
-            free(payload);
-            return;
-        }
-        b->cap = cap;
-    }
-    b->queue[b->n] = *f;
-    b->payloads[b->n++] = payload;
-}
-
-/* Drains available input; returns 1 if STOP, 2 if CANCEL arrived for id. */
-static int poll_control(Inbox *b, const char *id) {
-    int verdict = 0;
-    reader_fill(b->in, 0);
-    for (;;) {
-        Frame f;
-        char *payload, err[256];
-        int rc = reader_next(b->in, &f, &payload, err, sizeof err);
-        if (rc == 0) break;
-        if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
-        if (f.kind == FR_SUBMIT) { inbox_push(b, &f, payload); continue; }
-        free(payload);
-        if (strcmp(f.id, id) == 0) verdict = f.kind == FR_STOP ? 1 : 2;
-        /* STOP/CANCEL for an id not running: it already ended or is queued; handled when dequeued */
-        else for (int i = 0; i < b->n; i++)
-            if (strcmp(b->queue[i].id, f.id) == 0) b->queue[i].max_tokens = -2; /* mark cancelled */
-    }
-    return verdict;
-}
-
 /* A teacher-forced pass runs in a cache of its own: it must not disturb any slot's conversation. */
-static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
+void engine_run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     const int V = e->model.a.vocab;
     float *logits = malloc(sizeof(float) * (size_t)n * V);
     KvCache own;
@@ -274,10 +237,12 @@ static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     }
     KvCache *kv = &own;
     emit_line("ACCEPT %s %d 0", f->id, n);
-    engine_stream_turn_begin(e);
+    TurnMark mark;
+    engine_stream_mark(e, &mark);
     double t0 = now_ms();
     if (forward(&e->model, kv, ids, n, logits, 1)) {
         emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try fewer positions");
+        engine_stream_mark_free(&mark);
         kv_free(&own);
         free(logits);
         return;
@@ -287,17 +252,17 @@ static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     emit_blob(head, logits, sizeof(float) * (size_t)n * V);
     double ms = now_ms() - t0;
     char stats[600];
-    engine_stream_end_fields(e, ms, stats, sizeof stats);
-    if (f->routing) engine_stream_routing(e, f->id);
+    engine_stream_end_since(e, &mark, ms, stats, sizeof stats);
+    if (f->routing) engine_stream_routing_since(e, &mark, f->id);
     emit_line("END %s prompt_tokens=%d completion_tokens=0 reused_tokens=0 ttft_ms=%.1f prefill_tok_s=%.1f "
               "decode_tok_s=0.0 finish=logits%s", f->id, n, ms, n / (ms / 1e3 + 1e-9), stats);
-    engine_stream_learn(e);
+    engine_stream_mark_free(&mark);
     kv_free(&own);
     free(logits);
 }
 
 /* 0, or -1 when no memory was left for the line. */
-static int emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k) {
+int engine_emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k) {
     size_t cap = logprob_line_cap(strlen(id), k, e->tok ? tok_max_token_bytes(e->tok) : 0);
     char *line = malloc(cap);
     if (!line) return -1;
@@ -307,34 +272,33 @@ static int emit_logprob(const Engine *e, const char *id, const float *logits, in
     return 0;
 }
 
-static int is_eos(const Arch *a, int tok) {
+int engine_is_eos(const Arch *a, int tok) {
     for (int i = 0; i < a->n_eos; i++)
         if (a->eos[i] == tok) return 1;
     return 0;
 }
 
-static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
+int engine_prompt(Engine *e, const Frame *f, const char *payload, int32_t **out, int *out_n) {
     const Arch *a = &e->model.a;
     char err[512];
     int32_t *ids = NULL;
     int n = 0;
-    if (f->max_tokens == -2) { emit_error(f->id, "cancelled", "cancelled before it started"); return; }
     if (f->slot >= e->n_slots) {
         snprintf(err, sizeof err, "slot %d out of range: the engine has %d KV slots", f->slot, e->n_slots);
         emit_error(f->id, "bad_request", err);
-        return;
+        return -1;
     }
     if (f->ids) {
-        if (parse_ids(payload, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return; }
+        if (parse_ids(payload, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return -1; }
     } else {
-        if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return; }
+        if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return -1; }
         size_t nn = 0, *lit = NULL, nlit = 0;
         int bad = f->literal && tok_literal_parse(payload, f->literal, &lit, &nlit, err, sizeof err);
         if (!bad)
             bad = tok_encode_literal(e->tok, payload + f->literal, f->payload_len - f->literal, f->parse_special,
                                      f->add_special, lit, nlit, &ids, &nn, err, sizeof err);
         free(lit);
-        if (bad) { emit_error(f->id, "bad_request", err); return; }
+        if (bad) { emit_error(f->id, "bad_request", err); return -1; }
         n = (int)nn;
         /* tokenizer.json comes with the model folder and is not trusted to match the embedding:
          * an id past its rows would read outside the table. */
@@ -344,125 +308,32 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
                          "the model folder's tokenizer does not belong to its weights", ids[i], a->vocab);
                 emit_error(f->id, "bad_request", err);
                 free(ids);
-                return;
+                return -1;
             }
     }
-    if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return; }
+    if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return -1; }
     if (n >= e->ctx) {
         snprintf(err, sizeof err, "prompt has %d tokens; the context holds %d (one must stay free for output)", n, e->ctx);
         emit_error(f->id, "context_exceeded", err);
         free(ids);
-        return;
+        return -1;
     }
-    if (f->logits) { run_logits(e, f, ids, n); free(ids); return; }
-    KvCache *kv = &e->slots[f->slot];
-    if (!kv->tokens && kv_init(kv, a, e->ctx)) { emit_error(f->id, "out_of_memory", "cannot allocate the KV cache"); free(ids); return; }
-    /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
-     * one prompt token is recomputed to get fresh logits. */
-    int reuse = kv_reuse(kv, ids, n);
-    emit_line("ACCEPT %s %d %d", f->id, n, reuse);
-    SamplerParams sp = f->sp;
-    if (!f->has_seed) sp.seed = sampler_entropy_seed();
-    Sampler smp = {0};
-    float *logits = malloc(sizeof(float) * (size_t)a->vocab);
-    size_t piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
-    char *piece = malloc(piece_cap);
-    if (!logits || !piece || sampler_init(&smp, &sp, a->vocab)) {
-        emit_error(f->id, "out_of_memory", "no memory for the sampler");
-        sampler_free(&smp);
-        free(ids); free(logits); free(piece);
-        return;
-    }
-    engine_stream_turn_begin(e);
-    double t0 = now_ms();
-    int verdict = 0, oom = 0; /* oom: the forward pass ran out of memory; the slot keeps what completed */
-    /* Prefill in batches, reading control frames between them so a cancel need not wait. */
-    for (int done = reuse, step = forward_max_batch > 0 ? forward_max_batch : 1; done < n && !verdict && !oom; done += step) {
-        int m = n - done < step ? n - done : step;
-        oom = forward(&e->model, kv, ids + done, m, done + m == n ? logits : NULL, 0) != 0;
-        if (done + m < n && !oom) verdict = poll_control(box, f->id);
-    }
-    if (!verdict) kv_checkpoint(kv); /* a turn boundary: the next turn may resume here */
-    double t_prefill = now_ms() - t0, t_first = 0;
-    TokStream ts;
-    tok_stream_init(&ts);
-    int produced = 0;
-    const char *finish = "length";
-    for (; !verdict && !oom;) {
-        if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
-        if (kv->n >= e->ctx) { finish = "length"; break; } /* prompt + output never exceed the context */
-        int tok = sampler_sample(&smp, logits);
-        if (!produced) t_first = now_ms() - t0;
-        if (!f->ignore_eos && is_eos(a, tok)) { finish = "stop"; break; }
-        size_t len = e->tok ? tok_stream_push(e->tok, &ts, tok, f->render_special, piece, piece_cap) : 0;
-        emit_data(f->id, tok, piece, len);
-        if (f->logprobs && emit_logprob(e, f->id, logits, tok, f->top_logprobs)) { oom = 1; break; }
-        produced++;
-        verdict = poll_control(box, f->id);
-        if (verdict) break;
-        if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
-        int32_t next = tok;
-        oom = forward(&e->model, kv, &next, 1, logits, 0) != 0;
-    }
-    size_t rest = e->tok ? tok_stream_flush(&ts, piece, piece_cap) : 0;
-    if (rest) emit_data(f->id, -1, piece, rest);
-    if (oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
-    else if (verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
-    else {
-        if (verdict == 1) finish = "stop";
-        double total = now_ms() - t0, decode = total - t_first;
-        char stats[600];
-        engine_stream_end_fields(e, total, stats, sizeof stats);
-        if (f->routing) engine_stream_routing(e, f->id);
-        emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
-                  "decode_tok_s=%.1f finish=%s%s",
-                  f->id, n, produced, reuse, t_first, (n - reuse) / (t_prefill / 1e3 + 1e-9),
-                  produced > 1 ? (produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish, stats);
-    }
-    kv_checkpoint(kv);
-    persist_slot(e, f->slot); /* after END: the client never waits for the disk */
-    if (!oom && verdict != 2) engine_stream_learn(e);
-    sampler_free(&smp);
-    free(piece);
-    free(logits);
-    free(ids);
+    *out = ids;
+    *out_n = n;
+    return 0;
 }
 
 int engine_serve(Engine *e) {
     FrameReader in;
     reader_init(&in, 0);
-    Inbox box = {&in, NULL, NULL, 0, 0};
     const Arch *a = &e->model.a;
     char stream[600];
     engine_stream_ready(e, stream, sizeof stream);
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d%s", a->family, a->vocab, e->ctx, e->n_slots,
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d%s", a->family, a->vocab, e->ctx, e->n_slots,
               a->n_layers, kern.name, omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
-              kv_bytes_per_token(a), kv_bytes(a, e->ctx), forward_max_batch, stream);
-    for (;;) {
-        Frame f;
-        char *payload = NULL, err[256];
-        if (box.n) {
-            f = box.queue[0];
-            payload = box.payloads[0];
-            memmove(box.queue, box.queue + 1, sizeof(Frame) * (size_t)(box.n - 1));
-            memmove(box.payloads, box.payloads + 1, sizeof(char *) * (size_t)(box.n - 1));
-            box.n--;
-        } else {
-            int rc = reader_next(&in, &f, &payload, err, sizeof err);
-            if (rc == 0) {
-                if (in.eof) break;
-                reader_fill(&in, -1);
-                continue;
-            }
-            if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
-        }
-        if (f.kind == FR_SUBMIT) run_request(e, &box, &f, payload);
-        /* a STOP/CANCEL with nothing running has nothing to stop */
-        free(payload);
-    }
-    free(box.queue);
-    free(box.payloads);
+              kv_bytes_per_token(a), kv_bytes(a, e->ctx), forward_max_batch, e->parallel, stream);
+    int rc = serve_loop(e, &in);
     reader_free(&in);
-    return 0;
+    return rc;
 }

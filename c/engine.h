@@ -14,6 +14,7 @@ typedef struct {
     Model model;
     Tokenizer *tok; /* NULL when the container has no tokenizer.json */
     int ctx, n_slots;
+    int parallel;                /* requests decoded together, at most n_slots (--parallel) */
     KvCache slots[MAX_KV_SLOTS]; /* allocated on first use */
     const char *kv_dir;          /* persist slots here when set */
     int kv_lock_fd;              /* holds kv_dir's lock (kv_dir.h) while open; -1 without kv_dir */
@@ -28,6 +29,7 @@ typedef struct {
 typedef struct {
     const char *model_dir;
     int ctx, kv_slots, threads, batch, portable;
+    int parallel;       /* --parallel; 0: every KV slot */
     int kernels; /* KernIsa + 1 from --kernels; 0: the best this CPU runs */
     const char *kv_dir;
     int skip_tokenizer; /* logits needs none, and a broken one must not block it */

@@ -148,10 +148,8 @@ static void rss_now(long *peak, long *rss) {
     fclose(f);
 }
 
-void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n) {
+static void end_fields(Engine *e, const ExpertStats *st, double turn_ms, char *buf, size_t n) {
     ExpertStore *s = &e->store;
-    expert_store_turn_end(s);
-    const ExpertStats *st = &s->st;
     uint64_t look = st->hits + st->misses;
     long peak, rss;
     rss_now(&peak, &rss);
@@ -164,14 +162,48 @@ void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n) {
              (unsigned long long)expert_store_cached(s), (unsigned long long)s->n * s->experts);
 }
 
-void engine_stream_routing(const Engine *e, const char *id) {
-    const ExpertStore *s = &e->store;
+void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n) {
+    expert_store_turn_end(&e->store);
+    end_fields(e, &e->store.st, turn_ms, buf, n);
+}
+
+void engine_stream_mark(Engine *e, TurnMark *m) {
+    ExpertStore *s = &e->store;
+    size_t cnt = (size_t)s->n * s->experts;
+    expert_store_turn_end(s);
+    m->st = s->st;
+    m->counts = cnt && s->turn_counts ? malloc(cnt * sizeof(uint32_t)) : NULL;
+    if (m->counts) memcpy(m->counts, s->turn_counts, cnt * sizeof(uint32_t));
+}
+
+void engine_stream_mark_free(TurnMark *m) {
+    free(m->counts);
+    m->counts = NULL;
+}
+
+void engine_stream_end_since(Engine *e, const TurnMark *m, double turn_ms, char *buf, size_t n) {
+    ExpertStore *s = &e->store;
+    expert_store_turn_end(s);
+    ExpertStats d = {s->st.hits - m->st.hits, s->st.misses - m->st.misses, s->st.bytes_read - m->st.bytes_read,
+                     s->st.io_wait_ms - m->st.io_wait_ms, s->st.read_busy_s - m->st.read_busy_s};
+    end_fields(e, &d, turn_ms, buf, n);
+}
+
+static void routing_frame(const ExpertStore *s, const uint32_t *since, const char *id);
+
+void engine_stream_routing(const Engine *e, const char *id) { routing_frame(&e->store, NULL, id); }
+
+void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char *id) {
+    routing_frame(&e->store, m->counts, id);
+}
+
+static void routing_frame(const ExpertStore *s, const uint32_t *since, const char *id) {
     size_t cnt = (size_t)s->n * s->experts, bytes = cnt * 4;
     unsigned char *b = malloc(bytes + 1);
     char head[200];
     if (!b) { emit_error(id, "out_of_memory", "no memory for the ROUTING frame"); return; }
     for (size_t i = 0; i < cnt; i++) {
-        uint32_t v = s->turn_counts[i];
+        uint32_t v = s->turn_counts[i] - (since ? since[i] : 0);
         b[4 * i] = v & 255; b[4 * i + 1] = (v >> 8) & 255; b[4 * i + 2] = (v >> 16) & 255; b[4 * i + 3] = v >> 24;
     }
     snprintf(head, sizeof head, "ROUTING %s %d %d %zu\n", id, s->n, s->experts, bytes);
