@@ -16,6 +16,7 @@
 #include "kv_kernels.h"
 #include "kv_dir.h"
 #include "kv_persist.h"
+#include "kv_writer.h"
 #include "logprob.h"
 #include "protocol.h"
 #include "sampler.h"
@@ -160,35 +161,52 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     return 0;
 }
 
-static void slot_path(const Engine *e, int slot, char *out, size_t n) {
-    if (slot == 0) snprintf(out, n, "%s/.coli_kv", e->kv_dir);
-    else snprintf(out, n, "%s/.coli_kv.%d", e->kv_dir, slot);
-}
-
-/* Warm start: every slot saved by an earlier run of this model comes back; a file that cannot
- * be trusted is refused (the reason goes to stderr) and only its slot starts cold. */
+/* Warm start: every slot saved by an earlier run of this model comes back, its base file then
+ * the turns logged since; a file that cannot be trusted is refused (the reason goes to stderr)
+ * and only its slot starts cold. */
 static void restore_slots(Engine *e, const char *dir) {
     e->kv_dir = dir;
     e->fingerprint = kv_fingerprint(e->model.ct->dir);
     kv_dir_clean(dir); /* we hold the lock: any temporary is a dead save's */
+    e->kv_writer = kv_writer_start(dir, e->n_slots, &e->model.a, e->ctx, e->fingerprint);
+    if (!e->kv_writer) fprintf(stderr, "colibri: no memory for the KV writer; slots are not saved in this run\n");
     for (int i = 0; i < e->n_slots; i++) {
-        char path[4200], err[512];
-        slot_path(e, i, path, sizeof path);
+        char path[4200], log[4200], err[512], note[256];
+        kv_slot_paths(dir, i, path, log, sizeof path);
         if (access(path, R_OK) != 0) continue;
         if (kv_init(&e->slots[i], &e->model.a, e->ctx)) { fprintf(stderr, "colibri: no memory to restore %s\n", path); continue; }
-        if (kv_restore(&e->slots[i], &e->model.a, e->fingerprint, path, err, sizeof err) < 0) fprintf(stderr, "colibri: %s\n", err);
-        else fprintf(stderr, "colibri: restored KV slot %d (%d positions) from %s\n", i, e->slots[i].n, path);
+        if (kv_restore(&e->slots[i], &e->model.a, e->fingerprint, path, err, sizeof err) < 0) {
+            fprintf(stderr, "colibri: %s\n", err);
+            continue;
+        }
+        uint64_t sum = 0;
+        off_t good = 0;
+        int turns = kv_file_sum(path, &sum) ? 0 : kv_log_replay(&e->slots[i], &e->model.a, e->fingerprint, sum, log,
+                                                                 &good, note, sizeof note);
+        if (note[0] && turns >= 0) fprintf(stderr, "colibri: %s: %s; the slot resumes from the record before\n", log, note);
+        fprintf(stderr, "colibri: restored KV slot %d (%d positions) from %s%s\n", i, e->slots[i].n, path,
+                turns > 0 ? " and its log" : "");
+        e->disk_n[i] = e->low_water[i] = e->slots[i].n;
+        if (e->kv_writer) kv_writer_known(e->kv_writer, i, turns >= 0 ? good : 0);
     }
 }
 
+/* Hands the slot's turn to the writer: only the positions since the last record (or since the
+ * lowest point the slot was cut back to), copied, so the loop never waits for the disk. */
 void engine_persist_slot(Engine *e, int slot) {
-    if (!e->kv_dir) return;
-    char path[4200], err[512];
-    slot_path(e, slot, path, sizeof path);
-    if (kv_save(&e->slots[slot], &e->model.a, e->fingerprint, path, err, sizeof err)) fprintf(stderr, "colibri: %s\n", err);
+    if (!e->kv_writer) return;
+    KvCache *kv = &e->slots[slot];
+    int n0 = e->low_water[slot] < e->disk_n[slot] ? e->low_water[slot] : e->disk_n[slot];
+    if (kv_writer_needs_full(e->kv_writer, slot) || n0 > kv->n) n0 = 0;
+    KvRecord r;
+    if (kv_record_build(kv, n0, &r)) { fprintf(stderr, "colibri: no memory to save KV slot %d\n", slot); return; }
+    kv_writer_submit(e->kv_writer, slot, r);
+    e->disk_n[slot] = e->low_water[slot] = kv->n;
 }
 
 void engine_close(Engine *e) {
+    kv_writer_stop(e->kv_writer); /* what is queued reaches the disk first */
+    e->kv_writer = NULL;
     engine_stream_close(e); /* stops the I/O threads before the model goes */
     for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].tokens) kv_free(&e->slots[i]);
     if (e->tok) tok_free(e->tok);

@@ -185,6 +185,7 @@ static void admit(Loop *L, Pending *p) {
     /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
      * one prompt token is recomputed to get fresh logits. */
     int reuse = kv_reuse(kv, ids, n);
+    if (reuse < e->low_water[f->slot]) e->low_water[f->slot] = reuse; /* the next record starts there */
     emit_line("ACCEPT %s %d %d", f->id, n, reuse);
     SamplerParams sp = f->sp;
     if (!f->has_seed) sp.seed = sampler_entropy_seed();
