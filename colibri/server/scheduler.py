@@ -380,8 +380,9 @@ class Scheduler:
 
     # --- the worker ------------------------------------------------------------------------
     def _worker(self):
-        """Never returns before close(): every failure ends at most the jobs it happened in."""
-        while not self._closing:
+        """Never returns before close(), nor after it while jobs still run in the engine (their
+        CANCELs are answered): every failure ends at most the jobs it happened in."""
+        while not self._closing or self.active:
             try:
                 self._step()
             except Exception:  # noqa: BLE001 - the worker must survive its own bugs
@@ -396,6 +397,13 @@ class Scheduler:
 
     def _step(self):
         eng = self.engine
+        if self._closing:  # only the running jobs' last frames are left to read
+            eng = None if eng is None or eng.proc.poll() is not None else eng
+            if eng is None:
+                self._fail_active(self.engine, "shutting_down", "the server is shutting down")
+                return
+            self._drain_inbox(wait=0.2)
+            return
         if eng is not None and eng.proc.poll() is not None and not self.active:  # died while idle
             self._retire(eng, "engine_died", eng._died().message)
             eng = None
@@ -408,9 +416,12 @@ class Scheduler:
             eng = self.engine
         while self._submit_next(eng):
             pass
+        self._drain_inbox(wait=0.5)  # frames and new jobs notify; wakes to notice an idle engine's death
+
+    def _drain_inbox(self, wait):
         with self.cond:
-            if not self.inbox and not self._closing:
-                self.cond.wait(0.5)  # frames and new jobs notify; wakes to notice an idle engine's death
+            if not self.inbox:
+                self.cond.wait(wait)
             events = list(self.inbox)
             self.inbox.clear()
         for src, item in events:
@@ -612,7 +623,7 @@ class Scheduler:
 
     def _fail_active(self, eng, kind, detail):
         with self.cond:
-            turns = [t for t in self.active.values() if t.eng is eng]
+            turns = [t for t in self.active.values() if eng is None or t.eng is eng]
         for turn in turns:
             self.metrics.count("completion_tokens", turn.produced)
             turn.job.push(("error", kind, detail))
