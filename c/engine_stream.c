@@ -25,7 +25,8 @@ static long long spec_max(const JsonValue *layers, const char *block, const char
     return m;
 }
 
-uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes) {
+uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
+                              int streams) {
     const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
     const uint64_t H = (uint64_t)m->a.hidden, V = (uint64_t)m->a.vocab;
     uint64_t qd = (uint64_t)(spec_max(layers, "attn", "heads") * spec_max(layers, "attn", "head_dim"));
@@ -39,7 +40,9 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     uint64_t b = (uint64_t)(batch > 0 ? batch : 1);
     uint64_t r = RUNTIME_BASE_BYTES + 4 * b * per_pos;
     r += (uint64_t)threads * (4ull * (uint64_t)ctx + 4ull * 8 * (qd > W ? qd : W)); /* per-thread scores, rows */
-    r += 4 * V * 4;                             /* decode logits and the sampler's buffers */
+    const uint64_t st = (uint64_t)(streams > 1 ? streams : 1);
+    r += st * 4 * V * 4;                        /* each stream's logits and sampler buffers */
+    if (st > 1) r += st * 4 * V;                /* one batched decode step's logits */
     if (logits_rows) r += 4 * V * (uint64_t)(logits_rows < batch ? logits_rows : batch); /* one chunk of logits */
     r += tokenizer_bytes * 8; /* parsing peaks at ~8.6x the file (measured: 11.4 MB of tokenizer.json, 98 MB) */
     return r;
@@ -71,11 +74,12 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     uint64_t tok_bytes = !o->skip_tokenizer && stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
     int slots = o->logits_rows ? 1 : e->n_slots, kv_ctx = o->logits_rows ? o->logits_rows : e->ctx;
+    int streams = o->logits_rows ? 1 : e->parallel; /* requests decoding at once */
     BudgetIn *in = &e->budget_in;
     *in = (BudgetIn){.ram = (uint64_t)(o->ram_gb * 1e9), .dense = expert_store_dense_bytes(s),
                      .kv = (uint64_t)slots * kv_bytes(&e->model.a, kv_ctx),
                      .runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads,
-                                                     o->logits_rows, tok_bytes),
+                                                     o->logits_rows, tok_bytes, streams),
                      .moe_layers = s->n, .experts = s->experts, .slot_bytes = s->slot_bytes, .cap = o->cap};
     /* A tight budget takes a smaller prefill batch before it refuses (unless --batch was given):
      * scratch and a chunk of logits grow with it, results do not depend on it. */
@@ -83,11 +87,12 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     while (ram_budget_split(in, &e->budget, err, errlen)) {
         if (!in->ram || o->batch || forward_max_batch <= 1) return -1;
         BudgetIn at1 = *in;
-        at1.runtime = engine_runtime_bytes(&e->model, 1, kv_ctx, threads, o->logits_rows, tok_bytes);
+        at1.runtime = engine_runtime_bytes(&e->model, 1, kv_ctx, threads, o->logits_rows, tok_bytes, streams);
         BudgetOut probe;
         if (ram_budget_split(&at1, &probe, err, errlen)) return -1; /* not even batch 1 fits: its numbers */
         forward_max_batch /= 2;
-        in->runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes);
+        in->runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes,
+                                           streams);
         lowered = 1;
     }
     if (lowered) fprintf(stderr, "colibri: --ram %g: prefill batch lowered to %d to fit the budget\n", o->ram_gb, forward_max_batch);

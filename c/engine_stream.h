@@ -31,8 +31,10 @@ void engine_stream_mark_free(TurnMark *m);
 void engine_stream_end_since(Engine *e, const TurnMark *m, double turn_ms, char *buf, size_t n);
 void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char *id);
 
-/* Bytes of scratch the forward pass and the protocol loop need beyond weights and KV. */
-uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes);
+/* Bytes of scratch the forward pass and the protocol loop need beyond weights and KV, with
+ * `streams` requests decoding at once (--parallel). */
+uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
+                              int streams);
 
 #define RUNTIME_BASE_BYTES (16ull << 20) /* binary, libc/libgomp, thread stacks, the JSON manifest */
 
