@@ -1,6 +1,7 @@
 /* Continuous batching. Each iteration of the loop reads the frames that arrived, admits queued
  * requests (oldest first; one whose KV slot is taken by a running request waits, later ones may
- * pass it), runs ONE prefill chunk (--batch positions) of the oldest request still prefilling,
+ * pass it), runs ONE prefill chunk (--batch positions) of one request still prefilling (they
+ * take turns),
  * then one decode step for every generating request in a single forward pass (forward_rows).
  * So a long prompt holds a running stream back by one chunk per token at most, a short
  * request's first token does not wait for a long prompt's whole prefill, and each row of the
@@ -35,6 +36,7 @@ typedef struct {
     int32_t *ids;
     int n, reuse, done;  /* prompt tokens, reused from the slot, in the cache so far */
     int decoding;        /* prefill finished: logits hold the next token's distribution */
+    unsigned long chunked_at; /* when its last prefill chunk ran (Loop.chunks), 0: none yet */
     KvCache *kv;
     Sampler smp;
     float *logits;       /* [vocab] */
@@ -56,6 +58,7 @@ typedef struct {
     Stream *st;          /* [parallel] */
     int n_active;
     unsigned long seq;
+    unsigned long chunks; /* prefill chunks run so far */
     int period;          /* a busy period is open: the store's turn counters run */
     KvCache **rows;      /* [parallel] decode-step scratch */
     int32_t *next;
@@ -229,19 +232,24 @@ static void admit_all(Loop *L) {
     }
 }
 
-static Stream *oldest(Loop *L, int decoding) {
+/* The prefilling request whose last chunk ran longest ago (never: the oldest first), so
+ * prompts take turns and a short one is not held behind a long one's whole prefill. */
+static Stream *next_prefill(Loop *L) {
     Stream *best = NULL;
     for (int i = 0; i < L->e->parallel; i++) {
         Stream *s = &L->st[i];
-        if (s->on && s->decoding == decoding && (!best || s->seq < best->seq)) best = s;
+        if (!s->on || s->decoding) continue;
+        if (!best || s->chunked_at < best->chunked_at || (s->chunked_at == best->chunked_at && s->seq < best->seq))
+            best = s;
     }
     return best;
 }
 
-/* One prefill chunk of the oldest request still prefilling. */
+/* One prefill chunk of one request still prefilling. */
 static void prefill_one(Loop *L) {
-    Stream *s = oldest(L, 0);
+    Stream *s = next_prefill(L);
     if (!s) return;
+    s->chunked_at = ++L->chunks;
     const int step = forward_max_batch > 0 ? forward_max_batch : 1;
     const int m = s->n - s->done < step ? s->n - s->done : step;
     const int last = s->done + m == s->n;

@@ -133,3 +133,14 @@ def test_parallel_above_kv_slots_is_refused(model):
     with pytest.raises(engine_client.EngineError) as e:
         engine_client.Engine(model, ctx=64, kv_slots=2, extra=["--parallel", "3"])
     assert "--parallel 3 exceeds --kv-slots 2" in e.value.message
+
+
+def test_short_prompt_is_not_held_behind_a_long_prefill(model):
+    """A 200-token prompt (50 chunks of 4) arrives first, a 3-token one right behind it: the
+    prompts take turns chunk by chunk, so the short one answers first."""
+    with engine_client.Engine(model, ctx=400, kv_slots=2, batch=4) as eng:
+        eng.write(engine_client.submit_frame("long", [1 + i % 300 for i in range(200)], slot=0, max_tokens=2, temp=0,
+                                             ignore_eos=1)
+                  + engine_client.submit_frame("short", [5, 6, 7], slot=1, max_tokens=2, temp=0, ignore_eos=1))
+        _, order = collect(eng, ["long", "short"])
+    assert order[0] == "short" and order.count("long") == 2
