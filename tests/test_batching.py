@@ -2,7 +2,7 @@
 engine runs up to N requests at once, one KV slot each, decoding them in one forward pass per
 step. A request's greedy tokens are the same alone or in company (dense and MoE, exact and
 quantized containers), and a long prompt submitted while a stream runs holds it back by at most
-one prefill chunk per token."""
+one prefill chunk per token. Every test runs against the release and the ASan+UBSan build."""
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +11,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 from colibri import engine_client  # noqa: E402
+from engine_binaries import engine_bin  # noqa: E402, F401
+
+
+@pytest.fixture(scope="module", autouse=True)
+def every_binary(engine_bin):  # noqa: F811 - the release and the ASan+UBSan build both
+    return engine_bin
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13], [40, 41], [7, 100, 200, 33, 21, 8, 90]]
 CASES = {"llama-bf16": ("llama", "bf16", "bf16"), "qwen3_moe-bf16": ("qwen3_moe", "bf16", "bf16"),

@@ -99,7 +99,6 @@ static void test_round_trips(void) {
     struct stat st;
     stat(logp, &st);
     KvCache prev;
-    kv_init(&prev, &a, CTX);
     CHECK(replay(&a, &prev, note) == 3, "again");
     CHECK(truncate(logp, st.st_size - 9) == 0, "truncate");
     CHECK(replay(&a, &back, note) == 2 && back.n == 12 && strstr(note, "cut off"), "torn: %d '%s'", back.n, note);
