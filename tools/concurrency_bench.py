@@ -3,7 +3,7 @@
 concurrency, colibri's engine (--parallel P, P requests submitted at once) side by side with
 llama.cpp's llama-batched-bench on the same GGUF weights in the same run.
 
-    tools/concurrency_bench.py --model CONTAINER [--concurrency 1,2,4,8] [--prompt-tokens 64]
+    PYTHONPATH=. tools/concurrency_bench.py --model CONTAINER [--concurrency 1,2,4,8] [--prompt-tokens 64]
         [--gen-tokens 64] [--threads N] [--repeat 3] [--engine-args "--cap 16"]
         [--llama-batched-bench BIN --gguf FILE]
 
@@ -20,10 +20,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from colibri import engine_client  # noqa: E402
+from colibri import engine_client  # run as PYTHONPATH=. tools/concurrency_bench.py
 
 
 def one_round(eng, p, prompt_tokens, gen_tokens, vocab, round_no):
