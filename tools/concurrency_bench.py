@@ -18,7 +18,6 @@ import json
 import re
 import statistics
 import subprocess
-import sys
 import time
 
 from colibri import engine_client  # run as PYTHONPATH=. tools/concurrency_bench.py
