@@ -76,12 +76,14 @@ class App:
         self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint)
         ServedEngine.log = log
         extra = (["--kv-dir", str(settings.kv_dir)] if settings.kv_dir else []) + settings.stream_args
+        parallel = settings.parallel or settings.kv_slots
+        extra += ["--parallel", str(parallel)]
 
         def factory():
             return ServedEngine(settings.model_dir, ctx=settings.ctx, kv_slots=settings.kv_slots,
                                 threads=settings.threads, batch=settings.batch, extra=extra, kv=settings.kv)
         self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log,
-                               engine_timeout=settings.engine_timeout, prefill_batch=settings.batch)
+                               engine_timeout=settings.engine_timeout, prefill_batch=settings.batch, parallel=parallel)
         self.telemetry = Telemetry(settings.model_dir, self.model.manifest)
         self.sched.telemetry = self.telemetry
         self.started = time.time()

@@ -42,9 +42,10 @@ def _spec_max(layers, block, key):
     return best
 
 
-def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, tokenizer_bytes=0):
+def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, tokenizer_bytes=0, streams=1):
     """Engine working memory besides weights and KV: per-position scratch of one prefill chunk,
-    per-thread attention scores and rows, the logits and sampler buffers, the parsed tokenizer."""
+    per-thread attention scores and rows, each decoding stream's logits and sampler buffers
+    (`streams`: --parallel, which defaults to the KV slots), the parsed tokenizer."""
     a, layers = man["arch"], man.get("layers")
     H, V = int(a.get("hidden_size") or 0), int(a.get("vocab_size") or 0)
     qd = max(_spec_max(layers, "attn", "heads") * _spec_max(layers, "attn", "head_dim"), H)
@@ -53,7 +54,10 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W
     r = RUNTIME_BASE + 4 * max(batch, 1) * per_pos
     r += threads * (4 * ctx + 4 * 8 * max(qd, W))
-    r += 4 * V * 4
+    streams = max(streams, 1)
+    r += streams * 4 * V * 4
+    if streams > 1:
+        r += streams * 4 * V  # one batched decode step's logits
     r += 4 * V * min(logits_rows, max(batch, 1))  # one chunk of teacher-forced logits
     return r + tokenizer_bytes * 8  # the tokenizer parse peak
 
@@ -138,7 +142,8 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     kv_per_token, kv_fixed, kv_slot = kv_state(scan, ctx, kv_type)
     kv = kv_slot * kv_slots
     man = scan["manifest"]
-    runtime_at = lambda b: runtime_bytes(man, ctx, b, threads, tokenizer_bytes=scan["tokenizer_bytes"])  # noqa: E731
+    runtime_at = lambda b: runtime_bytes(man, ctx, b, threads, tokenizer_bytes=scan["tokenizer_bytes"],  # noqa: E731
+                                         streams=kv_slots)
     runtime = runtime_at(batch)
     split = budget_split(scan, budget, kv, runtime, cap)
     if budget and not split["fits"] and not batch_given:

@@ -33,18 +33,32 @@ typedef struct {
 
 /* The selection of the last layer that ran an indexer, for the "shared" layers after it in the
  * same chunk (transformers passes the top-k up the layers the same way). Layers run in order,
- * one chunk at a time, so one record suffices; p0/T say which chunk it belongs to. */
+ * one chunk at a time; batched decode runs a layer for every row (each its own KV slot) before
+ * the next layer, so there is one record per slot, keyed by the slot's first layer state
+ * (r->state - r->layer); p0/T say which chunk it belongs to. */
+#define SEL_SLOTS 64
 static struct {
+    const KvLayer *slot; /* NULL: a free record */
     unsigned char *keep; /* owned; NULL: every causal key */
-    int p0, T, valid;
-} last_sel;
+    int p0, T;
+} last_sel[SEL_SLOTS];
 
-static void keep_selection(unsigned char *keep, int p0, int T) {
-    free(last_sel.keep);
-    last_sel.keep = keep;
-    last_sel.p0 = p0;
-    last_sel.T = T;
-    last_sel.valid = 1;
+static int sel_record(const KvLayer *slot) {
+    int free_at = -1;
+    for (int i = 0; i < SEL_SLOTS; i++) {
+        if (last_sel[i].slot == slot) return i;
+        if (!last_sel[i].slot && free_at < 0) free_at = i;
+    }
+    return free_at >= 0 ? free_at : 0; /* more slots than records: the oldest use is replaced */
+}
+
+static void keep_selection(const KvLayer *slot, unsigned char *keep, int p0, int T) {
+    int i = sel_record(slot);
+    free(last_sel[i].keep);
+    last_sel[i].slot = slot;
+    last_sel[i].keep = keep;
+    last_sel[i].p0 = p0;
+    last_sel[i].T = T;
 }
 
 /* Bytes of one cached position: the latent [c | k_rope] in the cache's type, then the indexer
@@ -258,15 +272,17 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         dsa_store_keys(&y->idx, r, x, T, stride, off);
         if (!fwd_oom()) keep = dsa_select(&y->idx, r, x, qa, T, stride, off);
         if (fwd_oom()) goto out;
-        keep_selection(keep, r->p0, T); /* owned there now, for the shared layers that follow */
+        keep_selection(r->state - r->layer, keep, r->p0, T); /* owned there now, for the shared layers that follow */
     }
     if (y->shared_idx) {
         /* load checked that an indexer layer comes first; it ran on this chunk just before */
-        if (!last_sel.valid || last_sel.p0 != r->p0 || last_sel.T != T) {
+        const KvLayer *slot = r->state - r->layer;
+        int i = sel_record(slot);
+        if (last_sel[i].slot != slot || last_sel[i].p0 != r->p0 || last_sel[i].T != T) {
             fprintf(stderr, "colibri: internal error: a shared DSA layer ran without its indexer layer's selection\n");
             abort();
         }
-        keep = last_sel.keep;
+        keep = last_sel[i].keep;
     }
     /* Expanding costs every cached position's keys and values once per chunk: worth it only
      * while the chunk is most of the context (a prompt's first chunks). Later chunks and decode

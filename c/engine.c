@@ -17,9 +17,11 @@
 #include "kv_kernels.h"
 #include "kv_dir.h"
 #include "kv_persist.h"
+#include "kv_writer.h"
 #include "logprob.h"
 #include "protocol.h"
 #include "sampler.h"
+#include "serve_loop.h"
 #include "tokenizer.h"
 
 static double now_ms(void) {
@@ -74,6 +76,7 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
         if (!strcmp(a, "--model")) { if (!v) { snprintf(err, errlen, "--model needs a directory"); return -1; } o->model_dir = v; i++; }
         else if (!strcmp(a, "--ctx")) { rc = opt_int(a, v, 1, 1 << 24, &o->ctx, err, errlen); i++; }
         else if (!strcmp(a, "--kv-slots")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->kv_slots, err, errlen); i++; }
+        else if (!strcmp(a, "--parallel")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->parallel, err, errlen); i++; }
         else if (!strcmp(a, "--threads")) { rc = opt_int(a, v, 1, 1024, &o->threads, err, errlen); i++; }
         else if (!strcmp(a, "--batch")) { rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen); i++; }
         else if (!strcmp(a, "--portable")) o->portable = 1;
@@ -140,6 +143,13 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
         return -1;
     }
     e->n_slots = o->kv_slots ? o->kv_slots : 1;
+    e->parallel = o->parallel ? o->parallel : e->n_slots;
+    if (e->parallel > e->n_slots) {
+        snprintf(err, errlen, "--parallel %d exceeds --kv-slots %d: each running request needs a KV slot of its own; "
+                 "raise --kv-slots or lower --parallel", e->parallel, e->n_slots);
+        engine_close(e);
+        return -1;
+    }
     char path[4096];
     struct stat st;
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
@@ -152,35 +162,52 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     return 0;
 }
 
-static void slot_path(const Engine *e, int slot, char *out, size_t n) {
-    if (slot == 0) snprintf(out, n, "%s/.coli_kv", e->kv_dir);
-    else snprintf(out, n, "%s/.coli_kv.%d", e->kv_dir, slot);
-}
-
-/* Warm start: every slot saved by an earlier run of this model comes back; a file that cannot
- * be trusted is refused (the reason goes to stderr) and only its slot starts cold. */
+/* Warm start: every slot saved by an earlier run of this model comes back, its base file then
+ * the turns logged since; a file that cannot be trusted is refused (the reason goes to stderr)
+ * and only its slot starts cold. */
 static void restore_slots(Engine *e, const char *dir) {
     e->kv_dir = dir;
     e->fingerprint = kv_fingerprint(e->model.ct->dir);
     kv_dir_clean(dir); /* we hold the lock: any temporary is a dead save's */
+    e->kv_writer = kv_writer_start(dir, e->n_slots, &e->model.a, e->ctx, e->fingerprint);
+    if (!e->kv_writer) fprintf(stderr, "colibri: no memory for the KV writer; slots are not saved in this run\n");
     for (int i = 0; i < e->n_slots; i++) {
-        char path[4200], err[512];
-        slot_path(e, i, path, sizeof path);
+        char path[4200], log[4200], err[512], note[256];
+        kv_slot_paths(dir, i, path, log, sizeof path);
         if (access(path, R_OK) != 0) continue;
         if (kv_init(&e->slots[i], &e->model.a, e->ctx)) { fprintf(stderr, "colibri: no memory to restore %s\n", path); continue; }
-        if (kv_restore(&e->slots[i], &e->model.a, e->fingerprint, path, err, sizeof err) < 0) fprintf(stderr, "colibri: %s\n", err);
-        else fprintf(stderr, "colibri: restored KV slot %d (%d positions) from %s\n", i, e->slots[i].n, path);
+        if (kv_restore(&e->slots[i], &e->model.a, e->fingerprint, path, err, sizeof err) < 0) {
+            fprintf(stderr, "colibri: %s\n", err);
+            continue;
+        }
+        uint64_t sum = 0;
+        off_t good = 0;
+        int turns = kv_file_sum(path, &sum) ? 0 : kv_log_replay(&e->slots[i], &e->model.a, e->fingerprint, sum, log,
+                                                                 &good, note, sizeof note);
+        if (note[0] && turns >= 0) fprintf(stderr, "colibri: %s: %s; the slot resumes from the record before\n", log, note);
+        fprintf(stderr, "colibri: restored KV slot %d (%d positions) from %s%s\n", i, e->slots[i].n, path,
+                turns > 0 ? " and its log" : "");
+        e->disk_n[i] = e->low_water[i] = e->slots[i].n;
+        if (e->kv_writer) kv_writer_known(e->kv_writer, i, turns >= 0 ? good : 0);
     }
 }
 
-static void persist_slot(Engine *e, int slot) {
-    if (!e->kv_dir) return;
-    char path[4200], err[512];
-    slot_path(e, slot, path, sizeof path);
-    if (kv_save(&e->slots[slot], &e->model.a, e->fingerprint, path, err, sizeof err)) fprintf(stderr, "colibri: %s\n", err);
+/* Hands the slot's turn to the writer: only the positions since the last record (or since the
+ * lowest point the slot was cut back to), copied, so the loop never waits for the disk. */
+void engine_persist_slot(Engine *e, int slot) {
+    if (!e->kv_writer) return;
+    KvCache *kv = &e->slots[slot];
+    int n0 = e->low_water[slot] < e->disk_n[slot] ? e->low_water[slot] : e->disk_n[slot];
+    if (kv_writer_needs_full(e->kv_writer, slot) || n0 > kv->n) n0 = 0;
+    KvRecord r;
+    if (kv_record_build(kv, n0, &r)) { fprintf(stderr, "colibri: no memory to save KV slot %d\n", slot); return; }
+    kv_writer_submit(e->kv_writer, slot, r);
+    e->disk_n[slot] = e->low_water[slot] = kv->n;
 }
 
 void engine_close(Engine *e) {
+    kv_writer_stop(e->kv_writer); /* what is queued reaches the disk first */
+    e->kv_writer = NULL;
     engine_stream_close(e); /* stops the I/O threads before the model goes */
     engine_grammar_free(e);
     for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].tokens) kv_free(&e->slots[i]);
@@ -218,54 +245,8 @@ int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t
     return 0;
 }
 
-/* Pending control frames that arrive while a generation runs. */
-typedef struct {
-    FrameReader *in;
-    Frame *queue;
-    char **payloads;
-    int n, cap;
-} Inbox;
-
-static void inbox_push(Inbox *b, const Frame *f, char *payload) {
-    if (b->n == b->cap) {
-        int cap = b->cap ? b->cap * 2 : 8;
-        Frame *q = realloc(b->queue, sizeof(Frame) * (size_t)cap);
-        if (q) b->queue = q;
-        char **p = q ? realloc(b->payloads, sizeof(char *) * (size_t)cap) : NULL;
-        if (p) b->payloads = p;
-        if (!q || !p) { /* refuse this one request; the running one and the queue go on */
-            emit_error(f->id, "out_of_memory", "no memory to queue the request");
-            free(payload);
-            return;
-        }
-        b->cap = cap;
-    }
-    b->queue[b->n] = *f;
-    b->payloads[b->n++] = payload;
-}
-
-/* Drains available input; returns 1 if STOP, 2 if CANCEL arrived for id. */
-static int poll_control(Inbox *b, const char *id) {
-    int verdict = 0;
-    reader_fill(b->in, 0);
-    for (;;) {
-        Frame f;
-        char *payload, err[256];
-        int rc = reader_next(b->in, &f, &payload, err, sizeof err);
-        if (rc == 0) break;
-        if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
-        if (f.kind == FR_SUBMIT) { inbox_push(b, &f, payload); continue; }
-        free(payload);
-        if (strcmp(f.id, id) == 0) verdict = f.kind == FR_STOP ? 1 : 2;
-        /* STOP/CANCEL for an id not running: it already ended or is queued; handled when dequeued */
-        else for (int i = 0; i < b->n; i++)
-            if (strcmp(b->queue[i].id, f.id) == 0) b->queue[i].max_tokens = -2; /* mark cancelled */
-    }
-    return verdict;
-}
-
 /* A teacher-forced pass runs in a cache of its own: it must not disturb any slot's conversation. */
-static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
+void engine_run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     const int V = e->model.a.vocab;
     float *logits = malloc(sizeof(float) * (size_t)n * V);
     KvCache own;
@@ -276,10 +257,12 @@ static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     }
     KvCache *kv = &own;
     emit_line("ACCEPT %s %d 0", f->id, n);
-    engine_stream_turn_begin(e);
+    TurnMark mark;
+    engine_stream_mark(e, &mark);
     double t0 = now_ms();
     if (forward(&e->model, kv, ids, n, logits, 1)) {
         emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try fewer positions");
+        engine_stream_mark_free(&mark);
         kv_free(&own);
         free(logits);
         return;
@@ -289,17 +272,17 @@ static void run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     emit_blob(head, logits, sizeof(float) * (size_t)n * V);
     double ms = now_ms() - t0;
     char stats[600];
-    engine_stream_end_fields(e, ms, stats, sizeof stats);
-    if (f->routing) engine_stream_routing(e, f->id);
+    engine_stream_end_since(e, &mark, ms, stats, sizeof stats);
+    if (f->routing) engine_stream_routing_since(e, &mark, f->id);
     emit_line("END %s prompt_tokens=%d completion_tokens=0 reused_tokens=0 ttft_ms=%.1f prefill_tok_s=%.1f "
               "decode_tok_s=0.0 finish=logits%s", f->id, n, ms, n / (ms / 1e3 + 1e-9), stats);
-    engine_stream_learn(e);
+    engine_stream_mark_free(&mark);
     kv_free(&own);
     free(logits);
 }
 
 /* 0, or -1 when no memory was left for the line. */
-static int emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k) {
+int engine_emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k) {
     size_t cap = logprob_line_cap(strlen(id), k, e->tok ? tok_max_token_bytes(e->tok) : 0);
     char *line = malloc(cap);
     if (!line) return -1;
@@ -309,36 +292,35 @@ static int emit_logprob(const Engine *e, const char *id, const float *logits, in
     return 0;
 }
 
-static int is_eos(const Arch *a, int tok) {
+int engine_is_eos(const Arch *a, int tok) {
     for (int i = 0; i < a->n_eos; i++)
         if (a->eos[i] == tok) return 1;
     return 0;
 }
 
-static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
+int engine_prompt(Engine *e, const Frame *f, const char *payload, int32_t **out, int *out_n) {
     const Arch *a = &e->model.a;
     char err[512];
     int32_t *ids = NULL;
     int n = 0;
-    if (f->max_tokens == -2) { emit_error(f->id, "cancelled", "cancelled before it started"); return; }
     if (f->slot >= e->n_slots) {
         snprintf(err, sizeof err, "slot %d out of range: the engine has %d KV slots", f->slot, e->n_slots);
         emit_error(f->id, "bad_request", err);
-        return;
+        return -1;
     }
     const char *body = payload + f->grammar; /* the grammar leads the payload (docs/protocol.md) */
     size_t body_len = f->payload_len - f->grammar;
     if (f->ids) {
-        if (parse_ids(body, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return; }
+        if (parse_ids(body, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return -1; }
     } else {
-        if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return; }
+        if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return -1; }
         size_t nn = 0, *lit = NULL, nlit = 0;
         int bad = f->literal && tok_literal_parse(body, f->literal, &lit, &nlit, err, sizeof err);
         if (!bad)
             bad = tok_encode_literal(e->tok, body + f->literal, body_len - f->literal, f->parse_special,
                                      f->add_special, lit, nlit, &ids, &nn, err, sizeof err);
         free(lit);
-        if (bad) { emit_error(f->id, "bad_request", err); return; }
+        if (bad) { emit_error(f->id, "bad_request", err); return -1; }
         n = (int)nn;
         /* tokenizer.json comes with the model folder and is not trusted to match the embedding:
          * an id past its rows would read outside the table. */
@@ -348,173 +330,32 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
                          "the model folder's tokenizer does not belong to its weights", ids[i], a->vocab);
                 emit_error(f->id, "bad_request", err);
                 free(ids);
-                return;
+                return -1;
             }
     }
-    if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return; }
+    if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return -1; }
     if (n >= e->ctx) {
         snprintf(err, sizeof err, "prompt has %d tokens; the context holds %d (one must stay free for output)", n, e->ctx);
         emit_error(f->id, "context_exceeded", err);
         free(ids);
-        return;
+        return -1;
     }
-    if (f->logits) { run_logits(e, f, ids, n); free(ids); return; }
-    GrammarRun *gr = NULL;
-    if (f->grammar && !(gr = engine_grammar_begin(e, payload, f->grammar, err, sizeof err))) {
-        emit_error(f->id, strstr(err, "out of memory") ? "out_of_memory" : "bad_request", err);
-        free(ids);
-        return;
-    }
-    uint64_t masks_before = 0;
-    if (gr) {
-        GrammarStats gs;
-        grammar_stats(gr, &gs);
-        masks_before = gs.masks_built;
-    }
-    KvCache *kv = &e->slots[f->slot];
-    if (!kv->tokens && kv_init(kv, a, e->ctx)) {
-        emit_error(f->id, "out_of_memory", "cannot allocate the KV cache");
-        engine_grammar_end(e, gr);
-        free(ids);
-        return;
-    }
-    /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
-     * one prompt token is recomputed to get fresh logits. */
-    int reuse = kv_reuse(kv, ids, n);
-    if (reuse < kv->last_common) /* the state cannot be cut back there: say why the prefix is recomputed */
-        fprintf(stderr, "colibri: slot %d: reusing %d of %d common positions: a recurrent (or wrapped sliding-window) "
-                "state cannot be cut back to any prefix; %s\n", f->slot, reuse, kv->last_common,
-                reuse ? "resumed from the turn-boundary checkpoint there" : "no checkpoint within it, full recompute");
-    emit_line("ACCEPT %s %d %d", f->id, n, reuse);
-    SamplerParams sp = f->sp;
-    if (!f->has_seed) sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    Sampler smp = {0};
-    float *logits = malloc(sizeof(float) * (size_t)a->vocab);
-    size_t piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
-    char *piece = malloc(piece_cap);
-    if (!logits || !piece || sampler_init(&smp, &sp, a->vocab)) {
-        emit_error(f->id, "out_of_memory", "no memory for the sampler");
-        engine_grammar_end(e, gr);
-        sampler_free(&smp);
-        free(ids); free(logits); free(piece);
-        return;
-    }
-    engine_stream_turn_begin(e);
-    double t0 = now_ms();
-    int verdict = 0, oom = 0; /* oom: the forward pass ran out of memory; the slot keeps what completed */
-    /* Prefill in batches, reading control frames between them so a cancel need not wait. */
-    for (int done = reuse, step = forward_max_batch > 0 ? forward_max_batch : 1; done < n && !verdict && !oom; done += step) {
-        int m = n - done < step ? n - done : step;
-        oom = forward(&e->model, kv, ids + done, m, done + m == n ? logits : NULL, 0) != 0;
-        if (done + m < n && !oom) verdict = poll_control(box, f->id);
-    }
-    if (!verdict) kv_checkpoint(kv); /* a turn boundary: the next turn may resume here */
-    double t_prefill = now_ms() - t0, t_first = 0;
-    TokStream ts;
-    tok_stream_init(&ts);
-    int produced = 0, dead_end = 0;
-    double t_grammar = 0;
-    const char *finish = "length";
-    for (; !verdict && !oom;) {
-        if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
-        if (kv->n >= e->ctx) { finish = "length"; break; } /* prompt + output never exceed the context */
-        int tok;
-        if (gr && grammar_finished(gr)) { finish = "stop"; break; } /* e.g. a grammar of the empty string */
-        if (gr) { /* budget: bytes the grammar may still need after this token, one per token left */
-            int left = e->ctx - kv->n;
-            if (f->max_tokens >= 0 && f->max_tokens - produced < left) left = f->max_tokens - produced;
-            tok = engine_grammar_pick(e, gr, &smp, logits, left - 1, &t_grammar);
-            double tg = now_ms();
-            if (tok >= 0 && grammar_accept(gr, tok)) tok = -2;
-            t_grammar += now_ms() - tg;
-            if (tok == -1) { dead_end = 1; break; }
-            if (tok < 0) { oom = 1; break; }
-        } else tok = sampler_sample(&smp, logits);
-        if (!produced) t_first = now_ms() - t0;
-        if (is_eos(a, tok)) { finish = "stop"; break; }
-        /* a grammar lets an added token through only where it spells the grammar's text */
-        size_t len = e->tok ? tok_stream_push(e->tok, &ts, tok, f->render_special || gr, piece, piece_cap) : 0;
-        emit_data(f->id, tok, piece, len);
-        if (f->logprobs && emit_logprob(e, f->id, logits, tok, f->top_logprobs)) { oom = 1; break; }
-        produced++;
-        verdict = poll_control(box, f->id);
-        if (verdict) break;
-        if (gr && grammar_finished(gr)) { finish = "stop"; break; } /* nothing may follow */
-        if (f->max_tokens >= 0 && produced >= f->max_tokens) { finish = "length"; break; }
-        int32_t next = tok;
-        oom = forward(&e->model, kv, &next, 1, logits, 0) != 0;
-    }
-    size_t rest = e->tok ? tok_stream_flush(&ts, piece, piece_cap) : 0;
-    if (rest) emit_data(f->id, -1, piece, rest);
-    if (dead_end)
-        emit_error(f->id, "bad_request", "grammar: no token of the vocabulary can continue the output here while the "
-                   "grammar is incomplete; check that the model's tokens can spell what the grammar asks for");
-    else if (oom && gr && grammar_run_failed(gr)) emit_error(f->id, "out_of_memory", "grammar: out of memory while matching");
-    else if (oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
-    else if (verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
-    else {
-        if (verdict == 1) finish = "stop";
-        double total = now_ms() - t0, decode = total - t_first;
-        char stats[700];
-        engine_stream_end_fields(e, total, stats, sizeof stats);
-        if (gr) {
-            GrammarStats gs;
-            grammar_stats(gr, &gs);
-            size_t k = strlen(stats);
-            snprintf(stats + k, sizeof stats - k, " grammar_ms=%.2f grammar_masks=%llu", t_grammar,
-                     (unsigned long long)(gs.masks_built - masks_before));
-        }
-        if (f->routing) engine_stream_routing(e, f->id);
-        emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
-                  "decode_tok_s=%.1f finish=%s%s",
-                  f->id, n, produced, reuse, t_first, (n - reuse) / (t_prefill / 1e3 + 1e-9),
-                  produced > 1 ? (produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish, stats);
-    }
-    kv_checkpoint(kv);
-    persist_slot(e, f->slot); /* after END: the client never waits for the disk */
-    if (!oom && !dead_end && verdict != 2) engine_stream_learn(e);
-    engine_grammar_end(e, gr);
-    sampler_free(&smp);
-    free(piece);
-    free(logits);
-    free(ids);
+    *out = ids;
+    *out_n = n;
+    return 0;
 }
 
 int engine_serve(Engine *e) {
     FrameReader in;
     reader_init(&in, 0);
-    Inbox box = {&in, NULL, NULL, 0, 0};
     const Arch *a = &e->model.a;
     char stream[600];
     engine_stream_ready(e, stream, sizeof stream);
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d%s", a->family, a->vocab, e->ctx, e->n_slots,
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d%s", a->family, a->vocab, e->ctx, e->n_slots,
               a->n_layers, kern.name, omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
-              kv_bytes_per_token(a), kv_bytes(a, e->ctx), forward_max_batch, stream);
-    for (;;) {
-        Frame f;
-        char *payload = NULL, err[256];
-        if (box.n) {
-            f = box.queue[0];
-            payload = box.payloads[0];
-            memmove(box.queue, box.queue + 1, sizeof(Frame) * (size_t)(box.n - 1));
-            memmove(box.payloads, box.payloads + 1, sizeof(char *) * (size_t)(box.n - 1));
-            box.n--;
-        } else {
-            int rc = reader_next(&in, &f, &payload, err, sizeof err);
-            if (rc == 0) {
-                if (in.eof) break;
-                reader_fill(&in, -1);
-                continue;
-            }
-            if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
-        }
-        if (f.kind == FR_SUBMIT) run_request(e, &box, &f, payload);
-        /* a STOP/CANCEL with nothing running has nothing to stop */
-        free(payload);
-    }
-    free(box.queue);
-    free(box.payloads);
+              kv_bytes_per_token(a), kv_bytes(a, e->ctx), forward_max_batch, e->parallel, stream);
+    int rc = serve_loop(e, &in);
     reader_free(&in);
-    return 0;
+    return rc;
 }

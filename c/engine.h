@@ -15,8 +15,12 @@ typedef struct {
     Model model;
     Tokenizer *tok; /* NULL when the container has no tokenizer.json */
     int ctx, n_slots;
+    int parallel;                /* requests decoded together, at most n_slots (--parallel) */
     KvCache slots[MAX_KV_SLOTS]; /* allocated on first use */
     const char *kv_dir;          /* persist slots here when set */
+    struct KvWriter *kv_writer;  /* writes them off the request path (kv_writer.h) */
+    int disk_n[MAX_KV_SLOTS];    /* positions of each slot the records sent so far describe */
+    int low_water[MAX_KV_SLOTS]; /* lowest position each slot was cut back to since its last record */
     int kv_lock_fd;              /* holds kv_dir's lock (kv_dir.h) while open; -1 without kv_dir */
     uint64_t fingerprint;        /* of the model, stamped into persisted slots */
     ExpertStore store;           /* routed experts: mapped, or streamed through a cache */
@@ -30,6 +34,7 @@ typedef struct {
 typedef struct {
     const char *model_dir;
     int ctx, kv_slots, threads, batch, portable;
+    int parallel;       /* --parallel; 0: every KV slot */
     int kernels; /* KernIsa + 1 from --kernels; 0: the best this CPU runs */
     const char *kv_dir;
     int skip_tokenizer; /* logits needs none, and a broken one must not block it */

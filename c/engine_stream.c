@@ -25,7 +25,8 @@ static long long spec_max(const JsonValue *layers, const char *block, const char
     return m;
 }
 
-uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes) {
+uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
+                              int streams) {
     const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
     const uint64_t H = (uint64_t)m->a.hidden, V = (uint64_t)m->a.vocab;
     uint64_t qd = (uint64_t)(spec_max(layers, "attn", "heads") * spec_max(layers, "attn", "head_dim"));
@@ -39,7 +40,9 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     uint64_t b = (uint64_t)(batch > 0 ? batch : 1);
     uint64_t r = RUNTIME_BASE_BYTES + 4 * b * per_pos;
     r += (uint64_t)threads * (4ull * (uint64_t)ctx + 4ull * 8 * (qd > W ? qd : W)); /* per-thread scores, rows */
-    r += 4 * V * 4;                             /* decode logits and the sampler's buffers */
+    const uint64_t st = (uint64_t)(streams > 1 ? streams : 1);
+    r += st * 4 * V * 4;                        /* each stream's logits and sampler buffers */
+    if (st > 1) r += st * 4 * V;                /* one batched decode step's logits */
     if (logits_rows) r += 4 * V * (uint64_t)(logits_rows < batch ? logits_rows : batch); /* one chunk of logits */
     r += tokenizer_bytes * 8; /* parsing peaks at ~8.6x the file (measured: 11.4 MB of tokenizer.json, 98 MB) */
     return r;
@@ -71,11 +74,12 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     uint64_t tok_bytes = !o->skip_tokenizer && stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
     int slots = o->logits_rows ? 1 : e->n_slots, kv_ctx = o->logits_rows ? o->logits_rows : e->ctx;
+    int streams = o->logits_rows ? 1 : e->parallel; /* requests decoding at once */
     BudgetIn *in = &e->budget_in;
     *in = (BudgetIn){.ram = (uint64_t)(o->ram_gb * 1e9), .dense = expert_store_dense_bytes(s),
                      .kv = (uint64_t)slots * kv_bytes(&e->model.a, kv_ctx),
                      .runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads,
-                                                     o->logits_rows, tok_bytes),
+                                                     o->logits_rows, tok_bytes, streams),
                      .moe_layers = s->n, .experts = s->experts, .slot_bytes = s->slot_bytes, .cap = o->cap};
     /* A tight budget takes a smaller prefill batch before it refuses (unless --batch was given):
      * scratch and a chunk of logits grow with it, results do not depend on it. */
@@ -83,11 +87,12 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     while (ram_budget_split(in, &e->budget, err, errlen)) {
         if (!in->ram || o->batch || forward_max_batch <= 1) return -1;
         BudgetIn at1 = *in;
-        at1.runtime = engine_runtime_bytes(&e->model, 1, kv_ctx, threads, o->logits_rows, tok_bytes);
+        at1.runtime = engine_runtime_bytes(&e->model, 1, kv_ctx, threads, o->logits_rows, tok_bytes, streams);
         BudgetOut probe;
         if (ram_budget_split(&at1, &probe, err, errlen)) return -1; /* not even batch 1 fits: its numbers */
         forward_max_batch /= 2;
-        in->runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes);
+        in->runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes,
+                                           streams);
         lowered = 1;
     }
     if (lowered) fprintf(stderr, "colibri: --ram %g: prefill batch lowered to %d to fit the budget\n", o->ram_gb, forward_max_batch);
@@ -148,10 +153,8 @@ static void rss_now(long *peak, long *rss) {
     fclose(f);
 }
 
-void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n) {
+static void end_fields(Engine *e, const ExpertStats *st, double turn_ms, char *buf, size_t n) {
     ExpertStore *s = &e->store;
-    expert_store_turn_end(s);
-    const ExpertStats *st = &s->st;
     uint64_t look = st->hits + st->misses;
     long peak, rss;
     rss_now(&peak, &rss);
@@ -164,14 +167,48 @@ void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n) {
              (unsigned long long)expert_store_cached(s), (unsigned long long)s->n * s->experts);
 }
 
-void engine_stream_routing(const Engine *e, const char *id) {
-    const ExpertStore *s = &e->store;
+void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n) {
+    expert_store_turn_end(&e->store);
+    end_fields(e, &e->store.st, turn_ms, buf, n);
+}
+
+void engine_stream_mark(Engine *e, TurnMark *m) {
+    ExpertStore *s = &e->store;
+    size_t cnt = (size_t)s->n * s->experts;
+    expert_store_turn_end(s);
+    m->st = s->st;
+    m->counts = cnt && s->turn_counts ? malloc(cnt * sizeof(uint32_t)) : NULL;
+    if (m->counts) memcpy(m->counts, s->turn_counts, cnt * sizeof(uint32_t));
+}
+
+void engine_stream_mark_free(TurnMark *m) {
+    free(m->counts);
+    m->counts = NULL;
+}
+
+void engine_stream_end_since(Engine *e, const TurnMark *m, double turn_ms, char *buf, size_t n) {
+    ExpertStore *s = &e->store;
+    expert_store_turn_end(s);
+    ExpertStats d = {s->st.hits - m->st.hits, s->st.misses - m->st.misses, s->st.bytes_read - m->st.bytes_read,
+                     s->st.io_wait_ms - m->st.io_wait_ms, s->st.read_busy_s - m->st.read_busy_s};
+    end_fields(e, &d, turn_ms, buf, n);
+}
+
+static void routing_frame(const ExpertStore *s, const uint32_t *since, const char *id);
+
+void engine_stream_routing(const Engine *e, const char *id) { routing_frame(&e->store, NULL, id); }
+
+void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char *id) {
+    routing_frame(&e->store, m->counts, id);
+}
+
+static void routing_frame(const ExpertStore *s, const uint32_t *since, const char *id) {
     size_t cnt = (size_t)s->n * s->experts, bytes = cnt * 4;
     unsigned char *b = malloc(bytes + 1);
     char head[200];
     if (!b) { emit_error(id, "out_of_memory", "no memory for the ROUTING frame"); return; }
     for (size_t i = 0; i < cnt; i++) {
-        uint32_t v = s->turn_counts[i];
+        uint32_t v = s->turn_counts[i] - (since ? since[i] : 0);
         b[4 * i] = v & 255; b[4 * i + 1] = (v >> 8) & 255; b[4 * i + 2] = (v >> 16) & 255; b[4 * i + 3] = v >> 24;
     }
     snprintf(head, sizeof head, "ROUTING %s %d %d %zu\n", id, s->n, s->experts, bytes);

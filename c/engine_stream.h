@@ -17,8 +17,24 @@ void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n);
 void engine_stream_routing(const Engine *e, const char *id);
 /* Adds the turn's routing to .coli_usage and writes it (a failure warns once). */
 void engine_stream_learn(Engine *e);
-/* Bytes of scratch the forward pass and the protocol loop need beyond weights and KV. */
-uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes);
+/* Turns that overlap (continuous batching) share the store's counters, which run from the
+ * engine's last idle moment (engine_stream_turn_begin); a turn's END fields and ROUTING are
+ * what the counters gained since its mark: every forward pass that ran during the turn, other
+ * requests' rows in the same passes included. */
+typedef struct {
+    ExpertStats st;
+    uint32_t *counts; /* [moe_layers][experts]; NULL without MoE or without memory (ROUTING: all) */
+} TurnMark;
+void engine_stream_mark(Engine *e, TurnMark *m);
+void engine_stream_mark_free(TurnMark *m);
+/* As engine_stream_end_fields and engine_stream_routing, for what happened since the mark. */
+void engine_stream_end_since(Engine *e, const TurnMark *m, double turn_ms, char *buf, size_t n);
+void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char *id);
+
+/* Bytes of scratch the forward pass and the protocol loop need beyond weights and KV, with
+ * `streams` requests decoding at once (--parallel). */
+uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
+                              int streams);
 
 #define RUNTIME_BASE_BYTES (16ull << 20) /* binary, libc/libgomp, thread stacks, the JSON manifest */
 

@@ -14,8 +14,22 @@ static void run_block(const Block *b, const BlockRun *r, const float *x, int T, 
     b->kind->run(b->self, r, x, T, out);
 }
 
-/* 0, or -1 when an allocation failed (fwd_alloc.h); the cache then keeps only earlier chunks. */
-static int forward_chunk(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *logits, int all_logits) {
+/* Batched decode: row t is the next token of cache rows[t]. Attention runs per row on its own
+ * slot, exactly as a one-row pass would; every other block sees all rows at once (one read of
+ * each weight and routed expert per step), and computes each row the same whatever rows
+ * surround it (the kernels' batch invariance), so a row's result never depends on the batch. */
+static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows, const float *x, int T, float *out) {
+    for (int t = 0; t < T && !fwd_oom(); t++) {
+        KvCache *kv = rows[t];
+        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l]};
+        run_block(b, &r, x + (size_t)t * a->hidden, 1, out + (size_t)t * a->hidden);
+    }
+}
+
+/* 0, or -1 when an allocation failed (fwd_alloc.h); the cache then keeps only earlier chunks.
+ * rows: NULL (T positions of kv), or T caches for batched decode (kv is rows[0]). */
+static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, const int32_t *tokens, int T, float *logits,
+                         int all_logits) {
     const Arch *a = &m->a;
     const int H = a->hidden;
     float *x = fwd_malloc(sizeof(float) * (size_t)T * H), *xn = fwd_malloc(sizeof(float) * (size_t)T * H);
@@ -35,7 +49,8 @@ static int forward_chunk(const Model *m, KvCache *kv, const int32_t *tokens, int
         for (int h = 0; h < 2; h++) {
             if (!halves[h][1]->kind) continue;
             run_block(halves[h][0], &r, x, T, xn);
-            run_block(halves[h][1], &r, xn, T, o);
+            if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, xn, T, o);
+            else run_block(halves[h][1], &r, xn, T, o);
             if (fwd_oom()) break; /* o is incomplete; forward() fails the pass */
             for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
         }
@@ -47,7 +62,9 @@ static int forward_chunk(const Model *m, KvCache *kv, const int32_t *tokens, int
         matmul(logits, xn + (size_t)first * H, T - first, &m->lm_head, NULL);
     }
     int failed = fwd_oom();
-    if (!failed) { /* positions count only once every layer holds them */
+    if (!failed && rows) /* positions count only once every layer holds them */
+        for (int t = 0; t < T; t++) rows[t]->tokens[rows[t]->n++] = tokens[t];
+    else if (!failed) {
         memcpy(kv->tokens + kv->n, tokens, sizeof(int32_t) * (size_t)T);
         kv->n += T;
     }
@@ -63,9 +80,23 @@ int forward(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *lo
         float *dst = NULL;
         if (logits && all_logits) dst = logits + (size_t)s * m->a.vocab;
         else if (logits && last) dst = logits;
-        if (forward_chunk(m, kv, tokens + s, n, dst, all_logits)) {
+        if (forward_chunk(m, kv, NULL, tokens + s, n, dst, all_logits)) {
             /* a recurrent state may hold part of the failed chunk: no prefix of it is trustworthy */
             if (!kv->truncatable) kv_restart(kv);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int forward_rows(const Model *m, KvCache *const *rows, const int32_t *tokens, int R, float *logits) {
+    int step = forward_max_batch > 0 ? forward_max_batch : 1;
+    fwd_oom_clear();
+    for (int s = 0; s < R; s += step) {
+        int n = R - s < step ? R - s : step;
+        if (forward_chunk(m, rows[s], rows + s, tokens + s, n, logits + (size_t)s * m->a.vocab, 1)) {
+            for (int r = 0; r < R; r++) /* as in forward: a half-updated recurrent state is dropped */
+                if (!rows[r]->truncatable) kv_restart(rows[r]);
             return -1;
         }
     }

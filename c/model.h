@@ -125,6 +125,11 @@ void kv_checkpoint(KvCache *kv);
  * when memory ran out: the cache then holds a consistent prefix (the chunks that completed). */
 int forward(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *logits, int all_logits);
 
+/* One decode step for R slots: tokens[i] goes to rows[i] (distinct caches, each at its own
+ * position), logits[i][vocab] is its result, the same bits forward() gives that row alone.
+ * 0, or -1 when memory ran out (rows of the chunks that completed keep their position). */
+int forward_rows(const Model *m, KvCache *const *rows, const int32_t *tokens, int R, float *logits);
+
 /* Largest batch one forward call processes; longer prompts go in chunks of this size. */
 extern int forward_max_batch;
 

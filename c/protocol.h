@@ -30,6 +30,7 @@ typedef struct {
     int top_logprobs;  /* alternatives in each LOGPROB line (0-20) */
     size_t grammar;    /* the payload's first `grammar` bytes are a GBNF grammar constraining the output */
     size_t literal;    /* the next `literal` bytes list literal spans of the text after them */
+    int ignore_eos;    /* generate past end-of-sequence tokens (benchmarks, fixed-length runs) */
     int has_seed;
     SamplerParams sp;
 } Frame;

@@ -1,7 +1,11 @@
 #include "sampler.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 int argmax(const float *x, int n) {
     int best = 0;
@@ -15,6 +19,23 @@ static uint64_t next_u64(uint64_t *s) { /* splitmix64 */
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+uint64_t sampler_entropy_seed(void) {
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) == (ssize_t)sizeof seed) return seed;
+    FILE *f = fopen("/dev/urandom", "rb"); /* a kernel without getrandom */
+    if (f) {
+        size_t got = fread(&seed, sizeof seed, 1, f);
+        fclose(f);
+        if (got == 1) return seed;
+    }
+    /* Nothing random to read: the clock's nanoseconds and a counter still differ per request. */
+    static uint64_t calls;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t mix = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32) ^ ++calls;
+    return next_u64(&mix);
 }
 
 int sampler_init(Sampler *s, const SamplerParams *p, int vocab) {

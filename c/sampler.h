@@ -29,6 +29,9 @@ int sampler_sample(Sampler *s, const float *logits);
  * then min-p. Only the head of the vocabulary the filters can keep is sorted (no filter: all),
  * so s->idx past keep is unspecified. */
 int sampler_candidates(Sampler *s, const float *logits);
+/* A seed for a request that names none: from the kernel's entropy source, so two identical
+ * unseeded requests differ even when they arrive in the same second. */
+uint64_t sampler_entropy_seed(void);
 int argmax(const float *x, int n);
 
 #endif

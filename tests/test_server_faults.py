@@ -25,14 +25,15 @@ HI = [{"role": "user", "content": "Hello there"}]
 
 @pytest.fixture(scope="module")
 def server(model, template):  # noqa: F811
-    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--max-queue", "8") as s:
+    # one request at a time, so "the running one" is well defined (tests/test_server_parallel.py: several)
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--max-queue", "8", "--parallel", "1") as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def small(model, template):  # noqa: F811
     with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--max-queue", "1",
-                    "--queue-timeout", "1") as s:
+                    "--queue-timeout", "1", "--parallel", "1") as s:
         yield s
 
 
@@ -288,7 +289,7 @@ def test_engine_killed_before_answer_gives_500_and_the_queue_survives(server):
 
 @pytest.fixture(scope="module")
 def strict(model, template):  # noqa: F811
-    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--engine-timeout", "2") as s:
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--engine-timeout", "2", "--parallel", "1") as s:
         yield s
 
 

@@ -26,6 +26,7 @@ void test_tokenizer(void);
 void test_blocks(void);
 void test_kv_kernel_sets(void); /* the KV cache and attention kernels of every set */
 void test_kv_persist(void);
+void test_kv_log(void);
 void test_logprob(void);
 void test_expert_streaming(void);
 void test_moe_exec(void);

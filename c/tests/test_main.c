@@ -26,6 +26,7 @@ int main(int argc, char **argv) {
     test_tokenizer();
     test_blocks();
     test_kv_persist();
+    test_kv_log();
     test_logprob();
     test_expert_streaming();
     test_moe_exec();

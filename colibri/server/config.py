@@ -23,6 +23,7 @@ class Settings:
     port: int = 8000
     api_key: str = None
     kv_slots: int = 4
+    parallel: int = None            # requests the engine runs at once; None: every KV slot
     max_queue: int = 8
     queue_timeout: float = 300.0
     cors_origins: list = field(default_factory=list)
@@ -53,7 +54,10 @@ def add_arguments(p):
     p.add_argument("--api-key-file", help="read the key from this file (keeps it out of the process list)")
     p.add_argument("--allow-remote-without-key", action="store_true",
                    help="allow a non-loopback --host without an API key (anyone who can reach the port can use it)")
-    p.add_argument("--max-queue", type=int, help="requests that may wait behind the running one (default 8; $COLI_MAX_QUEUE)")
+    p.add_argument("--max-queue", type=int, help="requests that may wait behind the running ones (default 8; $COLI_MAX_QUEUE)")
+    p.add_argument("--parallel", type=int,
+                   help="requests decoded together, each on its own KV slot (continuous batching; at most "
+                        "--kv-slots, default all of them; $COLI_PARALLEL)")
     p.add_argument("--queue-timeout", type=float,
                    help="seconds a request may wait in the queue before a 429 (default 300; $COLI_QUEUE_TIMEOUT)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -227,6 +231,11 @@ def resolve(args):
     s.kv_slots = _env_or(args.kv_slots, "COLI_KV_SLOTS", int, "an integer")
     s.kv_slots = 4 if s.kv_slots is None else s.kv_slots
     _check_range("--kv-slots", s.kv_slots, 1, MAX_KV_SLOTS)
+    par = _env_or(args.parallel, "COLI_PARALLEL", int, "an integer")
+    s.parallel = s.kv_slots if par is None else par
+    if not 1 <= s.parallel <= s.kv_slots:
+        raise UserError(f"--parallel {s.parallel} must be between 1 and --kv-slots ({s.kv_slots}): each running "
+                        f"request needs a KV slot of its own; raise --kv-slots or lower --parallel")
     mq = _env_or(args.max_queue, "COLI_MAX_QUEUE", int, "an integer")
     s.max_queue = 8 if mq is None else mq
     _check_range("--max-queue", s.max_queue, 0, 100000)

@@ -56,6 +56,8 @@ def _common(body, model, n_slots):
     include_usage = bool(stream and so and get_bool(so, "include_usage", False))
     spec = GenSpec(payload=None, opts=sampling_options(body, model.defaults), key_text="", stream=stream,
                    include_usage=include_usage, stops=get_stop(body, "stop"), cache_slot=cache_slot(body, n_slots))
+    if get_bool(body, "ignore_eos", False):  # vLLM's and llama-server's switch: generate max_tokens whatever comes
+        spec.opts["ignore_eos"] = 1
     return spec
 
 

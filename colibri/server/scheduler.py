@@ -1,11 +1,14 @@
 """One engine process behind a bounded FIFO admission queue.
 
-A single worker thread owns the engine's stdout: it takes the oldest job, SUBMITs it, and
-forwards its frames to the job's event list. HTTP threads only write STOP/CANCEL (under the
-write lock). Whatever goes wrong (the engine dies, hangs, sends an odd frame, cannot start, or
-the worker itself hits a bug), only the job it happened in fails: the worker retires the engine,
+A single worker thread owns the engine's conversation: it SUBMITs queued jobs while fewer than
+`parallel` run (each on a KV slot of its own; the engine batches them, docs/protocol.md
+"Concurrency"), and forwards every frame to its job's event list. A reader thread per engine
+only turns stdout into events for the worker, so a new job is submitted at once even while the
+running ones are silent in a long prefill. HTTP threads only write STOP/CANCEL (under the write
+lock). Whatever goes wrong (the engine dies, hangs, sends an odd frame, cannot start, or the
+worker itself hits a bug), only the jobs it happened in fail: the worker retires the engine,
 starts a new one with back-off and keeps serving the queue. A watchdog kills an engine that
-stays silent past its liveness deadline during a turn.
+stays silent past its liveness deadline while jobs run.
 """
 import json
 import os
@@ -117,14 +120,17 @@ class SlotTable:
             except (OSError, ValueError, AttributeError, TypeError):
                 pass  # a damaged table only costs one cold turn per conversation
 
-    def pick(self, prompt):
+    def pick(self, prompt, busy=frozenset()):
+        """The slot for `prompt` among those not in `busy` (held by running requests)."""
         with self.lock:
+            free = [i for i in range(len(self.prompts)) if i not in busy]
             best, best_len = None, -1
-            for i, p in enumerate(self.prompts):
+            for i in free:
+                p = self.prompts[i]
                 if p and prompt.startswith(p) and len(p) > best_len:
                     best, best_len = i, len(p)
             if best is None:
-                best = min(range(len(self.prompts)), key=lambda i: (bool(self.prompts[i]), self.used[i]))
+                best = min(free, key=lambda i: (bool(self.prompts[i]), self.used[i]))
             return best
 
     def update(self, slot, prompt):
@@ -168,29 +174,34 @@ def restart_delay(failures):
 
 
 class Turn:
-    """The liveness clock of the request the engine is working on."""
+    """A request the engine is working on: its liveness clock and what its frames told so far."""
 
     def __init__(self, eng, job, rid, allowance):
         self.eng, self.job, self.rid = eng, job, rid
         self.last = time.monotonic()   # when the engine last said something about this request
         self.allowance = allowance     # seconds of silence tolerated from `last`
+        self.accepted = False
+        self.produced = 0
+        self.routing = None            # this turn's ROUTING counts, when the engine streams experts
 
 
 class Scheduler:
-    def __init__(self, engine_factory, max_queue, slots, metrics, log, engine_timeout=None, prefill_batch=None):
+    def __init__(self, engine_factory, max_queue, slots, metrics, log, engine_timeout=None, prefill_batch=None,
+                 parallel=1):
         self.factory, self.max_queue, self.slots, self.metrics, self.log = engine_factory, max_queue, slots, metrics, log
+        self.parallel = parallel                    # jobs running in the engine at once (--parallel)
         self.engine_timeout = engine_timeout        # None: no liveness deadline
         self.prefill_batch = prefill_batch or limits.DEFAULT_BATCH
         self.cond = threading.Condition()
         self.write_lock = threading.Lock()
         self.queue = deque()
-        self.active = None
+        self.active = {}            # engine request id -> Turn, in submission order
+        self.inbox = deque()        # (engine, frame or EngineError) from the reader thread
         self.engine = None
         self.state = "loading"      # loading | ready | restarting | failed | stopped
         self.last_error = None      # {"kind", "public", "detail", "at"} of the last fault
         self.restarts = 0
         self.failures = 0           # engine faults since the last turn the engine finished cleanly
-        self.turn = None            # Turn of the running request, once its SUBMIT was written
         self.hung = {}              # engine object -> why the watchdog killed it
         self.turn_s = 1.0           # moving average of a turn's duration, for Retry-After
         self.telemetry = None       # telemetry.Telemetry: per-turn routing and tiers for the dashboard
@@ -211,10 +222,13 @@ class Scheduler:
         return not self._started or self._thread.is_alive()
 
     # --- admission -------------------------------------------------------------------------
+    def _retry_s(self, ahead):
+        return max(1, min(60, int(self.turn_s * max(ahead, 1) / self.parallel + 0.999)))
+
     def retry_after(self):
         with self.cond:
-            ahead = len(self.queue) + (1 if self.active else 0)
-        return max(1, min(60, int(self.turn_s * max(ahead, 1) + 0.999)))
+            ahead = len(self.queue) + len(self.active)
+        return self._retry_s(ahead)
 
     def enqueue(self, job):
         with self.cond:
@@ -222,9 +236,8 @@ class Scheduler:
                 raise Unavailable("the engine worker stopped; restart the server")
             if self.state in ("failed", "stopped"):
                 raise Unavailable(self.last_error["public"] if self.last_error else "the engine is not running")
-            if len(self.queue) + (1 if self.active else 0) >= self.max_queue + 1:
-                ahead = len(self.queue) + 1
-                raise QueueFull(max(1, min(60, int(self.turn_s * ahead + 0.999))))
+            if len(self.queue) + len(self.active) >= self.max_queue + self.parallel:
+                raise QueueFull(self._retry_s(len(self.queue) + len(self.active)))
             job.state, job.enqueued_at = "queued", time.monotonic()
             self.queue.append(job)
             self.cond.notify_all()
@@ -262,7 +275,10 @@ class Scheduler:
 
     def status(self):
         with self.cond:
-            eng, turn, err = self.engine, self.turn, self.last_error
+            eng, err = self.engine, self.last_error
+            turns = list(self.active.values())
+            turn = turns[0] if turns else None  # the oldest running request
+            last = max((t.last for t in turns), default=None)
             alive = self.worker_alive()
             return {
                 "state": self.state if alive else "failed",
@@ -275,11 +291,12 @@ class Scheduler:
                 "info": dict(eng.info) if eng is not None else {},
                 "timeout_s": self.engine_timeout,
                 "turn": None if turn is None else {
-                    "request": turn.rid, "silent_s": round(time.monotonic() - turn.last, 3),
+                    "request": turn.rid, "silent_s": round(time.monotonic() - last, 3),
                     "deadline_s": round(turn.allowance, 3) if self.engine_timeout else None,
                     "cancel_sent": turn.job.cancel_sent_at is not None},
                 "queued": len(self.queue),
-                "active": 1 if self.active else 0,
+                "active": len(self.active),
+                "parallel": self.parallel,
                 "slots_used": sum(1 for p in self.slots.prompts if p),
             }
 
@@ -291,12 +308,12 @@ class Scheduler:
             self.queue.clear()
             for job in pending:
                 job.state = "done"
-            active = self.active
+            active = [t.job for t in self.active.values()]
             self.cond.notify_all()
         for job in pending:
             job.push(("error", "shutting_down", "the server is shutting down; retry on another instance or later"))
-        if active is not None:
-            self._control(active, "CANCEL")
+        for job in active:
+            self._control(job, "CANCEL")
         self._thread.join(timeout=timeout)
         eng = self.engine
         if eng is not None:
@@ -322,7 +339,7 @@ class Scheduler:
                 self.engine = None
                 self.restarts += 1
                 self.state = "restarting"
-            self.turn = None
+            self.inbox = deque(x for x in self.inbox if x[0] is not eng)
         self._fault(kind, detail)
         try:
             eng.kill()
@@ -331,42 +348,48 @@ class Scheduler:
         self.hung.pop(eng, None)
 
     def _watchdog(self):
-        """Kills an engine that has been silent longer than its allowance during a turn. The
-        worker then sees EOF and reports engine_timeout to the client."""
+        """Kills an engine that has been silent longer than its allowance while jobs run: any
+        frame counts as a sign of life, and the allowance is the largest of the running jobs'
+        (a prefill is allowed one deadline per batch). The worker then sees EOF and reports
+        engine_timeout to the clients."""
         tick = max(0.05, min(1.0, self.engine_timeout / 4))
         while True:
             with self.cond:
                 if self._closing:
                     return
                 self.cond.wait(tick)
-                turn = self.turn
-            if turn is None or turn.eng in self.hung:
+                turns = list(self.active.values())
+            if not turns or turns[0].eng in self.hung:
                 continue
-            silent = time.monotonic() - turn.last
-            if silent <= turn.allowance:
+            eng = turns[0].eng
+            silent = time.monotonic() - max(t.last for t in turns)
+            allowance = max(t.allowance for t in turns)
+            if silent <= allowance:
                 continue
-            why = (f"no reply from the engine (pid {turn.eng.proc.pid}) for {silent:.1f} s during request "
-                   f"{turn.rid}, more than the {turn.allowance:g} s allowed (--engine-timeout)")
+            why = (f"no reply from the engine (pid {eng.proc.pid}) for {silent:.1f} s during request "
+                   f"{turns[0].rid}, more than the {allowance:g} s allowed (--engine-timeout)")
             with self.cond:
-                if self.turn is not turn:  # the turn ended meanwhile: the engine is fine
-                    continue
-                self.hung[turn.eng] = why
+                if not self.active or next(iter(self.active.values())).eng is not eng:
+                    continue  # the turns ended meanwhile: the engine is fine
+                self.hung[eng] = why
             self.log(f"{why}; killing it")
             try:
-                turn.eng.proc.kill()
+                eng.proc.kill()
             except OSError:
                 pass
 
     # --- the worker ------------------------------------------------------------------------
     def _worker(self):
-        """Never returns before close(): every failure ends at most the job it happened in."""
-        while not self._closing:
+        """Never returns before close(), nor after it while jobs still run in the engine (their
+        CANCELs are answered): every failure ends at most the jobs it happened in."""
+        while not self._closing or self.active:
             try:
                 self._step()
             except Exception:  # noqa: BLE001 - the worker must survive its own bugs
                 detail = traceback.format_exc()
                 eng = self.engine
                 if eng is not None:
+                    self._fail_active(eng, "internal_error", detail)
                     self._retire(eng, "internal_error", detail)
                 else:
                     self._fault("internal_error", detail)
@@ -374,7 +397,14 @@ class Scheduler:
 
     def _step(self):
         eng = self.engine
-        if eng is not None and eng.proc.poll() is not None:  # died while idle
+        if self._closing:  # only the running jobs' last frames are left to read
+            eng = None if eng is None or eng.proc.poll() is not None else eng
+            if eng is None:
+                self._fail_active(self.engine, "shutting_down", "the server is shutting down")
+                return
+            self._drain_inbox(wait=0.2)
+            return
+        if eng is not None and eng.proc.poll() is not None and not self.active:  # died while idle
             self._retire(eng, "engine_died", eng._died().message)
             eng = None
         if eng is None:
@@ -383,9 +413,24 @@ class Scheduler:
             if not self._start_engine():
                 self._fail_queue()
                 return
-        job = self._next_job()
-        if job is not None:
-            self._run(job)
+            eng = self.engine
+        while self._submit_next(eng):
+            pass
+        self._drain_inbox(wait=0.5)  # frames and new jobs notify; wakes to notice an idle engine's death
+
+    def _drain_inbox(self, wait):
+        with self.cond:
+            if not self.inbox:
+                self.cond.wait(wait)
+            events = list(self.inbox)
+            self.inbox.clear()
+        for src, item in events:
+            if src is not self.engine:
+                continue  # a retired engine's last words
+            if isinstance(item, Exception):
+                self._engine_failed(src, item)
+                return
+            self._on_frame(src, *item)
 
     def _pause(self, seconds):
         """Waits the whole time (new requests notify the condition too), unless close() is
@@ -412,6 +457,7 @@ class Scheduler:
                     eng.close()
                     return False
                 self.engine, self.state = eng, "ready"
+            threading.Thread(target=self._reader, args=(eng,), name="engine-reader", daemon=True).start()
             self.log(f"engine ready (pid {eng.proc.pid}): " + " ".join(f"{k}={v}" for k, v in eng.info.items()))
             if self.telemetry is not None:
                 self.telemetry.on_ready(eng.info)
@@ -430,118 +476,166 @@ class Scheduler:
         for job in pending:
             job.push(("error", "unavailable", FAULTS["load_failed"]))
 
-    def _next_job(self):
-        with self.cond:
-            if not self.queue:
-                self.cond.wait(0.5)  # wakes periodically to notice an engine that died while idle
-            if not self.queue or self._closing:
-                return None
-            job = self.queue.popleft()
-            job.state, job.started_at = "running", time.monotonic()
-            self.active = job
-            return job
-
     def _allowance(self, steps=1):
         """Silence tolerated before the engine counts as hung: --engine-timeout per forward step
         (one decode token, or one prefill batch of --batch positions)."""
         return (self.engine_timeout or 0) * max(1, steps)
 
-    def _run(self, job):
-        eng = self.engine
-        wait_s = job.started_at - job.enqueued_at
+    def _reader(self, eng):
+        """Turns the engine's stdout into inbox events until it ends (EOF, a malformed frame)."""
+        while True:
+            try:
+                item = eng.read_frame()
+            except engine_client.EngineError as e:
+                item = e
+            except Exception as e:  # noqa: BLE001 - reported as the engine's fault by the worker
+                item = engine_client.EngineError("internal_error", f"{type(e).__name__}: {e}")
+            with self.cond:
+                self.inbox.append((eng, item))
+                self.cond.notify_all()
+            if isinstance(item, Exception):
+                return
+
+    def _submit_next(self, eng):
+        """SUBMITs the oldest queued job that can run now (a free place, and its slot not held by
+        a running job); False when there is none."""
+        with self.cond:
+            if len(self.active) >= self.parallel or self._closing:
+                return False
+            busy = {t.job.slot for t in self.active.values()}
+            job = next((j for j in self.queue if j.cache_slot is None or j.cache_slot not in busy), None)
+            if job is None:
+                return False
+            self.queue.remove(job)
+            job.state, job.started_at = "running", time.monotonic()
         rid = f"q{next(Job._ids)}"
-        accepted = False
-        produced = 0
-        turn = None
-        routing = None  # this turn's ROUTING counts, when the engine streams experts
-        tel = self.telemetry
         try:
-            extra = {"routing": 1} if tel is not None and tel.wants_routing(eng.info) else {}
-            job.slot = job.cache_slot if job.cache_slot is not None else self.slots.pick(job.key_text)
+            extra = {"routing": 1} if self.telemetry is not None and self.telemetry.wants_routing(eng.info) else {}
+            if job.cache_slot is not None:
+                job.slot = job.cache_slot
+            else:  # a prompt-prefix guess among the free slots (the plain call when all are free)
+                job.slot = self.slots.pick(job.key_text, busy=busy) if busy else self.slots.pick(job.key_text)
             try:
                 frame = engine_client.submit_frame(rid, job.payload, slot=job.slot, **job.opts, **extra)
             except ValueError as e:  # text the boundary should have refused; nothing reached the engine
                 self.log(f"request {rid} not sent to the engine: {e!r}")
                 job.push(("error", "internal_error", f"the request could not be encoded: {e}"))
-                return
+                self._done(job, None)
+                return True
+            turn = Turn(eng, job, rid, self._allowance())
             with self.write_lock:
                 if job.cancelled:
                     job.push(("error", "cancelled", "cancelled before it started"))
-                    return
-                eng.write(frame)
+                    self._done(job, None)
+                    return True
+                with self.cond:
+                    self.active[rid] = turn
+                try:
+                    eng.write(frame)
+                except engine_client.EngineError:
+                    pass  # the reader reports the death, and this job with the others
                 job.rid = rid
-            turn = Turn(eng, job, rid, self._allowance())
-            with self.cond:
-                self.turn = turn
-            job.push(("start", job.slot, wait_s))
-            while True:
-                verb, f, body = eng.read_frame()
-                turn.last = time.monotonic()
-                if not f or (f[0] != rid and not (verb == "ERROR" and f[0] == "-")):
-                    continue  # a frame of an earlier, already finished request
-                if verb == "ACCEPT":
-                    accepted = True
-                    n_prompt, n_reused = int(f[1]), int(f[2])
-                    # the next frame comes after prefill: one allowance per prefill batch
-                    turn.allowance = self._allowance(-(-(n_prompt - n_reused) // self.prefill_batch))
-                    job.push(("accept", n_prompt, n_reused))
-                elif verb == "DATA":
-                    turn.allowance = self._allowance()
-                    if int(f[1]) >= 0:
-                        produced += 1
-                        if job.cancel_sent_at is not None:
-                            job.tokens_after_cancel += 1
-                    job.push(("data", int(f[1]), body))
-                elif verb == "LOGPROB":
-                    job.push(("logprob",) + engine_client.parse_logprob(f))
-                elif verb == "ROUTING":  # the body is read already, so a bad shape costs only the telemetry
-                    try:
-                        routing = telemetry.parse_routing(f, body)
-                    except (ValueError, IndexError) as e:
-                        self.log(f"request {rid}: ROUTING frame ignored: {e}")
-                elif verb == "END":
-                    stats = dict(kv.split("=", 1) for kv in f[1:] if "=" in kv)
-                    self.metrics.turn(stats, wait_s)
-                    if tel is not None:
-                        try:
-                            tel.on_turn(stats, routing, wait_s)
-                        except Exception:  # noqa: BLE001 - the dashboard's bookkeeping never fails a turn
-                            self.log(f"telemetry of request {rid} dropped:\n{traceback.format_exc()}")
-                    self.failures = 0
-                    job.push(("end", stats))
-                    return
-                elif verb == "ERROR":
-                    kind, msg = f[1], body.decode(errors="replace")
-                    self.metrics.count("completion_tokens", produced)  # generated, though never delivered
-                    if kind == "cancelled" and job.cancel_sent_at is not None:
-                        self.metrics.last_cancel = {
-                            "tokens_generated": produced, "tokens_after_cancel": job.tokens_after_cancel,
-                            "ms_after_cancel": round((time.monotonic() - job.cancel_sent_at) * 1000, 2)}
-                    self.failures = 0
-                    job.push(("error", kind, msg))
-                    return
-        except engine_client.EngineError as e:
-            self.metrics.count("completion_tokens", produced)
-            hung = self.hung.get(eng)
-            kind = "engine_timeout" if hung else ("bad_frame" if e.kind == "bad_frame" else "engine_died")
-            detail = f"{hung}; {e.message}" if hung else e.message
-            job.push(("error", kind, detail))
-            self._retire(eng, kind, f"request {rid}: {detail}")
-        except Exception:  # noqa: BLE001 - an odd frame or a bug: this job fails, the server goes on
+            job.push(("start", job.slot, job.started_at - job.enqueued_at))
+            return True
+        except Exception:  # noqa: BLE001 - a bug before the SUBMIT: this job fails, the engine is kept
             detail = traceback.format_exc()
-            self.metrics.count("completion_tokens", produced)
             job.push(("error", "internal_error", detail))
-            if job.rid:  # the engine is somewhere in this turn's frames: start afresh
-                self._retire(eng, "internal_error", f"request {rid}: {detail}")
-            else:
-                self._fault("internal_error", f"request {rid}: {detail}")
-        finally:
-            if accepted:
-                self.slots.update(job.slot, job.key_text)
             with self.cond:
-                if self.turn is turn:
-                    self.turn = None
-                job.state = "done"
-                self.active = None
-                self.turn_s = 0.8 * self.turn_s + 0.2 * (time.monotonic() - job.started_at)
-                self.cond.notify_all()
+                self.active.pop(rid, None)
+            self._done(job, None)
+            self._fault("internal_error", f"request {rid}: {detail}")
+            return True
+
+    def _on_frame(self, eng, verb, f, body):
+        rid = f[0] if f else None
+        if verb == "ERROR" and rid == "-":  # a frame the engine could not attribute: the oldest job's
+            rid = next(iter(self.active), None)
+        turn = self.active.get(rid)
+        if turn is None:
+            return  # a frame of a request that already ended
+        job = turn.job
+        turn.last = time.monotonic()
+        try:
+            self._frame(turn, job, verb, f, body)
+        except Exception:  # noqa: BLE001 - an odd frame or a bug: this job fails, the engine restarts
+            detail = traceback.format_exc()
+            self.metrics.count("completion_tokens", turn.produced)
+            job.push(("error", "internal_error", detail))
+            self._done(job, turn)
+            self._fail_active(eng, "internal_error", detail)
+            self._retire(eng, "internal_error", f"request {rid}: {detail}")
+
+    def _frame(self, turn, job, verb, f, body):
+        wait_s = job.started_at - job.enqueued_at
+        tel = self.telemetry
+        if verb == "ACCEPT":
+            turn.accepted = True
+            n_prompt, n_reused = int(f[1]), int(f[2])
+            # the next frame comes after prefill: one allowance per prefill batch
+            turn.allowance = self._allowance(-(-(n_prompt - n_reused) // self.prefill_batch))
+            job.push(("accept", n_prompt, n_reused))
+        elif verb == "DATA":
+            turn.allowance = self._allowance()
+            if int(f[1]) >= 0:
+                turn.produced += 1
+                if job.cancel_sent_at is not None:
+                    job.tokens_after_cancel += 1
+            job.push(("data", int(f[1]), body))
+        elif verb == "LOGPROB":
+            job.push(("logprob",) + engine_client.parse_logprob(f))
+        elif verb == "ROUTING":  # the body is read already, so a bad shape costs only the telemetry
+            try:
+                turn.routing = telemetry.parse_routing(f, body)
+            except (ValueError, IndexError) as e:
+                self.log(f"request {turn.rid}: ROUTING frame ignored: {e}")
+        elif verb == "END":
+            stats = dict(kv.split("=", 1) for kv in f[1:] if "=" in kv)
+            self.metrics.turn(stats, wait_s)
+            if tel is not None:
+                try:
+                    tel.on_turn(stats, turn.routing, wait_s)
+                except Exception:  # noqa: BLE001 - the dashboard's bookkeeping never fails a turn
+                    self.log(f"telemetry of request {turn.rid} dropped:\n{traceback.format_exc()}")
+            self.failures = 0
+            job.push(("end", stats))
+            self._done(job, turn)
+        elif verb == "ERROR":
+            kind, msg = f[1], body.decode(errors="replace")
+            self.metrics.count("completion_tokens", turn.produced)  # generated, though never delivered
+            if kind == "cancelled" and job.cancel_sent_at is not None:
+                self.metrics.last_cancel = {
+                    "tokens_generated": turn.produced, "tokens_after_cancel": job.tokens_after_cancel,
+                    "ms_after_cancel": round((time.monotonic() - job.cancel_sent_at) * 1000, 2)}
+            self.failures = 0
+            job.push(("error", kind, msg))
+            self._done(job, turn)
+
+    def _engine_failed(self, eng, e):
+        """The engine died, or its output can no longer be trusted: every running job fails."""
+        hung = self.hung.get(eng)
+        kind = "engine_timeout" if hung else ("bad_frame" if e.kind == "bad_frame" else "engine_died")
+        if e.kind == "internal_error":
+            kind = "internal_error"
+        detail = f"{hung}; {e.message}" if hung else e.message
+        rids = list(self.active)
+        self._fail_active(eng, kind, detail)
+        self._retire(eng, kind, f"request {', '.join(rids) or '(none running)'}: {detail}")
+
+    def _fail_active(self, eng, kind, detail):
+        with self.cond:
+            turns = [t for t in self.active.values() if eng is None or t.eng is eng]
+        for turn in turns:
+            self.metrics.count("completion_tokens", turn.produced)
+            turn.job.push(("error", kind, detail))
+            self._done(turn.job, turn)
+
+    def _done(self, job, turn):
+        """The job ended: its slot keeps the conversation, its place goes to the next one."""
+        if turn is not None and turn.accepted:
+            self.slots.update(job.slot, job.key_text)
+        with self.cond:
+            if turn is not None:
+                self.active.pop(turn.rid, None)
+            job.state = "done"
+            self.turn_s = 0.8 * self.turn_s + 0.2 * (time.monotonic() - job.started_at)
+            self.cond.notify_all()
