@@ -120,6 +120,7 @@ FAMILIES = {
         "tools": "harmony",
         "reasoning_efforts": ("low", "medium", "high"),
         "stop_tokens": ("<|return|>", "<|call|>"),
+    },
     # Hybrid linear attention (colibri/family/qwen35.py): three of four layers gated DeltaNet
     # (fixed recurrent state), the rest GQA with an output gate; releases wrap the text model in
     # a vision-language config (text_config), whose vision tower is not converted.
