@@ -84,9 +84,27 @@ static void drop_checkpoint(KvCache *kv, int i) {
     kv->n_ck--;
 }
 
-void kv_checkpoint(KvCache *kv) {
+int kv_keeps_checkpoints(const KvCache *kv) {
     /* any prefix is reusable without one, unless a ring may wrap past it */
-    if ((kv->truncatable || !kv->fixed_total) && !kv->ring_total) return;
+    return !((kv->truncatable || !kv->fixed_total) && !kv->ring_total);
+}
+
+size_t kv_ck_bytes(const KvCache *kv) { return kv->fixed_total + kv->ring_total; }
+
+void kv_set_checkpoints(KvCache *kv, int n_ck, const int32_t *pos, const unsigned char *bytes) {
+    while (kv->n_ck) drop_checkpoint(kv, kv->n_ck - 1);
+    const size_t b = kv_ck_bytes(kv);
+    for (int i = 0; i < n_ck && i < KV_MAX_CHECKPOINTS; i++) {
+        unsigned char *ck = malloc(b ? b : 1);
+        if (!ck) return;
+        memcpy(ck, bytes + (size_t)i * b, b);
+        kv->ck[kv->n_ck] = ck;
+        kv->ck_pos[kv->n_ck++] = pos[i];
+    }
+}
+
+void kv_checkpoint(KvCache *kv) {
+    if (!kv_keeps_checkpoints(kv)) return;
     if (kv->n_ck && kv->ck_pos[kv->n_ck - 1] == kv->n) return;
     if (kv->n_ck == KV_MAX_CHECKPOINTS) drop_checkpoint(kv, 0); /* bounded: the oldest goes */
     unsigned char *ck = malloc(kv->fixed_total + kv->ring_total);

@@ -18,7 +18,7 @@ typedef struct {
 } LogHeader;
 
 typedef struct {
-    uint32_t magic, n0, n1, reserved;
+    uint32_t magic, n0, n1, n_ck; /* n_ck: the slot's turn-boundary checkpoints after n1 (kv_checkpoint) */
 } RecHead;
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -30,9 +30,13 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 /* Positions of layer y a record [n0, n1) carries: those the ring still holds after n1. */
 static int first_held(const KvLayer *y, int n0, int n1) { return n1 - y->cap > n0 ? n1 - y->cap : n0; }
 
-/* Bytes of a record for [n0, n1) (checksum included), or 0 when that does not fit a size_t. */
-static size_t record_len(const KvCache *kv, int n0, int n1) {
-    size_t len = sizeof(RecHead) + sizeof(int32_t) * (size_t)(n1 - n0) + sizeof(uint64_t);
+/* Bytes of a record for [n0, n1) with n_ck checkpoints (checksum included), or 0 when that does
+ * not fit a size_t. */
+static size_t record_len(const KvCache *kv, int n0, int n1, int n_ck) {
+    size_t len = sizeof(RecHead) + sizeof(int32_t) * (size_t)(n1 - n0) + sizeof(uint64_t), ck;
+    if (__builtin_mul_overflow(sizeof(int32_t) + kv_ck_bytes(kv), (size_t)n_ck, &ck) ||
+        __builtin_add_overflow(len, ck, &len))
+        return 0;
     for (int l = 0; l < kv->n_layers; l++) {
         const KvLayer *y = &kv->layer[l];
         size_t rows = y->per_pos ? (size_t)(n1 - first_held(y, n0, n1)) : 0, b;
@@ -47,11 +51,11 @@ int kv_record_build(const KvCache *kv, int n0, KvRecord *r) {
     const int n1 = kv->n;
     r->n0 = n0;
     r->n1 = n1;
-    r->len = record_len(kv, n0, n1);
+    r->len = record_len(kv, n0, n1, kv->n_ck);
     r->buf = r->len ? malloc(r->len) : NULL;
     if (!r->buf) return -1;
     unsigned char *p = r->buf;
-    RecHead h = {REC_MAGIC, (uint32_t)n0, (uint32_t)n1, 0};
+    RecHead h = {REC_MAGIC, (uint32_t)n0, (uint32_t)n1, (uint32_t)kv->n_ck};
     memcpy(p, &h, sizeof h);
     p += sizeof h;
     memcpy(p, kv->tokens + n0, sizeof(int32_t) * (size_t)(n1 - n0));
@@ -65,6 +69,12 @@ int kv_record_build(const KvCache *kv, int n0, KvRecord *r) {
         const KvLayer *y = &kv->layer[l];
         if (y->fixed_bytes) memcpy(p, y->fixed, y->fixed_bytes);
         p += y->fixed_bytes;
+    }
+    /* the checkpoints travel with every record: a resumed slot can still go back to a turn boundary */
+    for (int i = 0; i < kv->n_ck; i++) {
+        memcpy(p, &kv->ck_pos[i], sizeof(int32_t));
+        memcpy(p + sizeof(int32_t), kv->ck[i], kv_ck_bytes(kv));
+        p += sizeof(int32_t) + kv_ck_bytes(kv);
     }
     uint64_t sum = fnv(1469598103934665603ull, r->buf, r->len - sizeof sum);
     memcpy(p, &sum, sizeof sum);
@@ -91,6 +101,19 @@ void kv_record_apply(KvCache *kv, const KvRecord *r) {
         if (y->fixed_bytes) memcpy(y->fixed, p, y->fixed_bytes);
         p += y->fixed_bytes;
     }
+    RecHead h;
+    memcpy(&h, r->buf, sizeof h);
+    int32_t pos[KV_MAX_CHECKPOINTS];
+    const size_t ckb = kv_ck_bytes(kv);
+    unsigned char *bytes = h.n_ck ? malloc(ckb * h.n_ck + 1) : NULL;
+    int n_ck = bytes ? (int)h.n_ck : 0; /* out of memory: no checkpoints, reuse falls back further */
+    for (int i = 0; i < n_ck; i++) {
+        memcpy(&pos[i], p, sizeof(int32_t));
+        memcpy(bytes + (size_t)i * ckb, p + sizeof(int32_t), ckb);
+        p += sizeof(int32_t) + ckb;
+    }
+    kv_set_checkpoints(kv, n_ck, pos, bytes);
+    free(bytes);
     kv->n = n1;
 }
 
@@ -168,9 +191,23 @@ static int record_sane(const KvCache *kv, const Arch *a, const KvRecord *r) {
         if (t < 0 || t >= a->vocab) return 0;
     }
     p += sizeof(int32_t) * (size_t)(r->n1 - r->n0);
+    RecHead h;
+    memcpy(&h, r->buf, sizeof h);
+    const size_t ckb = kv_ck_bytes(kv), cks = (sizeof(int32_t) + ckb) * h.n_ck;
     size_t rest = r->len - (size_t)(p - r->buf) - sizeof(uint64_t), fixed = 0;
     for (int l = 0; l < kv->n_layers; l++) fixed += kv->layer[l].fixed_bytes;
-    return all_finite(p, rest - fixed, kv->type);
+    if (!all_finite(p, rest - fixed - cks, kv->type) || !all_finite(p + rest - fixed - cks, fixed, QT_F32)) return 0;
+    const unsigned char *c = p + rest - cks;
+    for (uint32_t i = 0, prev = 0; i < h.n_ck; i++, c += sizeof(int32_t) + ckb) { /* increasing, within the slot */
+        int32_t pos;
+        memcpy(&pos, c, sizeof pos);
+        if (pos < 0 || pos > r->n1 || (i && (uint32_t)pos <= prev)) return 0;
+        prev = (uint32_t)pos;
+        if (!all_finite(c + sizeof(int32_t), kv->fixed_total, QT_F32) ||
+            !all_finite(c + sizeof(int32_t) + kv->fixed_total, kv->ring_total, kv->type))
+            return 0;
+    }
+    return 1;
 }
 
 int kv_log_replay(KvCache *kv, const Arch *a, uint64_t fp, uint64_t base_sum, const char *log_path, off_t *good,
@@ -193,11 +230,12 @@ int kv_log_replay(KvCache *kv, const Arch *a, uint64_t fp, uint64_t base_sum, co
         RecHead rh;
         if (at == st.st_size) break;
         if (pread(fd, &rh, sizeof rh, at) != (ssize_t)sizeof rh) { snprintf(note, notelen, "its last record is cut off"); break; }
-        if (rh.magic != REC_MAGIC || rh.reserved || rh.n0 > (uint32_t)kv->n || rh.n1 < rh.n0 || rh.n1 > (uint32_t)kv->ctx) {
+        if (rh.magic != REC_MAGIC || rh.n_ck > KV_MAX_CHECKPOINTS || (rh.n_ck && !kv_keeps_checkpoints(kv)) ||
+            rh.n0 > (uint32_t)kv->n || rh.n1 < rh.n0 || rh.n1 > (uint32_t)kv->ctx) {
             snprintf(note, notelen, "a record does not fit this slot");
             break;
         }
-        size_t len = record_len(kv, (int)rh.n0, (int)rh.n1);
+        size_t len = record_len(kv, (int)rh.n0, (int)rh.n1, (int)rh.n_ck);
         if (!len || (off_t)len > st.st_size - at) { snprintf(note, notelen, "its last record is cut off"); break; }
         KvRecord r = {malloc(len), len, (int)rh.n0, (int)rh.n1};
         if (!r.buf) { snprintf(note, notelen, "no memory to read it"); break; }

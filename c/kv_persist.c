@@ -79,7 +79,7 @@ int kv_save(const KvCache *kv, const Arch *a, uint64_t fp, const char *path, cha
     }
     for (int i = 0; i < kv->n_ck && !bad; i++) { /* so a resumed slot can still go back to a turn boundary */
         int32_t pos = kv->ck_pos[i];
-        bad = write_all(fd, &pos, sizeof pos, &sum) || write_all(fd, kv->ck[i], kv->fixed_total, &sum);
+        bad = write_all(fd, &pos, sizeof pos, &sum) || write_all(fd, kv->ck[i], kv_ck_bytes(kv), &sum);
     }
     uint64_t check = sum;
     bad = bad || write_all(fd, &check, sizeof check, &sum) || fsync(fd);
@@ -107,7 +107,7 @@ static int mul(uint64_t *acc, uint64_t a) { return __builtin_mul_overflow(*acc, 
 static int add(uint64_t *acc, uint64_t a) { return __builtin_add_overflow(*acc, a, acc) ? -1 : 0; }
 
 /* The exact length of a file holding n positions and n_ck checkpoints: header, tokens, each layer's
- * held positions and fixed state, the checkpoints (position, fixed state), checksum. The layout comes from this engine's descriptors (the header's sums were
+ * held positions and fixed state, the checkpoints (position, fixed state and rings), checksum. The layout comes from this engine's descriptors (the header's sums were
  * checked against them), so only n is the file's. */
 static int expected_size(const KvCache *kv, uint64_t n, uint64_t n_ck, uint64_t *out) {
     uint64_t s = sizeof(KvHeader) + sizeof(uint64_t), tokens = n;
@@ -117,7 +117,7 @@ static int expected_size(const KvCache *kv, uint64_t n, uint64_t n_ck, uint64_t 
         uint64_t held = n < (uint64_t)y->cap ? n : (uint64_t)y->cap, b = y->per_pos;
         if (mul(&b, held) || add(&s, b) || add(&s, y->fixed_bytes)) return -1;
     }
-    uint64_t ck = sizeof(int32_t) + (uint64_t)kv->fixed_total;
+    uint64_t ck = sizeof(int32_t) + (uint64_t)kv_ck_bytes(kv);
     if (mul(&ck, n_ck) || add(&s, ck)) return -1;
     *out = s;
     return 0;
@@ -168,7 +168,7 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
                  path);
         goto out;
     }
-    if (h.n_ck > KV_MAX_CHECKPOINTS || (h.n_ck && (kv->truncatable || !kv->fixed_total))) {
+    if (h.n_ck > KV_MAX_CHECKPOINTS || (h.n_ck && !kv_keeps_checkpoints(kv))) {
         snprintf(err, errlen, "%s: unknown KV file version; ignored, the slot starts empty", path);
         goto out;
     }
@@ -209,12 +209,14 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
     for (uint32_t i = 0; i < h.n_ck; i++) { /* increasing positions within the slot's history */
         int32_t pos;
         if (read_all(f, &pos, sizeof pos, &sum) || pos < 0 || pos > (int32_t)n || (i && pos <= kv->ck_pos[i - 1])) goto torn;
-        unsigned char *ck = malloc(kv->fixed_total);
+        unsigned char *ck = malloc(kv_ck_bytes(kv));
         if (!ck) goto torn;
         kv->ck[i] = ck;
         kv->ck_pos[i] = pos;
         kv->n_ck = (int)i + 1;
-        if (read_all(f, ck, kv->fixed_total, &sum) || !all_finite(ck, kv->fixed_total, QT_F32)) goto torn;
+        if (read_all(f, ck, kv_ck_bytes(kv), &sum) || !all_finite(ck, kv->fixed_total, QT_F32) ||
+            !all_finite(ck + kv->fixed_total, kv->ring_total, kv->type))
+            goto torn;
     }
     if (fread(&check, 1, sizeof check, f) != sizeof check || check != sum) goto torn;
     rc = 1;

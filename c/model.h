@@ -119,6 +119,12 @@ void kv_restart(KvCache *kv);
 /* Records the fixed state and the rings at the current position (a turn boundary) for later
  * reuse. */
 void kv_checkpoint(KvCache *kv);
+/* Whether this slot keeps checkpoints (a recurrent state or a ring), and the bytes of one. */
+int kv_keeps_checkpoints(const KvCache *kv);
+size_t kv_ck_bytes(const KvCache *kv);
+/* Replaces the slot's checkpoints by n_ck ones: positions pos[], kv_ck_bytes each, back to back
+ * in bytes (a restored file or log record). Out of memory keeps fewer: never wrong, only slower. */
+void kv_set_checkpoints(KvCache *kv, int n_ck, const int32_t *pos, const unsigned char *bytes);
 
 /* Runs tokens[0..T) at positions kv->n.. and appends them to the cache. When logits is not
  * NULL it receives [T][vocab] (all_logits) or [vocab] for the last position only. 0, or -1

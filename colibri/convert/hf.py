@@ -135,7 +135,8 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             special = qwen35.attn_outputs(spec["attn"], arch, f"model.layers.{l}", H) if arch.get("attn_output_gate") else None
         for out in special or ():
             rows_of(*out, o)
-        shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else gqa_shapes(spec["attn"], H)
+        if not special:  # gated DeltaNet / KDA / gated-q layers are gathered above
+            shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else gqa_shapes(spec["attn"], H)
         for key, name in ({} if special else spec["attn"]["tensors"]).items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
