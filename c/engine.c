@@ -445,7 +445,9 @@ static void run_request(Engine *e, Inbox *box, Frame *f, char *payload) {
     if (dead_end)
         emit_error(f->id, "bad_request", "grammar: no token of the vocabulary can continue the output here while the "
                    "grammar is incomplete; check that the model's tokens can spell what the grammar asks for");
-    else if (oom && gr && grammar_run_failed(gr)) emit_error(f->id, "out_of_memory", "grammar: out of memory while matching");
+    else if (oom && gr && grammar_run_failed(gr))
+        emit_error(f->id, "out_of_memory", "grammar: the matcher ran out of memory or past its work limit (a highly "
+                   "ambiguous grammar, e.g. nested repetitions of the same thing); simplify the grammar");
     else if (oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
     else if (verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
     else {
