@@ -54,7 +54,10 @@ GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v);
 void grammar_run_free(GrammarRun *r);
 const Grammar *grammar_run_grammar(const GrammarRun *r);
 void grammar_run_reset(GrammarRun *r);  /* back to the start of the output; caches are kept */
-int grammar_run_failed(const GrammarRun *r); /* an allocation failed: treat as out of memory */
+int grammar_run_failed(const GrammarRun *r); /* an allocation failed, or the work limit was reached */
+/* Expansion steps allowed between resets (default 20M, a few seconds: only a grammar that is
+ * ambiguous at every step gets near it). */
+void grammar_run_set_work_limit(GrammarRun *r, uint64_t steps);
 
 /* The current state: complete (the output so far is a whole sentence: EOS allowed) and
  * finished (complete and nothing can follow). */

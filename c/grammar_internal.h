@@ -8,6 +8,11 @@
 #define G_DEAD (-1)     /* transition into nothing */
 #define G_UNKNOWN (-2)  /* transition not computed yet */
 #define G_INF_BYTES (1u << 30)
+/* A grammar ambiguous enough to need more than this is refused mid-run (the run fails like an
+ * allocation would): expansion steps of one generation (grammar_run_set_work_limit), stack
+ * frames of the run. */
+#define GRAMMAR_MAX_WORK 20000000ull
+#define GRAMMAR_MAX_NODES 4000000u
 
 /* A stack frame: the element to match next, and the frame to return to (a continuation). */
 typedef struct { uint32_t pos; int32_t parent; uint32_t minb; } GNode;
@@ -26,6 +31,8 @@ typedef struct {
 } GState;
 
 typedef struct { uint64_t *keys; int32_t *vals; size_t cap, n; } GMap; /* 64-bit key -> id */
+/* A set of 64-bit keys emptied in O(1): a slot holds a key of this generation or counts as free. */
+typedef struct { uint64_t *keys; uint32_t *stamp; size_t cap, n; uint32_t gen; } GSeen;
 
 struct GrammarVocab {
     int n;                   /* token ids 0..n */
@@ -65,12 +72,13 @@ struct GrammarRun {
     size_t out_n, out_cap;
     uint64_t *work;
     size_t work_n, work_cap;
-    GMap seen;
+    GSeen seen;
     /* masks */
     uint32_t *scratch_mask;  /* budget-filtered mask */
     int32_t *walk_state;     /* per trie depth */
     size_t masks_cached;
     uint64_t masks_built, mask_hits;
+    uint64_t work_total, work_limit; /* expansion steps since the last reset, and their limit */
 };
 
 int32_t gstate_next(GrammarRun *r, int32_t s, unsigned byte);

@@ -48,12 +48,42 @@ int gmap_put(GMap *m, uint64_t key, int32_t val) {
     return 0;
 }
 
-static void gmap_clear(GMap *m) {
-    if (m->cap) memset(m->vals, 0xFF, m->cap * sizeof *m->vals);
-    m->n = 0;
+void gmap_free(GMap *m) { free(m->keys); free(m->vals); memset(m, 0, sizeof *m); }
+
+/* 1 if key was already in the set, 0 if added now, -1 out of memory. */
+static int seen_add(GSeen *m, uint64_t key) {
+    if (!m->gen) m->gen = 1;
+    if ((m->n + 1) * 2 > m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 256;
+        uint64_t *k = malloc(cap * sizeof *k);
+        uint32_t *st = calloc(cap, sizeof *st);
+        if (!k || !st) { free(k); free(st); return -1; }
+        for (size_t i = 0; i < m->cap; i++) {
+            if (m->stamp[i] != m->gen) continue;
+            size_t at = mix(m->keys[i]) & (cap - 1);
+            while (st[at] == m->gen) at = (at + 1) & (cap - 1);
+            k[at] = m->keys[i];
+            st[at] = m->gen;
+        }
+        free(m->keys); free(m->stamp);
+        m->keys = k; m->stamp = st; m->cap = cap;
+    }
+    size_t at = mix(key) & (m->cap - 1);
+    for (; m->stamp[at] == m->gen; at = (at + 1) & (m->cap - 1))
+        if (m->keys[at] == key) return 1;
+    m->keys[at] = key;
+    m->stamp[at] = m->gen;
+    m->n++;
+    return 0;
 }
 
-void gmap_free(GMap *m) { free(m->keys); free(m->vals); memset(m, 0, sizeof *m); }
+static void seen_clear(GSeen *m) {
+    m->n = 0;
+    if (++m->gen == 0) { /* wrapped: stamps of 2^32 generations ago would look current */
+        if (m->cap) memset(m->stamp, 0, m->cap * sizeof *m->stamp);
+        m->gen = 1;
+    }
+}
 
 static int grow(void **v, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 0;
@@ -81,9 +111,10 @@ static int32_t node_get(GrammarRun *r, uint32_t pos, int32_t parent) {
 
 static int work_push(GrammarRun *r, uint32_t pos, int32_t parent) {
     uint64_t key = (uint64_t)pos << 32 | (uint32_t)parent;
-    int32_t dummy;
-    if (gmap_get(&r->seen, key, &dummy)) return 0; /* this (element, continuation) was expanded already */
-    if (gmap_put(&r->seen, key, 1) || grow((void **)&r->work, &r->work_cap, r->work_n + 1, sizeof(uint64_t))) {
+    int had = seen_add(&r->seen, key);
+    if (had > 0) return 0; /* this (element, continuation) was expanded already */
+    if (++r->work_total > r->work_limit || r->n_nodes > GRAMMAR_MAX_NODES) { r->failed = 1; return -1; }
+    if (had < 0 || grow((void **)&r->work, &r->work_cap, r->work_n + 1, sizeof(uint64_t))) {
         r->failed = 1;
         return -1;
     }
@@ -246,7 +277,7 @@ static int set_can_take(const GrammarRun *r, const GState *s, uint32_t lo, uint3
 static int32_t advance_cp(GrammarRun *r, int32_t s, uint32_t cp) {
     r->out_n = 0;
     r->work_n = 0;
-    gmap_clear(&r->seen);
+    seen_clear(&r->seen);
     const GState *st = &r->st[s];
     for (uint32_t i = 0; i < st->set_n; i++) {
         uint32_t id = r->pool[st->set_off + i];
@@ -303,6 +334,7 @@ GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v) {
     if (!r) return NULL;
     r->g = g;
     r->v = v;
+    r->work_limit = GRAMMAR_MAX_WORK;
     if (v && v->n_added && !(r->added_ok = calloc((size_t)v->n_added, 1))) { grammar_run_free(r); return NULL; }
     for (int32_t i = 0; v && i < v->n_added; i++) {
         int32_t t = v->added[i];
@@ -328,11 +360,13 @@ void grammar_run_free(GrammarRun *r) {
     for (size_t i = 0; i < r->n_st; i++) { free(r->st[i].next); free(r->st[i].mask); }
     free(r->st); free(r->nodes); free(r->pool); free(r->out); free(r->work); free(r->added_ok);
     free(r->scratch_mask); free(r->walk_state);
-    gmap_free(&r->node_map); gmap_free(&r->st_map); gmap_free(&r->seen);
+    gmap_free(&r->node_map); gmap_free(&r->st_map);
+    free(r->seen.keys); free(r->seen.stamp);
     free(r);
 }
 
-void grammar_run_reset(GrammarRun *r) { r->cur = r->start; }
+void grammar_run_reset(GrammarRun *r) { r->cur = r->start; r->work_total = 0; }
+void grammar_run_set_work_limit(GrammarRun *r, uint64_t steps) { r->work_limit = steps; }
 const Grammar *grammar_run_grammar(const GrammarRun *r) { return r->g; }
 int grammar_run_failed(const GrammarRun *r) { return r->failed; }
 int grammar_complete(const GrammarRun *r) { return r->st[r->cur].complete; }

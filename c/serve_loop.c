@@ -149,7 +149,8 @@ static void stream_finish(Loop *L, Stream *s) {
         emit_error(f->id, "bad_request", "grammar: no token of the vocabulary can continue the output here while the "
                    "grammar is incomplete; check that the model's tokens can spell what the grammar asks for");
     else if (s->oom && s->gr && grammar_run_failed(s->gr))
-        emit_error(f->id, "out_of_memory", "grammar: out of memory while matching");
+        emit_error(f->id, "out_of_memory", "grammar: the matcher ran out of memory or past its work limit (a highly "
+                   "ambiguous grammar, e.g. nested repetitions of the same thing); simplify the grammar");
     else if (s->oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
     else if (s->verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
     else {

@@ -196,8 +196,22 @@ static void test_dead_end(void) {
     grammar_vocab_free(v);
 }
 
+/* Nested repetitions of the same thing are ambiguous at every character: the work limit ends
+ * the run (reported as failed) instead of letting it run for minutes. */
+static void test_work_limit(void) {
+    char err[256], text[200];
+    Grammar *g = parse("root ::= [a-c]+++++++++++++++++++++++++ \"!\"", err);
+    GrammarRun *r = g ? grammar_run_new(g, NULL) : NULL;
+    if (r) grammar_run_set_work_limit(r, 20000);
+    memset(text, 'a', sizeof text);
+    CHECK(r && grammar_accept_bytes(r, text, sizeof text, NULL) == -1 && grammar_run_failed(r), "work limit");
+    grammar_run_free(r);
+    grammar_free(g);
+}
+
 void test_grammar(void) {
     test_dead_end();
+    test_work_limit();
     test_errors();
     test_matching();
     test_masks();
