@@ -150,3 +150,28 @@ def test_short_prompt_is_not_held_behind_a_long_prefill(model):
                   + engine_client.submit_frame("short", [5, 6, 7], slot=1, max_tokens=2, temp=0, ignore_eos=1))
         _, order = collect(eng, ["long", "short"])
     assert order[0] == "short" and order.count("long") == 2
+
+
+# Families whose attention keeps more than per-position K/V: a DSA selection passed up the
+# layers (a shared-indexer layer reads the one its slot's indexer layer made), recurrent state
+# (gated DeltaNet, KDA), window rings with sinks. The prompts differ in length, so the rows of
+# one step sit at different positions of different slots.
+STATEFUL = ["glm_moe_dsa_shared", "qwen3_5_moe", "kimi_linear", "gpt_oss", "mimo_v2_flash"]
+
+
+@pytest.fixture(scope="module", params=STATEFUL)
+def stateful_model(request, oracle_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("batch") / request.param
+    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / request.param / "hf"),
+                    str(out), "--experts", "bf16", "--dense", "bf16"], check=True, capture_output=True)
+    return out
+
+
+def test_stateful_families_concurrent_greedy_equals_sequential(stateful_model):
+    opts = dict(max_tokens=20, temp=0, ignore_eos=1)
+    with engine_client.Engine(stateful_model, ctx=128, kv_slots=4, extra=["--parallel", "4"]) as eng:
+        together, order = concurrent(eng, PROMPTS, **opts)
+    with engine_client.Engine(stateful_model, ctx=128, kv_slots=4, extra=["--parallel", "1"]) as eng:
+        alone = sequential(eng, PROMPTS, **opts)
+    assert together == alone and all(len(t) == 20 for t in alone)
+    assert set(order[:10]) == {"c0", "c1", "c2", "c3"}
