@@ -79,11 +79,14 @@ def test_a_running_stream_finishes_after_sigterm(model, template):  # noqa: F811
 def test_streams_still_running_at_the_shutdown_timeout_end_with_an_error(model, template, dialect):  # noqa: F811
     with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--shutdown-timeout", "1") as server:
         if dialect == "openai":
-            conn, r = raw_stream(server.port, "/v1/chat/completions", {"model": MID, "messages": HI, "max_tokens": 50})
+            conn, r = raw_stream(server.port, "/v1/chat/completions", {"model": MID, "messages": HI, "max_tokens": 1000,
+                                                                       "temperature": 0})
             first = r.readline()  # the first event: the stream began
         else:
             client = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0, timeout=60)
-            stream = client.messages.create(model=MID, max_tokens=50, messages=HI, stream=True)
+            # greedy: a sampled end-of-sequence could end the stream before the engine is frozen
+            stream = client.messages.create(model=MID, max_tokens=1000, messages=HI, stream=True,
+                                            extra_body={"temperature": 0})
             first = next(iter(stream))
         assert first
         pid = server.engine_pid()

@@ -265,6 +265,8 @@ def test_real_engine_without_routing(oracle_root, tmp_path_factory, browser):
     refuse it): the chat works, the Brain shows the grid with every expert resident."""
     from server_helpers import convert
     m = convert(oracle_root, "qwen3_moe", tmp_path_factory.mktemp("web-real") / "qwen3_moe")
+    # greedy (the page sends no temperature): a sampled first token may be end-of-sequence
+    (m / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.0}))
     with ServerProc(m, "--chat-template", str(m.parent / "chatml.jinja"), "--no-kv-persist") as s:
         browser.viewport(1280, 800)
         browser.goto(s.base + "/")

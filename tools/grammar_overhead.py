@@ -12,7 +12,7 @@ Two measurements, both printed, nothing asserted (a benchmark, not a test):
    grammar_ms) against the decode step. A real model's decode step is tens to hundreds of times
    longer than this tiny one's, so the fraction printed is an upper bound.
 
-usage: .venv/bin/python tools/grammar_overhead.py [--requests N] [--tokens N]"""
+usage: PYTHONPATH=. .venv/bin/python tools/grammar_overhead.py [--requests N] [--tokens N]"""
 import argparse
 import json
 import shutil
@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 from colibri import engine_client  # noqa: E402
 from colibri.grammar import gbnf, json_object_gbnf, schema_grammar, schema_to_gbnf  # noqa: E402
 
