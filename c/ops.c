@@ -55,7 +55,9 @@ static double par_min_blocks(void) {
 static void matmul_quant(float *y, const float *x, int T, const QMat *w, const float *bias) {
     const int rows = w->rows, cols = w->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
     const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2; /* int16 blocks, in floats */
-    float *buf = scratch(2, qfloats + 2 * nblk);
+    const QGemmFn qgemm = kern.qgemm[w->qt];
+    const size_t pfloats = qgemm ? (kern.pack_bytes(T, nb) + 3) / 4 : 0;
+    float *buf = scratch(2, qfloats + 2 * nblk + pfloats);
     if (!buf) return;
     const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
     const QDotFn qdot = kern.qdot[w->qt];
@@ -63,6 +65,23 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
     /* Serial: quantizing is ~1% of the dots, far less than the extra barrier (a futex round
      * trip with passive waiting) that a parallel loop here would add to every decode matmul. */
     for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
+    if (qgemm) { /* one call per thread over its share of 16-row tiles and every position */
+        int8_t *packed = (int8_t *)(buf + qfloats + 2 * nblk);
+        kern.pack_act(&a, packed);
+#pragma omp parallel if ((double)rows * (double)nblk >= par_min_blocks())
+        {
+            const int nth = omp_get_num_threads(), id = omp_get_thread_num(), t16 = (rows + 15) / 16;
+            const int r0 = (int)((long)t16 * id / nth) * 16, r1e = (int)((long)t16 * (id + 1) / nth) * 16;
+            const int r1 = r1e < rows ? r1e : rows;
+            if (r1 > r0) {
+                qgemm(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, packed, y + r0, (size_t)rows);
+                if (bias)
+                    for (int t = 0; t < T; t++)
+                        for (int r = r0; r < r1; r++) y[(size_t)t * rows + r] += bias[r];
+            }
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static) if ((double)rows * (double)nblk >= par_min_blocks())
     for (int tile = 0; tile < tiles; tile++) {
         int r0 = tile * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
