@@ -43,14 +43,17 @@ AMX static void tiles_config(int n) {
     tl_cfg_n = n;
 }
 
+/* A last group of at most this many positions runs on the VNNI kernel, one position at a
+ * time: the tiles' cost per group hardly depends on how many positions it has. */
+#define SMALL_T 4
+
 size_t amx_pack_bytes(int T, int nb) { return (size_t)((T + AMX_TILE_T - 1) / AMX_TILE_T) * nb * 1024; }
 
 /* Position group g (16 positions, zero past T), block b: a 512-byte tile of high bytes, then
  * one of low bytes; tile row k/4 holds, for each position n, elements k..k+3 at n*4. */
 void amx_pack_act(const QAct *a, int8_t *dst) {
-    const int T = a->rows, nb = a->nb, groups = (T + AMX_TILE_T - 1) / AMX_TILE_T;
-    if (T == 1) return; /* decode runs on VNNI from the int16 blocks */
-    memset(dst, 0, amx_pack_bytes(T, nb));
+    const int T = a->rows, nb = a->nb, groups = T / AMX_TILE_T + (T % AMX_TILE_T > SMALL_T);
+    memset(dst, 0, (size_t)groups * nb * 1024);
     for (int g = 0; g < groups; g++)
         for (int n = 0; n < AMX_TILE_T && g * AMX_TILE_T + n < T; n++) {
             const int t = g * AMX_TILE_T + n;
@@ -165,18 +168,18 @@ AMX_INLINE void hsum16_pair(const __m512i *v, __m512i *b0, __m512i *b1) {
 }
 
 /* q8: int8 weights widened to int16 against the int16 block, vpdpwssd (exact in int32). */
-AMX static void decode16_q8(const unsigned char *w, size_t row_bytes, const QAct *a, float *y) {
+AMX static void decode16_q8(const unsigned char *w, size_t row_bytes, const QAct *a, int t, float *y) {
     const __m512i rowoff = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32((int)row_bytes));
     __m512 acc = _mm512_setzero_ps();
     for (int b = 0; b < a->nb; b++) {
         const unsigned char *wb = w + (size_t)b * 34;
-        const __m512i x = _mm512_loadu_si512(a->q + (size_t)b * QBLOCK);
+        const __m512i x = _mm512_loadu_si512(a->q + ((size_t)t * a->nb + b) * QBLOCK);
         __m512i v[16];
         for (int r = 0; r < 16; r++)
             v[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
                                        _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + r * row_bytes + 2))), x);
-        const __m512 sc = _mm512_mul_ps(f16_lo(block_heads(wb, rowoff)), _mm512_set1_ps(a->d[b]));
+        const __m512 sc = _mm512_mul_ps(f16_lo(block_heads(wb, rowoff)), _mm512_set1_ps(a->d[(size_t)b * a->rows + t]));
         acc = _mm512_add_ps(acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(hsum16(v))));
     }
     _mm512_storeu_ps(y, acc);
@@ -185,7 +188,7 @@ AMX static void decode16_q8(const unsigned char *w, size_t row_bytes, const QAct
 /* q4: two blocks a vector, nibbles as they lie (low nibbles of both blocks, then high ones);
  * the activation's signed high byte times the nibbles (vpdpbusd: nibbles unsigned) shifted by 8,
  * plus its unsigned low byte times the nibbles (nibbles as signed bytes: 0..15). */
-AMX static void decode16_q4(const unsigned char *w, size_t row_bytes, const QAct *a, float *y) {
+AMX static void decode16_q4(const unsigned char *w, size_t row_bytes, const QAct *a, int t, float *y) {
     const __m512i rowoff = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32((int)row_bytes));
     const __m256i m4 = _mm256_set1_epi8(15);
@@ -195,8 +198,10 @@ AMX static void decode16_q4(const unsigned char *w, size_t row_bytes, const QAct
     for (int b = 0; b < nb; b += 2) {
         const int two = b + 1 < nb;
         /* activation: x_b0[0..15] x_b1[0..15] x_b0[16..31] x_b1[16..31], as high and low bytes */
-        const __m512i x0 = _mm512_loadu_si512(a->q + (size_t)b * QBLOCK);
-        const __m512i x1 = two ? _mm512_loadu_si512(a->q + (size_t)(b + 1) * QBLOCK) : _mm512_setzero_si512();
+        const int16_t *xq = a->q + ((size_t)t * nb + b) * QBLOCK;
+        const float *d = a->d + (size_t)b * a->rows + t, *sv = a->s + (size_t)b * a->rows + t;
+        const __m512i x0 = _mm512_loadu_si512(xq);
+        const __m512i x1 = two ? _mm512_loadu_si512(xq + QBLOCK) : _mm512_setzero_si512();
         /* int16 -> bytes: elements 0..31 of block b then of block b+1 (64 bytes) */
         const __m512i hi16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srai_epi16(x0, 8))),
                                                 _mm512_cvtepi16_epi8(_mm512_srai_epi16(x1, 8)), 1);
@@ -218,12 +223,12 @@ AMX static void decode16_q4(const unsigned char *w, size_t row_bytes, const QAct
         __m512i s0, s1;
         hsum16_pair(v, &s0, &s1);
         const __m512i h0 = block_heads(wb, rowoff);
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(f16_lo(h0), _mm512_set1_ps(a->d[b])), _mm512_cvtepi32_ps(s0)));
-        mins = _mm512_add_ps(mins, _mm512_mul_ps(f16_hi(h0), _mm512_set1_ps(a->s[b])));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(f16_lo(h0), _mm512_set1_ps(d[0])), _mm512_cvtepi32_ps(s0)));
+        mins = _mm512_add_ps(mins, _mm512_mul_ps(f16_hi(h0), _mm512_set1_ps(sv[0])));
         if (two) {
             const __m512i h1 = block_heads(wb + 20, rowoff);
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(f16_lo(h1), _mm512_set1_ps(a->d[b + 1])), _mm512_cvtepi32_ps(s1)));
-            mins = _mm512_add_ps(mins, _mm512_mul_ps(f16_hi(h1), _mm512_set1_ps(a->s[b + 1])));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(f16_lo(h1), _mm512_set1_ps(d[a->rows])), _mm512_cvtepi32_ps(s1)));
+            mins = _mm512_add_ps(mins, _mm512_mul_ps(f16_hi(h1), _mm512_set1_ps(sv[a->rows])));
         }
     }
     _mm512_storeu_ps(y, _mm512_add_ps(acc, mins));
@@ -239,9 +244,6 @@ AMX_INLINE void gemm(const int q4, const unsigned char *w, size_t row_bytes, int
      * goes last so the tiles are configured at most twice. */
     enum { CHUNK = 8 };
     const int full_groups = T / AMX_TILE_T;
-    int r16 = 0;
-    if (T == 1) /* decode: no tiles */
-        for (; r16 < full; r16 += 16) (q4 ? decode16_q4 : decode16_q8)(w + (size_t)r16 * row_bytes, row_bytes, a, y + r16);
     for (int g0 = 0; g0 < full_groups; g0 += CHUNK) {
         const int g1 = g0 + CHUNK < full_groups ? g0 + CHUNK : full_groups;
         tiles_config(AMX_TILE_T);
@@ -250,10 +252,15 @@ AMX_INLINE void gemm(const int q4, const unsigned char *w, size_t row_bytes, int
                 tile16(q4, w + (size_t)r * row_bytes, row_bytes, a, packed, g, AMX_TILE_T, y + r, ldy);
     }
     if (groups > full_groups) {
-        const int n = T - full_groups * AMX_TILE_T;
-        tiles_config(n);
-        for (int r = r16; r < full; r += 16)
-            tile16(q4, w + (size_t)r * row_bytes, row_bytes, a, packed, full_groups, n, y + r, ldy);
+        const int n = T - full_groups * AMX_TILE_T, t0 = full_groups * AMX_TILE_T;
+        if (n > SMALL_T) {
+            tiles_config(n);
+            for (int r = 0; r < full; r += 16)
+                tile16(q4, w + (size_t)r * row_bytes, row_bytes, a, packed, full_groups, n, y + r, ldy);
+        } else /* decode and short tails: no tiles */
+            for (int r = 0; r < full; r += 16)
+                for (int t = t0; t < T; t++)
+                    (q4 ? decode16_q4 : decode16_q8)(w + (size_t)r * row_bytes, row_bytes, a, t, y + (size_t)t * ldy + r);
     }
     /* rows past the last whole tile: the portable kernel, which computes the same bits */
     if (full < nr)
