@@ -51,22 +51,20 @@ size_t amx_pack_bytes(int T, int nb) { return (size_t)((T + AMX_TILE_T - 1) / AM
 
 /* Position group g (16 positions, zero past T), block b: a 512-byte tile of high bytes, then
  * one of low bytes; tile row k/4 holds, for each position n, elements k..k+3 at n*4. */
-void amx_pack_act(const QAct *a, int8_t *dst) {
+AMX void amx_pack_act(const QAct *a, int8_t *dst) {
     const int T = a->rows, nb = a->nb, groups = T / AMX_TILE_T + (T % AMX_TILE_T > SMALL_T);
+    const __m256i rows = _mm256_set_epi32(7 * 64, 6 * 64, 5 * 64, 4 * 64, 3 * 64, 2 * 64, 64, 0);
     memset(dst, 0, (size_t)groups * nb * 1024);
-    for (int g = 0; g < groups; g++)
-        for (int n = 0; n < AMX_TILE_T && g * AMX_TILE_T + n < T; n++) {
-            const int t = g * AMX_TILE_T + n;
-            for (int b = 0; b < nb; b++) {
-                const int16_t *x = a->q + ((size_t)t * nb + b) * QBLOCK;
-                int8_t *hi = dst + ((size_t)g * nb + b) * 1024, *lo = hi + 512;
-                for (int k = 0; k < QBLOCK; k++) {
-                    const int at = (k / 4) * 64 + n * 4 + k % 4;
-                    hi[at] = (int8_t)(x[k] >> 8);       /* arithmetic shift: signed high byte */
-                    lo[at] = (int8_t)(uint8_t)(x[k] & 0xFF);
-                }
-            }
+    for (int t = 0; t < T && t / AMX_TILE_T < groups; t++) {
+        const int g = t / AMX_TILE_T, n = t % AMX_TILE_T;
+        for (int b = 0; b < nb; b++) {
+            const __m512i x = _mm512_loadu_si512(a->q + ((size_t)t * nb + b) * QBLOCK);
+            int8_t *hi = dst + ((size_t)g * nb + b) * 1024 + n * 4;
+            /* arithmetic shift: the signed high byte; truncation: the low byte */
+            _mm256_i32scatter_epi32(hi, rows, _mm512_cvtepi16_epi8(_mm512_srai_epi16(x, 8)), 1);
+            _mm256_i32scatter_epi32(hi + 512, rows, _mm512_cvtepi16_epi8(x), 1);
         }
+    }
 }
 
 /* 16 q4 rows' block b unpacked to int8 elements 0..31, 32 bytes a row. */
