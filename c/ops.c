@@ -48,6 +48,8 @@ static double par_min_blocks(void) {
     return min_blocks;
 }
 
+int par_worth(double block_dots) { return block_dots >= par_min_blocks(); }
+
 /* q8/q4 weights: each activation row is quantized once to int16 blocks, then every weight row
  * takes integer block dots against it. A tile of weight rows meets the activations
  * QDOT_MAX_ROWS rows at a time, so during prefill both stay in L1 and each unpacked weight
@@ -116,7 +118,7 @@ void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
 }
 
 void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int cols) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (par_worth((double)T * rows * cols / QBLOCK))
     for (int t = 0; t < T; t++)
         for (int r = 0; r < rows; r++) y[(size_t)t * rows + r] = kern.dot(w + (size_t)r * cols, x + (size_t)t * cols, cols);
 }
