@@ -193,7 +193,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     /* One task per (position, KV head): the group's query heads read each K/V row once. */
     const KvKernels *kk = kv_kernels(r->kv_type);
     const float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (par_worth(2.0 * T * (p0 + T) * nkv * group * hd / 32))
     for (int t = 0; t < T; t++) {
         for (int kh = 0; kh < nkv; kh++) {
             const int end = p0 + t + 1, start = y->window && end > y->window ? end - y->window : 0;

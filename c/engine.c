@@ -82,7 +82,7 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
         else if (!strcmp(a, "--portable")) o->portable = 1;
         else if (!strcmp(a, "--kernels")) {
             KernIsa isa;
-            if (!v || kernels_isa_from_name(v, &isa)) { snprintf(err, errlen, "--kernels needs portable, avx2, avx512 or neon"); return -1; }
+            if (!v || kernels_isa_from_name(v, &isa)) { snprintf(err, errlen, "--kernels needs portable, avx2, avx512, amx or neon"); return -1; }
             o->kernels = (int)isa + 1;
             i++;
         }

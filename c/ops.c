@@ -48,6 +48,8 @@ static double par_min_blocks(void) {
     return min_blocks;
 }
 
+int par_worth(double block_dots) { return block_dots >= par_min_blocks(); }
+
 /* q8/q4 weights: each activation row is quantized once to int16 blocks, then every weight row
  * takes integer block dots against it. A tile of weight rows meets the activations
  * QDOT_MAX_ROWS rows at a time, so during prefill both stay in L1 and each unpacked weight
@@ -55,7 +57,9 @@ static double par_min_blocks(void) {
 static void matmul_quant(float *y, const float *x, int T, const QMat *w, const float *bias) {
     const int rows = w->rows, cols = w->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
     const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2; /* int16 blocks, in floats */
-    float *buf = scratch(2, qfloats + 2 * nblk);
+    const QGemmFn qgemm = kern.qgemm[w->qt];
+    const size_t pfloats = qgemm ? (kern.pack_bytes(T, nb) + 3) / 4 : 0;
+    float *buf = scratch(2, qfloats + 2 * nblk + pfloats);
     if (!buf) return;
     const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
     const QDotFn qdot = kern.qdot[w->qt];
@@ -63,6 +67,23 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
     /* Serial: quantizing is ~1% of the dots, far less than the extra barrier (a futex round
      * trip with passive waiting) that a parallel loop here would add to every decode matmul. */
     for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
+    if (qgemm) { /* one call per thread over its share of 16-row tiles and every position */
+        int8_t *packed = (int8_t *)(buf + qfloats + 2 * nblk);
+        kern.pack_act(&a, packed);
+#pragma omp parallel if ((double)rows * (double)nblk >= par_min_blocks())
+        {
+            const int nth = omp_get_num_threads(), id = omp_get_thread_num(), t16 = (rows + 15) / 16;
+            const int r0 = (int)((long)t16 * id / nth) * 16, r1e = (int)((long)t16 * (id + 1) / nth) * 16;
+            const int r1 = r1e < rows ? r1e : rows;
+            if (r1 > r0) {
+                qgemm(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, packed, y + r0, (size_t)rows);
+                if (bias)
+                    for (int t = 0; t < T; t++)
+                        for (int r = r0; r < r1; r++) y[(size_t)t * rows + r] += bias[r];
+            }
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static) if ((double)rows * (double)nblk >= par_min_blocks())
     for (int tile = 0; tile < tiles; tile++) {
         int r0 = tile * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
@@ -97,7 +118,7 @@ void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
 }
 
 void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int cols) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (par_worth((double)T * rows * cols / QBLOCK))
     for (int t = 0; t < T; t++)
         for (int r = 0; r < rows; r++) y[(size_t)t * rows + r] = kern.dot(w + (size_t)r * cols, x + (size_t)t * cols, cols);
 }

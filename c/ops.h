@@ -10,6 +10,9 @@ void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int c
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 void softmax(float *x, int n);
 float silu(float x);
+/* Whether a parallel region pays for work of this many 32-element dots (starting one costs
+ * ~2 us with spinning threads, ~60 us with sleeping ones); only speed depends on it. */
+int par_worth(double block_dots);
 /* Thread-local scratch that grows on demand; valid until the next call with the same slot.
  * Slots in use: 0 matmul (dequantized rows), 1 attention scores, 2 matmul (quantized activations). */
 float *scratch(int slot, size_t n);

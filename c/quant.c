@@ -253,12 +253,12 @@ static void qdot_rows(void (*row)(const unsigned char *, const QAct *, int, int,
     }
 }
 
-static void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
+void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
                              float *y, size_t ldy) {
     qdot_rows(qdot_q8_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 
-static void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
+void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
                              float *y, size_t ldy) {
     qdot_rows(qdot_q4_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
@@ -274,8 +274,14 @@ void qdot_mxfp4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAc
 #endif
 void qdot_mxfp4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
                          size_t ldy);
+#if defined(__x86_64__)
+size_t amx_pack_bytes(int T, int nb);
+void amx_pack_act(const QAct *a, int8_t *dst);
+void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
+void qgemm_q4_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
+#endif
 
-static const char *const ISA_NAMES[KI_COUNT] = {"portable", "avx2", "avx512", "neon"};
+static const char *const ISA_NAMES[KI_COUNT] = {"portable", "avx2", "avx512", "neon", "amx"};
 
 const char *kernels_isa_name(KernIsa isa) { return (unsigned)isa < KI_COUNT ? ISA_NAMES[isa] : "?"; }
 
@@ -284,6 +290,26 @@ int kernels_isa_from_name(const char *name, KernIsa *out) {
         if (!strcmp(name, ISA_NAMES[i])) { *out = (KernIsa)i; return 0; }
     return -1;
 }
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+/* The CPU has AMX-INT8 and the kernel lets this process use the tile state (Linux asks for it
+ * once per process, ARCH_REQ_XCOMP_PERM; older kernels or a seccomp filter refuse it, and the
+ * AVX-512 set runs instead). Asked once; every thread then inherits the permission. */
+static int amx_granted(void) {
+    static int granted = -1;
+    if (granted < 0) {
+        unsigned a, b, c, d; /* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 */
+        int cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
+        granted = cpu && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }
+    return granted;
+}
+#endif
 
 int kernels_supported(KernIsa isa) {
     if (isa == KI_PORTABLE) return 1;
@@ -297,6 +323,9 @@ int kernels_supported(KernIsa isa) {
     if (isa == KI_AVX512)
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+#if defined(__x86_64__)
+    if (isa == KI_AMX) return kernels_supported(KI_AVX512) && __builtin_cpu_supports("avx512vnni") && amx_granted();
 #endif
     return 0;
 }
@@ -320,7 +349,7 @@ int kernels_use(KernIsa isa) {
     kern.qdot[QT_Q4] = qdot_q4_portable;
     kern.qdot[QT_MXFP4] = qdot_mxfp4_portable;
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == KI_AVX2 || isa == KI_AVX512) {
+    if (isa == KI_AVX2 || isa == KI_AVX512 || isa == KI_AMX) {
         kern.dequant_row = dequant_row_avx2;
         kern.dot = dot_avx2;
         kern.quantize_act = quantize_act_avx2;
@@ -328,8 +357,18 @@ int kernels_use(KernIsa isa) {
         kern.qdot[QT_Q4] = qdot_q4_avx2;
         kern.qdot[QT_MXFP4] = qdot_mxfp4_avx2;
     }
-    if (isa == KI_AVX512) {
+    if (isa == KI_AVX512 || isa == KI_AMX) {
         kern.dot = dot_avx512; /* q8/q4 keep the AVX2 dots: see kernels_avx512.c */
+    }
+#endif
+#if defined(__x86_64__)
+    if (isa == KI_AMX) { /* the portable arithmetic for any batch: the dots stay portable's */
+        kern.qdot[QT_Q8] = qdot_q8_portable;
+        kern.qdot[QT_Q4] = qdot_q4_portable;
+        kern.qgemm[QT_Q8] = qgemm_q8_amx;
+        kern.qgemm[QT_Q4] = qgemm_q4_amx;
+        kern.pack_bytes = amx_pack_bytes;
+        kern.pack_act = amx_pack_act;
     }
 #endif
 #if defined(__aarch64__)

@@ -58,11 +58,20 @@ typedef struct {
 typedef void (*QDotFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
                        float *y, size_t ldy);
 
+/* Matrix x matrix over every activation row of a (a->rows positions): y[t*ldy + r] for r < nr,
+ * from the activations also packed once per matmul by pack_act (pack_bytes(T, nb) bytes).
+ * Same bits as qdot, so a set may use either for any batch. */
+typedef void (*QGemmFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
+                        float *y, size_t ldy);
+/* Positions per AMX tile. */
+#define AMX_TILE_T 16
+
 /* Kernel sets, best last among those a CPU runs: on x86 one that has a set has every x86 set
  * before it; neon is the AArch64 set. */
-typedef enum { KI_PORTABLE = 0, KI_AVX2, KI_AVX512, KI_NEON, KI_COUNT } KernIsa;
+typedef enum { KI_PORTABLE = 0, KI_AVX2, KI_AVX512, KI_NEON, KI_AMX, KI_COUNT } KernIsa;
 
-/* Run-time selected kernels (portable, AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ, or NEON). */
+/* Run-time selected kernels (portable, AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ, NEON, or AMX-INT8 tiles
+ * on AVX-512). */
 typedef struct {
     const char *name;
     KernIsa isa;
@@ -71,6 +80,9 @@ typedef struct {
     /* Quantizes activation row t of x (cols floats) into a. Bit-identical across kernels. */
     void (*quantize_act)(const float *x, int cols, const QAct *a, int t);
     QDotFn qdot[QT_COUNT]; /* QT_Q8, QT_Q4 and QT_MXFP4; NULL for the float types */
+    QGemmFn qgemm[QT_COUNT]; /* NULL where the set has none (matmul then uses qdot) */
+    size_t (*pack_bytes)(int T, int nb);
+    void (*pack_act)(const QAct *a, int8_t *dst);
 } Kernels;
 extern Kernels kern;
 /* The best set this CPU runs, or portable when force_portable. */

@@ -63,6 +63,9 @@ def test_bench_fits_a_small_vocabulary_and_refuses_an_oversized_prompt(moe_model
             "2", "--mem-bw", "20", "--json"]
     r = subprocess.run(base, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["colibri"]["kernels"]  # the set the engine chose
+    r = subprocess.run(base + ["--kernels", "portable"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout)["colibri"]["kernels"] == "portable", r.stderr
     r = subprocess.run(base + ["--prompt-tokens", "600"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "context_exceeded" in r.stderr and "512" in r.stderr

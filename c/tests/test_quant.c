@@ -1,4 +1,4 @@
-/* Round trips of every storage type, every kernel set this CPU runs (AVX2, AVX-512) against the
+/* Round trips of every storage type, every kernel set this CPU runs (AVX2, AVX-512, AMX) against the
  * portable reference, and the integer (quantized-activation) dots of q8/q4 weights. */
 #include <math.h>
 #include <stdlib.h>
@@ -218,6 +218,37 @@ static void check_matmul_batch(QType qt, int cols, unsigned *seed) {
     free(data); free(x); free(wf);
 }
 
+/* A set's matrix x matrix kernel (AMX tiles) against the portable dots, bit for bit: row counts
+ * on and off the 16-row tile, position counts around the 16-position tile and past the L2 chunk
+ * (128), outliers in the activations so high bytes use their full range. */
+static void check_qgemm(QType qt, int cols, const Kernels *port, const Kernels *fast, unsigned *seed) {
+    const int nb = (cols + QBLOCK - 1) / QBLOCK, rows_list[] = {16, 35}, T_list[] = {1, 2, 16, 21, 150};
+    const size_t rb = qtype_row_bytes(qt, cols);
+    for (int ri = 0; ri < 2; ri++)
+        for (int ti = 0; ti < 5; ti++) {
+            const int R = rows_list[ri], T = T_list[ti];
+            unsigned char *w = malloc(rb * R);
+            float *x = malloc(sizeof(float) * T * cols), *wf = malloc(sizeof(float) * cols);
+            float *yp = malloc(sizeof(float) * T * R), *yf = malloc(sizeof(float) * T * R);
+            for (int r = 0; r < R; r++) {
+                for (int i = 0; i < cols; i++) wf[i] = rnd(seed) + (r % 3 == 1 ? 0.7f : 0);
+                quantize_row(qt, wf, cols, w + r * rb);
+            }
+            for (int i = 0; i < T * cols; i++) x[i] = rnd(seed) * (i % 13 == 2 ? 50 : 1);
+            QAct a = act_alloc(T, cols);
+            for (int t = 0; t < T; t++) port->quantize_act(x + t * cols, cols, &a, t);
+            for (int t0 = 0; t0 < T; t0 += QDOT_MAX_ROWS)
+                port->qdot[qt](w, rb, R, &a, t0, T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS, yp + t0 * R, R);
+            int8_t *packed = malloc(fast->pack_bytes(T, nb));
+            fast->pack_act(&a, packed);
+            fast->qgemm[qt](w, rb, R, &a, packed, yf, R);
+            CHECK(!memcmp(yp, yf, sizeof(float) * T * R), "%s %s cols=%d rows=%d T=%d: matrix kernel differs from portable",
+                  fast->name, qtype_name(qt), cols, R, T);
+            act_free(&a);
+            free(w); free(x); free(wf); free(yp); free(yf); free(packed);
+        }
+}
+
 static void test_qdot(void) {
     unsigned seed = 11;
     Kernels fast = kern, port;
@@ -232,6 +263,7 @@ static void test_qdot(void) {
             check_qdot_exact(qt, cols, &port, &seed);
             check_qdot_exact(qt, cols, &fast, &seed);
             check_matmul_batch(qt, cols, &seed);
+            if (fast.qgemm[qt]) check_qgemm(qt, cols, &port, &fast, &seed);
         }
     }
     /* an all-zero row and a row of tiny values quantize to zero blocks, not NaN */

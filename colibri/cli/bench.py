@@ -26,6 +26,8 @@ def add_arguments(p):
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(p, ("threads",) + launch_opts.STREAM_FLAGS, group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"})
+    p.add_argument("--kernels", help="colibri's kernel set (portable, avx2, avx512, amx, neon; default: the best this CPU "
+                   "runs), to compare sets in one alternating run")
     p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
                    help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")
     p.add_argument("--gguf", help="GGUF file the peer runs (default: the file a pulled model came from)")
@@ -50,11 +52,13 @@ def colibri_run(model, args, first_token, vocab):
     span = max(min(vocab, 1001) - 1, 1)  # ids 1..1000, inside the vocabulary of a small model too
     ids = [(first_token + i * 7) % span + 1 for i in range(args.prompt_tokens)]
     try:
-        with engine_client.Engine(model, threads=args.threads, extra=args.stream_args) as eng:
+        extra = args.stream_args + (["--kernels", args.kernels] if args.kernels else [])
+        with engine_client.Engine(model, threads=args.threads, extra=extra) as eng:
             for ev in eng.generate(ids, max_tokens=args.gen_tokens, temp=0):
                 if ev[0] == "end":
                     stats = ev[1]
             threads = eng.info.get("threads")
+            args.kernels_used = eng.info.get("kernels")
     except engine_client.EngineError as e:
         raise UserError(f"the engine refused the benchmark run ({e.kind}: {e.message})") from None
     if int(stats["completion_tokens"]) < args.gen_tokens:
@@ -124,7 +128,7 @@ def run(args):
     result = {
         "model": str(model), "threads": threads, "repeat": args.repeat,
         "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
-        "colibri": {"prefill_tok_s": med(ours, 0), "decode_tok_s": med(ours, 1)},
+        "colibri": {"prefill_tok_s": med(ours, 0), "decode_tok_s": med(ours, 1), "kernels": args.kernels_used},
         "bytes_per_decoded_token": per_token,
         "memory_read_gb_s": mem_bw, "memory_read_source": "given" if args.mem_bw else "measured (one thread)",
     }
@@ -139,7 +143,7 @@ def run(args):
         print(json.dumps(result, indent=1))
         return 0
     c = result["colibri"]
-    print(f"model {model}  threads {threads}  medians of {args.repeat} alternating runs")
+    print(f"model {model}  threads {threads}  {c['kernels']} kernels  medians of {args.repeat} alternating runs")
     print(f"{'':24s}{'colibri':>12s}" + (f"{'llama.cpp':>12s}{'ratio':>9s}" if peer else ""))
     for label, k in ((f"prefill tok/s (pp{args.prompt_tokens})", "prefill_tok_s"),
                      (f"decode tok/s (tg{args.gen_tokens})", "decode_tok_s")):

@@ -37,7 +37,10 @@ def cpu_kernels():
                     break
     except OSError:
         pass
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags:
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags
+    if avx512 and {"amx_tile", "amx_int8", "avx512_vnni"} <= flags:  # if the kernel grants the tiles
+        return "amx", "AMX-INT8 tiles + AVX-512 VNNI"
+    if avx512:
         return "avx512", "AVX-512 F/BW/VL/DQ"
     if {"avx2", "fma", "f16c"} <= flags:
         return "avx2", "AVX2+FMA+F16C"

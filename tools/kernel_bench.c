@@ -1,0 +1,50 @@
+/* One quantized matmul timed under each kernel set named, on random weights: the fastest of
+ * repeated calls over about a second each. A dev tool, not part of the engine:
+ *   gcc -O2 -std=c11 -D_GNU_SOURCE -fopenmp -Ic -o build/kernel_bench tools/kernel_bench.c \
+ *       $(ls c/[a-z]*.c | grep -v c/main.c) -lm
+ *   OMP_NUM_THREADS=1 build/kernel_bench ROWS COLS T q8|q4 SET [SET...]   e.g. 2048 2048 512 q4 avx512 amx */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "quant.h"
+
+static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
+
+int main(int argc, char **argv) {
+    if (argc < 6 || (strcmp(argv[4], "q8") && strcmp(argv[4], "q4"))) {
+        fprintf(stderr, "usage: %s ROWS COLS T q8|q4 SET [SET...]\n", argv[0]);
+        return 2;
+    }
+    const int rows = atoi(argv[1]), cols = atoi(argv[2]), T = atoi(argv[3]);
+    const QType qt = argv[4][1] == '8' ? QT_Q8 : QT_Q4;
+    if (rows < 1 || cols < 1 || T < 1) { fprintf(stderr, "ROWS, COLS and T must be positive\n"); return 2; }
+    unsigned seed = 1;
+    const size_t rb = qtype_row_bytes(qt, cols);
+    unsigned char *w = malloc(rb * rows);
+    float *wf = malloc(sizeof(float) * cols), *x = malloc(sizeof(float) * T * cols), *y = malloc(sizeof(float) * T * rows);
+    for (int r = 0; r < rows; r++) {
+        for (int i = 0; i < cols; i++) wf[i] = rnd(&seed);
+        quantize_row(qt, wf, cols, w + r * rb);
+    }
+    for (size_t i = 0; i < (size_t)T * cols; i++) x[i] = rnd(&seed);
+    const QMat m = {qt, rows, cols, rb, w};
+    for (int k = 5; k < argc; k++) {
+        KernIsa isa;
+        if (kernels_isa_from_name(argv[k], &isa) || kernels_use(isa)) { printf("%-8s not runnable here\n", argv[k]); continue; }
+        matmul(y, x, T, &m, NULL);
+        double best = 1e9, t0 = omp_get_wtime();
+        for (int reps = 0; omp_get_wtime() - t0 < 1.0 || reps < 3; reps++) {
+            double t = omp_get_wtime();
+            matmul(y, x, T, &m, NULL);
+            t = omp_get_wtime() - t;
+            best = t < best ? t : best;
+        }
+        printf("%-8s %s %dx%d T=%d: %.3f ms  %.1f GMAC/s\n", argv[k], argv[4], rows, cols, T, best * 1e3,
+               (double)rows * cols * T / best / 1e9);
+    }
+    free(w); free(wf); free(x); free(y);
+    return 0;
+}
