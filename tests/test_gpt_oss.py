@@ -103,9 +103,9 @@ def test_prefix_reuse_over_a_wrapped_ring(oracle, ringed):
     e.close()
 
 
-def test_kv_persistence_with_a_ring(oracle, ringed, tmp_path):
-    ring, _ = ringed
-    ids = oracle[1]["ids"]
+def check_ring_persistence(ring, ids, tmp_path):
+    """A slot saved by one engine resumes in the next with its rings: the second turn reuses the
+    first turn's history and answers as an uninterrupted engine would."""
     kv = tmp_path / "kv"
     kv.mkdir()
     a = Raw(ring, "--kv-dir", kv)
@@ -117,6 +117,10 @@ def test_kv_persistence_with_a_ring(oracle, ringed, tmp_path):
     b.close()
     assert int(t2["end"]["reused_tokens"]) >= 37, t2["end"]
     assert t2["tokens"] == greedy(ring, second)
+
+
+def test_kv_persistence_with_a_ring(oracle, ringed, tmp_path):
+    check_ring_persistence(ringed[0], oracle[1]["ids"], tmp_path)
 
 
 def test_registry_facts():

@@ -12,7 +12,7 @@ import pytest
 
 import family_registry
 from test_expert_streaming import Raw
-from test_gpt_oss import coli, greedy, logits
+from test_gpt_oss import check_ring_persistence, coli, greedy, logits
 
 
 @pytest.fixture(scope="module")
@@ -76,19 +76,7 @@ def test_prefix_reuse_over_a_wrapped_ring(oracle, ringed):
 
 
 def test_kv_persistence_with_a_ring(oracle, ringed, tmp_path):
-    ring, _ = ringed
-    ids = oracle[1]["ids"]
-    kv = tmp_path / "kv"
-    kv.mkdir()
-    a = Raw(ring, "--kv-dir", kv)
-    t1 = a.turn(ids[:30], max_tokens=8, temp=0)
-    a.close()
-    second = ids[:30] + t1["tokens"] + ids[30:40]
-    b = Raw(ring, "--kv-dir", kv)
-    t2 = b.turn(second, max_tokens=8, temp=0)
-    b.close()
-    assert int(t2["end"]["reused_tokens"]) >= 37, t2["end"]
-    assert t2["tokens"] == greedy(ring, second)
+    check_ring_persistence(ringed[0], oracle[1]["ids"], tmp_path)
 
 
 def test_the_releases_mtp_module_is_left_out(oracle, tmp_path):
