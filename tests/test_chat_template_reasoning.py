@@ -1,4 +1,4 @@
-"""GLM-4.5/4.6/4.7-Flash/GLM-5 and DeepSeek-V3.1/V3.2 official chat templates (tests/data/
+"""GLM-4.5/4.6/4.7-Flash/GLM-5, DeepSeek-V3.1/V3.2 and Qwen3.5/3.6 official chat templates (tests/data/
 chat_templates) rendered byte-identical to jinja2, thinking on and off, and the server splitting
 what those models generate into reasoning_content and content."""
 from pathlib import Path
@@ -21,6 +21,7 @@ TEMPLATES = {
     "GLM-4.7-Flash.jinja": ("glm4_moe_lite", {}),
     "deepseek-ai-DeepSeek-V3.1.jinja": ("deepseek_v3", {"bos_token": BOS}),
     "deepseek-ai-DeepSeek-V3.2.jinja": ("deepseek_v32", {"bos_token": BOS}),
+    "Qwen3.5.jinja": ("qwen3_5_moe", {}),
 }
 THINK_KWARGS = KWARG_SETS + [dict(thinking=True), dict(thinking=False),
                              dict(add_generation_prompt=False, thinking=True)]
@@ -47,6 +48,8 @@ GEN_PROMPTS = {
     "GLM-4.7-Flash.jinja": ("<|user|>Hi<|assistant|><think>", "<|user|>Hi<|assistant|></think>"),
     "deepseek-ai-DeepSeek-V3.1.jinja": ("<｜User｜>Hi<｜Assistant｜><think>", "<｜User｜>Hi<｜Assistant｜><think></think>"),
     "deepseek-ai-DeepSeek-V3.2.jinja": ("<｜User｜>Hi<｜Assistant｜><think>", "<｜User｜>Hi<｜Assistant｜><think></think>"),
+    "Qwen3.5.jinja": ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n",
+                      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"),
 }
 
 
@@ -79,7 +82,10 @@ GENERATED = {
     "GLM-4.7-Flash.jinja": "Add them.</think>It is 8.",
     "deepseek-ai-DeepSeek-V3.1.jinja": "Add them.</think>It is 8.",
     "deepseek-ai-DeepSeek-V3.2.jinja": "Add them.</think>It is 8.",
+    "Qwen3.5.jinja": "Add them.\n</think>\n\nIt is 8.",
 }
+# the reasoning is passed on as generated, as for Qwen3: the newline before </think> stays
+REASONING = {"Qwen3.5.jinja": "Add them.\n"}
 
 
 def _server_model(tmp_path, name):
@@ -109,7 +115,8 @@ def _generate(model, think, generated):
 def test_server_splits_reasoning(tmp_path, name):
     model = _server_model(tmp_path, name)
     assert model.template_error is None and model.thinks
-    assert _generate(model, True, GENERATED[name]) == {"reasoning": "Add them.", "content": "It is 8."}
+    reasoning = REASONING.get(name, "Add them.")
+    assert _generate(model, True, GENERATED[name]) == {"reasoning": reasoning, "content": "It is 8."}
     assert _generate(model, False, "It is 8.") == {"content": "It is 8."}
 
 
