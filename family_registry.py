@@ -137,6 +137,7 @@ FAMILIES = {
         "partial_rotary": 0.25,
         "default_tie": False,
         "thinking": "enable_thinking",
+        "tools": "qwen_xml",
     },
     # Kimi-Linear (colibri/family/kimi.py): KDA layers (fixed state, per-channel decay) and MLA
     # layers without position encoding, the DeepSeek-V3 MoE.

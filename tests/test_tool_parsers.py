@@ -24,6 +24,7 @@ OFFICIAL = {
     "qwen3": ("qwen3_moe", "<|im_start|>assistant\n", "<|im_end|>", {}, False),
     "llama3_2": ("llama", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>",
                  {"date_string": "01 Dec 2026"}, True),
+    "Qwen3.5.jinja": ("qwen3_5_moe", "<|im_start|>assistant\n", "<|im_end|>", {}, False),
     "GLM-4.6.jinja": ("glm4_moe", "<|assistant|>", "<|observation|>", {}, False),
     "GLM-4.7-Flash.jinja": ("glm4_moe_lite", "<|assistant|>", "<|observation|>", {}, False),
     "deepseek-ai-DeepSeek-V3.1.jinja": ("deepseek_v3", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", {"bos_token": "<s>"},

@@ -61,6 +61,7 @@ def test_original_deepseek_v3_template_gets_the_call_it_would_drop():
     ("GLM-4.7-Flash.jinja", "glm4_moe_lite", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Bern</arg_value>"),
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek_v3", "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Bern\"}"),
     ("deepseek-ai-DeepSeek-V3.2.jinja", "deepseek_v32", '<｜DSML｜parameter name="city" string="true">Bern'),
+    ("Qwen3.5.jinja", "qwen3_5_moe", "<tool_call>\n<function=get_weather>\n<parameter=city>\nBern\n</parameter>"),
 ])
 def test_official_templates_render_history_calls_their_way(name, family, needle):
     m = Model((TEMPLATES / name).read_text(encoding="utf-8"), family, bos_token="<s>")
@@ -83,6 +84,8 @@ def _grammar(spec):
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek_v3", ['"<｜tool▁calls▁begin｜>"',
                                                         '"<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"']),
     ("deepseek_v3", "deepseek_v3", ['"<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\\n```json\\n"']),
+    ("Qwen3.5.jinja", "qwen3_5_moe", ['"<tool_call>\\n<function=get_weather>\\n"', '"<parameter=city>\\n"',
+                                      '( "<parameter=days>\\n"', '"</function>\\n</tool_call>"']),
 ])
 def test_named_tool_choice_grammar_spells_the_family_call(name, family, pieces):
     source = (TEMPLATES / name).read_text(encoding="utf-8") if name.endswith(".jinja") else _cached(name)

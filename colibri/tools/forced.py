@@ -56,9 +56,10 @@ def _raw_string(sub, param):
     return f"{RAW_CHAR}{{{lo},{'' if hi is None else int(hi)}}}" if lo or hi is not None else RAW_TEXT
 
 
-def _xml_args(schema, prefix, rules, param, pair):
+def _xml_args(schema, prefix, rules, param, pair, special=None):
     """One part per declared property in order (optional ones optional); `pair(key, value_rule,
-    raw)` spells a key and its value (raw: a string written as text, else JSON)."""
+    raw)` spells a key and its value (raw: a string written as text, else JSON); `special(sub)`
+    -> a family's own rule for a value, or None for the usual one."""
     props = schema.get("properties") if isinstance(schema, dict) else None
     props = props if isinstance(props, dict) else {}
     required = set(schema.get("required") or []) if isinstance(schema, dict) else set()
@@ -67,7 +68,7 @@ def _xml_args(schema, prefix, rules, param, pair):
         sub = sub if isinstance(sub, dict) else {}
         p = f"{param}.properties.{key}"
         raw = formats.is_string_schema(sub)
-        value = _raw_string(sub, p) if raw else _args(sub, f"{prefix}a{i}-", rules, p)
+        value = (special and special(sub)) or (_raw_string(sub, p) if raw else _args(sub, f"{prefix}a{i}-", rules, p))
         one = pair(key, value, raw)
         parts.append(one if key in required else f"( {one} )?")
     return parts
@@ -81,6 +82,24 @@ def _glm_call(name, schema, prefix, rules, param, newlines):
     def pair(key, value, raw):
         return f"{lit(f'<arg_key>{key}</arg_key>{nl}<arg_value>')} {value} {lit('</arg_value>' + nl)}"
     parts = [lit(f"<tool_call>{name}{nl}")] + _xml_args(schema, prefix, rules, param, pair) + [lit("</tool_call>")]
+    return " ".join(parts)
+
+
+def _qwen_bool(sub):
+    """The Qwen3.5 template writes a boolean with Jinja's `string` filter: "True" / "False"."""
+    if sub.get("type") == "boolean" and not set(sub) & {"enum", "const"}:
+        return '( "true" | "false" | "True" | "False" )'
+    return None
+
+
+def _qwen_xml_call(name, schema, prefix, rules, param):
+    """Qwen3.5: <function=N> with one <parameter=K> element per argument, the value on its own lines."""
+    lit = gbnf.literal
+
+    def pair(key, value, raw):
+        return f"{lit(f'<parameter={key}>' + NL)} {value} {lit(NL + '</parameter>' + NL)}"
+    parts = [lit(f"<tool_call>\n<function={name}>\n")] + \
+        _xml_args(schema, prefix, rules, param, pair, _qwen_bool) + [lit("</function>\n</tool_call>")]
     return " ".join(parts)
 
 
@@ -110,14 +129,16 @@ def call_grammar(spec, template_source="", in_reasoning=False):
         schema, prefix = spec.schemas[name], f"tc{i}-"
         if fmt is formats.GLM:
             alts.append(_glm_call(name, schema, prefix, rules, param, glm_lines))
+        elif fmt is formats.QWEN_XML:
+            alts.append(_qwen_xml_call(name, schema, prefix, rules, param))
         elif dsml:
             alts.append(_dsml_call(name, schema, prefix, rules, param))
         else:
             alts.append(_json_call(fmt, name, _args(schema, prefix, rules, param), fences))
     rules.append("tc-call ::= " + " | ".join(f"( {a} )" for a in alts) + "\n")
-    many = spec.parallel and fmt in (formats.HERMES, formats.GLM, formats.DEEPSEEK)
+    many = spec.parallel and fmt in (formats.HERMES, formats.GLM, formats.QWEN_XML, formats.DEEPSEEK)
     # what the templates write between two calls
-    sep = '"\\n" ' if fmt is formats.HERMES or glm_lines or fences else ""
+    sep = '"\\n" ' if fmt in (formats.HERMES, formats.QWEN_XML) or glm_lines or fences else ""
     body = f"tc-call ( {sep}tc-call )*" if many else "tc-call"
     if dsml:
         body = f'"\\n\\n"? {gbnf.literal(formats.DSML_BEGIN + NL)} {body} {gbnf.literal(formats.DSML_END)}'

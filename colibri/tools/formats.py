@@ -136,6 +136,57 @@ def _render_glm(c):
 GLM = Format("glm", ("<tool_call>",), _until("</tool_call>"), _parse_glm, _render_glm)
 
 
+# --- Qwen3.5 / Qwen3.6 (Qwen3-Coder style XML): <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n
+# ...</function>\n</tool_call>. The template writes a string raw, a mapping or list as JSON and
+# anything else with Jinja's `string` filter (so a boolean reads "True"/"False").
+
+_QWEN_FUNC = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*$", re.S)
+_QWEN_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+_PY_WORDS = {"True": True, "False": False, "None": None}
+
+
+def _qwen_value(text, schema):
+    v = _value(text, schema)
+    if isinstance(schema, dict) and not is_string_schema(schema) and isinstance(v, str) and text.strip() in _PY_WORDS:
+        return _PY_WORDS[text.strip()]
+    return v
+
+
+def _parse_qwen_xml(region, schemas, final):
+    body = region[len("<tool_call>"):]
+    if body.endswith("</tool_call>"):
+        body = body[:-len("</tool_call>")]
+    elif not final:
+        return None
+    if body.lstrip().startswith("{"):  # a Hermes JSON call, which fine-tunes of this family also write
+        return _parse_hermes(region, schemas, final)
+    m = _QWEN_FUNC.match(body)
+    if not m or not m.group(1).strip():
+        return None
+    name = m.group(1).strip()
+    props = _props(schemas, name)
+    args = {}
+    for p in _QWEN_PARAM.finditer(m.group(2)):
+        key = p.group(1).strip()
+        args[key] = _qwen_value(p.group(2), props.get(key))
+    if _QWEN_PARAM.sub("", m.group(2)).strip():  # stray text: not the format
+        return None
+    return [{"name": name, "arguments": args}]
+
+
+def qwen_xml_value(v):
+    """An argument value as the Qwen3.5 template writes it (JSON for non-strings, read back as JSON)."""
+    return v if isinstance(v, str) else dumps(v)
+
+
+def _render_qwen_xml(c):
+    params = "".join(f"<parameter={k}>\n{qwen_xml_value(v)}\n</parameter>\n" for k, v in c["arguments"].items())
+    return f"<tool_call>\n<function={c['name']}>\n{params}</function>\n</tool_call>"
+
+
+QWEN_XML = Format("qwen_xml", ("<tool_call>",), _until("</tool_call>"), _parse_qwen_xml, _render_qwen_xml)
+
+
 # --- DeepSeek-V3 / R1 / V3.1 (special tokens) and V3.2 (DSML markup)
 DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DS_CALL_BEGIN, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -309,7 +360,7 @@ HARMONY = Format("harmony", HARMONY_STARTS, _until("<|call|>"), _parse_harmony,
                  lambda c: f"<|channel|>commentary to=functions.{c['name']} <|constrain|>json<|message|>"
                            f"{dumps(c['arguments'])}<|call|>")
 
-FORMATS = {f.name: f for f in (HERMES, GLM, DEEPSEEK, LLAMA3_JSON, HARMONY)}
+FORMATS = {f.name: f for f in (HERMES, GLM, QWEN_XML, DEEPSEEK, LLAMA3_JSON, HARMONY)}
 
 
 def get(name):
