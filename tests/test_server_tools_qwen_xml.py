@@ -13,8 +13,9 @@ from test_server_tools import ASK, Scripted
 
 TEMPLATE = Path(__file__).parent / "data" / "chat_templates" / "Qwen3.5.jinja"
 BOOK = {"type": "function", "function": {"name": "book", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "code": {"type": "string"}, "guests": {"type": "integer"},
-                                     "terrace": {"type": "boolean"}}, "required": ["city", "guests"]}}}
+    "type": "object", "properties": {"city": {"type": "string"}, "code": {"type": "string"},
+                                     "guests": {"type": "integer"}, "terrace": {"type": "boolean"}},
+    "required": ["city", "guests"]}}}
 REPLY = ["Checking.</think>\n\nOn it.\n\n<tool", "_call>\n<function=bo", "ok>\n<parameter=city>\nPa", "ris\n</para",
          "meter>\n<parameter=code>\n007\n</parameter>\n<parameter=guests>\n4\n</parameter>\n",
          "<parameter=terrace>\nTrue\n</parameter>\n</function>\n</tool_call>"]

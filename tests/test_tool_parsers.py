@@ -232,7 +232,8 @@ FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool_", "call>", "{", "}", '"name"
              formats.DSML_BEGIN, formats.DSML_END, f'<{formats.DSML}invoke name="get_weather">', f"</{formats.DSML}invoke>",
              f'<{formats.DSML}parameter name="city" string="true">', f"</{formats.DSML}parameter>", formats.PYTHON_TAG,
              '"parameters": ', "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>", "<|call|>",
-             "get_weather", "text ", "é", '"', ",", "```json\n", "```", "function"]
+             "get_weather", "text ", "é", '"', ",", "```json\n", "```", "function", "<function=get_weather>\n",
+             "</function>", "<parameter=city>\n", "\n</parameter>\n", "True"]
 
 
 @pytest.mark.parametrize("fmt", sorted(formats.FORMATS))

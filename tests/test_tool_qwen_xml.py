@@ -18,7 +18,8 @@ from engine_binaries import build
 from grammar_schemas import grammar_check
 from test_tool_parsers import DATA, SCHEMAS, TEMPLATES, _conversation
 
-CASES = json.loads((Path(__file__).parent / "data" / "tool_calls" / "qwen3_5.json").read_text(encoding="utf-8"))["cases"]
+CASES = json.loads((Path(__file__).parent / "data" / "tool_calls" / "qwen3_5.json")
+                   .read_text(encoding="utf-8"))["cases"]
 SOURCE = (TEMPLATES / "Qwen3.5.jinja").read_text(encoding="utf-8")
 OPEN, END = "<|im_start|>assistant\n", "<|im_end|>"
 Q = formats.QWEN_XML
