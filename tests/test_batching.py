@@ -95,8 +95,8 @@ def test_long_prompt_does_not_stall_a_running_stream(model):
     first token. Tokens are counted, not seconds."""
     # A's budget is far beyond what it needs, so a test process slowed by a busy machine (A runs
     # on while B's SUBMIT is on its way) cannot see A end first
-    with engine_client.Engine(model, ctx=1400, kv_slots=2, batch=4) as eng:
-        eng.write(engine_client.submit_frame("a", [5, 6, 7], slot=0, max_tokens=1200, temp=0, ignore_eos=1))
+    with engine_client.Engine(model, ctx=512, kv_slots=2, batch=4) as eng:
+        eng.write(engine_client.submit_frame("a", [5, 6, 7], slot=0, max_tokens=500, temp=0, ignore_eos=1))
         verb, f, _ = eng.read_frame()
         assert verb == "ACCEPT"
         verb, f, _ = eng.read_frame()
