@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from needs import need
 
-from test_gguf_common import convert
+from test_gguf_common import convert, gguf_engine
 from test_gguf_convert import load_hf, logits, tokenizer_fields
 from test_gguf_softmax_moe import ratio, reference
 
@@ -58,7 +58,9 @@ def llama_cpp_tensor(hf, x, cfg):
     return x
 
 
-def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32):
+def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32, mtp=False):
+    """llama.cpp's Qwen3_5MoeTextModel conversion of an HF checkpoint, in small; mtp=True adds an
+    MTP block after the text model's layers (blk.L.nextn.*), as llama.cpp writes a release's."""
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     arch = gguf.MODEL_ARCH.QWEN35MOE
     sd = load_hf(hf_dir)
@@ -68,7 +70,9 @@ def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32):
     every = types.index("full_attention") + 1
     assert types == ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(L)]
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(L)
+    w.add_block_count(L + int(mtp))
+    if mtp:
+        w.add_nextn_predict_layers(1)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(H)
     w.add_feed_forward_length(cfg["intermediate_size"])
@@ -131,6 +135,11 @@ def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32):
         for proj in ("gate_proj", "up_proj", "down_proj"):
             x = np.stack([sd[f"model.layers.{l}.mlp.experts.{e}.{proj}.weight"] for e in range(E)])
             put(names.get_name(f"model.layers.{l}.mlp.experts.{proj}") + ".weight", x)
+    if mtp:  # a few of the MTP block's tensors: none of them may reach the container
+        rng = np.random.default_rng(0)
+        put(f"blk.{L}.nextn.eh_proj.weight", rng.standard_normal((H, 2 * H)).astype(np.float32))
+        put(f"blk.{L}.nextn.enorm.weight", np.ones(H, np.float32))
+        put(f"blk.{L}.attn_norm.weight", np.ones(H, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -169,6 +178,22 @@ def test_qwen35moe_gguf_matches_safetensors(oracle_root, tmp_path):
     assert man["family"] == st_man["family"] == "qwen3_5_moe"
     assert not (out / convert_gguf.gguf_qwen35.SCRATCH).exists()
     assert man["layers"] == st_man["layers"] and man["arch"] == st_man["arch"]
+
+
+def test_mtp_block_is_left_out(oracle_root, tmp_path):
+    """A file with llama.cpp's MTP block after the text layers converts to the same container
+    (nextn_predict_layers taken off block_count), and the log says the head is left out."""
+    info, _ = reference(oracle_root, VARIANT)
+    src = write_qwen35_gguf(tmp_path / "m.gguf", Path(oracle_root) / VARIANT / "hf", mtp=True)
+    notes = []
+    gguf_engine()
+    out = convert_gguf.convert(src, tmp_path / "g", experts="f32", dense="f32", log=lambda m, **k: notes.append(m))
+    plain = convert(write_qwen35_gguf(tmp_path / "p.gguf", Path(oracle_root) / VARIANT / "hf"), tmp_path / "p",
+                    experts="f32", dense="f32")
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 4
+    assert any("multi-token-prediction head (3 tensors" in n for n in notes), notes
+    got, want = logits(out, info["ids"], tmp_path / "g.f32"), logits(plain, info["ids"], tmp_path / "p.f32")
+    assert ratio(got, want) == 0
 
 
 def test_a_log_and_heads_come_back(oracle_root, tmp_path):
@@ -217,6 +242,18 @@ def test_other_blocks_in_out_proj_are_refused(oracle_root, tmp_path):
     src = write_qwen35_gguf(tmp_path / "m.gguf", Path(oracle_root) / VARIANT / "hf", matrix_type=T.Q4_0)
     with pytest.raises(ConvertError, match="ssm_out.weight is Q4_0"):
         convert(src, tmp_path / "g", experts="q8", dense="q8")
+
+
+def test_positive_ssm_a_is_refused_before_writing(oracle_root, tmp_path):
+    """ssm_a holds -exp(A_log), so a value >= 0 is a damaged file: refused, nothing written."""
+    src = write_qwen35_gguf(tmp_path / "m.gguf", Path(oracle_root) / VARIANT / "hf")
+    info = convert_gguf.read_gguf(src).tensors["blk.2.ssm_a"]
+    with open(src, "r+b") as f:
+        f.seek(info.offset)
+        f.write(np.float32(0.5).tobytes())
+    with pytest.raises(ConvertError, match="blk.2.ssm_a must hold -exp"):
+        convert(src, tmp_path / "g", experts="f32", dense="f32")
+    assert not (tmp_path / "g").exists()
 
 
 @pytest.mark.parametrize("edit,message", [

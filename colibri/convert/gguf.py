@@ -267,9 +267,10 @@ def map_tensors(g, family, cfg):
     if family == "qwen3_5_moe":
         per_layer.update(gguf_qwen35.PER_LAYER)
     split_kv_b = {}
+    mtp = set(gguf_qwen35.mtp_tensors(g, cfg)) if family == "qwen3_5_moe" else set()
     for name, info in g.tensors.items():
-        if name == "rope_freqs.weight":
-            continue  # read by rope_inv_freq_override
+        if name == "rope_freqs.weight" or name in mtp:
+            continue  # read by rope_inv_freq_override; qwen35moe's MTP head is not converted
         if info.type_name not in SUPPORTED_TYPES:
             raise ConvertError(f"{g.path}: tensor '{name}' is {info.type_name}; supported GGUF types: "
                                f"{', '.join(SUPPORTED_TYPES)}")
@@ -560,7 +561,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
                 o["parts"] += [(str(scratch.resolve()), k0 + h * dn * kl * 4, "F32", dn),
                                (str(Path(g.path).resolve()), base + h * dv * rb, dt, dv)]
         elif undo:  # values llama.cpp rewrote: computed here, read from the scratch file
-            gguf_qwen35.check(g, info)
+            gguf_qwen35.check(g, info, permute[1])
             off = sum(p[3] * p[4] for p in rewritten) * 4
             rewritten.append((off, info, permute[1], o["rows"], o["cols"]))
             o["parts"] = [(str((out / gguf_qwen35.SCRATCH).resolve()), off, "F32", o["rows"])]
@@ -586,6 +587,9 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     if key_halves:
         log("transposing attn_k_b back into kv_b_proj")
         gguf_moe.write_kv_b_key_halves(g, cfg, scratch)
+    if family == "qwen3_5_moe" and gguf_qwen35.mtp_tensors(g, cfg):
+        log(f"note: the multi-token-prediction head ({len(gguf_qwen35.mtp_tensors(g, cfg))} tensors in the blocks "
+            f"after layer {cfg['num_hidden_layers'] - 1}) is not converted")
     if rewritten:
         log("undoing llama.cpp's rewrites of the DeltaNet tensors and norms")
         gguf_qwen35.write_scratch(g, out / gguf_qwen35.SCRATCH, rewritten)

@@ -14,6 +14,8 @@ What llama.cpp's converter (Qwen3_5MoeTextModel) does, and how it is read back:
 - Every norm but the DeltaNet one (ssm_norm) is stored as 1 + w: w comes back through the
   scratch file (exact in float32: the subtraction of 1 is exact).
 - The hybrid pattern is full_attention_interval (every n-th layer full attention).
+- The multi-token-prediction head is written as nextn_predict_layers extra blocks after the
+  text model's; like the HF path, colibri does not convert it (mtp_tensors counts it for the log).
 """
 import math
 import struct
@@ -39,8 +41,12 @@ PER_LAYER = {
 
 def build_config(g, tensors, m, uniform, base):
     """(family, HF config) of a qwen35moe file; base holds the keys every MoE import shares."""
-    L = m.need("block_count", int)
-    heads, kv = uniform(m, "attention.head_count", L), uniform(m, "attention.head_count_kv", L)
+    blocks = m.need("block_count", int)
+    L = blocks - (m.get("nextn_predict_layers", 0, kind=int) or 0)  # the MTP layers come last
+    if L < 1:
+        raise ConvertError(f"{g.path}: {ARCH}.block_count {blocks} leaves no layer besides the "
+                           f"{blocks - L} multi-token-prediction layers")
+    heads, kv = uniform(m, "attention.head_count", blocks), uniform(m, "attention.head_count_kv", blocks)
     head_dim = m.need("attention.key_length", int)
     rot = m.need("rope.dimension_count", int)
     every = m.need("full_attention_interval", int)
@@ -56,7 +62,7 @@ def build_config(g, tensors, m, uniform, base):
                linear_conv_kernel_dim=m.need("ssm.conv_kernel", int), linear_key_head_dim=m.need("ssm.state_size", int),
                linear_num_key_heads=nk, linear_num_value_heads=nv, linear_value_head_dim=inner // nv,
                num_experts=experts, num_experts_per_tok=used,
-               intermediate_size=uniform(m, "feed_forward_length", L) if f"{ARCH}.feed_forward_length" in g.metadata else 0,
+               intermediate_size=uniform(m, "feed_forward_length", blocks) if f"{ARCH}.feed_forward_length" in g.metadata else 0,
                moe_intermediate_size=m.need("expert_feed_forward_length", int),
                shared_expert_intermediate_size=m.need("expert_shared_feed_forward_length", int),
                rope_parameters={"rope_type": "default", "rope_theta": float(m.get("rope.freq_base", 10000.0, kind=float)),
@@ -67,6 +73,12 @@ def build_config(g, tensors, m, uniform, base):
             raise ConvertError(f"{g.path}: blk.{l}.ffn_up_exps.weight must hold {experts} experts "
                                f"({ARCH}.expert_count); it is {None if info is None else list(info.shape)}")
     return "qwen3_5_moe", cfg
+
+
+def mtp_tensors(g, cfg):
+    """The GGUF tensors of the MTP layers (blk.N with N >= the text model's layer count)."""
+    L = cfg["num_hidden_layers"]
+    return [n for n in g.tensors if n.startswith("blk.") and n.split(".")[1].isdigit() and int(n.split(".")[1]) >= L]
 
 
 def _hf_heads(nk, nv):
@@ -147,8 +159,12 @@ def _log_of_exp(y):
     return a if best is None else best[1]
 
 
-def check(g, info):
-    """Refuses a rewritten tensor whose values colibri cannot read back."""
+def check(g, info, how=None):
+    """Refuses a rewritten tensor whose values colibri cannot read back (before any shard is
+    written): a block type other than F32/F16/Q8_0, or an ssm_a that is not -exp of anything."""
+    if how and how[0] == "log_neg" and info.type_name in ("F32", "F16"):
+        if any(v >= 0 for v in _floats(g, info, 0, info.n_elements)):
+            raise ConvertError(f"{g.path}: {info.name} must hold -exp(A_log) (all negative); the file is damaged")
     if info.type_name not in ("F32", "F16", "Q8_0"):
         raise ConvertError(f"{g.path}: {info.name} is {info.type_name}; llama.cpp reordered or rewrote its values, "
                            "which colibri undoes only from F32, F16 or Q8_0 tensors (re-export the file with "
@@ -164,8 +180,6 @@ def undone(g, info, how, rows, cols):
         if idx is not None:
             x = [x[i] for i in idx]
         if op == "log_neg":
-            if any(v >= 0 for v in x):
-                raise ConvertError(f"{g.path}: {info.name} must hold -exp(A_log) (all negative)")
             x = [_log_of_exp(-v) for v in x]
         elif op == "minus_one":
             x = [_f32(v - 1.0) for v in x]
