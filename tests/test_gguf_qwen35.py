@@ -106,7 +106,7 @@ def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32, mtp=False):
     def put(name, x, t=None):
         if t is None:
             t = T.F32 if x.ndim == 1 else matrix_type
-        if t not in (T.F32, T.F16) and x.shape[-1] % 32:
+        if t not in (T.F32, T.F16, T.BF16) and x.shape[-1] % 32:
             t = T.F16  # as llama.cpp falls back for rows that are not whole blocks
         if t == T.F32:
             w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
@@ -216,6 +216,17 @@ def test_a_log_and_heads_come_back(oracle_root, tmp_path):
         # bit for bit: A_log too, although log(-x) alone comes out a float32 step off for layer 0
         np.testing.assert_array_equal(np.array(vals, np.float32), sd[hf].reshape(-1), err_msg=hf)
     assert table["model.layers.0.linear_attn.conv1d.weight"]["shape"] == list(sd["model.layers.0.linear_attn.conv1d.weight"].shape)
+
+
+def test_bf16_gguf_is_exact(oracle_root, tmp_path):
+    """BF16 matrices (llama.cpp's --outtype bf16) of a bf16 checkpoint hold the same values, so
+    the f32 container matches the safetensors one exactly; ssm_out's columns are put back from BF16."""
+    info, _ = reference(oracle_root, VARIANT)
+    src = write_qwen35_gguf(tmp_path / "m.gguf", Path(oracle_root) / VARIANT / "hf", matrix_type=T.BF16)
+    assert convert_gguf.read_gguf(src).tensors["blk.0.ssm_out.weight"].type_name == "BF16"
+    out = convert(src, tmp_path / "g", experts="f32", dense="f32")
+    st = from_safetensors(oracle_root, tmp_path, experts="f32", dense="f32")
+    assert ratio(logits(out, info["ids"], tmp_path / "g.f32"), logits(st, info["ids"], tmp_path / "s.f32")) == 0
 
 
 def test_q8_0_gguf_matches_q8_safetensors(oracle_root, tmp_path):

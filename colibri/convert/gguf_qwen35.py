@@ -8,7 +8,7 @@ What llama.cpp's converter (Qwen3_5MoeTextModel) does, and how it is read back:
 - With fewer key than value heads, the value heads are reordered from grouped (by key head) to
   tiled: the V rows of attn_qkv, the rows of attn_gate / ssm_alpha / ssm_beta, the V channels of
   ssm_conv1d are read in HF order row by row; ssm_a, ssm_dt.bias and the columns of ssm_out go
-  through the scratch file (ssm_out from F32, F16 or Q8_0, dequantized there: whole rows cannot
+  through the scratch file (ssm_out from F32, F16, BF16 or Q8_0, dequantized there: whole rows cannot
   express a column order; other block types are refused).
 - The conv is squeezed to [channels, kernel]: declared [channels, 1, kernel] again.
 - Every norm but the DeltaNet one (ssm_norm) is stored as 1 + w: w comes back through the
@@ -122,7 +122,7 @@ def rewrites(cfg, name, hf, shape):
 
 
 def _floats(g, info, first, n):
-    """n values of an F32 / F16 / Q8_0 tensor from element `first` on (Q8_0: whole blocks)."""
+    """n values of an F32 / F16 / BF16 / Q8_0 tensor from element `first` on (Q8_0: whole blocks)."""
     with open(g.path, "rb") as f:
         if info.type_name == "Q8_0":  # blocks of 32: an f16 scale, 32 int8
             f.seek(info.offset + first // 32 * 34)
@@ -133,7 +133,10 @@ def _floats(g, info, first, n):
             return out
         size = 4 if info.type_name == "F32" else 2
         f.seek(info.offset + first * size)
-        return struct.unpack(f"<{n}{'f' if size == 4 else 'e'}", f.read(n * size))
+        raw = f.read(n * size)
+    if info.type_name == "BF16":  # the top half of a float32
+        return struct.unpack(f"<{n}f", b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
+    return struct.unpack(f"<{n}{'f' if size == 4 else 'e'}", raw)
 
 
 def _f32(x):
@@ -161,13 +164,13 @@ def _log_of_exp(y):
 
 def check(g, info, how=None):
     """Refuses a rewritten tensor whose values colibri cannot read back (before any shard is
-    written): a block type other than F32/F16/Q8_0, or an ssm_a that is not -exp of anything."""
-    if how and how[0] == "log_neg" and info.type_name in ("F32", "F16"):
+    written): a block type other than F32/F16/BF16/Q8_0, or an ssm_a that is not -exp of anything."""
+    if how and how[0] == "log_neg" and info.type_name in ("F32", "F16", "BF16"):
         if any(v >= 0 for v in _floats(g, info, 0, info.n_elements)):
             raise ConvertError(f"{g.path}: {info.name} must hold -exp(A_log) (all negative); the file is damaged")
-    if info.type_name not in ("F32", "F16", "Q8_0"):
+    if info.type_name not in ("F32", "F16", "BF16", "Q8_0"):
         raise ConvertError(f"{g.path}: {info.name} is {info.type_name}; llama.cpp reordered or rewrote its values, "
-                           "which colibri undoes only from F32, F16 or Q8_0 tensors (re-export the file with "
+                           "which colibri undoes only from F32, F16, BF16 or Q8_0 tensors (re-export the file with "
                            "ssm_out in one of them, or convert the Hugging Face checkpoint)")
 
 
