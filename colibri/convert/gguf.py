@@ -28,7 +28,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
-from colibri.convert import gguf_gpt_oss, gguf_moe, gguf_softmax_moe, gguf_spm
+from colibri.convert import gguf_gpt_oss, gguf_moe, gguf_qwen35, gguf_softmax_moe, gguf_spm
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
 from colibri.convert.hf import ConvertError
@@ -36,7 +36,8 @@ from colibri.limits import row_bytes
 from version import VERSION
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe",
-         "deepseek2": "deepseek_v3", "gpt-oss": "gpt_oss", **gguf_softmax_moe.ARCHS}  # llama with experts: mixtral
+         "deepseek2": "deepseek_v3", "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe",
+         **gguf_softmax_moe.ARCHS}  # llama with experts: mixtral
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM"}
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
@@ -127,16 +128,9 @@ def _uniform(meta, key, n_layers):
     return meta.need(key, int)
 
 
-# llama.cpp architectures colibri runs from their HF checkpoints only (docs/architecture.md says why).
-NOT_YET = {"qwen35moe": "Qwen3.5/3.6-MoE; llama.cpp rewrites its linear-attention tensors"}
-
-
 def build_config(g, tensors):
     """GGUF metadata -> HF config.json dict."""
     gg_arch = g.metadata.get("general.architecture")
-    if gg_arch in NOT_YET:
-        raise ConvertError(f"{g.path}: GGUF architecture '{gg_arch}' is not supported yet ({NOT_YET[gg_arch]}); "
-                           "convert the Hugging Face checkpoint instead")
     if gg_arch not in ARCHS:
         raise ConvertError(f"{g.path}: GGUF architecture '{gg_arch}' is not supported "
                            f"(supported: {', '.join(ARCHS)})")
@@ -147,11 +141,12 @@ def build_config(g, tensors):
     emb = tensors.get("token_embd.weight")
     if emb is None or len(emb.shape) != 2:
         raise ConvertError(f"{g.path}: no 2-D token_embd.weight tensor")
-    if gg_arch in gguf_moe.ARCHS or gg_arch == gguf_gpt_oss.ARCH:
+    if gg_arch in gguf_moe.ARCHS or gg_arch in (gguf_gpt_oss.ARCH, gguf_qwen35.ARCH):
         base = {"hidden_size": H, "hidden_act": "silu", "rms_norm_eps": float(m.need("attention.layer_norm_rms_epsilon", float)),
                 "max_position_embeddings": m.get("context_length", 4096, kind=int), "vocab_size": emb.shape[1],
                 "tie_word_embeddings": "output.weight" not in tensors, "torch_dtype": "float32"}
-        builder = gguf_gpt_oss.build_config if gg_arch == gguf_gpt_oss.ARCH else gguf_moe.build_config
+        builder = {gguf_gpt_oss.ARCH: gguf_gpt_oss.build_config,
+                   gguf_qwen35.ARCH: gguf_qwen35.build_config}.get(gg_arch, gguf_moe.build_config)
         family, cfg = builder(g, tensors, m, _uniform, base)
         return family, _special_ids(g, cfg)
     heads = _uniform(m, "attention.head_count", L)
@@ -269,10 +264,13 @@ def map_tensors(g, family, cfg):
         L += int(cfg.get("num_nextn_predict_layers") or 0) if family == "glm4_moe" else 0
     if family == "gpt_oss":
         per_layer.update(gguf_gpt_oss.PER_LAYER)
+    if family == "qwen3_5_moe":
+        per_layer.update(gguf_qwen35.PER_LAYER)
     split_kv_b = {}
+    mtp = set(gguf_qwen35.mtp_tensors(g, cfg)) if family == "qwen3_5_moe" else set()
     for name, info in g.tensors.items():
-        if name == "rope_freqs.weight":
-            continue  # read by rope_inv_freq_override
+        if name == "rope_freqs.weight" or name in mtp:
+            continue  # read by rope_inv_freq_override; qwen35moe's MTP head is not converted
         if info.type_name not in SUPPORTED_TYPES:
             raise ConvertError(f"{g.path}: tensor '{name}' is {info.type_name}; supported GGUF types: "
                                f"{', '.join(SUPPORTED_TYPES)}")
@@ -310,6 +308,9 @@ def map_tensors(g, family, cfg):
             raise ConvertError(f"{g.path}: tensor '{name}' has {len(shape)} dimensions where 1 or 2 are expected")
         if hf.endswith("shared_expert_gate.weight") and len(shape) == 1:
             shape = [1, shape[0]]  # a one-row matrix, which llama.cpp may store as a vector
+        if family == "qwen3_5_moe":  # llama.cpp's rewrites, read back (gguf_qwen35.py)
+            shape, rows, how = gguf_qwen35.rewrites(cfg, name, hf, shape)
+            permute = ("rows", rows) if rows else ("scratch", how) if how else None
         # dtype is a placeholder for the planner's checks: the real source type is in `sources`
         table[hf] = dict(file=path, dtype="F32", shape=shape, offset=0)
         sources[hf] = (info, 0, permute)
@@ -326,6 +327,8 @@ def map_tensors(g, family, cfg):
                                f"qk_nope {dn}, v_head_dim {dv}, kv_lora_rank {kl}, {nh} heads")
         table[hn] = dict(file=path, dtype="F32", shape=[nh * (dn + dv), kl], offset=0)
         sources[hn] = (v, 0, ("split_kv_b", l, k))
+    if family == "qwen3_5_moe":
+        gguf_qwen35.gated_q_sources(cfg, sources)
     if unknown:
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise ConvertError(f"{g.path}: GGUF tensors the {family} layout does not use: {', '.join(unknown[:5])}{more}; "
@@ -537,11 +540,13 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     kept = {}
     scratch = out / KV_B_SCRATCH
     key_halves = gguf_moe.key_half_offsets(g, cfg) if family == "deepseek_v3" else {}
+    rewritten = []
     for o in planner.outputs:
         info, row0, permute = sources[o["name"]]
         gt = info.type_name
-        split = isinstance(permute, tuple)
-        if split:  # kv_b_proj from attn_k_b (transposed into the scratch file) and attn_v_b
+        split = isinstance(permute, tuple) and permute[0] == "split_kv_b"
+        undo = isinstance(permute, tuple) and permute[0] == "scratch"
+        if split or undo:  # kv_b_proj from attn_k_b (transposed into the scratch file) and attn_v_b
             gt = "F32"
         if o["qtype"] != "f32":
             o["qtype"] = storage_for(gt, o["qtype"])
@@ -555,6 +560,13 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
             for h in range(cfg["num_attention_heads"]):
                 o["parts"] += [(str(scratch.resolve()), k0 + h * dn * kl * 4, "F32", dn),
                                (str(Path(g.path).resolve()), base + h * dv * rb, dt, dv)]
+        elif undo:  # values llama.cpp rewrote: computed here, read from the scratch file
+            gguf_qwen35.check(g, info, permute[1])
+            off = sum(p[3] * p[4] for p in rewritten) * 4
+            rewritten.append((off, info, permute[1], o["rows"], o["cols"]))
+            o["parts"] = [(str((out / gguf_qwen35.SCRATCH).resolve()), off, "F32", o["rows"])]
+        elif isinstance(permute, tuple):  # rows in another order (qwen35moe's tiled value heads)
+            o["parts"] = [(o["parts"][0][0], base + r * rb, dt, 1) for r in permute[1]]
         elif permute:
             o["parts"] = [(o["parts"][0][0], base + r * rb, dt, 1) for r in _row_perm(o["rows"], permute)]
         else:
@@ -575,10 +587,17 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     if key_halves:
         log("transposing attn_k_b back into kv_b_proj")
         gguf_moe.write_kv_b_key_halves(g, cfg, scratch)
+    if family == "qwen3_5_moe" and gguf_qwen35.mtp_tensors(g, cfg):
+        log(f"note: the multi-token-prediction head ({len(gguf_qwen35.mtp_tensors(g, cfg))} tensors in the blocks "
+            f"after layer {cfg['num_hidden_layers'] - 1}) is not converted")
+    if rewritten:
+        log("undoing llama.cpp's rewrites of the DeltaNet tensors and norms")
+        gguf_qwen35.write_scratch(g, out / gguf_qwen35.SCRATCH, rewritten)
     try:
         convert_hf.write_missing_shards(out, shards, state, log)
     finally:
         scratch.unlink(missing_ok=True)
+        (out / gguf_qwen35.SCRATCH).unlink(missing_ok=True)
     write_json(out / "config.json", cfg)
     write_json(out / "tokenizer.json", tokenizer)
     tcfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
