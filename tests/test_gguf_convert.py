@@ -42,6 +42,35 @@ def permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def add_bpe_tokenizer(w, hf_dir, eos_token_id, pre="gpt-2"):
+    """Writes hf_dir's byte-level BPE tokenizer.json into GGUF writer w as llama.cpp does."""
+    tokens, ttypes, merges = tokenizer_fields(json.loads((Path(hf_dir) / "tokenizer.json").read_text()))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(ttypes)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(eos_token_id)
+
+
+def tensor_putter(w, matrix_type, unblocked=(T.F32, T.F16)):
+    """put(name, x, t=None) adding x to w: vectors f32, matrices matrix_type unless t says
+    otherwise; a row that is not whole 32-blocks falls back to f16, as llama.cpp does, unless its
+    type is in `unblocked`."""
+    def put(name, x, t=None):
+        if t is None:  # (T.F32 is 0)
+            t = T.F32 if x.ndim == 1 else matrix_type
+        if t not in unblocked and x.shape[-1] % 32:
+            t = T.F16
+        if t == T.F32:
+            w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
+        elif t == T.F16:
+            w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(x, dtype=np.float32), t), raw_dtype=t)
+    return put
+
+
 def tokenizer_fields(tok_json):
     """tokenizer.ggml.* as llama.cpp's get_vocab_base writes them for a byte-level BPE."""
     vocab = tok_json["model"]["vocab"]

@@ -12,7 +12,7 @@ from needs import need
 
 import mxfp4_ref
 from test_gguf_common import convert
-from test_gguf_convert import load_hf, logits, tokenizer_fields
+from test_gguf_convert import add_bpe_tokenizer, load_hf, logits
 
 gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
@@ -58,13 +58,7 @@ def write_gpt_oss_gguf(path, hf_dir, mx_dir=None):
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(rope["factor"])
     w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    tokens, ttypes, merges = tokenizer_fields(json.loads((Path(hf_dir) / "tokenizer.json").read_text()))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(ttypes)
-    w.add_token_merges(merges)
-    w.add_eos_token_id(cfg["eos_token_id"])
+    add_bpe_tokenizer(w, hf_dir, cfg["eos_token_id"])
     names = gguf.get_tensor_name_map(arch, L)
     for hf, x in sd.items():
         if ".mlp.experts." in hf:

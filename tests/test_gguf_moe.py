@@ -11,7 +11,7 @@ import pytest
 from needs import need
 
 from test_gguf_common import convert, engine
-from test_gguf_convert import load_hf, logits, tokenizer_fields
+from test_gguf_convert import add_bpe_tokenizer, load_hf, logits, tensor_putter
 
 gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
@@ -84,26 +84,9 @@ def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=Non
             w.add_rope_scaling_factor(rope["factor"])
             w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
             w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
-    tok = json.loads((Path(hf_dir) / "tokenizer.json").read_text())
-    tokens, ttypes, merges = tokenizer_fields(tok)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(ttypes)
-    w.add_token_merges(merges)
-    w.add_eos_token_id(cfg["eos_token_id"])
+    add_bpe_tokenizer(w, hf_dir, cfg["eos_token_id"])
 
-    def put(name, x, t=None):
-        if t is None:  # (T.F32 is 0)
-            t = T.F32 if x.ndim == 1 else matrix_type
-        if t not in (T.F32, T.F16) and x.shape[-1] % 32:
-            t = T.F16  # as llama.cpp falls back for rows that are not whole blocks
-        if t == T.F32:
-            w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
-        elif t == T.F16:
-            w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(x, dtype=np.float32), t), raw_dtype=t)
+    put = tensor_putter(w, matrix_type)
 
     names = gguf.get_tensor_name_map(arch, blocks)
     E = cfg["n_routed_experts"]
