@@ -243,6 +243,7 @@ FAMILIES = {
         "rope_theta": 5000000.0,     # the config class's default_theta
         "partial_rotary": "rotary_dim",
         "default_tie": False,
+        "tools": "minimax",          # <minimax:tool_call> blocks; it always reasons (no on/off switch)
     },
     # MiMo-V2-Flash (colibri/family/mimo.py): full and sliding-window layers, each with its own RoPE
     # and KV heads, sinks on the sliding ones, v heads narrower than q/k, dense first layer.

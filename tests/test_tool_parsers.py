@@ -29,6 +29,7 @@ OFFICIAL = {
     "GLM-4.7-Flash.jinja": ("glm4_moe_lite", "<|assistant|>", "<|observation|>", {}, False),
     "deepseek-ai-DeepSeek-V3.1.jinja": ("deepseek_v3", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", {"bos_token": "<s>"},
                                         False),
+    "MiniMax-M2.jinja": ("minimax_m2", "]~b]ai\n", "[e~[", {}, False),
     "deepseek-ai-DeepSeek-V3.2.jinja": ("deepseek_v32", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", {"bos_token": "<s>"},
                                         False),
 }

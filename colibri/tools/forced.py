@@ -103,15 +103,28 @@ def _qwen_xml_call(name, schema, prefix, rules, param):
     return " ".join(parts)
 
 
-def _dsml_call(name, schema, prefix, rules, param):
-    """DeepSeek-V3.2: <｜DSML｜invoke name="N"> with one parameter element per argument."""
+def _dsml_call(name, schema, prefix, rules, param, v4):
+    """DeepSeek-V3.2 / V4: <｜DSML｜invoke name="N"> with one parameter element per argument (V4 writes an
+    empty line in a call without arguments)."""
     lit, d = gbnf.literal, formats.DSML
 
     def pair(key, value, raw):
         head = f'<{d}parameter name="{key}" string="{"true" if raw else "false"}">'
         return f"{lit(head)} {value} {lit(f'</{d}parameter>' + NL)}"
     parts = [lit(f'<{d}invoke name="{name}">\n')] + _xml_args(schema, prefix, rules, param, pair) + \
-        [lit(f"</{d}invoke>\n")]
+        (['"\\n"?'] if v4 else []) + [lit(f"</{d}invoke>\n")]
+    return " ".join(parts)
+
+
+def _minimax_call(name, schema, prefix, rules, param):
+    """MiniMax-M2: <invoke name="N"> with one <parameter name="K"> element per argument, one per line."""
+    lit = gbnf.literal
+
+    def pair(key, value, raw):
+        head = f'<parameter name="{key}">'
+        return f"{lit(head)} {value} {lit('</parameter>' + NL)}"
+    parts = [lit(f'<invoke name="{name}">\n')] + _xml_args(schema, prefix, rules, param, pair) + \
+        [lit("</invoke>\n")]
     return " ".join(parts)
 
 
@@ -122,6 +135,7 @@ def call_grammar(spec, template_source="", in_reasoning=False):
     names = [spec.name] if spec.choice == "function" else list(spec.schemas)
     rules, alts = [], []
     dsml = fmt is formats.DEEPSEEK and formats.DSML in source
+    dsml_v4 = dsml and "tool_calls>" in source  # V4's template names the block tool_calls, V3.2's function_calls
     fences = fmt is formats.DEEPSEEK and "```json" in source
     glm_lines = fmt is formats.GLM and "</arg_key>\n" in source
     for i, name in enumerate(names):
@@ -132,16 +146,21 @@ def call_grammar(spec, template_source="", in_reasoning=False):
         elif fmt is formats.QWEN_XML:
             alts.append(_qwen_xml_call(name, schema, prefix, rules, param))
         elif dsml:
-            alts.append(_dsml_call(name, schema, prefix, rules, param))
+            alts.append(_dsml_call(name, schema, prefix, rules, param, dsml_v4))
+        elif fmt is formats.MINIMAX:
+            alts.append(_minimax_call(name, schema, prefix, rules, param))
         else:
             alts.append(_json_call(fmt, name, _args(schema, prefix, rules, param), fences))
     rules.append("tc-call ::= " + " | ".join(f"( {a} )" for a in alts) + "\n")
-    many = spec.parallel and fmt in (formats.HERMES, formats.GLM, formats.QWEN_XML, formats.DEEPSEEK)
+    many = spec.parallel and fmt in (formats.HERMES, formats.GLM, formats.QWEN_XML, formats.DEEPSEEK, formats.MINIMAX)
     # what the templates write between two calls
     sep = '"\\n" ' if fmt in (formats.HERMES, formats.QWEN_XML) or glm_lines or fences else ""
     body = f"tc-call ( {sep}tc-call )*" if many else "tc-call"
     if dsml:
-        body = f'"\\n\\n"? {gbnf.literal(formats.DSML_BEGIN + NL)} {body} {gbnf.literal(formats.DSML_END)}'
+        begin, end = (formats.DSML_V4_BEGIN, formats.DSML_V4_END) if dsml_v4 else (formats.DSML_BEGIN, formats.DSML_END)
+        body = f'"\\n\\n"? {gbnf.literal(begin + NL)} {body} {gbnf.literal(end)}'
+    elif fmt is formats.MINIMAX:  # the template writes "\n\n" after </think> and "\n" before the block
+        body = f'"\\n"{{0,3}} {gbnf.literal(formats.MINIMAX_BEGIN + NL)} {body} {gbnf.literal(formats.MINIMAX_END)}'
     elif fmt is formats.DEEPSEEK:
         body = f"{gbnf.literal(formats.DS_CALLS_BEGIN)} {body} {gbnf.literal(formats.DS_CALLS_END)}"
     if in_reasoning:  # the prompt opened a thinking block: close it at once, then call

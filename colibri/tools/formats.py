@@ -194,12 +194,20 @@ _DS_CALL = re.compile(re.escape(DS_CALL_BEGIN) + r"(.*?)" + re.escape(DS_CALL_EN
 _DS_V3_BODY = re.compile(r"\s*(.+?)\n```(?:json)?\n(.*)\n```\s*$", re.S)  # V3/R1: NAME\n```json\nARGS\n```
 DSML = "｜DSML｜"
 DSML_BEGIN, DSML_END = f"<{DSML}function_calls>", f"</{DSML}function_calls>"
+DSML_V4_BEGIN, DSML_V4_END = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"  # DeepSeek-V4 renamed the block
+_DSML_BLOCKS = {DSML_BEGIN: DSML_END, DSML_V4_BEGIN: DSML_V4_END}
 _DSML_INVOKE = re.compile(f'<{DSML}invoke name="([^"]*)">(.*?)</{DSML}invoke>', re.S)
 _DSML_PARAM = re.compile(f'<{DSML}parameter name="([^"]*)" string="(true|false)">(.*?)</{DSML}parameter>', re.S)
 
 
+def _dsml_block(region):
+    """(begin, end) of the DSML block `region` starts with, or None."""
+    return next(((b, e) for b, e in _DSML_BLOCKS.items() if region.startswith(b)), None)
+
+
 def _ds_find_end(buf):
-    return _until(DSML_END if buf.startswith(DSML_BEGIN) else DS_CALLS_END)(buf)
+    block = _dsml_block(buf)
+    return _until(block[1] if block else DS_CALLS_END)(buf)
 
 
 def _parse_ds_tokens(region, final):
@@ -226,9 +234,10 @@ def _parse_ds_tokens(region, final):
 
 
 def _parse_dsml(region, schemas, final):
-    body = region[len(DSML_BEGIN):]
-    if body.endswith(DSML_END):
-        body = body[:-len(DSML_END)]
+    begin, end = _dsml_block(region)
+    body = region[len(begin):]
+    if body.endswith(end):
+        body = body[:-len(end)]
     elif not final:
         return None
     calls, last = [], 0
@@ -255,14 +264,59 @@ def _parse_dsml(region, schemas, final):
 
 
 def _parse_deepseek(region, schemas, final):
-    if region.startswith(DSML_BEGIN):
+    if _dsml_block(region):
         return _parse_dsml(region, schemas, final)
     return _parse_ds_tokens(region, final)
 
 
-DEEPSEEK = Format("deepseek", (DS_CALLS_BEGIN, DSML_BEGIN), _ds_find_end, _parse_deepseek,
+# V3/R1/V3.1 special tokens, V3.2's DSML <function_calls> block and V4's DSML <tool_calls> block
+DEEPSEEK = Format("deepseek", (DS_CALLS_BEGIN, DSML_BEGIN, DSML_V4_BEGIN), _ds_find_end, _parse_deepseek,
                   lambda c: f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}{c['name']}{DS_SEP}{dumps(c['arguments'])}{DS_CALL_END}"
                             f"{DS_CALLS_END}")
+
+
+# --- MiniMax-M2: <minimax:tool_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>\n...
+# </invoke>\n...</minimax:tool_call>, several invokes in one block; the template writes a string raw and
+# anything else as JSON (tojson)
+MINIMAX_BEGIN, MINIMAX_END = "<minimax:tool_call>", "</minimax:tool_call>"
+_MINIMAX_INVOKE = re.compile(r'<invoke name="([^"\n]*)">(.*?)</invoke>', re.S)
+_MINIMAX_PARAM = re.compile(r'<parameter name="([^"\n]*)">(.*?)</parameter>', re.S)
+
+
+def _parse_minimax(region, schemas, final):
+    body = region[len(MINIMAX_BEGIN):]
+    if body.endswith(MINIMAX_END):
+        body = body[:-len(MINIMAX_END)]
+    elif not final:
+        return None
+    calls, last = [], 0
+    for m in _MINIMAX_INVOKE.finditer(body):
+        name = m.group(1).strip()
+        if body[last:m.start()].strip() or not name:
+            return None
+        last = m.end()
+        props, args, plast = _props(schemas, name), {}, 0
+        for p in _MINIMAX_PARAM.finditer(m.group(2)):
+            if m.group(2)[plast:p.start()].strip():  # stray text: not the format
+                return None
+            plast = p.end()
+            key = p.group(1).strip()
+            args[key] = _value(p.group(2), props.get(key))
+        if m.group(2)[plast:].strip():
+            return None
+        calls.append({"name": name, "arguments": args})
+    return calls if calls and not body[last:].strip() else None
+
+
+def minimax_invoke(c):
+    """One call as the MiniMax-M2 template writes it inside the block."""
+    params = "".join(f'<parameter name="{k}">{v if isinstance(v, str) else dumps(v)}</parameter>\n'
+                     for k, v in c["arguments"].items())
+    return f'<invoke name="{c["name"]}">\n{params}</invoke>\n'
+
+
+MINIMAX = Format("minimax", (MINIMAX_BEGIN,), _until(MINIMAX_END), _parse_minimax,
+                 lambda c: f"{MINIMAX_BEGIN}\n{minimax_invoke(c)}{MINIMAX_END}")
 
 
 # --- Llama 3.1 / 3.2 / 3.3: the answer is {"name": ..., "parameters": {...}} (maybe after <|python_tag|>)
@@ -360,7 +414,7 @@ HARMONY = Format("harmony", HARMONY_STARTS, _until("<|call|>"), _parse_harmony,
                  lambda c: f"<|channel|>commentary to=functions.{c['name']} <|constrain|>json<|message|>"
                            f"{dumps(c['arguments'])}<|call|>")
 
-FORMATS = {f.name: f for f in (HERMES, GLM, QWEN_XML, DEEPSEEK, LLAMA3_JSON, HARMONY)}
+FORMATS = {f.name: f for f in (HERMES, GLM, QWEN_XML, DEEPSEEK, MINIMAX, LLAMA3_JSON, HARMONY)}
 
 
 def get(name):
