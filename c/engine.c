@@ -340,6 +340,14 @@ int engine_prompt(Engine *e, const Frame *f, const char *payload, int32_t **out,
         free(ids);
         return -1;
     }
+    if (f->fit && !f->logits && f->max_tokens > 0 && (long long)n + f->max_tokens > e->ctx) {
+        snprintf(err, sizeof err, "this model's maximum context length is %d tokens, but the request needs %lld "
+                 "(%d in the prompt, max_tokens %d): lower max_tokens to %d or less, or shorten the prompt",
+                 e->ctx, (long long)n + f->max_tokens, n, f->max_tokens, e->ctx - n);
+        emit_error(f->id, "context_exceeded", err);
+        free(ids);
+        return -1;
+    }
     *out = ids;
     *out_n = n;
     return 0;

@@ -67,6 +67,7 @@ static int submit_option(Frame *f, const char *key, const char *val, char *err, 
     else if (!strcmp(key, "add_special")) bad = parse_flag(val, &f->add_special);
     else if (!strcmp(key, "render_special")) bad = parse_flag(val, &f->render_special);
     else if (!strcmp(key, "ignore_eos")) bad = parse_flag(val, &f->ignore_eos);
+    else if (!strcmp(key, "fit")) bad = parse_flag(val, &f->fit);
     else if (!strcmp(key, "logprobs")) bad = parse_flag(val, &f->logprobs);
     else if (!strcmp(key, "top_logprobs")) { bad = parse_long(val, 0, 20, &n); f->top_logprobs = (int)n; }
     else if (!strcmp(key, "grammar")) { bad = parse_long(val, 1, PROTO_MAX_PAYLOAD, &n); f->grammar = (size_t)n; }

@@ -23,6 +23,7 @@ typedef struct {
     int logits;        /* teacher-forced: return logits for every position, generate nothing */
     int routing;       /* send a ROUTING frame (this turn's expert counts) before END */
     int max_tokens;    /* -1: until end of context */
+    int fit;           /* max_tokens must fit in the context after the prompt, else context_exceeded */
     int parse_special; /* special-token text in the prompt becomes special tokens */
     int add_special;   /* apply the tokenizer's post-processor (e.g. BOS) */
     int render_special;/* emit special tokens' text in DATA */

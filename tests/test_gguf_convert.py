@@ -55,19 +55,24 @@ def add_bpe_tokenizer(w, hf_dir, eos_token_id, pre="gpt-2"):
 
 def tensor_putter(w, matrix_type, unblocked=(T.F32, T.F16)):
     """put(name, x, t=None) adding x to w: vectors f32, matrices matrix_type unless t says
-    otherwise; a row that is not whole 32-blocks falls back to f16, as llama.cpp does, unless its
-    type is in `unblocked`."""
+    otherwise; a row that is not whole blocks of its type falls back to f16, as llama.cpp does,
+    unless its type is in `unblocked`. K-quants come from tests/gguf_kquant_encode.py."""
+    import gguf_kquant_encode
+
     def put(name, x, t=None):
         if t is None:  # (T.F32 is 0)
             t = T.F32 if x.ndim == 1 else matrix_type
-        if t not in unblocked and x.shape[-1] % 32:
+        if t not in unblocked and x.shape[-1] % gguf.GGML_QUANT_SIZES[t][0]:
             t = T.F16
+        x = np.ascontiguousarray(x, dtype=np.float32)
         if t == T.F32:
-            w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
+            w.add_tensor(name, x)
         elif t == T.F16:
-            w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float16))
+            w.add_tensor(name, x.astype(np.float16))
+        elif t.name in gguf_kquant_encode.ENCODERS:
+            w.add_tensor(name, gguf_kquant_encode.quantize(x, t.name), raw_dtype=t)
         else:
-            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(x, dtype=np.float32), t), raw_dtype=t)
+            w.add_tensor(name, gguf.quants.quantize(x, t), raw_dtype=t)
     return put
 
 

@@ -78,6 +78,15 @@ def test_footer():
     assert chat_cli.footer({"finish": "stop"}, True).endswith("stopped]")
 
 
+def test_footer_says_when_the_context_filled_not_the_cap():
+    """An answer cut because the context is full cannot be continued with :more: the footer says
+    so instead of pointing at the cap."""
+    stats = {"completion_tokens": "472", "prompt_tokens": "40", "finish": "length"}
+    f = chat_cli.footer(stats, False, ctx=512)
+    assert f.endswith("the context is full (512 tokens): :reset starts over, or restart with a larger --ctx]")
+    assert chat_cli.footer(dict(stats, completion_tokens="100"), False, ctx=512).endswith(":more continues]")
+
+
 def test_footer_shows_streamed_experts():
     f = chat_cli.footer({"completion_tokens": "8", "decode_tok_s": "3.0", "ttft_ms": "900", "prompt_tokens": "20",
                          "reused_tokens": "0", "hit_rate": "0.250", "bytes_read": "734000000", "read_gbps": "1.53",

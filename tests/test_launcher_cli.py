@@ -1,6 +1,7 @@
 """The launcher as a new user meets it: help, every subcommand with no model, a wrong path, a
 non-model directory and a good model; flags refused with reasons; info; build; tune and profiles."""
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -123,6 +124,22 @@ def test_run_refuses_what_the_engine_cannot_honour(model, flags, message):
     assert r.returncode == 2, r.stdout
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not r.stdout  # refused before the engine started
+
+
+def test_run_refuses_max_tokens_the_prompt_leaves_no_room_for(model):
+    """--max-tokens that fits the context alone but not after this prompt: the engine's numbers,
+    the largest count that fits and, when the model holds more, --ctx; nothing generated."""
+    prompt = "Hello " * 110
+    r = coli("run", "--model", model, "--raw", "--max-tokens", "100", prompt)
+    assert r.returncode == 2 and not r.stdout, r.stderr
+    m = re.search(r"maximum context length is 512 tokens, but the request needs (\d+) \((\d+) in the prompt, "
+                  r"max_tokens 100\): lower max_tokens to (\d+) or less", r.stderr)
+    assert m and int(m[1]) == int(m[2]) + 100 > 512 and int(m[3]) == 512 - int(m[2]), r.stderr
+    assert "--ctx" not in r.stderr  # 512 is all this model holds
+    r = coli("run", "--model", model, "--raw", "--ctx", "256", "--max-tokens", "100", prompt[:300])
+    assert r.returncode == 2 and "raise --ctx (this model holds up to 512 positions)" in r.stderr, r.stderr
+    r = coli("run", "--model", model, "--raw", "--stats", prompt)  # no --max-tokens: to the end of the context
+    assert r.returncode == 0 and "finish=length" in r.stderr, r.stderr
 
 
 def test_run_accepts_the_full_expert_count(model):

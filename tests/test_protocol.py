@@ -117,6 +117,20 @@ def test_generation_stops_at_end_of_context(engine):
     assert int(ev[-1][1]["completion_tokens"]) == 64 - 60
 
 
+def test_fit_refuses_max_tokens_the_context_cannot_hold(engine):
+    """fit=1: a max_tokens that does not fit after the prompt is context_exceeded, before ACCEPT,
+    naming the numbers; one that just fits is generated in full; without fit it is cut at the end."""
+    with pytest.raises(engine_client.EngineError) as e:
+        events(engine, list(range(1, 61)), max_tokens=5, fit=1)
+    assert e.value.kind == "context_exceeded"
+    assert "maximum context length is 64 tokens" in e.value.message and "65 (60 in the prompt, max_tokens 5)" in e.value.message
+    assert "max_tokens to 4 or less" in e.value.message
+    ev = events(engine, list(range(1, 61)), max_tokens=4, fit=1, ignore_eos=1)
+    assert ev[0] == ("accept", 60, 0) and ev[-1][1]["completion_tokens"] == "4"
+    ev = events(engine, list(range(1, 61)), max_tokens=5, ignore_eos=1)
+    assert ev[-1][1]["finish"] == "length" and ev[-1][1]["completion_tokens"] == "4"
+
+
 def raw_engine(model):
     return subprocess.Popen([str(engine_client.ENGINE), "serve", "--model", str(model), "--ctx", "512"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

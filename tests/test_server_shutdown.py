@@ -79,7 +79,7 @@ def test_a_running_stream_finishes_after_sigterm(model, template):  # noqa: F811
 def test_streams_still_running_at_the_shutdown_timeout_end_with_an_error(model, template, dialect):  # noqa: F811
     with ServerProc(model, "--chat-template", template, "--no-kv-persist", "--shutdown-timeout", "1") as server:
         if dialect == "openai":
-            conn, r = raw_stream(server.port, "/v1/chat/completions", {"model": MID, "messages": HI, "max_tokens": 1000,
+            conn, r = raw_stream(server.port, "/v1/chat/completions", {"model": MID, "messages": HI, "max_tokens": 400,
                                                                        "temperature": 0})
             first = r.readline()  # the first event: the stream began
         else:

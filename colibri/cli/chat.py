@@ -142,7 +142,7 @@ def thinking_note(template_vars):
     return note
 
 
-def footer(stats, stopped):
+def footer(stats, stopped, ctx=None):
     f = lambda k, d=0.0: float(stats.get(k, d) or d)  # noqa: E731
     parts = [f"{int(f('completion_tokens'))} tokens", f"{f('decode_tok_s'):.1f} tok/s", f"TTFT {f('ttft_ms'):.0f} ms",
              f"prompt {int(f('prompt_tokens'))} ({int(f('reused_tokens'))} reused)",
@@ -153,6 +153,8 @@ def footer(stats, stopped):
     parts.append(f"RSS {int(f('rss_mb'))} MB" + (f" (peak {int(f('peak_rss_mb'))})" if "peak_rss_mb" in stats else ""))
     if stopped:
         parts.append("stopped")
+    elif stats.get("finish") == "length" and ctx and f("prompt_tokens") + f("completion_tokens") >= ctx:
+        parts.append(f"the context is full ({ctx} tokens): :reset starts over, or restart with a larger --ctx")
     elif stats.get("finish") == "length":
         parts.append("cut at the cap: :more continues")
     return "[" + ", ".join(parts) + "]"
@@ -187,6 +189,7 @@ class Chat:
         except ImportError:
             pass
         ctx = int(engine.info.get("ctx", 0)) or DEFAULT_ANSWER_CAP + 1
+        self.ctx = int(engine.info.get("ctx", 0)) or None
         self.cap = args.max_tokens if args.max_tokens is not None else min(cap or DEFAULT_ANSWER_CAP, ctx - 1)
         self.opts = launch_opts.sampling_opts(args)
         self.opts.pop("max_tokens", None)
@@ -278,7 +281,7 @@ class Chat:
         if in_reasoning(splitter) and not self.harmony:  # harmony's flush already closed the block
             self.screen.write("\n" if self.color else "\n[/thinking]\n")
         self.screen.write("\n")
-        self.screen.write(self.screen.dim(footer(stats, state["stopping"] and stats.get("finish") == "stop")) + "\n")
+        self.screen.write(self.screen.dim(footer(stats, state["stopping"] and stats.get("finish") == "stop", self.ctx)) + "\n")
         self.stopped = state["stopping"]
         return "".join(pieces), stats.get("finish"), state["stopping"]
 

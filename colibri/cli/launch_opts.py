@@ -179,8 +179,7 @@ def resolve(args, model_dir, log=None):
     max_ctx = int(arch.get("max_position_embeddings") or 1)
     ctx, threads, batch = getattr(args, "ctx", None), getattr(args, "threads", None), getattr(args, "batch", None)
     slots = getattr(args, "kv_slots", None)
-    if ctx is not None and not 1 <= ctx <= max_ctx:
-        raise UserError(f"--ctx {ctx}: this model holds 1 to {max_ctx} positions (max_position_embeddings)")
+    check_ctx(ctx, arch)
     if slots is not None and not 1 <= slots <= MAX_KV_SLOTS:
         raise UserError(f"--kv-slots {slots}: the engine has 1 to {MAX_KV_SLOTS} KV slots")
     if threads is not None and not 1 <= threads <= 1024:
@@ -228,6 +227,20 @@ def default_ctx(man):
     fam = family_registry.FAMILIES.get(man.get("family"), {})
     max_ctx = int(man["arch"].get("max_position_embeddings") or 1)
     return min(max_ctx, fam.get("default_ctx", 4096))
+
+
+def check_ctx(ctx, arch):
+    max_ctx = int(arch.get("max_position_embeddings") or 1)
+    if ctx is not None and not 1 <= ctx <= max_ctx:
+        raise UserError(f"--ctx {ctx}: this model holds 1 to {max_ctx} positions (max_position_embeddings)")
+
+
+def larger_ctx_hint(model_dir, args):
+    """'; or raise --ctx (...)' when the model holds more positions than this run's context."""
+    man = manifest(model_dir)
+    max_ctx = int(man["arch"].get("max_position_embeddings") or 1)
+    ctx = getattr(args, "ctx", None) or default_ctx(man)
+    return f"; or raise --ctx (this model holds up to {max_ctx} positions)" if max_ctx > ctx else ""
 
 
 def check_cap(cap, arch):

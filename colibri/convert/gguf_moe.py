@@ -15,11 +15,9 @@ What llama.cpp's converter does to these checkpoints, and how it is undone here:
   applies it as mscale = mscale_all_dim (the RoPE-side attention factor is then 1).
 """
 import array
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 
+from colibri.convert import gguf_dequant
 from colibri.convert.hf import ConvertError
 
 ARCHS = ("glm4moe", "deepseek2")
@@ -143,30 +141,6 @@ def key_half_offsets(g, cfg):
     return {l: i * size for i, l in enumerate(layers)}
 
 
-def _dequantize(g, infos, dst):
-    """The tensors' rows as F32 into dst, one after another, by the engine's convert-jobs (which
-    reads every GGUF block type the converter accepts)."""
-    from colibri.convert.hf import engine_binary
-    src = str(Path(g.path).resolve())
-    jobs, off = [], 0
-    for info in infos:
-        dt = info.type_name if info.type_name in ("F32", "F16", "BF16") else f"GGUF_{info.type_name}"
-        rows = info.n_elements // info.shape[0]
-        jobs.append(f"{src}\t{info.offset}\t{dt}\t{rows}\t{info.shape[0]}\t{dst}\t{off}\tf32\n")
-        off += info.n_elements * 4
-    with open(dst, "wb") as f:
-        f.truncate(off)
-    with tempfile.NamedTemporaryFile("w", suffix=".jobs", delete=False) as jf:
-        jf.writelines(jobs)
-    try:
-        r = subprocess.run([str(engine_binary()), "convert-jobs", jf.name], capture_output=True, text=True)
-    finally:
-        os.unlink(jf.name)
-    if r.returncode:
-        errors = [x for x in r.stderr.splitlines() if not x.startswith("PROGRESS ")]
-        raise ConvertError(f"dequantizing attn_k_b failed: {' '.join(errors) or f'engine exit code {r.returncode}'}")
-
-
 def write_kv_b_key_halves(g, cfg, scratch):
     """Transposes every layer's attn_k_b ([heads][kv_lora_rank rows of qk_nope]) back to HF's
     key rows ([heads][qk_nope rows of kv_lora_rank]) into one F32 file, at key_half_offsets."""
@@ -175,7 +149,7 @@ def write_kv_b_key_halves(g, cfg, scratch):
     infos = [g.tensors[f"blk.{l}.attn_k_b.weight"] for l in offsets]
     flat = Path(str(scratch) + ".deq")
     try:
-        _dequantize(g, infos, flat)
+        gguf_dequant.to_f32(g, list(zip(infos, offsets.values())), flat, "attn_k_b")  # equal sizes: one after another
         with open(flat, "rb") as f, open(scratch, "wb") as out:
             for info, off in zip(infos, offsets.values()):
                 dn, kl = info.shape[0], info.shape[1]

@@ -8,8 +8,9 @@ What llama.cpp's converter (Qwen3_5MoeTextModel) does, and how it is read back:
 - With fewer key than value heads, the value heads are reordered from grouped (by key head) to
   tiled: the V rows of attn_qkv, the rows of attn_gate / ssm_alpha / ssm_beta, the V channels of
   ssm_conv1d are read in HF order row by row; ssm_a, ssm_dt.bias and the columns of ssm_out go
-  through the scratch file (ssm_out from F32, F16, BF16 or Q8_0, dequantized there: whole rows cannot
-  express a column order; other block types are refused).
+  through the scratch file: a column order cuts through a row's blocks, so ssm_out is dequantized
+  there (by the engine, from any block type the importer reads: Q4_K, Q6_K, Q5_0, ...), its
+  columns put back, and re-quantized to the requested --dense type like any float tensor.
 - The conv is squeezed to [channels, kernel]: declared [channels, 1, kernel] again.
 - Every norm but the DeltaNet one (ssm_norm) is stored as 1 + w: w comes back through the
   scratch file (exact in float32: the subtraction of 1 is exact).
@@ -17,9 +18,13 @@ What llama.cpp's converter (Qwen3_5MoeTextModel) does, and how it is read back:
 - The multi-token-prediction head is written as nextn_predict_layers extra blocks after the
   text model's; like the HF path, colibri does not convert it (mtp_tensors counts it for the log).
 """
+import array
 import math
 import struct
+import tempfile
+from pathlib import Path
 
+from colibri.convert import gguf_dequant
 from colibri.convert.hf import ConvertError
 
 ARCH = "qwen35moe"
@@ -121,18 +126,15 @@ def rewrites(cfg, name, hf, shape):
     return shape, None, None
 
 
-def _floats(g, info, first, n):
-    """n values of an F32 / F16 / BF16 / Q8_0 tensor from element `first` on (Q8_0: whole blocks)."""
+def _floats(g, info):
+    """Every value of a tensor (an F32 / F16 / BF16 one read here, a block type by the engine)."""
+    if info.type_name not in ("F32", "F16", "BF16"):
+        with tempfile.TemporaryDirectory() as d:
+            gguf_dequant.to_f32(g, [(info, 0)], Path(d) / "t.f32", info.name)
+            return array.array("f", (Path(d) / "t.f32").read_bytes())
+    n, size = info.n_elements, 4 if info.type_name == "F32" else 2
     with open(g.path, "rb") as f:
-        if info.type_name == "Q8_0":  # blocks of 32: an f16 scale, 32 int8
-            f.seek(info.offset + first // 32 * 34)
-            raw, out = f.read(n // 32 * 34), []
-            for b in range(0, len(raw), 34):
-                d = struct.unpack_from("<e", raw, b)[0]
-                out += [d * q for q in struct.unpack_from("<32b", raw, b + 2)]
-            return out
-        size = 4 if info.type_name == "F32" else 2
-        f.seek(info.offset + first * size)
+        f.seek(info.offset)
         raw = f.read(n * size)
     if info.type_name == "BF16":  # the top half of a float32
         return struct.unpack(f"<{n}f", b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
@@ -162,40 +164,52 @@ def _log_of_exp(y):
     return a if best is None else best[1]
 
 
-def check(g, info, how=None):
-    """Refuses a rewritten tensor whose values colibri cannot read back (before any shard is
-    written): a block type other than F32/F16/BF16/Q8_0, or an ssm_a that is not -exp of anything."""
-    if how and how[0] == "log_neg" and info.type_name in ("F32", "F16", "BF16"):
-        if any(v >= 0 for v in _floats(g, info, 0, info.n_elements)):
-            raise ConvertError(f"{g.path}: {info.name} must hold -exp(A_log) (all negative); the file is damaged")
-    if info.type_name not in ("F32", "F16", "BF16", "Q8_0"):
-        raise ConvertError(f"{g.path}: {info.name} is {info.type_name}; llama.cpp reordered or rewrote its values, "
-                           "which colibri undoes only from F32, F16, BF16 or Q8_0 tensors (re-export the file with "
-                           "ssm_out in one of them, or convert the Hugging Face checkpoint)")
+def check(g, info, how):
+    """Refuses, before any shard is written, an ssm_a that is not -exp of anything."""
+    if how[0] == "log_neg" and any(v >= 0 for v in _floats(g, info)):
+        raise ConvertError(f"{g.path}: {info.name} must hold -exp(A_log) (all negative); the file is damaged")
 
 
-def undone(g, info, how, rows, cols):
-    """The HF values of a tensor whose values llama.cpp rewrote, one row (a list) at a time."""
-    check(g, info)
+def _runs(idx):
+    """A column order as (first, end) runs of consecutive source columns (whole heads)."""
+    runs = []
+    for i in idx:
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def _undo(f, off, how, rows, cols):
+    """Rewrites rows x cols float32 values at off in f (the tensor's dequantized values) as HF has them."""
     op, idx = how
-    for r in range(rows):
-        x = _floats(g, info, r * cols, cols)
-        if idx is not None:
-            x = [x[i] for i in idx]
+    rb = cols * 4
+    step = max(1, (4 << 20) // rb)  # ~4 MiB of rows at a time: bounded RAM for any tensor
+    runs = [(a * 4, b * 4) for a, b in _runs(idx)] if idx is not None else None
+    for r0 in range(0, rows, step):
+        n = min(step, rows - r0)
+        f.seek(off + r0 * rb)
+        raw = memoryview(f.read(n * rb))
+        if runs is not None:  # whole heads move: byte slices, not values
+            raw = memoryview(b"".join(raw[r * rb + a:r * rb + b] for r in range(n) for a, b in runs))
         if op == "log_neg":
-            x = [_log_of_exp(-v) for v in x]
+            raw = array.array("f", [_log_of_exp(-v) for v in raw.cast("f")]).tobytes()
         elif op == "minus_one":
-            x = [_f32(v - 1.0) for v in x]
-        yield x
+            raw = array.array("f", [v - 1.0 for v in raw.cast("f")]).tobytes()  # exact in float32
+        f.seek(off + r0 * rb)
+        f.write(raw)
 
 
 def write_scratch(g, path, pieces):
-    """pieces: [(offset, info, how, rows, cols)] in offset order -> one f32 file."""
-    with open(path, "wb") as f:
+    """pieces: [(offset, info, how, rows, cols)] -> one f32 file: every tensor dequantized to
+    its offset by the engine, then its values put back in place."""
+    for off, info, how, rows, cols in pieces:
+        assert rows * cols == info.n_elements, info.name
+    gguf_dequant.to_f32(g, [(info, off) for off, info, *_ in pieces], path, "the DeltaNet tensors and norms")
+    with open(path, "r+b") as f:
         for off, info, how, rows, cols in pieces:
-            assert f.tell() == off
-            for row in undone(g, info, how, rows, cols):
-                f.write(struct.pack(f"<{len(row)}f", *row))
+            _undo(f, off, how, rows, cols)
 
 
 def gated_q_sources(cfg, sources):

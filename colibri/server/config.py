@@ -7,6 +7,7 @@ import hashlib
 import ipaddress
 import os
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -251,7 +252,12 @@ def resolve(args):
     _check_range("--threads", s.threads, 1, 1024)
     _check_range("--batch", s.batch, 1, 1 << 16)
     from colibri.cli import launch_opts
-    launch_opts.check_cap(args.cap, launch_opts.manifest(model_dir)["arch"])
+    man = launch_opts.manifest(model_dir)
+    # here, as `coli run` does, not as an engine that fails to load while the server listens
+    launch_opts.check_ctx(s.ctx, man["arch"])
+    launch_opts.check_cap(args.cap, man["arch"])
+    launch_opts.check_memory(args, model_dir, man, s.ctx or launch_opts.default_ctx(man), s.kv_slots,
+                             lambda msg: print(f"coli serve: {msg}", file=sys.stderr))
     s.stream_args = launch_opts.stream_args(args)
     if args.chat_template:
         s.chat_template = Path(args.chat_template)

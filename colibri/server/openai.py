@@ -80,8 +80,8 @@ def parse_chat(body, model, n_slots):
     mct = get_max_tokens(body, "max_completion_tokens")
     mt = get_max_tokens(body, "max_tokens")
     limit = mct if mct is not None else mt
-    if limit is not None:
-        spec.opts["max_tokens"] = limit
+    if limit is not None:  # asked for: it must fit after the prompt, as OpenAI refuses what cannot
+        spec.opts.update(max_tokens=limit, fit=1)
     spec.logprobs = get_bool(body, "logprobs", False)
     spec.top_logprobs = get_int(body, "top_logprobs", 0, 20, 0)
     if body.get("top_logprobs") is not None and not spec.logprobs:
@@ -221,6 +221,8 @@ def parse_completion(body, model, n_slots):
     if get_int(body, "best_of", 1, 128, 1) != 1:
         raise unsupported("'best_of' > 1 is not supported", param="best_of")
     spec.opts["max_tokens"] = get_max_tokens(body, "max_tokens", default=16)  # OpenAI's default for completions
+    if body.get("max_tokens") is not None:  # asked for (not the default): it must fit after the prompt
+        spec.opts["fit"] = 1
     lp = get_int(body, "logprobs", 0, 20)
     if lp is not None:
         spec.logprobs, spec.top_logprobs = True, lp
