@@ -110,6 +110,7 @@ class App:
         counts = self.metrics.snapshot()
         info = st["info"]
         status = {"ready": "ok"}.get(st["state"], st["state"])
+        failure = st["gave_up"]
         requests = {"active": st["active"], "queued": st["queued"], **counts}
         body = {
             "status": status,
@@ -121,6 +122,9 @@ class App:
                        "pid": st["pid"], "restarts": st["restarts"],
                        "last_error": st["last_error"] if detail else st["last_error_public"],
                        "last_error_at": st["last_error_at"], "details": bool(detail),
+                       # set once the server stopped starting engines (load_policy): what to fix
+                       "load_error": None if failure is None else {
+                           "kind": failure.kind, "message": failure.reason if detail else None, "fix": failure.fix},
                        "timeout_s": st["timeout_s"], "turn": st["turn"], "family": info.get("family"),
                        "ctx": int(info["ctx"]) if info.get("ctx", "").isdigit() else None,
                        "threads": info.get("threads"), "kernels": info.get("kernels")},
@@ -265,7 +269,8 @@ class Handler(BaseHandler):
             if method not in ("GET", "HEAD"):
                 raise ApiError(405, "use GET /health", code="method_not_allowed")
             code, body = app.health(detail=self.may_see_details())
-            headers = {"Retry-After": "2"} if code == 503 else {}
+            retrying = body["engine"]["load_error"] is None  # else waiting will not help
+            headers = {"Retry-After": "2"} if code == 503 and retrying else {}
             self.send_json(code, body, headers)
             return
         if dashboard.handles(path):
@@ -350,9 +355,30 @@ def run(args, on_listen=None):
     log(f"listening on http://{shown}:{port} (the model is loading; GET /health says when it is ready)")
     if on_listen is not None:
         on_listen(app, f"http://{shown}:{port}/")
-    while not signals and acceptor.is_alive():
+    while not signals and acceptor.is_alive() and not startup_failed(app):
         time.sleep(0.2)
+    if startup_failed(app) and not signals:
+        refuse_at_start(app, server)
     return drain(app, server, signals[0] if signals else None, log)
+
+
+def startup_failed(app):
+    st = app.sched.status()
+    return st["gave_up"] is not None and not st["ever_loaded"]
+
+
+def refuse_at_start(app, server):
+    """The first load failed in a way a retry cannot fix: the requests that waited for it have
+    their answer (the engine's error); close and exit non-zero with that error, as `coli run` does."""
+    failure = app.sched.status()["gave_up"]
+    server.drain()
+    server.wait_idle(5.0)
+    server.shutdown()
+    server.server_close()
+    app.sched.close(timeout=3.0)
+    app.tokens.close()
+    raise UserError(f"the engine could not load {app.settings.model_dir} ({failure.kind}): {failure.reason}\n"
+                    f"coli serve: {failure.fix}")
 
 
 def drain(app, server, signum, log):

@@ -122,7 +122,11 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     e->kv_lock_fd = -1;
     if (!o->model_dir) { snprintf(err, errlen, "no model directory given (--model DIR)"); return -1; }
     /* Before the (long) model load: a second engine on the directory is refused at once. */
-    if (o->kv_dir && (e->kv_lock_fd = kv_dir_lock(o->kv_dir, err, errlen)) < 0) return -1;
+    if (o->kv_dir) {
+        int fd = kv_dir_lock(o->kv_dir, err, errlen);
+        if (fd < 0) return fd == KV_DIR_BUSY ? ENGINE_BUSY : -1;
+        e->kv_lock_fd = fd;
+    }
     kernels_init(o->portable);
     if (o->kernels && kernels_use((KernIsa)(o->kernels - 1))) {
         snprintf(err, errlen, "--kernels %s: this CPU (or build) cannot run them; `colibri version` lists the ones it can",

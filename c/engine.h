@@ -51,6 +51,9 @@ typedef struct {
 
 /* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */
 int engine_parse_options(int argc, char **argv, int start, EngineOptions *o, char *err, size_t errlen);
+/* 0, or err says why: ENGINE_BUSY when another engine holds --kv-dir (a retry may succeed once
+ * it exits), -1 for anything else. */
+#define ENGINE_BUSY (-2)
 int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen);
 void engine_close(Engine *e);
 int engine_serve(Engine *e); /* runs until EOF on stdin */

@@ -31,13 +31,14 @@ int kv_dir_lock(const char *dir, char *err, size_t errlen) {
     holder[got > 0 ? got : 0] = 0;
     holder[strcspn(holder, "\n")] = 0;
     close(fd);
-    if (why == EWOULDBLOCK)
+    if (why == EWOULDBLOCK) {
         snprintf(err, errlen,
                  "the KV directory %s is in use by another colibri engine%s%s%s; two engines on one directory "
                  "would overwrite each other's slots: give each server or engine its own --kv-dir",
                  dir, *holder ? " (pid " : "", holder, *holder ? ")" : "");
-    else
-        snprintf(err, errlen, "cannot lock the KV directory %s (%s): pass another --kv-dir", dir, strerror(why));
+        return KV_DIR_BUSY;
+    }
+    snprintf(err, errlen, "cannot lock the KV directory %s (%s): pass another --kv-dir", dir, strerror(why));
     return -1;
 }
 

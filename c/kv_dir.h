@@ -5,8 +5,10 @@
 #define COLI_KV_DIR_H
 #include <stddef.h>
 
-/* Takes the lock without waiting: the lock's fd (keep it open), or -1 with err naming the
- * directory and what to do (another engine holds it, or it cannot be created). */
+/* Takes the lock without waiting: the lock's fd (keep it open), or with err naming the
+ * directory and what to do: KV_DIR_BUSY when another engine holds it (it may go away: worth a
+ * retry), -1 when it cannot be created. */
+#define KV_DIR_BUSY (-2)
 int kv_dir_lock(const char *dir, char *err, size_t errlen);
 /* Removes the temporaries (.coli_kv.tmp, .coli_kv.N.tmp) interrupted saves left; call it only
  * while holding the lock. Each removal is reported on stderr. Returns how many were removed. */

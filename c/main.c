@@ -128,7 +128,11 @@ int main(int argc, char **argv) {
     if (next < 0) { fprintf(stderr, "colibri: %s\n", err); return 2; }
     if (next < argc) { fprintf(stderr, "colibri: unknown argument '%s'\n%s", argv[next], USAGE); return 2; }
     Engine e;
-    if (engine_open(&e, &o, err, sizeof err)) { fprintf(stderr, "colibri: %s\n", err); return 1; }
+    int open_rc = engine_open(&e, &o, err, sizeof err);
+    if (open_rc) { /* exit 3: busy, worth a retry (docs/protocol.md); 1: the load failed */
+        fprintf(stderr, "colibri: %s\n", err);
+        return open_rc == ENGINE_BUSY ? 3 : 1;
+    }
     int rc = engine_serve(&e);
     engine_close(&e);
     return rc;

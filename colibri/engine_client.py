@@ -17,9 +17,11 @@ ENGINE = Path(os.environ["COLI_ENGINE"]).resolve() if os.environ.get("COLI_ENGIN
 class EngineError(RuntimeError):
     """The engine refused a request (typed ERROR frame) or died."""
 
-    def __init__(self, kind, message):
+    def __init__(self, kind, message, exit_code=None, stderr=()):
         super().__init__(f"{kind}: {message}")
         self.kind, self.message = kind, message
+        self.exit_code = exit_code      # load_failed: the engine's exit status (negative: a signal)
+        self.stderr = list(stderr)      # load_failed: its last stderr lines, its own error last
 
 
 def ensure_built():
@@ -99,7 +101,8 @@ class Engine:
         if not line.startswith("READY"):
             self.proc.wait()
             self._err_thread.join(timeout=2)
-            raise EngineError("load_failed", describe_exit(self.proc.returncode, self.stderr_tail))
+            raise EngineError("load_failed", describe_exit(self.proc.returncode, self.stderr_tail),
+                              exit_code=self.proc.returncode, stderr=self.stderr_tail)
         for kv in line.split()[1:]:
             k, _, v = kv.partition("=")
             self.info[k] = v

@@ -2,7 +2,9 @@
 an engine that cannot be started, odd or malformed frames, a silent engine, bad text, a bug in
 the worker. A scripted engine (fake_engine.py) stands in for build/colibri; nothing depends on
 timing except the liveness deadline itself, whose margins are wide."""
+import os
 import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,7 +16,8 @@ from server_helpers import ROOT, model  # noqa: F401
 import openai_server  # noqa: E402
 from colibri.server import config as server_config  # noqa: E402
 from colibri.server.scheduler import Job, Scheduler, ServedEngine, SlotTable, Unavailable  # noqa: E402
-from colibri.server.generate import engine_error  # noqa: E402
+from colibri.engine_client import EngineError  # noqa: E402
+from colibri.server.generate import engine_error, load_failed_error  # noqa: E402
 from colibri.server.metrics import Metrics  # noqa: E402
 
 FAKE = Path(__file__).with_name("fake_engine.py")
@@ -81,22 +84,88 @@ def final(events):
     return events[-1]
 
 
-def test_permission_error_starting_the_engine_fails_only_the_waiting_job(harness):
+def busy(n=0):
+    """A load refused because another engine holds --kv-dir (exit 3): worth retrying."""
+    return EngineError("load_failed", f"the engine exited with code 3 ({n}); KV dir {SECRET_PATH} is in use",
+                       exit_code=3, stderr=[f"colibri: the KV directory {SECRET_PATH} is in use"])
+
+
+def refused(msg="--ram 0.0001 GB cannot hold dense 0.3 MB"):
+    """A load the engine refused (exit 1), as for a --ram too small for the dense trunk."""
+    return EngineError("load_failed", f"the engine exited with code 1; its last messages:\ncolibri: {msg}",
+                       exit_code=1, stderr=[f"colibri: {msg}"])
+
+
+def wait_job(job):
+    select.select([job], [], [], 30)
+    ev = job.drain()
+    job.close()
+    return ev
+
+
+def kill_engine(h):
+    pid = h.wait(lambda st: st["state"] == "ready")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_an_engine_that_cannot_start_at_all_ends_the_retries(harness):
     h = harness([PermissionError(13, "Permission denied", SECRET_PATH), "ok"])
     waiting = Job("hi", {"max_tokens": 2}, None, "hi")
     h.sched.enqueue(waiting)  # queued while the engine loads: the failed start fails it
     h.sched.start()
-    select.select([waiting], [], [], 30)
-    ev = waiting.drain()
-    waiting.close()
-    assert ev and ev[-1][:2] == ("error", "unavailable")
-    h.wait(lambda st: st["state"] == "ready")  # retried, not given up
-    assert final(h.run())[0] == "end"
-    st = h.sched.status()
+    ev = wait_job(waiting)
+    assert ev and ev[-1][:2] == ("error", "engine_load_failed")
+    st = h.wait(lambda st: st["gave_up"] is not None)
+    assert st["gave_up"].kind == "cannot_start" and not st["ever_loaded"] and st["worker_alive"]
     assert "PermissionError" in st["last_error"] and SECRET_PATH in st["last_error"]
-    assert SECRET_PATH not in st["last_error_public"] and st["worker_alive"]
-    err = engine_error(*ev[-1][1:])
-    assert err.status == 503 and SECRET_PATH not in err.message
+    assert SECRET_PATH not in st["last_error_public"]
+    public, private = load_failed_error(ev[-1][2], False), load_failed_error(ev[-1][2], True)
+    assert public.status == private.status == 503 and public.code == "engine_load_failed"
+    assert SECRET_PATH not in public.message and SECRET_PATH in private.message
+    assert "Retry-After" not in public.headers  # only the operator can fix it
+    with pytest.raises(Unavailable) as e:
+        h.sched.enqueue(Job("hi", {}, None, "hi"))
+    assert e.value.failure is st["gave_up"]
+    assert h.started == [h.started[0]]  # no second try
+
+
+def test_a_refused_first_load_is_not_retried(harness):
+    h = harness([refused(), "ok"])
+    h.sched.start()
+    st = h.wait(lambda st: st["gave_up"] is not None)
+    assert st["gave_up"].kind == "load_refused" and st["gave_up"].reason == "colibri: --ram 0.0001 GB cannot hold dense 0.3 MB"
+    assert st["state"] == "failed" and len(h.started) == 1
+
+
+def test_the_same_load_failure_after_a_crash_ends_the_retries(harness):
+    from colibri.server.load_policy import MAX_SAME
+    h = harness(["ok", refused(), refused(), refused(), "ok"])
+    h.sched.start()
+    kill_engine(h)
+    st = h.wait(lambda st: st["gave_up"] is not None, timeout=60)
+    assert len(h.started) == 1 + MAX_SAME and st["ever_loaded"] and st["gave_up"].kind == "load_refused"
+    with pytest.raises(Unavailable):
+        h.sched.enqueue(Job("hi", {}, None, "hi"))
+    assert any("not retrying" in m and "--ram 0.0001" in m and "coli serve again" in m for m in h.logs)
+
+
+def test_different_load_failures_after_a_crash_keep_retrying(harness):
+    h = harness(["ok", refused("a"), refused("b"), refused("a"), "ok"])
+    h.sched.start()
+    pid = kill_engine(h)
+    st = h.wait(lambda st: st["state"] == "ready" and st["pid"] != pid, timeout=60)
+    assert st["gave_up"] is None and len(h.started) == 5
+    assert final(h.run())[0] == "end"
+
+
+def test_a_load_failure_no_retry_can_fix_ends_the_retries_after_a_crash(harness):
+    bad_args = EngineError("load_failed", "the engine exited with code 2", exit_code=2, stderr=["colibri: unknown argument"])
+    h = harness(["ok", bad_args, "ok"])
+    h.sched.start()
+    kill_engine(h)
+    st = h.wait(lambda st: st["gave_up"] is not None)
+    assert st["gave_up"].kind == "bad_arguments" and len(h.started) == 2
 
 
 @pytest.mark.parametrize("mode,kind", [("odd", "internal_error"), ("garbage", "bad_frame")])
@@ -189,7 +258,7 @@ def test_health_tells_the_truth_when_the_worker_is_gone(harness, model, monkeypa
 def test_health_hides_fault_details_unless_allowed(harness, model):  # noqa: F811
     settings = server_config.Settings(model_dir=model, model_id="m")
     app = openai_server.App(settings, lambda msg: None)
-    h = harness([PermissionError(13, "Permission denied", SECRET_PATH), "ok"])
+    h = harness([busy(), "ok"])
     app.sched = h.sched
     h.sched.start()
     h.wait(lambda st: st["state"] == "ready")
@@ -202,8 +271,7 @@ def test_health_hides_fault_details_unless_allowed(harness, model):  # noqa: F81
 def test_restarts_back_off_while_the_engine_keeps_failing(harness):
     from colibri.server.scheduler import restart_delay
     assert [restart_delay(n) for n in range(1, 9)] == [0, 1, 2, 4, 8, 16, 30, 30]
-    h = harness([PermissionError(13, "Permission denied"), PermissionError(13, "Permission denied"),
-                 PermissionError(13, "Permission denied"), "ok"])
+    h = harness([busy(1), busy(2), busy(3), "ok"])  # retried for as long as another engine holds --kv-dir
     waits, pause = [], h.sched._pause
 
     def recorded(seconds):
@@ -212,7 +280,7 @@ def test_restarts_back_off_while_the_engine_keeps_failing(harness):
     h.sched._pause = recorded
     h.sched.start()
     h.wait(lambda st: st["state"] == "ready", timeout=60)
-    assert [type(m).__name__ for m in h.started] == ["PermissionError"] * 3 + ["str"]
+    assert [type(m).__name__ for m in h.started] == ["EngineError"] * 3 + ["str"]
     assert waits[:4] == [0, 0, 1, 2]  # before each start: the first two at once, then backing off
     assert h.sched.failures == 3  # the count resets only when the engine finishes a turn
     assert final(h.run())[0] == "end" and h.sched.failures == 0

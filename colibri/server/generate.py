@@ -45,6 +45,15 @@ def engine_error(kind, message):
     return ApiError(status, message, code=code, headers=headers)
 
 
+def load_failed_error(failure, detail):
+    """The server stopped starting the engine (load_policy): a 503 without Retry-After, since
+    only the operator can fix it. The engine's own message only for a caller allowed to see
+    details (as /health's last_error); everyone else gets its kind."""
+    why = f": {failure.reason}" if detail else " (the server log says why)"
+    return ApiError(503, f"the engine cannot load the model ({failure.kind}){why}; the server has stopped retrying "
+                         f"until its operator fixes this and restarts it", code="engine_load_failed")
+
+
 class ClientGone(Exception):
     pass
 
@@ -91,6 +100,8 @@ class Generation:
                            headers={"Retry-After": str(e.retry_after)}) from None
         except Unavailable as e:
             self.finished = True
+            if e.failure is not None:
+                raise load_failed_error(e.failure, self.h.may_see_details()) from None
             raise ApiError(503, f"the engine is not available: {e}; retry later", code="engine_unavailable",
                            headers={"Retry-After": "5"}) from None
         deadline = job.enqueued_at + app.settings.queue_timeout
@@ -204,7 +215,10 @@ class Generation:
         self.finished = True
         if kind == "cancelled":
             raise ClientGone()
-        err = engine_error(kind, message)
+        if kind == "engine_load_failed":  # message: the LoadFailure (scheduler._fail_queue)
+            err = load_failed_error(message, self.h.may_see_details())
+        else:
+            err = engine_error(kind, message)
         if not self.streaming:
             raise err
         self._send(self.resp.stream_error(err))

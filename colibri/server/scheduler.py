@@ -7,8 +7,10 @@ only turns stdout into events for the worker, so a new job is submitted at once 
 running ones are silent in a long prefill. HTTP threads only write STOP/CANCEL (under the write
 lock). Whatever goes wrong (the engine dies, hangs, sends an odd frame, cannot start, or the
 worker itself hits a bug), only the jobs it happened in fail: the worker retires the engine,
-starts a new one with back-off and keeps serving the queue. A watchdog kills an engine that
-stays silent past its liveness deadline while jobs run.
+starts a new one with back-off and keeps serving the queue. An engine that cannot load stops the
+retries as load_policy says (at the first load, or the same failure again and again): queued
+and new jobs then get its error. A watchdog kills an engine that stays silent past its liveness
+deadline while jobs run.
 """
 import json
 import os
@@ -18,7 +20,7 @@ import traceback
 from collections import deque
 
 from colibri import engine_client, limits
-from colibri.server import telemetry
+from colibri.server import load_policy, telemetry
 
 
 class QueueFull(Exception):
@@ -28,7 +30,12 @@ class QueueFull(Exception):
 
 
 class Unavailable(Exception):
-    """The engine cannot be started; the message says why."""
+    """The engine cannot be started; the message says why. `failure` (a load_policy.LoadFailure)
+    when the server has stopped trying."""
+
+    def __init__(self, message, failure=None):
+        super().__init__(message)
+        self.failure = failure
 
 
 class ServedEngine(engine_client.Engine):
@@ -202,6 +209,8 @@ class Scheduler:
         self.last_error = None      # {"kind", "public", "detail", "at"} of the last fault
         self.restarts = 0
         self.failures = 0           # engine faults since the last turn the engine finished cleanly
+        self.load = load_policy.LoadPolicy()
+        self.gave_up = None         # the LoadFailure that ended the retries; None while retrying
         self.hung = {}              # engine object -> why the watchdog killed it
         self.turn_s = 1.0           # moving average of a turn's duration, for Retry-After
         self.telemetry = None       # telemetry.Telemetry: per-turn routing and tiers for the dashboard
@@ -234,6 +243,8 @@ class Scheduler:
         with self.cond:
             if not self.worker_alive():
                 raise Unavailable("the engine worker stopped; restart the server")
+            if self.gave_up is not None:
+                raise Unavailable(self.gave_up.reason, failure=self.gave_up)
             if self.state in ("failed", "stopped"):
                 raise Unavailable(self.last_error["public"] if self.last_error else "the engine is not running")
             if len(self.queue) + len(self.active) >= self.max_queue + self.parallel:
@@ -287,6 +298,8 @@ class Scheduler:
                 "last_error_public": err["public"] if err else None,
                 "last_error_at": err["at"] if err else None,
                 "restarts": self.restarts,
+                "gave_up": self.gave_up,
+                "ever_loaded": self.load.served,
                 "pid": eng.proc.pid if eng is not None and eng.proc.poll() is None else None,
                 "info": dict(eng.info) if eng is not None else {},
                 "timeout_s": self.engine_timeout,
@@ -404,6 +417,10 @@ class Scheduler:
                 return
             self._drain_inbox(wait=0.2)
             return
+        if self.gave_up is not None:  # nothing more to start; new jobs are refused in enqueue()
+            self._fail_queue()
+            self._pause(1.0)
+            return
         if eng is not None and eng.proc.poll() is not None and not self.active:  # died while idle
             self._retire(eng, "engine_died", eng._died().message)
             eng = None
@@ -447,16 +464,15 @@ class Scheduler:
                 self.state = "restarting"
         try:
             eng = self.factory()
-        except engine_client.EngineError as e:
-            detail = e.message
-        except Exception as e:  # noqa: BLE001 - e.g. PermissionError or a missing binary: retried with back-off
-            detail = f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - e.g. PermissionError or a missing binary: load_policy decides
+            failure = load_policy.classify(e)
         else:
             with self.cond:
                 if self._closing:
                     eng.close()
                     return False
                 self.engine, self.state = eng, "ready"
+                self.load.loaded()
             threading.Thread(target=self._reader, args=(eng,), name="engine-reader", daemon=True).start()
             self.log(f"engine ready (pid {eng.proc.pid}): " + " ".join(f"{k}={v}" for k, v in eng.info.items()))
             if self.telemetry is not None:
@@ -464,7 +480,14 @@ class Scheduler:
             return True
         with self.cond:
             self.state = "failed"
-        self._fault("load_failed", detail)
+        self._fault("load_failed", failure.detail)
+        if self.load.give_up(failure):
+            with self.cond:
+                self.gave_up = failure
+            n = self.load.streak
+            tries = f"after a restart, {n} attempt{'s' * (n > 1)} in a row" if self.load.served else "at start-up"
+            self.log(f"the engine cannot load the model ({failure.kind}, {tries}); not retrying"
+                     + (f": {failure.reason}; {failure.fix}" if self.load.served else ""))  # else run() says it
         return False
 
     def _fail_queue(self):
@@ -473,8 +496,12 @@ class Scheduler:
             self.queue.clear()
             for job in pending:
                 job.state = "done"
+            failure = self.gave_up
         for job in pending:
-            job.push(("error", "unavailable", FAULTS["load_failed"]))
+            if failure is not None:  # the Generation words it for its caller (details or not)
+                job.push(("error", "engine_load_failed", failure))
+            else:
+                job.push(("error", "unavailable", FAULTS["load_failed"]))
 
     def _allowance(self, steps=1):
         """Silence tolerated before the engine counts as hung: --engine-timeout per forward step
