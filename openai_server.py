@@ -5,6 +5,7 @@ Stdlib only. The pieces, one job per module of colibri/server/:
   conns         connections: request heads read without a thread each, caps, eviction
   http          HTTP plumbing and the security checks
   scheduler     the engine process, admission queue, KV slot table
+  load_policy   when an engine that fails to load is no longer restarted
   generate      one generation request from queue to last byte
   openai / anthropic   request parsing and response shapes per dialect
   text          stop sequences and <think> splitting on the text stream

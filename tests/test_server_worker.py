@@ -284,3 +284,18 @@ def test_restarts_back_off_while_the_engine_keeps_failing(harness):
     assert waits[:4] == [0, 0, 1, 2]  # before each start: the first two at once, then backing off
     assert h.sched.failures == 3  # the count resets only when the engine finishes a turn
     assert final(h.run())[0] == "end" and h.sched.failures == 0
+
+
+def test_health_gives_the_load_error_and_hides_its_message_unless_allowed(harness, model):  # noqa: F811
+    settings = server_config.Settings(model_dir=model, model_id="m")
+    app = openai_server.App(settings, lambda msg: None)
+    h = harness([refused(f"{SECRET_PATH}: damaged")])
+    app.sched = h.sched
+    h.sched.start()
+    h.wait(lambda st: st["gave_up"] is not None)
+    code, public = app.health(detail=False)
+    _, private = app.health(detail=True)
+    assert code == 503 and public["status"] == "failed"
+    assert public["engine"]["load_error"]["kind"] == "load_refused" and public["engine"]["load_error"]["message"] is None
+    assert SECRET_PATH not in str(public) and "coli serve again" in public["engine"]["load_error"]["fix"]
+    assert private["engine"]["load_error"]["message"] == f"colibri: {SECRET_PATH}: damaged"

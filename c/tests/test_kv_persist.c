@@ -233,7 +233,7 @@ static void test_dir_lock_and_clean(void) {
     CHECK(fd >= 0, "first lock: %s", err);
     /* flock conflicts between open file descriptions even within one process: a second engine */
     int second = kv_dir_lock(dir, err, sizeof err);
-    CHECK(second == -1 && strstr(err, dir) && strstr(err, "in use by another colibri engine") && strstr(err, "--kv-dir"),
+    CHECK(second == KV_DIR_BUSY && strstr(err, dir) && strstr(err, "in use by another colibri engine") && strstr(err, "--kv-dir"),
           "second lock refused: '%s'", err);
     char pid[32];
     snprintf(pid, sizeof pid, "(pid %d)", (int)getpid());
