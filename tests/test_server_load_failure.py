@@ -76,7 +76,8 @@ echo "colibri: {message}" >&2
 
 @pytest.mark.parametrize("ending,kind", [("exit 1", "load_refused"), ("exit 2", "bad_arguments"),
                                          ("kill -SEGV $$", "load_crashed")])
-def test_a_request_waiting_on_a_failing_first_load_gets_the_error_and_serve_exits(model, tmp_path, ending, kind):  # noqa: F811
+def test_a_request_waiting_on_a_failing_first_load_gets_the_error_and_serve_exits(model, tmp_path,  # noqa: F811
+                                                                                  ending, kind):
     gate, message = tmp_path / "go", f"this engine cannot start ({kind})"
     engine = tmp_path / "engine.sh"
     engine.write_text(SCRIPT.format(gate=gate, message=message, ending=ending))
@@ -103,7 +104,8 @@ def test_a_request_waiting_on_a_failing_first_load_gets_the_error_and_serve_exit
         srv.proc.wait(timeout=60)
         assert srv.proc.returncode != 0
         log = srv.log()
-        assert f"({kind}): " in log and f"colibri: {message}" in log and "start coli serve again" in log and "Traceback" not in log
+        assert f"({kind}): " in log and f"colibri: {message}" in log and "start coli serve again" in log
+        assert "Traceback" not in log
     finally:
         srv.stop()
 

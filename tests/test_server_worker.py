@@ -134,7 +134,8 @@ def test_a_refused_first_load_is_not_retried(harness):
     h = harness([refused(), "ok"])
     h.sched.start()
     st = h.wait(lambda st: st["gave_up"] is not None)
-    assert st["gave_up"].kind == "load_refused" and st["gave_up"].reason == "colibri: --ram 0.0001 GB cannot hold dense 0.3 MB"
+    assert st["gave_up"].kind == "load_refused"
+    assert st["gave_up"].reason == "colibri: --ram 0.0001 GB cannot hold dense 0.3 MB"  # the engine's own line
     assert st["state"] == "failed" and len(h.started) == 1
 
 
@@ -160,7 +161,8 @@ def test_different_load_failures_after_a_crash_keep_retrying(harness):
 
 
 def test_a_load_failure_no_retry_can_fix_ends_the_retries_after_a_crash(harness):
-    bad_args = EngineError("load_failed", "the engine exited with code 2", exit_code=2, stderr=["colibri: unknown argument"])
+    bad_args = EngineError("load_failed", "the engine exited with code 2", exit_code=2,
+                           stderr=["colibri: unknown argument"])
     h = harness(["ok", bad_args, "ok"])
     h.sched.start()
     kill_engine(h)
@@ -296,6 +298,7 @@ def test_health_gives_the_load_error_and_hides_its_message_unless_allowed(harnes
     code, public = app.health(detail=False)
     _, private = app.health(detail=True)
     assert code == 503 and public["status"] == "failed"
-    assert public["engine"]["load_error"]["kind"] == "load_refused" and public["engine"]["load_error"]["message"] is None
+    err = public["engine"]["load_error"]
+    assert err["kind"] == "load_refused" and err["message"] is None
     assert SECRET_PATH not in str(public) and "coli serve again" in public["engine"]["load_error"]["fix"]
     assert private["engine"]["load_error"]["message"] == f"colibri: {SECRET_PATH}: damaged"
