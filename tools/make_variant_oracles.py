@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Config-variant oracles: tiny checkpoints of the MoE families with the config values the
+main oracles (tools/make_oracles.py) leave at one setting: other head geometries, top-k from 1
+to 4, windows, RoPE variants, layer patterns, tied embeddings, optional biases and norms. A
+checkpoint someone else trained picks its own values; each one here is a value a real config
+may hold. Built like the main oracles (make_oracles.build_variant), under .cache/variant_oracles.
+Usage: python tools/make_variant_oracles.py [--out DIR] [--only NAME...]
+"""
+import argparse
+import fcntl
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import make_oracles as mo
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / ".cache" / "variant_oracles"
+TIED = mo.TIED_GAIN
+
+# name -> make_oracles variant spec (family, seed, config overrides of make_oracles.BASE, ...)
+VARIANTS = {
+    # top-1 (renormalised: weight 1), biased projections with the whole-projection q/k norm over
+    # one KV head, no clip, linear RoPE, tied embeddings
+    "olmoe_top1_bias": dict(family="olmoe", seed=201, out_gain=TIED, config=dict(
+        num_hidden_layers=2, num_key_value_heads=1, num_experts=4, num_experts_per_tok=1, intermediate_size=32,
+        norm_topk_prob=True, attention_bias=True, clip_qkv=None, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
+    # eight narrow heads, 16 experts top-4 unnormalised, a tight clip, YaRN
+    "olmoe_top4_yarn": dict(family="olmoe", seed=202, config=dict(
+        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, num_experts=16, num_experts_per_tok=4,
+        intermediate_size=16, clip_qkv=0.5, norm_topk_prob=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 128})),
+    # head_dim wider than hidden/heads, one KV head, top-1, a window that binds, tied embeddings
+    "mixtral_top1_headdim": dict(family="mixtral", seed=203, out_gain=TIED, config=dict(
+        num_hidden_layers=2, num_key_value_heads=1, head_dim=32, num_local_experts=4, num_experts_per_tok=1,
+        intermediate_size=32, sliding_window=30, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # top-3 of 6, narrow heads, a window longer than the sequence (never binds), llama3 RoPE
+    "mixtral_top3_llama3": dict(family="mixtral", seed=204, config=dict(
+        num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4, num_local_experts=6,
+        num_experts_per_tok=3, intermediate_size=24, sliding_window=200, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    # every second layer sparse, renormalised top-1, no qkv bias, explicit head_dim, one KV head
+    "qwen2_moe_step2": dict(family="qwen2_moe", seed=205, config=dict(
+        num_hidden_layers=4, num_key_value_heads=1, head_dim=32, intermediate_size=80, num_experts=4,
+        num_experts_per_tok=1, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+        decoder_sparse_step=2, norm_topk_prob=True, qkv_bias=False)),
+    # two dense layers by mlp_only_layers, top-4 of 8, tied embeddings
+    "qwen2_moe_top4_tied": dict(family="qwen2_moe", seed=206, out_gain=TIED, config=dict(
+        num_hidden_layers=3, num_key_value_heads=2, num_experts=8, num_experts_per_tok=4, moe_intermediate_size=16,
+        shared_expert_intermediate_size=64, mlp_only_layers=[0, 2], norm_topk_prob=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # full first, then two sliding layers (window 5), no attention biases, plain RoPE, top-1 of 4,
+    # one KV head, its own SwiGLU alpha and limit
+    "gpt_oss_top1_nobias": dict(family="gpt_oss", seed=207, config=dict(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=1, intermediate_size=32, sliding_window=5, attention_bias=False,
+        swiglu_alpha=1.5, swiglu_limit=2.0, rms_norm_eps=1e-5,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # only sliding layers, a window of 30, top-4 of 16, narrow heads, truncated YaRN, tied embeddings
+    "gpt_oss_top4_allsliding": dict(family="gpt_oss", seed=208, out_gain=TIED, config=dict(
+        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=8, num_local_experts=16,
+        num_experts_per_tok=4, intermediate_size=16, sliding_window=30, tie_word_embeddings=True,
+        layer_types=["sliding_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 16.0,
+                         "beta_slow": 2.0, "truncate": True, "original_max_position_embeddings": 64})),
+    # full_attention_interval 3 (no layer_types), as many key heads as value heads, a conv of 2,
+    # half rotary, the plain mrope layout, top-1, one KV head, tied embeddings
+    "qwen3_5_moe_text_interval3": dict(family="qwen3_5_moe", seed=209, model_type="qwen3_5_moe_text",
+                                       out_gain=TIED, config=dict(
+        num_hidden_layers=3, full_attention_interval=3, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        num_experts=4, num_experts_per_tok=1, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        linear_num_key_heads=4, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=2, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5,
+                         "mrope_section": [4, 2, 2], "mrope_interleaved": False})),
+    # the release wrapper; a full first layer, three value heads per key head, full rotary, top-3
+    "qwen3_5_moe_vl_fullfirst": dict(family="qwen3_5_moe", seed=210, wrap="vl", config=dict(
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+        num_experts_per_tok=3, moe_intermediate_size=24, shared_expert_intermediate_size=16, rms_norm_eps=1e-5,
+        linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        layer_types=["full_attention", "linear_attention", "linear_attention", "linear_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+                         "mrope_section": [4, 2, 2], "mrope_interleaved": True})),
+    # q_lora, one routing group, top-3 unnormalised, two shared experts, a kernel-3 conv, the
+    # full layer last, no first_k_dense_replace (transformers: one dense layer)
+    "kimi_linear_qlora": dict(family="kimi_linear", seed=211, router_tries=24, config=dict(
+        num_hidden_layers=3, num_local_experts=8, num_experts_per_tok=3, moe_intermediate_size=16,
+        n_shared_experts=2, n_group=1, topk_group=1, routed_scaling_factor=2.0, norm_topk_prob=False,
+        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16, rms_norm_eps=1e-6,
+        linear_attn_config={"full_attn_layers": [3], "kda_layers": [1, 2], "head_dim": 8, "num_heads": 4,
+                            "short_conv_kernel_size": 3})),
+    # explicit layer lists: a full first layer, a dense layer in the middle; MLA biases, four groups
+    "kimi_linear_lists_bias": dict(family="kimi_linear", seed=212, router_tries=24, config=dict(
+        num_hidden_layers=4, num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+        n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=1.0, norm_topk_prob=True,
+        q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=8,
+        attention_bias=True, layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"],
+        mlp_layer_types=["sparse", "dense", "sparse", "sparse"],
+        linear_attn_config={"head_dim": 16, "num_heads": 2, "short_conv_kernel_size": 4})),
+    # rotary_dim = head_dim (full rotary), top-1 of 4, tied embeddings
+    "minimax_m2_fullrot_top1": dict(family="minimax_m2", seed=213, out_gain=TIED, config=dict(
+        num_hidden_layers=2, num_key_value_heads=4, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+        intermediate_size=32, rotary_dim=16, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # partial_rotary_factor instead of rotary_dim, eight heads wider than hidden, top-3 of 8
+    "minimax_m2_partial_top3": dict(family="minimax_m2", seed=214, config=dict(
+        num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=16, num_local_experts=8,
+        num_experts_per_tok=3, intermediate_size=24, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0, "partial_rotary_factor": 0.25})),
+    # the config class's layer pattern (full first and every sixth), the hub's sliding_window_size,
+    # v heads wider than q/k, its own value scale, every layer sparse, one group, top-k unnormalised
+    # and scaled
+    "mimo_v2_flash_default_pattern": dict(family="mimo_v2_flash", seed=215, config=dict(
+        num_hidden_layers=7, num_key_value_heads=2, head_dim=16, v_head_dim=24, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, n_group=1, topk_group=1, norm_topk_prob=False,
+        routed_scaling_factor=2.0, sliding_window_size=7, attention_value_scale=0.5,
+        mlp_layer_types=["sparse"] * 7,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                               "partial_rotary_factor": 0.25}})),
+    # no sliding layer at all (no sinks), two dense layers first, four groups top-3, q/k/v biases
+    "mimo_v2_flash_allfull": dict(family="mimo_v2_flash", seed=216, config=dict(
+        num_hidden_layers=3, num_key_value_heads=1, head_dim=32, v_head_dim=16, n_routed_experts=8,
+        num_experts_per_tok=3, moe_intermediate_size=16, n_group=4, topk_group=2, sliding_window=8,
+        attention_bias=True, mlp_layer_types=["dense", "dense", "sparse"],
+        layer_types=["full_attention"] * 3,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e5, "partial_rotary_factor": 1.0}})),
+}
+# Saved otherwise: f32 / f16 source tensors (converted to f32 containers) and several shards
+# (layers, and fused expert tensors, split across files)
+STORAGE = {
+    "gpt_oss_f32_sharded": ("gpt_oss_top1_nobias", dict(seed=221, dtype="float32", shard="40KB")),
+    "qwen3_5_moe_vl_f16_sharded": ("qwen3_5_moe_vl_fullfirst", dict(seed=222, dtype="float16", shard="40KB")),
+    "kimi_linear_f32_sharded": ("kimi_linear_qlora", dict(seed=223, dtype="float32", shard="40KB")),
+    "minimax_m2_f16": ("minimax_m2_partial_top3", dict(seed=224, dtype="float16")),
+    "mimo_v2_flash_f32_sharded": ("mimo_v2_flash_default_pattern", dict(seed=255, dtype="float32", shard="40KB")),
+    "qwen2_moe_f16_sharded": ("qwen2_moe_step2", dict(seed=226, dtype="float16", shard="40KB")),
+    "olmoe_f32": ("olmoe_top4_yarn", dict(seed=237, dtype="float32")),
+    "mixtral_f16_sharded": ("mixtral_top3_llama3", dict(seed=228, dtype="float16", shard="40KB")),
+}
+VARIANTS.update({name: dict(VARIANTS[base], **over) for name, (base, over) in STORAGE.items()})
+
+
+def generate(out=DEFAULT_OUT, only=None, quiet=False):
+    """Build every (or the named) variant that is missing or stale; return the root."""
+    out = Path(out)
+    names = list(only) if only else list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+    mo._torch()
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in names:
+            vdir = out / name
+            # the spec lives here, outside make_oracles' hash: it joins the stamp
+            stamp = dict(mo.stamp_for(name), spec=json.loads(json.dumps(VARIANTS[name])))
+            if mo.is_fresh(vdir, stamp):
+                continue
+            t0 = time.time()
+            tmp = out / f".{name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            mo.build_variant(name, VARIANTS[name], tmp)
+            (tmp / "stamp.json").write_text(json.dumps(stamp))
+            shutil.rmtree(vdir, ignore_errors=True)
+            tmp.rename(vdir)
+            if not quiet:
+                print(f"{name:32s} {time.time() - t0:5.1f}s", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="output root (default .cache/variant_oracles)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants")
+    a = ap.parse_args(argv)
+    print(f"variant oracles ready under {generate(a.out, a.only)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
