@@ -7,7 +7,7 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 import math
 import re
 
-from colibri.family import deepseek, kimi, mimo, qwen35
+from colibri.family import class_defaults, deepseek, kimi, mimo, qwen35
 
 # Families the engine implements (the key is the name written into colibri.json; the engine's
 # `colibri families` must list the same, which tests/test_registry.py checks).
@@ -92,6 +92,7 @@ FAMILIES = {
         "moe_width": "intermediate_size",
         "renorm": True,
         "expert_names": "mixtral",   # block_sparse_moe.experts.N.w1/w3/w2, block_sparse_moe.gate
+        "rope_theta": 1000000.0,     # the config class's default_theta
         "default_tie": False,
     },
     # gpt-oss: learned attention sinks, sliding-window layers (layer_types) that keep only their
@@ -114,6 +115,7 @@ FAMILIES = {
         "expert_names": "gpt_oss",   # mlp.experts.gate_up_proj (interleaved) / down_proj, mlp.router
         "sinks": True,
         "layer_windows": True,       # sliding_attention layers: a ring of sliding_window positions
+        "rope_theta": 150000.0,      # the config class's default_theta
         "default_tie": False,
         "thinking": None,                 # no on/off switch: reasoning_effort instead
         "reasoning": "harmony",
@@ -547,13 +549,14 @@ def normalize_arch(cfg):
     """HF config.json -> (family, arch dict for colibri.json). Raises UnsupportedModel."""
     family = family_for_model_type(cfg.get("model_type"))
     fam = FAMILIES[family]
+    if fam.get("hybrid") == "gated_deltanet":  # a vision-language wrapper: its text model
+        cfg = qwen35.text_config(cfg)
+    cfg = class_defaults.fill(family, cfg)  # what transformers assumes for a field left out
     if fam.get("attn_layout") == "mimo":
         try:
             cfg = mimo.config_defaults(cfg)
         except (KeyError, TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json lacks a usable {e}") from None
-    elif fam.get("hybrid") == "gated_deltanet":  # a vision-language wrapper: its text model
-        cfg = qwen35.text_config(cfg)
     elif fam.get("hybrid") == "kda":  # the release's own spellings
         cfg = kimi.config(cfg)
     try:

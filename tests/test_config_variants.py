@@ -62,3 +62,31 @@ def test_logits_and_greedy_match_transformers(variant, variant_root, converted, 
     assert flips == 0
     assert n >= MIN_GREEDY, f"{variant}: only {n} greedy tokens comparable ({note})"
 
+
+# ---------- config.json fields left out (no engine needed) ----------
+
+MINIMAL = dict(vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4)
+CONFIG_CLASSES = {"olmoe": "OlmoeConfig", "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig",
+                  "gpt_oss": "GptOssConfig", "qwen3_5_moe_text": "Qwen3_5MoeTextConfig", "qwen3_5_moe": "Qwen3_5MoeConfig",
+                  "kimi_linear": "KimiLinearConfig", "minimax_m2": "MiniMaxM2Config", "mimo_v2_flash": "MiMoV2FlashConfig"}
+
+
+@pytest.mark.parametrize("model_type", list(CONFIG_CLASSES))
+def test_absent_fields_take_the_config_class_defaults(model_type):
+    """A config.json that leaves fields out converts as transformers runs it: with its config
+    class's defaults (the class's own to_dict spells every one of them out)."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+    import family_registry
+    hf_logging.set_verbosity_error()
+    cls = getattr(transformers, CONFIG_CLASSES[model_type])
+    if model_type == "qwen3_5_moe":  # the release wrapper, its text model given as sparsely
+        raw = {"model_type": model_type, "text_config": dict(MINIMAL, model_type="qwen3_5_moe_text")}
+        full = cls(text_config=dict(MINIMAL)).to_dict()
+    else:
+        raw, full = dict(MINIMAL, model_type=model_type), cls(**MINIMAL).to_dict()
+    full = json.loads(json.dumps(full))  # as config.json holds it
+    _, got = family_registry.normalize_arch(raw)
+    _, want = family_registry.normalize_arch(full)
+    diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+    assert not diff, f"{model_type}: fields left out are read otherwise than the class defaults: {diff}"
