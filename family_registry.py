@@ -80,6 +80,7 @@ FAMILIES = {
         "qk_norm": False,
         "moe": True,
         "shared_expert": "gated",    # one shared expert scaled by sigmoid(shared_expert_gate . x)
+        "layer_windows": "use_sliding_window",  # sliding_attention layers (as gpt-oss), when switched on
         "default_tie": False,
     },
     "mixtral": {
@@ -582,7 +583,7 @@ def normalize_arch(cfg):
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModel(f"hidden_act '{act}' is not supported (only silu)")
-    if cfg.get("use_sliding_window"):
+    if cfg.get("use_sliding_window") and fam.get("layer_windows") != "use_sliding_window":
         raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not supported yet")
     layered = None
     if fam.get("attn_layout") == "mimo":  # one RoPE table per layer kind; the model's is layer 0's
@@ -659,7 +660,11 @@ def normalize_arch(cfg):
     if family == "mixtral" and window and int(window) < arch["max_position_embeddings"]:
         # every layer's queries see their last `window` positions (a longer window never binds)
         arch["sliding_window"] = int(window)
-    if fam.get("layer_windows"):
+    if fam.get("layer_windows") == "use_sliding_window":  # Qwen2-MoE: windows only when switched on
+        if cfg.get("use_sliding_window"):
+            arch.update(_layer_windows(dict(cfg, layer_types=cfg.get("layer_types") or _qwen2_layer_types(cfg, layers)),
+                                       layers, arch["max_position_embeddings"]))
+    elif fam.get("layer_windows"):
         arch.update(_layer_windows(cfg, layers, arch["max_position_embeddings"]))
     if fam.get("sinks"):
         arch["attn_sinks"] = True
@@ -704,6 +709,13 @@ def normalize_arch(cfg):
             raise UnsupportedModel(f"config.json: {e}") from None
     arch["layer_mlp"] = kinds
     return family, arch
+
+
+def _qwen2_layer_types(cfg, layers):
+    """Qwen2MoeConfig's layer_types when config.json has none: with use_sliding_window, every
+    other layer below max_window_layers slides (the first among them)."""
+    below = int(cfg.get("max_window_layers", 28))
+    return ["sliding_attention" if (i + 1) % 2 and i < below else "full_attention" for i in range(layers)]
 
 
 def _layer_windows(cfg, layers, max_pos):

@@ -55,6 +55,11 @@ VARIANTS = {
         num_hidden_layers=3, num_key_value_heads=2, num_experts=8, num_experts_per_tok=4, moe_intermediate_size=16,
         shared_expert_intermediate_size=64, mlp_only_layers=[0, 2], norm_topk_prob=False, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # use_sliding_window: the even layers below max_window_layers keep a window of 12 (layer 4 is
+    # past the limit), the rest attend to everything
+    "qwen2_moe_window": dict(family="qwen2_moe", seed=217, config=dict(
+        num_hidden_layers=5, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=32, use_sliding_window=True, sliding_window=12, max_window_layers=3)),
     # full first, then two sliding layers (window 5), no attention biases, plain RoPE, top-1 of 4,
     # one KV head, its own SwiGLU alpha and limit
     "gpt_oss_top1_nobias": dict(family="gpt_oss", seed=207, config=dict(
