@@ -138,6 +138,45 @@ VARIANTS = {
         attention_bias=True, mlp_layer_types=["dense", "dense", "sparse"],
         layer_types=["full_attention"] * 3,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e5, "partial_rotary_factor": 1.0}})),
+    # q heads wider than hidden (as the releases: 64 x 64 > 2880), an explicit YaRN attention factor
+    "gpt_oss_wide_yarn": dict(family="gpt_oss", seed=218, config=dict(
+        num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=16, num_local_experts=8,
+        num_experts_per_tok=2, intermediate_size=24, sliding_window=7, swiglu_limit=3.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 16.0, "attention_factor": 1.2,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 32})),
+    # q heads wider than hidden, YaRN over the (default) quarter rotary, alternating layers
+    "qwen3_5_moe_text_wide_yarn": dict(family="qwen3_5_moe", seed=219, model_type="qwen3_5_moe_text", config=dict(
+        num_hidden_layers=4, full_attention_interval=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 128, "mrope_section": [2, 1, 1],
+                         "mrope_interleaved": True})),
+    # YaRN over rotary_dim 8 of 16
+    "minimax_m2_yarn": dict(family="minimax_m2", seed=220, config=dict(
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=16, rotary_dim=8,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 5000000.0, "factor": 2.0,
+                         "original_max_position_embeddings": 256})),
+    # YaRN on the full layers only, plain RoPE on the sliding ones
+    "mimo_v2_flash_yarn": dict(family="mimo_v2_flash", seed=229, config=dict(
+        num_hidden_layers=3, num_key_value_heads=1, head_dim=32, v_head_dim=16, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, sliding_window=10,
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 5e6, "factor": 4.0,
+                                            "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                               "partial_rotary_factor": 0.5}})),
+    # config.json in the older spelling: rope_scaling {"type": ...} beside a top-level rope_theta
+    "mixtral_legacy_rope": dict(family="mixtral", seed=230, legacy_rope=True, config=dict(
+        num_hidden_layers=2, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=16,
+        rope_parameters={"rope_type": "linear", "rope_theta": 500000.0, "factor": 2.0})),
+    "olmoe_legacy_rope": dict(family="olmoe", seed=231, legacy_rope=True, config=dict(
+        num_hidden_layers=2, num_key_value_heads=4, num_experts=4, num_experts_per_tok=2, intermediate_size=16,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 20000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 128})),
 }
 # Saved otherwise: f32 / f16 source tensors (converted to f32 containers) and several shards
 # (layers, and fused expert tensors, split across files)
@@ -152,6 +191,22 @@ STORAGE = {
     "mixtral_f16_sharded": ("mixtral_top3_llama3", dict(seed=228, dtype="float16", shard="40KB")),
 }
 VARIANTS.update({name: dict(VARIANTS[base], **over) for name, (base, over) in STORAGE.items()})
+
+
+def legacy_rope(hf):
+    """Rewrite config.json's rope_parameters in the spelling older configs use (rope_scaling
+    with "type", rope_theta beside it), and check transformers reads it back the same."""
+    import transformers
+    path = hf / "config.json"
+    cfg = json.loads(path.read_text())
+    params = dict(cfg.pop("rope_parameters"))
+    want = transformers.AutoConfig.from_pretrained(hf).rope_parameters
+    cfg["rope_theta"] = params.pop("rope_theta")
+    params["type"] = params.pop("rope_type")
+    cfg["rope_scaling"] = params
+    path.write_text(json.dumps(cfg, indent=2))
+    got = {k: v for k, v in transformers.AutoConfig.from_pretrained(hf).rope_parameters.items() if k != "type"}
+    assert got == want, f"{hf}: the legacy spelling reads back as {got}, not {want}"
 
 
 def generate(out=DEFAULT_OUT, only=None, quiet=False):
@@ -178,6 +233,8 @@ def generate(out=DEFAULT_OUT, only=None, quiet=False):
             tmp = out / f".{name}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             mo.build_variant(name, VARIANTS[name], tmp)
+            if VARIANTS[name].get("legacy_rope"):
+                legacy_rope(tmp / "hf")
             (tmp / "stamp.json").write_text(json.dumps(stamp))
             shutil.rmtree(vdir, ignore_errors=True)
             tmp.rename(vdir)
