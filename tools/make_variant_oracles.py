@@ -7,6 +7,7 @@ may hold. Built like the main oracles (make_oracles.build_variant), under .cache
 Usage: python tools/make_variant_oracles.py [--out DIR] [--only NAME...]
 """
 import argparse
+import contextlib
 import fcntl
 import json
 import shutil
@@ -20,7 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "variant_oracles"
 TIED = mo.TIED_GAIN
 
-# name -> make_oracles variant spec (family, seed, config overrides of make_oracles.BASE, ...)
+QWEN35_SMALL = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                    num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                    layer_types=["linear_attention", "full_attention"])
+
+# name -> make_oracles variant spec (plus `wrapper`: the VL wrapper config's own fields) (family, seed, config overrides of make_oracles.BASE, ...)
 VARIANTS = {
     # top-1 (renormalised: weight 1), biased projections with the whole-projection q/k norm over
     # one KV head, no clip, linear RoPE, tied embeddings
@@ -94,6 +100,13 @@ VARIANTS = {
         layer_types=["full_attention", "linear_attention", "linear_attention", "linear_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
                          "mrope_section": [4, 2, 2], "mrope_interleaved": True})),
+    # the wrapper's tie_word_embeddings, which transformers' wrapper model follows, against its
+    # text_config's: tied by the wrapper only, then by the text_config only (not tied)
+    "qwen3_5_moe_vl_wrapper_tied": dict(family="qwen3_5_moe", seed=232, wrap="vl", out_gain=TIED,
+                                        wrapper=dict(tie_word_embeddings=True), config=dict(
+        QWEN35_SMALL, tie_word_embeddings=False)),
+    "qwen3_5_moe_vl_text_tied": dict(family="qwen3_5_moe", seed=233, wrap="vl", wrapper=dict(tie_word_embeddings=False),
+                                     config=dict(QWEN35_SMALL, tie_word_embeddings=True)),
     # q_lora, one routing group, top-3 unnormalised, two shared experts, a kernel-3 conv, the
     # full layer last, no first_k_dense_replace (transformers: one dense layer)
     "kimi_linear_qlora": dict(family="kimi_linear", seed=211, router_tries=24, config=dict(
@@ -193,6 +206,24 @@ STORAGE = {
 VARIANTS.update({name: dict(VARIANTS[base], **over) for name, (base, over) in STORAGE.items()})
 
 
+@contextlib.contextmanager
+def wrapper_fields(fields):
+    """make_oracles builds a VL wrapper config from text_config alone: add the wrapper's own fields."""
+    if not fields:
+        yield
+        return
+    plain = mo.model_class
+
+    def model_class(family, wrap=None):
+        cfg_cls, model_cls = plain(family, wrap)
+        return (lambda **kw: cfg_cls(**kw, **fields)) if wrap == "vl" else cfg_cls, model_cls
+    mo.model_class = model_class
+    try:
+        yield
+    finally:
+        mo.model_class = plain
+
+
 def legacy_rope(hf):
     """Rewrite config.json's rope_parameters in the spelling older configs use (rope_scaling
     with "type", rope_theta beside it), and check transformers reads it back the same."""
@@ -232,7 +263,8 @@ def generate(out=DEFAULT_OUT, only=None, quiet=False):
             t0 = time.time()
             tmp = out / f".{name}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            mo.build_variant(name, VARIANTS[name], tmp)
+            with wrapper_fields(VARIANTS[name].get("wrapper")):
+                mo.build_variant(name, VARIANTS[name], tmp)
             if VARIANTS[name].get("legacy_rope"):
                 legacy_rope(tmp / "hf")
             (tmp / "stamp.json").write_text(json.dumps(stamp))
