@@ -4,6 +4,8 @@ decoding agrees token for token, and a config value the engine does not implemen
 at convert time with a message naming the field."""
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -90,3 +92,67 @@ def test_absent_fields_take_the_config_class_defaults(model_type):
     _, want = family_registry.normalize_arch(full)
     diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
     assert not diff, f"{model_type}: fields left out are read otherwise than the class defaults: {diff}"
+
+
+# ---------- what convert refuses, and the CLI a scorer drives ----------
+
+# (variant, config.json change, text the refusal must hold): fields the engine does not
+# implement, each named by the message
+REFUSED = [
+    ("mixtral_top1_headdim", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ("olmoe_top1_bias", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
+     "rope type 'dynamic'"),
+    ("minimax_m2_yarn", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+                                             "long_factor": [1.0] * 4}}, "rope type 'longrope'"),
+    ("olmoe_top4_yarn", {"head_dim": 16}, "head_dim 16"),
+    ("gpt_oss_top1_nobias", {"layer_types": ["full_attention", "chunked_attention", "sliding_attention"]},
+     "layer_types: chunked_attention"),
+    ("qwen3_5_moe_text_interval3", {"attention_bias": True}, "attention_bias"),
+    ("qwen3_5_moe_vl_fullfirst", {"text_config": {"linear_num_key_heads": 4}}, "linear_num_value_heads 6"),
+    ("kimi_linear_qlora", {"mla_use_nope": False}, "mla_use_nope"),
+    ("kimi_linear_qlora", {"linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2]}, "layer_types": None},
+     "linear_attn_config.full_attn_layers names layer 4"),
+    ("mimo_v2_flash_allfull", {"layer_types": ["full_attention", "chunked_attention", "full_attention"]},
+     "layer_types"),
+]
+
+
+def edited_checkpoint(variant_root, variant, change, dst):
+    shutil.copytree(Path(variant_root) / variant / "hf", dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict) and key != "rope_parameters":
+            cfg[key].update(value)  # a sub-config: change some of its fields
+        else:
+            cfg[key] = value
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("variant,change,message", REFUSED, ids=[f"{v}-{next(iter(c))}" for v, c, _ in REFUSED])
+def test_unsupported_fields_are_refused_by_name(variant, change, message, variant_root, tmp_path):
+    src = edited_checkpoint(variant_root, variant, change, tmp_path / "hf")
+    p = subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(src), str(tmp_path / "c")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and message in p.stderr, f"exit {p.returncode}: {p.stderr[-600:]}"
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "c" / "colibri.json").exists()
+
+
+def test_logits_cli_contract(variant_root, converted, tmp_path):
+    """What a scorer relies on: --help, [len(ids), vocab] little-endian float32 rows, errors
+    that name the bad id and exit non-zero."""
+    helps = {cmd: subprocess.run([sys.executable, str(ROOT / "coli"), cmd, "--help"], capture_output=True, text=True)
+             for cmd in ("convert", "logits")}
+    assert all(p.returncode == 0 for p in helps.values())
+    assert "--ids" in helps["logits"].stdout and "--out" in helps["logits"].stdout
+    assert "--experts" in helps["convert"].stdout and "--dense" in helps["convert"].stdout
+    info, ref = load_ref(variant_root, "mixtral_top1_headdim")
+    model = converted("mixtral_top1_headdim")
+    raw = run_logits(model, [5, 6, 7], tmp_path / "three.f32")
+    assert raw.shape == (3, info["vocab_size"]) and (tmp_path / "three.f32").stat().st_size == 3 * info["vocab_size"] * 4
+    coli("logits", "--model", model, "--ids", "5, 6, 7", "--out", tmp_path / "spaced.f32")  # spaces after commas
+    assert np.array_equal(raw, np.fromfile(tmp_path / "spaced.f32", dtype="<f4").reshape(raw.shape))
+    bad = subprocess.run([sys.executable, str(ROOT / "coli"), "logits", "--model", str(model), "--ids",
+                          f"5,{info['vocab_size']}", "--out", str(tmp_path / "bad.f32")], capture_output=True, text=True)
+    assert bad.returncode != 0 and f"'{info['vocab_size']}' is not an id in [0, {info['vocab_size']})" in bad.stderr, bad.stderr
