@@ -70,6 +70,7 @@ FAMILIES = {
         "qk_norm": "full",           # q/k RMSNorm over the whole projection, not per head
         "moe": True,
         "moe_width": "intermediate_size",
+        "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
     },
     "qwen2_moe": {
@@ -81,6 +82,7 @@ FAMILIES = {
         "moe": True,
         "shared_expert": "gated",    # one shared expert scaled by sigmoid(shared_expert_gate . x)
         "layer_windows": "use_sliding_window",  # sliding_attention layers (as gpt-oss), when switched on
+        "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
     },
     "mixtral": {
@@ -94,6 +96,7 @@ FAMILIES = {
         "renorm": True,
         "expert_names": "mixtral",   # block_sparse_moe.experts.N.w1/w3/w2, block_sparse_moe.gate
         "rope_theta": 1000000.0,     # the config class's default_theta
+        "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
     },
     # gpt-oss: learned attention sinks, sliding-window layers (layer_types) that keep only their
@@ -117,6 +120,7 @@ FAMILIES = {
         "sinks": True,
         "layer_windows": True,       # sliding_attention layers: a ring of sliding_window positions
         "rope_theta": 150000.0,      # the config class's default_theta
+        "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
         "thinking": None,                 # no on/off switch: reasoning_effort instead
         "reasoning": "harmony",
@@ -603,7 +607,9 @@ def normalize_arch(cfg):
         partial = fam.get("partial_rotary", 1.0)
         if partial == "rotary_dim":  # MiniMax-M2: rotary_dim, unless a partial_rotary_factor overrides it
             partial = int(cfg["rotary_dim"]) / head_dim if cfg.get("rotary_dim") else 1.0
-        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, partial, default_theta=fam.get("rope_theta", 10000.0))
+        whole = _whole_rotary(family, cfg) if fam.get("rotary") == "whole" else None
+        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, partial, partial=whole,
+                                                       default_theta=fam.get("rope_theta", 10000.0))
     if fam["biases"] == "config":
         qkvo = bool(cfg.get("attention_bias", fam.get("bias_default", False)))
         bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": bool(cfg.get("mlp_bias", False))}
@@ -716,6 +722,18 @@ def _qwen2_layer_types(cfg, layers):
     other layer below max_window_layers slides (the first among them)."""
     below = int(cfg.get("max_window_layers", 28))
     return ["sliding_attention" if (i + 1) % 2 and i < below else "full_attention" for i in range(layers)]
+
+
+def _whole_rotary(family, cfg):
+    """1.0 for a family whose transformers model rotates every head dimension: its default RoPE
+    never reads partial_rotary_factor, and a scaled RoPE that does cannot run it."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if factor not in (None, 1, 1.0) and rope_type != "default":
+        raise UnsupportedModel(f"partial_rotary_factor {factor} with rope type '{rope_type}': {family} rotates whole "
+                               "heads (transformers' model cannot apply a partial rotary); remove the field")
+    return 1.0
 
 
 def _layer_windows(cfg, layers, max_pos):

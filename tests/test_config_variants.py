@@ -105,6 +105,8 @@ REFUSED = [
     ("minimax_m2_yarn", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
                                              "long_factor": [1.0] * 4}}, "rope type 'longrope'"),
     ("olmoe_top4_yarn", {"head_dim": 16}, "head_dim 16"),
+    ("mixtral_top3_llama3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
+                                                 "partial_rotary_factor": 0.5}}, "partial_rotary_factor 0.5"),
     ("gpt_oss_top1_nobias", {"layer_types": ["full_attention", "chunked_attention", "sliding_attention"]},
      "layer_types: chunked_attention"),
     ("qwen3_5_moe_text_interval3", {"attention_bias": True}, "attention_bias"),

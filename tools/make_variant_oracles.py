@@ -182,6 +182,14 @@ VARIANTS = {
                                             "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
                                                "partial_rotary_factor": 0.5}})),
+    # a partial_rotary_factor transformers' model never reads (default RoPE rotates whole heads)
+    "mixtral_partial_unread": dict(family="mixtral", seed=234, config=dict(
+        num_hidden_layers=2, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    "gpt_oss_partial_unread": dict(family="gpt_oss", seed=236, config=dict(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, intermediate_size=16, sliding_window=9, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0, "partial_rotary_factor": 0.25})),
     # config.json in the older spelling: rope_scaling {"type": ...} beside a top-level rope_theta
     "mixtral_legacy_rope": dict(family="mixtral", seed=230, legacy_rope=True, config=dict(
         num_hidden_layers=2, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=16,
