@@ -47,6 +47,9 @@ def converted(variant_root, tmp_path_factory):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_logits_and_greedy_match_transformers(variant, variant_root, converted, tmp_path):
     info, ref = load_ref(variant_root, variant)
+    # transformers' own greedy run agrees with its teacher-forced pass (its cache once did not,
+    # for a one-position window)
+    assert info["gen_teacher_forced_agrees"], f"{variant}: the reference's generate() and forward disagree"
     model = converted(variant)
     # f32 K/V: the bf16 weights are the checkpoint's own, so only summation order differs
     exact = exact_ratio(run_logits(model, info["ids"], tmp_path / "f32.f32", "--kv", "f32"), ref)

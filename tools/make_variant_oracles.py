@@ -198,6 +198,38 @@ VARIANTS = {
         num_hidden_layers=2, num_key_value_heads=4, num_experts=4, num_experts_per_tok=2, intermediate_size=16,
         rope_parameters={"rope_type": "yarn", "rope_theta": 20000.0, "factor": 4.0,
                          "original_max_position_embeddings": 128})),
+    # widths no kernel block divides (hidden 48 / 40, head_dim 12 / 24, expert width 20 / 24), a
+    # vocabulary of 333, windows of one position, a single KDA head, rotary_dim 2
+    "gpt_oss_h48_window2": dict(family="gpt_oss", seed=301, config=dict(
+        vocab_size=333, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=20, sliding_window=2,
+        layer_types=["sliding_attention", "full_attention"], rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    "mixtral_h40": dict(family="mixtral", seed=302, config=dict(
+        hidden_size=40, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, intermediate_size=24)),
+    "kimi_linear_h48_one_head": dict(family="kimi_linear", seed=303, router_tries=24, config=dict(
+        hidden_size=48, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        n_shared_experts=1, q_lora_rank=None, kv_lora_rank=20, qk_nope_head_dim=12, qk_rope_head_dim=4, v_head_dim=12,
+        linear_attn_config={"full_attn_layers": [2], "kda_layers": [1], "head_dim": 24, "num_heads": 1,
+                            "short_conv_kernel_size": 2})),
+    "minimax_m2_rotary2": dict(family="minimax_m2", seed=304, config=dict(
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=16, rotary_dim=2)),
+    "qwen3_5_moe_text_h48": dict(family="qwen3_5_moe", seed=305, model_type="qwen3_5_moe_text", config=dict(
+        hidden_size=48, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=24, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=24, linear_num_key_heads=1,
+        linear_num_value_heads=3, linear_key_head_dim=12, linear_value_head_dim=20, linear_conv_kernel_dim=3,
+        layer_types=["linear_attention", "full_attention"])),
+    "mimo_v2_flash_window2": dict(family="mimo_v2_flash", seed=306, config=dict(
+        num_hidden_layers=2, num_key_value_heads=1, head_dim=24, v_head_dim=20, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=24, sliding_window=2, mlp_layer_types=["sparse", "sparse"],
+        layer_types=["sliding_attention", "full_attention"])),
+    "olmoe_h48": dict(family="olmoe", seed=307, config=dict(
+        vocab_size=333, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+        num_experts_per_tok=2, intermediate_size=20)),
+    "qwen2_moe_h40": dict(family="qwen2_moe", seed=308, config=dict(
+        hidden_size=40, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=36,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=20, shared_expert_intermediate_size=28)),
 }
 # Saved otherwise: f32 / f16 source tensors (converted to f32 containers) and several shards
 # (layers, and fused expert tensors, split across files)
