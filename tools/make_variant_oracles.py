@@ -231,8 +231,8 @@ VARIANTS = {
         hidden_size=40, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=36,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=20, shared_expert_intermediate_size=28)),
 }
-# Saved otherwise: f32 / f16 source tensors (converted to f32 containers) and several shards
-# (layers, and fused expert tensors, split across files)
+# Saved otherwise: f32 / f16 source tensors (converted to f32 containers), several shards
+# (layers, and fused expert tensors, split across files), transformers' fused layout
 STORAGE = {
     "gpt_oss_f32_sharded": ("gpt_oss_top1_nobias", dict(seed=221, dtype="float32", shard="40KB")),
     "qwen3_5_moe_vl_f16_sharded": ("qwen3_5_moe_vl_fullfirst", dict(seed=222, dtype="float16", shard="40KB")),
@@ -242,6 +242,10 @@ STORAGE = {
     "qwen2_moe_f16_sharded": ("qwen2_moe_step2", dict(seed=226, dtype="float16", shard="40KB")),
     "olmoe_f32": ("olmoe_top4_yarn", dict(seed=237, dtype="float32")),
     "mixtral_f16_sharded": ("mixtral_top3_llama3", dict(seed=228, dtype="float16", shard="40KB")),
+    # transformers' own layout (save_original_format=False): fused mlp.experts.gate_up_proj / down_proj
+    "olmoe_fused": ("olmoe_top4_yarn", dict(seed=238, layout="fused")),
+    "qwen2_moe_fused": ("qwen2_moe_step2", dict(seed=239, layout="fused")),
+    "kimi_linear_fused": ("kimi_linear_lists_bias", dict(seed=240, layout="fused")),
 }
 VARIANTS.update({name: dict(VARIANTS[base], **over) for name, (base, over) in STORAGE.items()})
 
