@@ -69,6 +69,31 @@ def test_logits_and_greedy_match_transformers(variant, variant_root, converted, 
     assert n >= MIN_GREEDY, f"{variant}: only {n} greedy tokens comparable ({note})"
 
 
+LONG = 600  # positions: several prefill batches, chunks of the linear layers, windows 20x over
+LONG_VARIANTS = ["qwen3_5_moe_vl_fullfirst", "kimi_linear_qlora", "gpt_oss_wide_yarn", "mimo_v2_flash_default_pattern"]
+
+
+@pytest.mark.parametrize("variant", LONG_VARIANTS)
+def test_long_sequence_matches_transformers(variant, variant_root, tmp_path):
+    """A sequence longer than the 96-position references, past YaRN's original context, computed
+    by transformers here (float32, eager attention and experts)."""
+    import torch
+    import make_oracles
+    torch.set_num_threads(1)
+    spec, hf = make_variant_oracles.VARIANTS[variant], Path(variant_root) / variant / "hf"
+    _, cls = make_oracles.model_class(spec["family"], spec.get("wrap"))
+    model = cls.from_pretrained(hf, dtype=torch.float32, attn_implementation="eager",
+                                experts_implementation="eager").eval()
+    ids = torch.randint(1, 320, (LONG,), generator=torch.Generator().manual_seed(7)).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].float().numpy()
+    coli("convert", hf, tmp_path / "c", *EXACT["bf16"])
+    got = run_logits(tmp_path / "c", ids, tmp_path / "l.f32", "--kv", "f32")
+    ratio = exact_ratio(got, ref)
+    print(f"{variant}: {LONG} positions, max|logit-ref|/max|ref| = {ratio:.2e}")
+    assert ratio <= STRICT_TOL and (got.argmax(-1) == ref.argmax(-1)).mean() > 0.99
+
+
 # Default conversion (q4 experts, q8 dense), as a checkpoint is most often converted. These tiny
 # random models are far more fragile than trained ones (top-1 routing, recurrent state carrying a
 # flipped choice on); measured at worst: mean KL 0.50, top-1 57%. The bounds catch a broken kernel
