@@ -541,7 +541,9 @@ def _rope_inv_freq(cfg, head_dim, default_partial=1.0, partial=None, default_the
             out.append((f / factor) * (1 - extra) + f * extra)
         inv = out
         scale = float(att)
-    return dim, inv, scale
+    # an odd int(head_dim * partial) still rotates whole pairs: transformers' cos/sin hold
+    # 2 x ceil(dim / 2) dims, the frequencies keep dim as their exponent's denominator
+    return 2 * len(inv), inv, scale
 
 
 def _float32(x):

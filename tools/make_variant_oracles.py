@@ -230,6 +230,33 @@ VARIANTS = {
     "qwen2_moe_h40": dict(family="qwen2_moe", seed=308, config=dict(
         hidden_size=40, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=36,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=20, shared_expert_intermediate_size=28)),
+    # an odd int(head_dim x partial) (16 x 0.334, 20 x 0.25, rotary_dim 5): transformers rotates
+    # 2 x ceil(dim / 2) dims; v heads wider than q/k without a value scale
+    "mimo_v2_flash_odd_rotary": dict(family="mimo_v2_flash", seed=403, config=dict(
+        num_hidden_layers=3, num_key_value_heads=2, head_dim=16, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, sliding_window=5, attention_value_scale=None, attention_bias=True,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    "qwen3_5_moe_text_odd_rotary": dict(family="qwen3_5_moe", seed=406, model_type="qwen3_5_moe_text", config=dict(
+        QWEN35_SMALL, head_dim=20, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.25})),
+    "minimax_m2_odd_rotary": dict(family="minimax_m2", seed=407, config=dict(
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=16, rotary_dim=5)),
+    # two dense layers first (first_k_dense_replace 2), full layers around a KDA one, q_lora with MLA biases
+    "kimi_linear_qlora_bias": dict(family="kimi_linear", seed=401, router_tries=24, config=dict(
+        num_hidden_layers=3, num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
+        n_group=2, topk_group=1, q_lora_rank=20, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+        attention_bias=True, first_k_dense_replace=2,
+        linear_attn_config={"full_attn_layers": [1, 3], "kda_layers": [2], "head_dim": 16, "num_heads": 2,
+                            "short_conv_kernel_size": 4})),
+    # every third layer sparse, the last one dense by mlp_only_layers, renormalised top-2
+    "qwen2_moe_step3": dict(family="qwen2_moe", seed=402, config=dict(
+        num_hidden_layers=6, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, decoder_sparse_step=3, mlp_only_layers=[5], norm_topk_prob=True)),
+    # no sliding layer (the window unused), top-3 of 4
+    "gpt_oss_allfull": dict(family="gpt_oss", seed=404, config=dict(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=3, intermediate_size=16, sliding_window=4, layer_types=["full_attention", "full_attention"])),
 }
 # Saved otherwise: f32 / f16 source tensors (converted to f32 containers), several shards
 # (layers, and fused expert tensors, split across files), transformers' fused layout
