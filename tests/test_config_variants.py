@@ -195,7 +195,7 @@ def test_logits_cli_contract(variant_root, converted, tmp_path):
     helps = {cmd: subprocess.run([sys.executable, str(ROOT / "coli"), cmd, "--help"], capture_output=True, text=True)
              for cmd in ("convert", "logits")}
     assert all(p.returncode == 0 for p in helps.values())
-    assert "--ids" in helps["logits"].stdout and "--out" in helps["logits"].stdout
+    assert "--ids" in helps["logits"].stdout and "little-endian float32" in helps["logits"].stdout
     assert "--experts" in helps["convert"].stdout and "--dense" in helps["convert"].stdout
     info, ref = load_ref(variant_root, "mixtral_top1_headdim")
     model = converted("mixtral_top1_headdim")
