@@ -242,6 +242,17 @@ VARIANTS = {
     "minimax_m2_odd_rotary": dict(family="minimax_m2", seed=407, config=dict(
         num_hidden_layers=2, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
         intermediate_size=16, rotary_dim=5)),
+    # odd widths in the hybrids: three MLA heads with odd latent ranks, three KDA heads of 10;
+    # DeltaNet heads of 6 (key) and 10 (value) with a conv of 5
+    "kimi_linear_odd_dims": dict(family="kimi_linear", seed=501, router_tries=24, config=dict(
+        num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3, num_local_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=20, n_shared_experts=1, q_lora_rank=18, kv_lora_rank=18, qk_nope_head_dim=10,
+        qk_rope_head_dim=6, v_head_dim=14,
+        linear_attn_config={"full_attn_layers": [2], "kda_layers": [1], "head_dim": 10, "num_heads": 3,
+                            "short_conv_kernel_size": 3})),
+    "qwen3_5_moe_text_odd_dims": dict(family="qwen3_5_moe", seed=502, model_type="qwen3_5_moe_text", config=dict(
+        QWEN35_SMALL, num_key_value_heads=4, linear_num_key_heads=3, linear_num_value_heads=3, linear_key_head_dim=6,
+        linear_value_head_dim=10, linear_conv_kernel_dim=5)),
     # two dense layers first (first_k_dense_replace 2), full layers around a KDA one, q_lora with MLA biases
     "kimi_linear_qlora_bias": dict(family="kimi_linear", seed=401, router_tries=24, config=dict(
         num_hidden_layers=3, num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
