@@ -7,7 +7,7 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 import math
 import re
 
-from colibri.family import deepseek, kimi, mimo, qwen35
+from colibri.family import class_defaults, deepseek, kimi, mimo, qwen35
 
 # Families the engine implements (the key is the name written into colibri.json; the engine's
 # `colibri families` must list the same, which tests/test_registry.py checks).
@@ -70,6 +70,7 @@ FAMILIES = {
         "qk_norm": "full",           # q/k RMSNorm over the whole projection, not per head
         "moe": True,
         "moe_width": "intermediate_size",
+        "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
     },
     "qwen2_moe": {
@@ -80,6 +81,8 @@ FAMILIES = {
         "qk_norm": False,
         "moe": True,
         "shared_expert": "gated",    # one shared expert scaled by sigmoid(shared_expert_gate . x)
+        "layer_windows": "use_sliding_window",  # sliding_attention layers (as gpt-oss), when switched on
+        "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
     },
     "mixtral": {
@@ -92,6 +95,8 @@ FAMILIES = {
         "moe_width": "intermediate_size",
         "renorm": True,
         "expert_names": "mixtral",   # block_sparse_moe.experts.N.w1/w3/w2, block_sparse_moe.gate
+        "rope_theta": 1000000.0,     # the config class's default_theta
+        "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
     },
     # gpt-oss: learned attention sinks, sliding-window layers (layer_types) that keep only their
@@ -114,6 +119,8 @@ FAMILIES = {
         "expert_names": "gpt_oss",   # mlp.experts.gate_up_proj (interleaved) / down_proj, mlp.router
         "sinks": True,
         "layer_windows": True,       # sliding_attention layers: a ring of sliding_window positions
+        "rope_theta": 150000.0,      # the config class's default_theta
+        "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
         "thinking": None,                 # no on/off switch: reasoning_effort instead
         "reasoning": "harmony",
@@ -534,7 +541,9 @@ def _rope_inv_freq(cfg, head_dim, default_partial=1.0, partial=None, default_the
             out.append((f / factor) * (1 - extra) + f * extra)
         inv = out
         scale = float(att)
-    return dim, inv, scale
+    # an odd int(head_dim * partial) still rotates whole pairs: transformers' cos/sin hold
+    # 2 x ceil(dim / 2) dims, the frequencies keep dim as their exponent's denominator
+    return 2 * len(inv), inv, scale
 
 
 def _float32(x):
@@ -547,13 +556,14 @@ def normalize_arch(cfg):
     """HF config.json -> (family, arch dict for colibri.json). Raises UnsupportedModel."""
     family = family_for_model_type(cfg.get("model_type"))
     fam = FAMILIES[family]
+    if fam.get("hybrid") == "gated_deltanet":  # a vision-language wrapper: its text model
+        cfg = qwen35.text_config(cfg)
+    cfg = class_defaults.fill(family, cfg)  # what transformers assumes for a field left out
     if fam.get("attn_layout") == "mimo":
         try:
             cfg = mimo.config_defaults(cfg)
         except (KeyError, TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json lacks a usable {e}") from None
-    elif fam.get("hybrid") == "gated_deltanet":  # a vision-language wrapper: its text model
-        cfg = qwen35.text_config(cfg)
     elif fam.get("hybrid") == "kda":  # the release's own spellings
         cfg = kimi.config(cfg)
     try:
@@ -579,7 +589,7 @@ def normalize_arch(cfg):
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModel(f"hidden_act '{act}' is not supported (only silu)")
-    if cfg.get("use_sliding_window"):
+    if cfg.get("use_sliding_window") and fam.get("layer_windows") != "use_sliding_window":
         raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not supported yet")
     layered = None
     if fam.get("attn_layout") == "mimo":  # one RoPE table per layer kind; the model's is layer 0's
@@ -599,7 +609,9 @@ def normalize_arch(cfg):
         partial = fam.get("partial_rotary", 1.0)
         if partial == "rotary_dim":  # MiniMax-M2: rotary_dim, unless a partial_rotary_factor overrides it
             partial = int(cfg["rotary_dim"]) / head_dim if cfg.get("rotary_dim") else 1.0
-        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, partial, default_theta=fam.get("rope_theta", 10000.0))
+        whole = _whole_rotary(family, cfg) if fam.get("rotary") == "whole" else None
+        rot_dim, inv_freq, rope_scale = _rope_inv_freq(cfg, head_dim, partial, partial=whole,
+                                                       default_theta=fam.get("rope_theta", 10000.0))
     if fam["biases"] == "config":
         qkvo = bool(cfg.get("attention_bias", fam.get("bias_default", False)))
         bias = {"q_bias": qkvo, "k_bias": qkvo, "v_bias": qkvo, "o_bias": qkvo, "mlp_bias": bool(cfg.get("mlp_bias", False))}
@@ -656,7 +668,11 @@ def normalize_arch(cfg):
     if family == "mixtral" and window and int(window) < arch["max_position_embeddings"]:
         # every layer's queries see their last `window` positions (a longer window never binds)
         arch["sliding_window"] = int(window)
-    if fam.get("layer_windows"):
+    if fam.get("layer_windows") == "use_sliding_window":  # Qwen2-MoE: windows only when switched on
+        if cfg.get("use_sliding_window"):
+            arch.update(_layer_windows(dict(cfg, layer_types=cfg.get("layer_types") or _qwen2_layer_types(cfg, layers)),
+                                       layers, arch["max_position_embeddings"]))
+    elif fam.get("layer_windows"):
         arch.update(_layer_windows(cfg, layers, arch["max_position_embeddings"]))
     if fam.get("sinks"):
         arch["attn_sinks"] = True
@@ -701,6 +717,25 @@ def normalize_arch(cfg):
             raise UnsupportedModel(f"config.json: {e}") from None
     arch["layer_mlp"] = kinds
     return family, arch
+
+
+def _qwen2_layer_types(cfg, layers):
+    """Qwen2MoeConfig's layer_types when config.json has none: with use_sliding_window, every
+    other layer below max_window_layers slides (the first among them)."""
+    below = int(cfg.get("max_window_layers", 28))
+    return ["sliding_attention" if (i + 1) % 2 and i < below else "full_attention" for i in range(layers)]
+
+
+def _whole_rotary(family, cfg):
+    """1.0 for a family whose transformers model rotates every head dimension: its default RoPE
+    never reads partial_rotary_factor, and a scaled RoPE that does cannot run it."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if factor not in (None, 1, 1.0) and rope_type != "default":
+        raise UnsupportedModel(f"partial_rotary_factor {factor} with rope type '{rope_type}': {family} rotates whole "
+                               "heads (transformers' model cannot apply a partial rotary); remove the field")
+    return 1.0
 
 
 def _layer_windows(cfg, layers, max_pos):

@@ -50,10 +50,11 @@ static int logits_main(int argc, char **argv) {
     for (const char *c = ids_arg; *c; c++) o.logits_rows += *c == ',';
     Engine e;
     if (engine_open(&e, &o, err, sizeof err)) { fprintf(stderr, "colibri: %s\n", err); return 1; }
-    int32_t *ids;
-    int n;
-    if (parse_ids(ids_arg, e.model.a.vocab, &ids, &n, err, sizeof err) || n == 0) {
-        fprintf(stderr, "colibri logits: %s\n", n == 0 ? "--ids is empty" : err);
+    int32_t *ids = NULL;
+    int n = 0, bad = parse_ids(ids_arg, e.model.a.vocab, &ids, &n, err, sizeof err);
+    if (bad || n == 0) { /* an id out of range names itself, not an "empty" list */
+        fprintf(stderr, "colibri logits: %s\n", bad ? err : "--ids is empty");
+        free(ids);
         engine_close(&e);
         return 2;
     }

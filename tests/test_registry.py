@@ -119,9 +119,12 @@ def test_new_moe_families_config_facts():
     _, arch = family_registry.normalize_arch(dict(base, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=16,
                                                   shared_expert_intermediate_size=48, qkv_bias=False))
     assert not arch["q_bias"]
-    with pytest.raises(family_registry.UnsupportedModel, match="sliding-window"):
-        family_registry.normalize_arch(dict(base, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=16,
-                                            shared_expert_intermediate_size=48, use_sliding_window=True))
+    # use_sliding_window: every other layer below max_window_layers (Qwen2MoeConfig's layer_types)
+    _, arch = family_registry.normalize_arch(dict(base, model_type="qwen2_moe", num_hidden_layers=5, num_experts=4,
+                                                  moe_intermediate_size=16, shared_expert_intermediate_size=48,
+                                                  use_sliding_window=True, sliding_window=64, max_window_layers=3))
+    assert [s["attn"]["window"] for s in family_registry.layer_specs(arch)] == [64, 0, 64, 0, 0]
+    assert family_registry.layer_specs(arch)[0]["attn"]["state"]["window"] == 64
     mix = dict(base, model_type="mixtral", num_local_experts=4, norm_topk_prob=False)
     _, arch = family_registry.normalize_arch(mix)
     moe = family_registry.layer_specs(arch)[0]["mlp"]

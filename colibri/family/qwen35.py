@@ -13,14 +13,18 @@ ELEM = {"F32": 4, "BF16": 2, "F16": 2}
 
 
 def text_config(cfg):
-    """The text model's config: the wrapper's text_config (keys the wrapper sets at top level,
-    such as tie_word_embeddings, fill in what it lacks), or cfg itself for a text-only config."""
+    """The text model's config: the wrapper's text_config (keys the wrapper sets at top level
+    fill in what it lacks; tie_word_embeddings is the wrapper's), or cfg itself for a text-only
+    config."""
     tc = cfg.get("text_config")
     if not isinstance(tc, dict):
         return cfg
     out = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
     out.update(tc)
     out["model_type"] = cfg.get("model_type")
+    # the wrapper model ties its lm_head by its own flag (Qwen3_5MoeConfig, default false); the
+    # text_config's is not read
+    out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     return out
 
 
