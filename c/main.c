@@ -46,6 +46,10 @@ static int logits_main(int argc, char **argv) {
         i = next;
     }
     if (!ids_arg || !out) { fprintf(stderr, "colibri logits: --ids and --out are required\n"); return 2; }
+    if (!o.kv_set) { /* a reference check wants K/V as computed: f16 rounding moves logits by ~1e-3 */
+        o.kv_set = 1;
+        o.kv_type = QT_F32;
+    }
     o.logits_rows = 1; /* the budget holds this pass's KV and one chunk of its logits */
     for (const char *c = ids_arg; *c; c++) o.logits_rows += *c == ',';
     Engine e;
