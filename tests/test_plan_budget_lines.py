@@ -86,3 +86,13 @@ def test_plan_text_shows_each_line(tmp_path):
     assert "(none: every layer can be cut at any prefix)" in lines["checkpoints"]
     assert "vocabulary trie" in lines["grammar"]
     assert "elastic: 1/16 of the budget beyond its minimum" in lines["mask"]
+
+
+def test_the_start_up_budget_line_names_what_is_counted():
+    from colibri.cli import launch_opts
+    info = {"ram_budget": "1000000000", "dense_bytes": "100000000", "kv_bytes": "2000000", "runtime_bytes": "30000000",
+            "checkpoint_bytes": "52000000", "grammar_bytes": "27000000", "mask_cache_bytes": "0",
+            "expert_cache_bytes": "500000000", "cap": "10", "experts": "64", "batch": "128"}
+    line = launch_opts.budget_line(info)
+    assert "checkpoints 52.00 MB + grammar 27.00 MB + expert cache 500.00 MB" in line
+    assert "mask cache" not in line  # a zero line is left out
