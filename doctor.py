@@ -289,9 +289,12 @@ def check_memory(rep, d, man, mem):
     kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx, family_registry.KV_DEFAULT)
     runtime = resource_plan.runtime_bytes(man, ctx, DEFAULT_BATCH, launch_opts.usable_cpus(),
                                           tokenizer_bytes=scan["tokenizer_bytes"])
-    split = resource_plan.budget_split(scan, budget, kv, runtime)
+    ckpt = resource_plan.KV_MAX_CHECKPOINTS * resource_plan.checkpoint_bytes(scan, ctx)
+    grammar = resource_plan.grammar_reserve(scan["arch"]["vocab"] or 0, 1) if scan["tokenizer_bytes"] else 0
+    split = resource_plan.budget_split(scan, budget, kv, runtime, checkpoints=ckpt, grammar=grammar)
     gb = fmt_bytes
-    parts = f"dense {gb(split['dense'])} + {ctx}-token KV {gb(kv)} + runtime {gb(runtime)}"
+    parts = f"dense {gb(split['dense'])} + {ctx}-token KV {gb(kv)} + runtime {gb(runtime)}" + \
+        (f" + checkpoints {gb(ckpt)}" if ckpt else "") + (f" + grammar {gb(grammar)}" if grammar else "")
     if not split["fits"]:
         return rep.add("memory", "fail", f"{parts} need {gb(split['min_ram'])} but the default budget (90% of "
                        f"available memory) is {gb(budget)}: the engine will refuse to start",

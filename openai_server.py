@@ -138,6 +138,7 @@ class App:
                         "cache_slots_per_layer": _int(info.get("cap")), "pinned_at_start": _int(info.get("pinned")),
                         "direct_io": _flag(info.get("direct")), "readahead": _flag(info.get("readahead"))},
             "memory": {k: _int(info.get(k)) for k in ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes",
+                                                      "checkpoint_bytes", "grammar_bytes", "mask_cache_bytes",
                                                       "expert_cache_bytes")},
             "last_cancel": self.metrics.last_cancel,
         }

@@ -62,17 +62,48 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     return r + tokenizer_bytes * 8  # the tokenizer parse peak
 
 
-def budget_split(scan, ram, kv, runtime, cap=None):
+MASK_CACHE_MAX = 64 << 20  # c/ram_budget.h GRAMMAR_MASK_CACHE_MAX
+MASK_CACHE_SHARE = 16      # the mask cache takes 1/16 of what the budget has beyond its minimum
+KV_MAX_CHECKPOINTS = 4     # c/model.h: turn-boundary checkpoints a slot keeps
+
+
+def grammar_reserve(vocab, runs):
+    """c/grammar_mask.c grammar_reserve_bytes: the grammar's vocabulary trie (150 bytes a token,
+    at 8 bytes of text a token) and, per run in flight, two masks and 1 MiB of DFA transitions."""
+    mask = (vocab + 31) // 32 * 4
+    return vocab * 150 + 65536 * 4 + max(runs, 1) * (2 * mask + (1 << 20))
+
+
+def checkpoint_bytes(scan, ctx, kv=None):
+    """c/kv.c kv_checkpoint_bytes: one turn-boundary checkpoint of a slot (every layer's fixed
+    recurrent state and every ring of a windowed layer), or 0 when the slot needs none."""
+    import family_registry
+    kv = kv or family_registry.KV_DEFAULT
+    fixed = ring = 0
+    truncatable = True
+    for st in scan.get("kv_layers") or []:
+        per_pos, f, trunc, window = family_registry.layer_state({"attn": {"state": st}}, kv)
+        fixed += f
+        if 0 < window < ctx:
+            ring += per_pos * window
+        truncatable = truncatable and bool(trunc)
+    return 0 if (truncatable or not fixed) and not ring else fixed + ring
+
+
+def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0):
     """The engine's split of a RAM budget (bytes; None or 0: no budget, every expert mapped):
-    dense trunk + KV + runtime fixed, the expert cache in whole slots of the rest. Returns
-    streaming, dense, cap (slots per MoE layer), cache (bytes), min_ram (smallest budget that
-    fits) and fits."""
+    dense trunk + KV + runtime + state checkpoints + grammar fixed, the grammar's mask cache
+    elastic (a 16th of the budget beyond its minimum, at most 64 MiB), the expert cache in whole
+    slots of the rest. Returns streaming, dense, cap (slots per MoE layer), cache (bytes),
+    mask_cache, min_ram (smallest budget that fits) and fits."""
     ex = scan["experts"]
     dense = scan["tensor_bytes"] - scan["expert_bytes"] + scan["dense_f32_bytes"]
-    fixed = dense + kv + runtime
+    fixed = dense + kv + runtime + checkpoints + grammar
     n, E = ex["layers"], ex["per_layer"] if ex["layers"] else 0
     per_cap = n * ex["slot_bytes"]
+    mask_max = MASK_CACHE_MAX if grammar else 0
     out = {"streaming": bool(ram or cap), "dense": dense, "kv": kv, "runtime": runtime, "cap": E, "cache": 0,
+           "checkpoints": checkpoints, "grammar": grammar, "mask_cache": mask_max,
            "slot_bytes": ex["slot_bytes"], "fits": True}
     if not out["streaming"]:
         out["min_ram"] = fixed + E * per_cap
@@ -81,8 +112,10 @@ def budget_split(scan, ram, kv, runtime, cap=None):
     if ram and ram < out["min_ram"]:
         out["fits"] = False
         return out
+    if ram:
+        out["mask_cache"] = min(mask_max, (ram - out["min_ram"]) // MASK_CACHE_SHARE)
     if E and not cap and ram:
-        out["cap"] = min(E, (ram - fixed) // per_cap)
+        out["cap"] = min(E, (ram - fixed - out["mask_cache"]) // per_cap)
     if cap:
         out["cap"] = cap
     out["cache"] = out["cap"] * per_cap if E else 0
@@ -145,27 +178,31 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     runtime_at = lambda b: runtime_bytes(man, ctx, b, threads, tokenizer_bytes=scan["tokenizer_bytes"],  # noqa: E731
                                          streams=kv_slots)
     runtime = runtime_at(batch)
-    split = budget_split(scan, budget, kv, runtime, cap)
+    ckpt = kv_slots * KV_MAX_CHECKPOINTS * checkpoint_bytes(scan, ctx, kv_type)
+    grammar = grammar_reserve(a["vocab"] or 0, kv_slots) if scan["tokenizer_bytes"] else 0
+    split_at = lambda r: budget_split(scan, budget, kv, r, cap, ckpt, grammar)  # noqa: E731
+    split = split_at(runtime)
     if budget and not split["fits"] and not batch_given:
         # the engine takes a smaller prefill batch before it refuses (c/engine_stream.c)
-        at1 = budget_split(scan, budget, kv, runtime_at(1), cap)
+        at1 = split_at(runtime_at(1))
         if not at1["fits"]:
             split = at1  # the engine refuses with the numbers at batch 1
         while at1["fits"] and not split["fits"]:
             batch //= 2
             runtime = runtime_at(batch)
-            split = budget_split(scan, budget, kv, runtime, cap)
+            split = split_at(runtime)
     dense = split["dense"]
     n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
     expert_each = ex["bytes_each"]
     notes, problems = [], []
-    fixed = dense + kv + runtime
+    mask_cache = split["mask_cache"] if split["fits"] else 0
+    fixed = dense + kv + runtime + ckpt + grammar + mask_cache
     if budget is None:
         problems.append("available memory is unknown; pass --ram GB")
     elif not split["fits"]:
         slots_needed = f" + {cap} expert slots per MoE layer (--cap {cap})" if cap else \
             (" + one expert slot per MoE layer" if E else "")
-        problems.append(f"dense weights + KV + runtime{slots_needed} need "
+        problems.append(f"dense weights + KV + runtime + checkpoints + grammar{slots_needed} need "
                         f"{split['min_ram'] / GB:.2f} GB but the budget is {budget / GB:.2f} GB: the engine refuses "
                         "to start; lower --ctx or --kv-slots, or raise --ram")
     slots = split["cap"] if split["fits"] and budget is not None else 0
@@ -224,7 +261,8 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     return {
         "budget": budget, "budget_source": "--ram" if ram is not None else f"{int(BUDGET_SHARE * 100)}% of usable memory",
         "ctx": ctx, "kv_slots": kv_slots, "threads": threads, "batch": batch,
-        "tiers": {"dense": dense, "runtime": runtime, "kv": kv, "expert_cache": cache_used,
+        "tiers": {"dense": dense, "runtime": runtime, "kv": kv, "checkpoints": ckpt, "grammar": grammar,
+                  "mask_cache": mask_cache, "expert_cache": cache_used,
                   "free": (budget - fixed - cache_used) if budget is not None else None},
         "kv_bytes_per_token_per_slot": kv_per_token, "kv_fixed_bytes_per_slot": kv_fixed,
         "kv_type": kv_type or _kv_default(),
@@ -236,6 +274,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
         "planned": planned,
         # the engine's READY fields for this budget (tests/test_budget_agreement.py)
         "engine_split": {"ram_budget": budget or 0, "dense_bytes": dense, "kv_bytes": kv, "runtime_bytes": runtime,
+                         "checkpoint_bytes": ckpt, "grammar_bytes": grammar, "mask_cache_bytes": split["mask_cache"],
                          "expert_cache_bytes": split["cache"], "cap": split["cap"] if split["fits"] else None,
                          "experts": E if n_moe else 0, "moe_layers": n_moe, "batch": batch},
         "problems": problems,
@@ -308,6 +347,15 @@ def format_plan(res):
             f"  {'runtime':<14}{fmt_bytes(t['runtime']):>12}   (working memory)",
             f"  {'KV cache':<14}{fmt_bytes(t['kv']):>12}   ({p['kv_type']}: {fmt_bytes(p['kv_bytes_per_token_per_slot'])} per token per slot"
             f"{', ' + fmt_bytes(p['kv_fixed_bytes_per_slot']) + ' fixed' if p['kv_fixed_bytes_per_slot'] else ''})",
+            f"  {'checkpoints':<14}{fmt_bytes(t['checkpoints']):>12}   "
+            + (f"(up to {KV_MAX_CHECKPOINTS} turn-boundary copies of recurrent state and rings per slot)"
+               if t["checkpoints"] else "(none: every layer can be cut at any prefix)"),
+            f"  {'grammar':<14}{fmt_bytes(t['grammar']):>12}   "
+            + ("(vocabulary trie and matcher scratch, built on the first grammar request)" if t["grammar"]
+               else "(none: no tokenizer.json, so no grammar requests)"),
+            f"  {'mask cache':<14}{fmt_bytes(t['mask_cache']):>12}   "
+            + (f"(elastic: 1/{MASK_CACHE_SHARE} of the budget beyond its minimum, at most "
+               f"{fmt_bytes(MASK_CACHE_MAX)}; masks past it are rebuilt)" if t["grammar"] else ""),
             f"  {'expert cache':<14}{fmt_bytes(t['expert_cache']):>12}",
             f"  {'left free':<14}{fmt_bytes(t['free']):>12}"]
     pe = p["experts"]

@@ -44,6 +44,11 @@ static GrammarVocab *build_vocab(const Engine *e) {
     return v;
 }
 
+/* Each run that may be in flight at once gets an equal share of the budget's mask cache. */
+static size_t mask_share(const Engine *e) {
+    return (size_t)(e->budget.mask_cache / (uint64_t)(e->parallel > 0 ? e->parallel : 1));
+}
+
 GrammarRun *engine_grammar_begin(Engine *e, const char *text, size_t n, char *err, size_t errlen) {
     if (!e->tok) { snprintf(err, errlen, "grammar: needs the model's tokenizer.json, which this model has none of"); return NULL; }
     EngineGrammar *eg = e->grammar;
@@ -63,12 +68,14 @@ GrammarRun *engine_grammar_begin(Engine *e, const char *text, size_t n, char *er
         Grammar *g = grammar_parse(text, n, err, errlen);
         GrammarRun *r = g ? grammar_run_new(g, eg->vocab) : NULL;
         if (!r && g) { grammar_free(g); goto oom; }
+        if (r) grammar_run_set_mask_cache(r, mask_share(e));
         return r;
     }
     grammar_run_free(eg->run); grammar_free(eg->g); free(eg->text);
     eg->run = NULL; eg->g = NULL; eg->text = NULL;
     if (!(eg->g = grammar_parse(text, n, err, errlen))) return NULL;
     if (!(eg->text = malloc(n + 1)) || !(eg->run = grammar_run_new(eg->g, eg->vocab))) goto oom;
+    grammar_run_set_mask_cache(eg->run, mask_share(e));
     memcpy(eg->text, text, n);
     eg->len = n;
     eg->busy = 1;

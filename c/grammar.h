@@ -58,6 +58,13 @@ int grammar_run_failed(const GrammarRun *r); /* an allocation failed, or the wor
 /* Expansion steps allowed between resets (default 20M, a few seconds: only a grammar that is
  * ambiguous at every step gets near it). */
 void grammar_run_set_work_limit(GrammarRun *r, uint64_t steps);
+/* Bytes the run's cached token masks may take (default GRAMMAR_MASK_CACHE_DEFAULT; the engine
+ * sizes it from the RAM budget); past it they are dropped and rebuilt on use. */
+#define GRAMMAR_MASK_CACHE_DEFAULT ((size_t)64 << 20)
+void grammar_run_set_mask_cache(GrammarRun *r, size_t bytes);
+/* Bytes the engine sets aside for the vocabulary trie of a vocab-token vocabulary, and for each
+ * run's scratch (grammar_mask.c; measured in docs/architecture.md, "RAM budget"). */
+uint64_t grammar_reserve_bytes(int vocab, int runs);
 
 /* The current state: complete (the output so far is a whole sentence: EOS allowed) and
  * finished (complete and nothing can follow). */

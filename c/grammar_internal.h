@@ -76,7 +76,7 @@ struct GrammarRun {
     /* masks */
     uint32_t *scratch_mask;  /* budget-filtered mask */
     int32_t *walk_state;     /* per trie depth */
-    size_t masks_cached;
+    size_t masks_cached, mask_cache_bytes; /* masks kept, and the bytes they may take */
     uint64_t masks_built, mask_hits;
     uint64_t work_total, work_limit; /* expansion steps since the last reset, and their limit */
 };

@@ -335,6 +335,7 @@ GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v) {
     r->g = g;
     r->v = v;
     r->work_limit = GRAMMAR_MAX_WORK;
+    r->mask_cache_bytes = GRAMMAR_MASK_CACHE_DEFAULT;
     if (v && v->n_added && !(r->added_ok = calloc((size_t)v->n_added, 1))) { grammar_run_free(r); return NULL; }
     for (int32_t i = 0; v && i < v->n_added; i++) {
         int32_t t = v->added[i];
@@ -367,6 +368,7 @@ void grammar_run_free(GrammarRun *r) {
 
 void grammar_run_reset(GrammarRun *r) { r->cur = r->start; r->work_total = 0; }
 void grammar_run_set_work_limit(GrammarRun *r, uint64_t steps) { r->work_limit = steps; }
+void grammar_run_set_mask_cache(GrammarRun *r, size_t bytes) { r->mask_cache_bytes = bytes; }
 const Grammar *grammar_run_grammar(const GrammarRun *r) { return r->g; }
 int grammar_run_failed(const GrammarRun *r) { return r->failed; }
 int grammar_complete(const GrammarRun *r) { return r->st[r->cur].complete; }

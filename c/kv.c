@@ -12,6 +12,18 @@ size_t kv_bytes(const Arch *a, int ctx) {
     return b;
 }
 
+size_t kv_checkpoint_bytes(const Arch *a, int ctx) {
+    size_t fixed = 0, ring = 0;
+    int truncatable = 1;
+    for (int l = 0; l < a->n_layers; l++) {
+        const StateDesc *s = &a->state[l];
+        fixed += s->fixed;
+        if (ring_cap(s, ctx) < ctx) ring += s->per_pos * (size_t)ring_cap(s, ctx);
+        truncatable &= s->truncatable;
+    }
+    return (truncatable || !fixed) && !ring ? 0 : fixed + ring; /* the test of kv_keeps_checkpoints */
+}
+
 size_t kv_bytes_per_token(const Arch *a) {
     size_t b = 0;
     for (int l = 0; l < a->n_layers; l++) b += a->state[l].per_pos;

@@ -122,6 +122,9 @@ void kv_checkpoint(KvCache *kv);
 /* Whether this slot keeps checkpoints (a recurrent state or a ring), and the bytes of one. */
 int kv_keeps_checkpoints(const KvCache *kv);
 size_t kv_ck_bytes(const KvCache *kv);
+/* What one checkpoint of a slot of ctx positions takes (0: the slot keeps none); a slot keeps up
+ * to KV_MAX_CHECKPOINTS, which the RAM budget counts. */
+size_t kv_checkpoint_bytes(const Arch *a, int ctx);
 /* Replaces the slot's checkpoints by n_ck ones: positions pos[], kv_ck_bytes each, back to back
  * in bytes (a restored file or log record). Out of memory keeps fewer: never wrong, only slower. */
 void kv_set_checkpoints(KvCache *kv, int n_ck, const int32_t *pos, const unsigned char *bytes);

@@ -13,7 +13,8 @@ import streaming_model
 from colibri import engine_client
 
 ROOT = Path(__file__).resolve().parents[1]
-FIELDS = ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "expert_cache_bytes", "cap", "experts", "moe_layers",
+FIELDS = ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "checkpoint_bytes", "grammar_bytes", "mask_cache_bytes",
+          "expert_cache_bytes", "cap", "experts", "moe_layers",
           "batch")
 
 
@@ -25,7 +26,7 @@ def coli(*args):
 @pytest.fixture(scope="module")
 def models(oracle_root, tmp_path_factory):
     out = {"streaming": streaming_model.container()}
-    for v in ("qwen3_moe", "llama", "gpt_oss"):
+    for v in ("qwen3_moe", "llama", "gpt_oss", "qwen3_5_moe"):
         d = tmp_path_factory.mktemp(v) / "c"
         r = coli("convert", Path(oracle_root) / v / "hf", d)
         assert r.returncode == 0, r.stderr
@@ -50,6 +51,7 @@ CASES = [  # model, --ram GB, ctx, slots, threads, cap, kv
     ("llama", "0.05", 300, 3, 2, None, None),
     ("gpt_oss", "0.05", 400, 2, 2, 1, None),  # sliding layers keep a ring of 12; resident expert biases
     ("streaming", "0.05", 512, 1, 2, None, None),  # tight: the engine lowers its prefill batch to fit
+    ("qwen3_5_moe", "0.05", 256, 3, 2, None, None),  # recurrent layers: checkpoints of their fixed state
 ]
 
 

@@ -367,7 +367,8 @@ def test_a_tight_budget_lowers_the_prefill_batch_before_refusing(oracle_root, tm
     want = base.turn(ids, logits=1)["logits"]
     base.close()
     slot = int(r["expert_cache_bytes"]) // int(r["moe_layers"])
-    need = int(r["dense_bytes"]) + int(r["kv_bytes"]) + int(r["runtime_bytes"]) + int(r["moe_layers"]) * slot
+    need = sum(int(r[k]) for k in ("dense_bytes", "kv_bytes", "runtime_bytes", "checkpoint_bytes", "grammar_bytes")) + \
+        int(r["moe_layers"]) * slot
     ram = f"{(need - 1_000_000) / 1e9:.6f}"
     e = Raw(model, "--ram", ram, "--ctx", "256", "--pin", "off")
     assert e.ready["cap"] == "1" and int(e.ready["runtime_bytes"]) < int(r["runtime_bytes"])

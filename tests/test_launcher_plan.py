@@ -108,7 +108,8 @@ def test_tiers_add_up_and_cache_slots_follow_the_budget(synthetic):
     p = resource_plan.plan(s, machine(), ram=budget, ctx=1024, mem_bw=20, disk_bw=2, threads=4)
     assert p["experts"]["cache_slots_per_layer"] == 5
     t = p["tiers"]
-    assert t["dense"] + t["runtime"] + t["kv"] + t["expert_cache"] + t["free"] == budget
+    assert t["dense"] + t["runtime"] + t["kv"] + t["checkpoints"] + t["grammar"] + t["mask_cache"] + \
+        t["expert_cache"] + t["free"] == budget
     assert t["expert_cache"] == 5 * one_slot_all_layers
     assert p["experts"]["hit_rate_low"] == pytest.approx(5 / 16)
     assert p["experts"]["hit_rate_low"] < p["experts"]["hit_rate_high"] < 1

@@ -67,6 +67,7 @@ def test_a_streaming_server_reports_its_expert_store(oracle_root, tmp_path):
         h = srv.health()
         assert h["experts"]["cache_slots_per_layer"] == 1 and h["memory"]["ram_budget"] == 500_000_000
         assert h["memory"]["dense_bytes"] > 0 and h["memory"]["runtime_bytes"] > 0
+        assert h["memory"]["grammar_bytes"] > 0 and h["memory"]["checkpoint_bytes"] == 0  # a tokenizer; GQA only
         body = json.dumps({"prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 4, "temperature": 0})
         status, _, _ = srv.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         assert status == 200

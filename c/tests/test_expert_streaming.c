@@ -45,6 +45,23 @@ static void test_budget(void) {
     dense.cap = 0;
     dense.ram = 39000000;
     CHECK(ram_budget_split(&dense, &o, err, sizeof err) == -1 && strstr(err, "--ram 0.04"), "%s", err);
+    /* checkpoints and the grammar are fixed; the mask cache takes 1/16 of the spare budget */
+    BudgetIn g = {.ram = 100000000, .dense = 30000000, .kv = 6000000, .runtime = 4000000, .checkpoints = 8000000,
+                  .grammar = 2000000, .moe_layers = 4, .experts = 64, .slot_bytes = 1000000};
+    CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.min_ram == 54000000ull, "min_ram %llu",
+          (unsigned long long)o.min_ram);
+    /* spare 46 MB: mask cache 2.875 MB; 100 - 50 - 2.875 = 47.1 MB: 11 slots per layer */
+    CHECK(o.mask_cache == 2875000ull && o.cap == 11, "mask %llu cap %d", (unsigned long long)o.mask_cache, o.cap);
+    CHECK(50000000ull + o.mask_cache + o.cache <= g.ram, "the split exceeds the budget");
+    g.ram = 10000000000ull; /* plenty: the mask cache stops at its bound */
+    CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.mask_cache == GRAMMAR_MASK_CACHE_MAX, "mask bound");
+    g.ram = 54000000; /* the minimum: no mask is kept, each is rebuilt on use */
+    CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.mask_cache == 0 && o.cap == 1, "at the minimum");
+    g.ram = 53999999;
+    CHECK(ram_budget_split(&g, &o, err, sizeof err) == -1 && strstr(err, "checkpoints 8.0 MB") &&
+          strstr(err, "grammar 2.0 MB") && strstr(err, "--ram 0.06"), "%s", err);
+    g.grammar = 0; g.ram = 0; /* no tokenizer: no grammar, no masks */
+    CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.mask_cache == 0, "no grammar: no mask cache");
 }
 
 static void test_pool(void) {

@@ -209,7 +209,40 @@ static void test_work_limit(void) {
     grammar_free(g);
 }
 
+/* The mask cache keeps at most its byte bound (the engine's share of the RAM budget): past it the
+ * masks are dropped and rebuilt on use, and the masks themselves stay the same. */
+static int masks_built_over(GrammarVocab *v, size_t bound, int *last) {
+    char err[256];
+    Grammar *g = parse("root ::= (\"a\" \"b\")*", err);
+    GrammarRun *r = g ? grammar_run_new(g, v) : NULL;
+    if (!r) { grammar_free(g); return -1; }
+    grammar_run_set_mask_cache(r, bound);
+    const uint32_t *m;
+    for (int i = 0; i < 6; i++) { /* states alternate: before an a, before a b */
+        *last = grammar_mask(r, -1, &m);
+        grammar_accept_bytes(r, i & 1 ? "b" : "a", 1, NULL);
+    }
+    GrammarStats st;
+    grammar_stats(r, &st);
+    grammar_run_free(r);
+    grammar_free(g);
+    return (int)st.masks_built;
+}
+
+static void test_mask_cache_bound(void) {
+    GrammarVocab *v = vocab();
+    if (!v) return;
+    int last_big, last_small;
+    int big = masks_built_over(v, GRAMMAR_MASK_CACHE_DEFAULT, &last_big);
+    int none = masks_built_over(v, 0, &last_small);
+    CHECK(big == 2, "two states, two masks under the default bound: %d", big);
+    CHECK(none == 6, "a zero bound keeps none: every mask rebuilt, %d", none);
+    CHECK(last_big == last_small && last_big > 0, "the same mask either way: %d vs %d", last_big, last_small);
+    grammar_vocab_free(v);
+}
+
 void test_grammar(void) {
+    test_mask_cache_bound();
     test_dead_end();
     test_work_limit();
     test_errors();

@@ -1,0 +1,36 @@
+"""A small qwen3_moe container with a real 152k-token vocabulary (the Qwen3 tokenizer): the
+sizes that matter for the grammar's vocabulary trie and masks. Random bf16 weights, cached
+under .cache/ keyed by the recipe, like streaming_model."""
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import streaming_model
+
+ROOT = streaming_model.ROOT
+TOKENIZER = ROOT / ".cache" / "tokenizers" / "qwen3"
+RECIPE = dict(vocab_size=151936, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, num_experts=64, num_experts_per_tok=4, moe_intermediate_size=512,
+              seed=11, version=1)
+
+
+def container():
+    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:16]
+    root = ROOT / ".cache" / "big_vocab" / key
+    if (root / "container" / "colibri.json").exists():
+        return root / "container"
+    if root.exists():
+        shutil.rmtree(root)
+    streaming_model.write_checkpoint(root / "hf", RECIPE)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER / name, root / "hf" / name)
+    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(root / "hf"), str(root / "container"),
+                    "--experts", "q4"], check=True, capture_output=True)
+    shutil.rmtree(root / "hf")
+    return root / "container"
+
+
+if __name__ == "__main__":
+    print(container())
