@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@ static int src_elem(const char *dt) {
     if (!strcmp(dt, "F32")) return 4;
     if (!strcmp(dt, "F16") || !strcmp(dt, "BF16")) return 2;
     if (!strcmp(dt, "F8_E4M3")) return 1;
+    if (!strcmp(dt, "I64")) return 8; /* integer tables (DeepSeek-V4's tid2eid), stored as f32 */
+    if (!strcmp(dt, "I32")) return 4;
     return 0;
 }
 
@@ -34,6 +37,8 @@ static void to_f32(const char *dt, const unsigned char *src, long long n, float 
     if (!strcmp(dt, "F32")) memcpy(dst, src, (size_t)n * 4);
     else if (!strcmp(dt, "BF16")) dequant_row(QT_BF16, src, (int)n, dst);
     else if (!strcmp(dt, "F8_E4M3")) for (long long i = 0; i < n; i++) dst[i] = e4m3(src[i]);
+    else if (!strcmp(dt, "I64")) for (long long i = 0; i < n; i++) { int64_t v; memcpy(&v, src + 8 * i, 8); dst[i] = (float)v; }
+    else if (!strcmp(dt, "I32")) for (long long i = 0; i < n; i++) { int32_t v; memcpy(&v, src + 4 * i, 4); dst[i] = (float)v; }
     else dequant_row(QT_F16, src, (int)n, dst);
 }
 

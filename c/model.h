@@ -52,8 +52,10 @@ typedef struct {
 
 /* Pre-norm residual layer: x += attn(attn_norm(x)); x += mlp(mlp_norm(x)). Either half may be
  * absent (a layer without attention, or without an MLP). */
+typedef struct HyperConn HyperConn;
 typedef struct {
     Block attn_norm, attn, mlp_norm, mlp;
+    HyperConn *hc[2]; /* NULL, or the hyper-connections around attn / mlp (the model has hc_head) */
 } Layer;
 
 typedef struct Container Container;
@@ -62,6 +64,7 @@ typedef struct {
     Arch a;
     QMat embed, lm_head;
     Block final_norm;
+    HyperConn *hc_head; /* NULL, or the final collapse of the residual streams (hyper_conn.h) */
     Layer *layers;
     StateDesc *state; /* [n_layers]: a.state points here */
     Container *ct;

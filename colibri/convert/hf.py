@@ -21,7 +21,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.convert import gpt_oss
-from colibri.family import deepseek, kimi, qwen35
+from colibri.family import deepseek, deepseek_v4, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
@@ -30,6 +30,7 @@ from version import VERSION
 FORMAT_VERSION = 1
 EXPERT_CHOICES, DENSE_CHOICES = EXPERT_STORAGE, DENSE_STORAGE
 SOURCE_DTYPES = ("F32", "F16", "BF16", "F8_E4M3")  # F8_E4M3: block-FP8, with its weight_scale_inv
+INDEX_DTYPES = ("I64", "I32")  # integer tables (DeepSeek-V4's tid2eid), stored as f32 (exact below 2^24)
 COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
                 "special_tokens_map.json", "chat_template.jinja")
 STATE_FILE = ".coli_convert.json"
@@ -85,7 +86,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             raise ConvertError(f"source checkpoint lacks tensor '{name}'")
         if list(t["shape"]) != list(shape):
             raise ConvertError(f"source tensor '{name}' has shape {t['shape']}, the config implies {list(shape)}")
-        if t["dtype"] not in SOURCE_DTYPES:
+        if t["dtype"] not in SOURCE_DTYPES and not (name.endswith(".tid2eid") and t["dtype"] in INDEX_DTYPES):
             raise ConvertError(f"source tensor '{name}' is {t['dtype']}; supported source dtypes: {', '.join(SOURCE_DTYPES)}")
         p.used.add(name)
         if t["dtype"] == "F8_E4M3":
@@ -109,6 +110,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     trunk = family_registry.trunk_spec(arch)
     whole(trunk["embed"], "dense", [V, H], (0,))
     whole(trunk["final_norm"]["tensors"]["weight"], "f32", [H], (0,))
+    if "hc_head" in trunk:  # DeepSeek-V4's final collapse of the residual streams
+        for key, shape in deepseek_v4.hc_shapes(trunk["hc_head"], H).items():
+            whole(trunk["hc_head"]["tensors"][key], "f32", shape, (L + 1,))
     if arch["tie_word_embeddings"]:
         if "lm_head.weight" in tensors:
             p.used.add("lm_head.weight")  # a tied checkpoint may still carry a copy
@@ -129,6 +133,10 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
+        for hc in ("attn_hc", "mlp_hc"):  # DeepSeek-V4's hyper-connections
+            if hc in spec:
+                for key, shape in deepseek_v4.hc_shapes(spec[hc], H).items():
+                    whole(spec[hc]["tensors"][key], "f32", shape, o)
         if spec["attn"]["kind"] == "kda":
             special = kimi.attn_outputs(spec["attn"], H, lambda n: list(tensors[n]["shape"]) if n in tensors else None)
         else:
@@ -136,7 +144,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         for out in special or ():
             rows_of(*out, o)
         if not special:  # gated DeltaNet / KDA / gated-q layers are gathered above
-            shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else gqa_shapes(spec["attn"], H)
+            kind = spec["attn"]["kind"]
+            shapes = (deepseek.mla_shapes(spec["attn"], H) if kind == "mla" else
+                      deepseek_v4.attn_shapes(spec["attn"], H) if kind == "dsv4" else gqa_shapes(spec["attn"], H))
         for key, name in ({} if special else spec["attn"]["tensors"]).items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
@@ -155,6 +165,8 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         whole(mlp["router"]["tensors"]["weight"], "f32", [E, H], o)
         if "bias" in mlp["router"]["tensors"]:  # selection-only correction bias (sigmoid_group)
             whole(mlp["router"]["tensors"]["bias"], "f32", [E], o)
+        if "tid2eid" in mlp["router"]["tensors"]:  # hash routing: each token's top-k experts
+            whole(mlp["router"]["tensors"]["tid2eid"], "f32", [V, mlp["top_k"]], o)
         if "shared" in mlp:  # shared experts: dense trunk, resident
             S = mlp["shared"]["width"]
             for key, name in mlp["shared"]["tensors"].items():
@@ -381,6 +393,11 @@ def convert(src, out, experts=None, dense="q8", log=print):
     rename = {"gated_deltanet": qwen35.text_tensors, "kda": kimi.source_tensors}.get(family_registry.FAMILIES[family].get("hybrid"))
     if rename:
         tensors = rename(tensors, log)
+    if family_registry.FAMILIES[family].get("attn_layout") == "dsv4":
+        try:
+            tensors = deepseek_v4.source_tensors(tensors, log)
+        except ValueError as e:
+            raise ConvertError(str(e)) from None
     attach_fp8_scales(cfg, tensors)
     if arch.get("expert_names") == "mixtral" and not any(".block_sparse_moe." in n for n in tensors):
         del arch["expert_names"]  # transformers' own layout (save_original_format=False): mlp.gate, fused experts
