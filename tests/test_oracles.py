@@ -220,6 +220,9 @@ def test_oracle_checkpoint(variant, oracle_root):
         dtypes.discard("I64")
         keys.add("lm_head.weight")
         assert "sliding_attention" in cfg["layer_types"] and cfg["sliding_window"] < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS
+        if "compressed_sparse_attention" in cfg["layer_types"]:  # both compressed kinds; an HCA entry before generation
+            assert "heavily_compressed_attention" in cfg["layer_types"]
+            assert cfg["compress_rates"]["heavily_compressed_attention"] < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS
     assert dtypes == {want}
     assert ("lm_head.weight" in keys) != bool(cfg.get("tie_word_embeddings"))
     if spec["family"] == "qwen3_moe":

@@ -90,6 +90,15 @@ DSV4 = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, h
             qk_rope_head_dim=8, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=32,
             sliding_window=12, o_groups=2, o_lora_rank=16, swiglu_limit=1.0, rms_norm_eps=1e-6, layer_types=["sliding_attention"] * 3,
             mlp_layer_types=["hash_moe", "moe", "moe"])
+# Compressed layers: CSA (rate 4, overlapping windows, an indexer keeping 4 entries, so its
+# top-k binds from position 19 on) and HCA (rate 8), YaRN on their RoPE, two hash layers.
+DSV4_COMPRESSED = dict(DSV4, num_hidden_layers=4, mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
+                       layer_types=["compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention",
+                                    "compressed_sparse_attention"],
+                       compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                       index_n_heads=8, index_head_dim=16, index_topk=4,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                        "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1})
 
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
@@ -185,6 +194,7 @@ VARIANTS = {
     # a flipped routing decision lives on in the recurrent state: more router draws for a decisive one
     "kimi_linear": dict(family="kimi_linear", seed=113, router_tries=24, config=dict(KIMI)),
     "deepseek_v4": dict(family="deepseek_v4", seed=121, config=dict(DSV4)),
+    "deepseek_v4_compressed": dict(family="deepseek_v4", seed=122, config=dict(DSV4_COMPRESSED)),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -341,6 +351,11 @@ def sigmoid_group_effects(mod, x, bias):
     return int(by_groups.sum()), int(by_bias.sum())
 
 
+def is_dsa_indexer(m):
+    """GLM-5 / DeepSeek-V3.2's indexer (DeepSeek-V4's compresses its keys: Dsv4IndexMargins)."""
+    return type(m).__name__.endswith("Indexer") and hasattr(m, "wq_b")
+
+
 class IndexMargins:
     """Hook every DSA indexer; per layer, the smallest gap between a query's index_topk-th and
     next index score, relative to that query's largest |score| (positions past index_topk only):
@@ -349,7 +364,21 @@ class IndexMargins:
     def __init__(self, model):
         self.gaps = []
         self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in model.modules()
-                        if type(m).__name__.endswith("Indexer")]
+                        if is_dsa_indexer(m)]
+        self.handles += [m.scorer.register_forward_hook(self._dsv4_hook(m)) for m in model.modules()
+                         if type(m).__name__ == "DeepseekV4Indexer"]
+
+    def _dsv4_hook(self, ix):
+        """DeepSeek-V4: the scores of the compressed entries a query may see ((t + 1) // rate)."""
+        def hook(mod, args, out):
+            K, m, gaps = ix.index_topk, ix.compress_rate, []
+            for t in range(out.shape[1]):
+                v = out[0, t, :(t + 1) // m].sort(descending=True).values
+                if len(v) > K:
+                    gaps.append(((v[K - 1] - v[K]) / v.abs().max()).item())
+            if gaps:
+                self.gaps.append(min(gaps))
+        return hook
 
     def _hook(self, mod, args, kwargs, out):
         torch = _torch()
@@ -441,7 +470,8 @@ def pick_routers(model, seed, ids, dtype, tries=ROUTER_TRIES):
     draw with the largest smallest margin: router top-k (RouterMargins), indexer top-k
     (IndexMargins), so the engine's rounding does not flip a selection."""
     torch = _torch()
-    rs, ixs = routers(model), [m for m in model.modules() if type(m).__name__.endswith("Indexer")]
+    rs = routers(model)
+    ixs = [m for m in model.modules() if is_dsa_indexer(m) or type(m).__name__ == "DeepseekV4Indexer"]
     if not rs and not ixs:
         return
     g = torch.Generator().manual_seed(seed + 1000)
@@ -455,7 +485,7 @@ def pick_routers(model, seed, ids, dtype, tries=ROUTER_TRIES):
                 param, draw = m.weight, lambda: std * torch.randn(m.weight.shape, generator=g)
             elif m in ixs:
                 i = ixs.index(m)
-                w0 = m.weights_proj.weight
+                w0 = (m.weights_proj if hasattr(m, "weights_proj") else m.q_b_proj).weight  # DeepSeek-V4: its queries
                 param, draw = w0, lambda: torch.randn(w0.shape, generator=gi) / w0.shape[-1] ** 0.5
             else:
                 continue

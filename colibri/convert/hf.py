@@ -149,6 +149,8 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                       deepseek_v4.attn_shapes(spec["attn"], H) if kind == "dsv4" else gqa_shapes(spec["attn"], H))
         for key, name in ({} if special else spec["attn"]["tensors"]).items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
+        for name, shape, klass in deepseek_v4.compress_tensors(spec["attn"], H):  # DeepSeek-V4's compressors
+            whole(name, klass, shape, o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
             ix = spec["attn"]["indexer"]
             ishapes = deepseek.indexer_shapes(ix, H, spec["attn"]["q_lora_rank"])

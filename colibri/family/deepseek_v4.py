@@ -18,8 +18,6 @@ DEFAULTS = dict(vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048,
                 hc_sinkhorn_iters=20, hc_eps=1e-6, swiglu_limit=10.0, sliding_window=128, o_groups=8,
                 o_lora_rank=1024, index_n_heads=64, index_head_dim=128, index_topk=512, rms_norm_eps=1e-6,
                 tie_word_embeddings=False, hidden_act="silu")
-# Layer kinds this engine runs so far; the others are refused by name.
-SUPPORTED_LAYERS = (SLIDING,)
 
 
 def config(cfg):
@@ -73,10 +71,12 @@ def arch(cfg, rope_table, f32):
     bad = sorted(set(types) - {SLIDING, CSA, HCA}) + sorted(set(mlp) - {"hash_moe", "moe"})
     if bad:
         raise ValueError(f"layer kinds {', '.join(map(str, bad))} are not DeepSeek-V4's")
-    todo = sorted(set(types) - set(SUPPORTED_LAYERS))
-    if todo:
-        raise ValueError(f"{', '.join(todo)} layers are not implemented by this engine yet "
-                         f"(it runs {', '.join(SUPPORTED_LAYERS)})")
+    rates = {t: int(cfg["compress_rates"][t]) for t in (CSA, HCA) if t in types}
+    ihd = int(cfg["index_head_dim"])
+    for t, m in rates.items():  # an entry fills the state bytes of its window's positions
+        if m < 1 or hd % m or (t == CSA and ihd % m):
+            raise ValueError(f"{t} compresses by {m}: head_dim {hd}" + (f" and index_head_dim {ihd}" if t == CSA else "")
+                             + " must be multiples of it")
     if kvh != 1:
         raise ValueError(f"num_key_value_heads {kvh}: DeepSeek-V4 attention shares one K=V head")
     if cfg.get("scoring_func") != "sqrtsoftplus":
@@ -113,7 +113,9 @@ def arch(cfg, rope_table, f32):
                  "hc_sinkhorn_iters": int(cfg["hc_sinkhorn_iters"]), "hc_eps": float(cfg["hc_eps"]),
                  "q_lora_rank": int(cfg["q_lora_rank"]), "o_groups": groups, "o_lora_rank": rank,
                  "sliding_window": window, "swiglu_limit": float(cfg["swiglu_limit"]),
-                 "routed_scaling_factor": float(cfg["routed_scaling_factor"]), "rope": tables},
+                 "routed_scaling_factor": float(cfg["routed_scaling_factor"]), "rope": tables,
+                 "compress_rates": rates, "index_n_heads": int(cfg["index_n_heads"]), "index_head_dim": ihd,
+                 "index_topk": int(cfg["index_topk"])},
     }
 
 
@@ -136,7 +138,8 @@ def layer_specs(arch, norm):
     for l in range(arch["num_layers"]):
         p = f"model.layers.{l}"
         a = f"{p}.self_attn"
-        rope = d["rope"]["main" if d["layer_types"][l] == SLIDING else "compress"]
+        kind = d["layer_types"][l]
+        rope = d["rope"]["main" if kind == SLIDING else "compress"]
         attn = {"kind": "dsv4", "heads": arch["num_heads"], "head_dim": hd, "q_lora_rank": d["q_lora_rank"],
                 "o_groups": d["o_groups"], "o_lora_rank": d["o_lora_rank"], "window": d["sliding_window"],
                 "eps": arch["rms_norm_eps"],
@@ -146,6 +149,12 @@ def layer_specs(arch, norm):
                 "tensors": {"q_a": f"{a}.q_a_proj.weight", "q_a_norm": f"{a}.q_a_norm.weight",
                             "q_b": f"{a}.q_b_proj.weight", "kv": f"{a}.kv_proj.weight", "kv_norm": f"{a}.kv_norm.weight",
                             "o_a": f"{a}.o_a_proj.weight", "o_b": f"{a}.o_b_proj.weight", "sinks": f"{a}.sinks"}}
+        if kind != SLIDING:
+            attn["compress"] = _compress(arch, a, kind)
+            m, ihd = attn["compress"]["rate"], d["index_head_dim"]
+            attn["state"] = {"kv_values_per_pos": hd // m, "fixed_bytes": 4 * _fixed_floats(attn), "truncatable": False}
+            if kind == CSA:
+                attn["state"]["f32_values_per_pos"] = ihd // m
         m = f"{p}.mlp"
         hashed = d["mlp_layer_types"][l] == "hash_moe"
         router = {"kind": "sqrtsoftplus", "scale": d["routed_scaling_factor"],
@@ -162,6 +171,49 @@ def layer_specs(arch, norm):
                       "mlp_norm": norm(arch, f"{p}.post_attention_layernorm.weight"), "mlp": mlp,
                       "attn_hc": _hc(arch, f"{p}.attn_hc"), "mlp_hc": _hc(arch, f"{p}.ffn_hc")})
     return specs
+
+
+def _compress(arch, a, kind):
+    d = arch["dsv4"]
+    c = f"{a}.compressor"
+    names = lambda pre: {"kv": f"{pre}.kv_proj.weight", "gate": f"{pre}.gate_proj.weight",  # noqa: E731
+                         "position_bias": f"{pre}.position_bias", "norm": f"{pre}.kv_norm.weight"}
+    spec = {"rate": d["compress_rates"][kind], "overlap": kind == CSA, "tensors": names(c)}
+    if kind == CSA:  # the lightning indexer: its own compressor, queries from the q_a latent
+        spec["indexer"] = {"rate": spec["rate"], "overlap": True, "heads": d["index_n_heads"],
+                           "head_dim": d["index_head_dim"], "top_k": d["index_topk"],
+                           "tensors": {**names(f"{c}.indexer"), "q_b": f"{c}.indexer.q_b_proj.weight",
+                                       "weights": f"{c}.indexer.scorer.weights_proj.weight"}}
+    return spec
+
+
+def _comp_floats(rate, width, overlap):
+    """f32 values of a compressor's open window (c/dsv4_compress.c dsv4c_state_floats)."""
+    C = (2 if overlap else 1) * width
+    return rate * 2 * C + (rate * 2 * width if overlap else 0)
+
+
+def _fixed_floats(attn):
+    c = attn["compress"]
+    n = attn["window"] * attn["head_dim"] + _comp_floats(c["rate"], attn["head_dim"], c["overlap"])
+    if "indexer" in c:
+        n += _comp_floats(c["rate"], c["indexer"]["head_dim"], True)
+    return n
+
+
+def compress_tensors(attn, hidden):
+    """(name, shape, storage class) of a compressed layer's compressor and indexer tensors."""
+    out = []
+    c = attn.get("compress")
+    for spec, width in ((c, attn["head_dim"]), ((c or {}).get("indexer"), ((c or {}).get("indexer") or {}).get("head_dim"))):
+        if not spec:
+            continue
+        C = (2 if spec["overlap"] else 1) * width
+        shapes = {"kv": ([C, hidden], "dense"), "gate": ([C, hidden], "dense"), "position_bias": ([spec["rate"], C], "f32"),
+                  "norm": ([width], "f32"), "q_b": ([spec.get("heads", 0) * width, attn["q_lora_rank"]], "dense"),
+                  "weights": ([spec.get("heads", 0), hidden], "dense")}
+        out += [(name, *shapes[key]) for key, name in spec["tensors"].items()]
+    return out
 
 
 def attn_shapes(attn, hidden):
