@@ -8,10 +8,11 @@
  * made of every closed window before the query: all of them (HCA), or the index_topk its
  * lightning indexer scores best (CSA: sum over indexer heads of w_h * relu(q_h . key)).
  * State, sliding layer: per position the one K=V row (head_dim values); the slot keeps only the
- * window (a ring, position j in slot j % cap). Compressed layer: entry w in the bytes of its
- * window's positions (head_dim / rate values each in the cache's type, then index_head_dim / rate
- * f32 for the indexer's key); fixed: the window's K=V rows (f32, position j in row j % window)
- * and the compressors' open windows. */
+ * window (a ring, position j in slot j % cap). Compressed layer: entry w in the rows of its
+ * window's positions, row w * rate + s holding piece s of it (head_dim / rate values in the
+ * cache's type, then index_head_dim / rate f32 of the indexer's key; rows of an open window are
+ * zero); fixed: the window's K=V rows (f32, position j in row j % window) and the compressors'
+ * open windows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,8 +104,9 @@ static StateDesc state(const void *self, QType kv_type) {
     if (!p->compressed)
         return (StateDesc){.per_pos = (size_t)p->hd * kv_elem_size(kv_type), .truncatable = 1, .window = p->window};
     const int m = p->comp.rate;
-    return (StateDesc){.per_pos = (size_t)(p->hd / m) * kv_elem_size(kv_type) + (p->indexed ? (size_t)(p->ihd / m) * 4 : 0),
-                       .fixed = 4 * fixed_floats(p), .truncatable = 0};
+    const size_t tail = p->indexed ? (size_t)(p->ihd / m) * 4 : 0;
+    return (StateDesc){.per_pos = (size_t)(p->hd / m) * kv_elem_size(kv_type) + tail, .fixed = 4 * fixed_floats(p),
+                       .truncatable = 0, .f32_tail = tail};
 }
 
 static void unit_rms(float *v, int n, float eps) {
@@ -134,22 +136,27 @@ static int top_k(const float *s, int n, int k, int *idx) {
 /* The compressors take this batch; the entries of every window that closes go to the slot.
  * 0, or -1 out of memory. */
 static int compress(const AttnDsv4 *y, const BlockRun *r, const float *x, int T, float *cstate, float *istate) {
-    const int m = y->comp.rate, maxe = T / m + 1;
+    const int m = y->comp.rate, maxe = T / m + 1, pk = y->hd / m, pi = y->indexed ? y->ihd / m : 0;
     const size_t es = kv_elem_size(r->kv_type), stride = r->state->per_pos;
     float *e = fwd_malloc(sizeof(float) * (size_t)maxe * (y->hd > y->ihd ? y->hd : y->ihd));
     int w0, n;
-    if (!e || (n = dsv4c_feed(&y->comp, cstate, x, T, r->p0, e, &w0)) < 0) { free(e); return -1; }
+    if (!e) return -1;
+    memset(r->state->pos + (size_t)r->p0 * stride, 0, (size_t)T * stride); /* until their window closes */
+    if ((n = dsv4c_feed(&y->comp, cstate, x, T, r->p0, e, &w0)) < 0) { free(e); return -1; }
     for (int k = 0; k < n; k++) {
         float *v = e + (size_t)k * y->hd;
         dsv4_rope_tail(v, y->hd, y->rot, y->inv_freq, y->rope_scale, (w0 + k) * m, 1.0f);
-        kv_store_row(r->kv_type, v, y->hd, r->state->pos + (size_t)(w0 + k) * m * stride);
+        for (int s = 0; s < m; s++)
+            kv_store_row(r->kv_type, v + (size_t)s * pk, pk, r->state->pos + ((size_t)(w0 + k) * m + s) * stride);
     }
     if (y->indexed) {
         if ((n = dsv4c_feed(&y->icomp, istate, x, T, r->p0, e, &w0)) < 0) { free(e); return -1; }
         for (int k = 0; k < n; k++) {
             float *v = e + (size_t)k * y->ihd;
             dsv4_rope_tail(v, y->ihd, y->rot, y->inv_freq, y->rope_scale, (w0 + k) * m, 1.0f);
-            memcpy(r->state->pos + (size_t)(w0 + k) * m * stride + (size_t)y->hd * es, v, sizeof(float) * y->ihd);
+            for (int s = 0; s < m; s++)
+                memcpy(r->state->pos + ((size_t)(w0 + k) * m + s) * stride + (size_t)pk * es, v + (size_t)s * pi,
+                       sizeof(float) * pi);
         }
     }
     free(e);
@@ -160,16 +167,18 @@ static int compress(const AttnDsv4 *y, const BlockRun *r, const float *x, int T,
  * position may see, all (HCA) or the indexer's top_k (CSA), in one softmax with the sinks. */
 static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float *q, const float *win, int n_w, int P,
                               const float *iq, const float *iw, float *o) {
-    const int hd = y->hd, nc = (P + 1) / y->comp.rate;
-    const size_t es = kv_elem_size(r->kv_type), stride = r->state->per_pos, ent = (size_t)y->comp.rate * stride;
+    const int hd = y->hd, m = y->comp.rate, nc = (P + 1) / m, pk = hd / m, pi = y->indexed ? y->ihd / m : 0;
+    const size_t es = kv_elem_size(r->kv_type), stride = r->state->per_pos, ent = (size_t)m * stride;
     int k = nc, *sel = fwd_malloc(sizeof(int) * (size_t)(nc > 0 ? nc : 1));
     float *sc = NULL, *rows = fwd_malloc(sizeof(float) * (size_t)(n_w + nc) * hd);
     if (!sel || !rows) goto out;
     if (y->indexed && nc > 0) {
         if (!(sc = fwd_malloc(sizeof(float) * (size_t)nc))) goto out;
         const float s = 1.0f / sqrtf((float)y->ihd);
+        float key[y->ihd];
         for (int e = 0; e < nc; e++) {
-            const float *key = (const float *)(r->state->pos + (size_t)e * ent + (size_t)hd * es);
+            for (int j = 0; j < m; j++) memcpy(key + j * pi, r->state->pos + (size_t)e * ent + j * stride + (size_t)pk * es,
+                                               sizeof(float) * pi);
             float v = 0;
             for (int h = 0; h < y->inh; h++) {
                 float d = 0;
@@ -182,7 +191,9 @@ static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float 
     } else
         for (int e = 0; e < nc; e++) sel[e] = e;
     memcpy(rows, win, sizeof(float) * (size_t)n_w * hd);
-    for (int j = 0; j < k; j++) dequant_row(r->kv_type, r->state->pos + (size_t)sel[j] * ent, hd, rows + (size_t)(n_w + j) * hd);
+    for (int j = 0; j < k; j++)
+        for (int s = 0; s < m; s++)
+            dequant_row(r->kv_type, r->state->pos + (size_t)sel[j] * ent + s * stride, pk, rows + (size_t)(n_w + j) * hd + s * pk);
     float *att = scratch(1, (size_t)(n_w + k) * y->nh);
     if (att)
         kv_kernels(QT_F32)->attend(q, y->nh, hd, rows, rows, sizeof(float) * hd, n_w + k, 1.0f / sqrtf((float)hd),

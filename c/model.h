@@ -21,6 +21,7 @@ typedef struct {
     size_t fixed;    /* bytes per slot, whatever the length */
     int truncatable; /* 1: the state at any prefix is the prefix of the state */
     int window;      /* > 0: positions kept (sliding window); 0: all */
+    size_t f32_tail; /* bytes at the end of each position's row kept as f32 whatever the cache type */
 } StateDesc;
 
 /* Facts that hold for the whole model; everything per layer lives in the layer specs. */
@@ -83,6 +84,7 @@ typedef struct {
     unsigned char *pos;   /* [cap][per_pos]: position j in slot j % cap */
     unsigned char *fixed; /* [fixed_bytes], the state after the slot's n positions */
     size_t per_pos, fixed_bytes;
+    size_t f32_tail;      /* bytes at the end of each row that are f32 (StateDesc.f32_tail) */
     int cap;              /* positions held: ctx, or min(ctx, window) for a windowed layer */
     int truncatable;
 } KvLayer;

@@ -106,6 +106,7 @@ static StateDesc layer_state(const Layer *y, QType kv_type) {
         StateDesc b = bs[i]->kind->state(bs[i]->self, kv_type);
         s.per_pos += b.per_pos;
         s.fixed += b.fixed;
+        s.f32_tail += b.f32_tail;
         s.truncatable &= b.truncatable;
         if (b.per_pos) s.window = b.window; /* one block per layer keeps positions */
     }

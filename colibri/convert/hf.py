@@ -198,10 +198,13 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 p.add(out["down"], "expert", H, I, [(dn["file"], dn["offset"] + e * H * I * dsz, dn["dtype"], H)],
                       gu["file"], eo)
             else:
-                g = take(out["gate"], [I, H])
+                g = tensors.get(out["gate"]) or take(out["gate"], [I, H])
                 for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
-                    t = take(out[proj], shape)
-                    p.add(out[proj], "expert", shape[0], shape[1], [part(t, t["offset"], shape[0])], g["file"], eo)
+                    src = fp4_part(p, tensors, out[proj], *shape)  # DeepSeek-V4 releases: FP4 experts
+                    if src is None:
+                        t = take(out[proj], shape)
+                        src = part(t, t["offset"], shape[0])
+                    p.add(out[proj], "expert", shape[0], shape[1], [src], g["file"], eo)
     p.mtp = keep_mtp_layers(p, tensors, L, take, part)
     # a family may ship weights its transformers model never loads (MiMo-V2-Flash's model.mtp.*)
     skip = family_registry.FAMILIES.get(arch.get("_family"), {}).get("ignored_tensors")
@@ -211,6 +214,29 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
                            f"{', '.join(sorted(unused)[:5])}{more}; refusing to drop weights silently")
     return p
+
+
+FP4_DTYPES = ("I8", "U8")  # two e2m1 values per byte, the low nibble first
+
+
+def is_fp4(tensors, name):
+    return tensors.get(name, {}).get("dtype") in FP4_DTYPES and name + "_scale_inv" in tensors
+
+
+def fp4_part(p, tensors, name, rows, cols):
+    """An FP4 expert weight (DeepSeek-V4 releases: NAME [rows, cols/2] packed e2m1 and its
+    NAME_scale_inv [rows, cols/32] e8m0 power-of-two scales, the MXFP4 layout) as one MXFP4 source
+    part, or None when the weight is not FP4."""
+    if not is_fp4(tensors, name):
+        return None
+    t, s = tensors[name], tensors[name + "_scale_inv"]
+    if cols % 32 or list(t["shape"]) != [rows, cols // 2] or list(s["shape"]) != [rows, cols // 32] \
+            or s["dtype"] not in ("F8_E8M0", "U8"):
+        raise ConvertError(f"FP4 tensor '{name}' is {t['dtype']} {t['shape']} with {s['dtype']} {s['shape']} scales; "
+                           f"[{rows}, {cols}] needs [{rows}, {cols // 2}] packed values and [{rows}, {cols // 32}] "
+                           "F8_E8M0 scales")
+    p.used.update((name, name + "_scale_inv"))
+    return (t["file"], t["offset"], "MXFP4", rows, ("mxfp4", s["file"], s["offset"], 1))
 
 
 def gqa_shapes(attn, hidden):
@@ -265,9 +291,9 @@ def attach_fp8_scales(cfg, tensors):
         if s is None or len(t["shape"]) != 2:
             raise ConvertError(f"FP8 tensor '{name}' has no {sname} block scale (a 2-D weight and its scale are needed)")
         want = [-(-t["shape"][0] // block[0]), -(-t["shape"][1] // block[1])]
-        if list(s["shape"]) != want or s["dtype"] not in ("F32", "BF16"):
+        if list(s["shape"]) != want or s["dtype"] not in ("F32", "BF16", "F8_E8M0"):
             raise ConvertError(f"'{sname}' is {s['dtype']} {s['shape']}; {block[0]}x{block[1]} blocks of {name} "
-                               f"{t['shape']} need F32 or BF16 {want}")
+                               f"{t['shape']} need F32, BF16 or F8_E8M0 {want}")
         t["scale"] = dict(s, name=sname, block=block)
 
 
@@ -406,7 +432,8 @@ def convert(src, out, experts=None, dense="q8", log=print):
     if arch.get("mimo") and any(n.endswith(".self_attn.sinks") for n in tensors):
         arch["mimo"]["sinks_name"] = "sinks"  # MiMo in transformers' layout: sinks, not attention_sink_bias
     if experts is None:
-        experts = default_experts(any(n.endswith(".experts.gate_up_proj_blocks") for n in tensors))
+        experts = default_experts(any(n.endswith(".experts.gate_up_proj_blocks") or (".experts." in n and is_fp4(tensors, n))
+                                      for n in tensors))
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)
     del arch["_family"]

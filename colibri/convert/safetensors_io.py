@@ -4,7 +4,7 @@ import os
 import struct
 
 DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-              "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+              "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 MAX_HEADER = 256 << 20
 
 

@@ -75,8 +75,9 @@ def arch(cfg, rope_table, f32):
     ihd = int(cfg["index_head_dim"])
     for t, m in rates.items():  # an entry fills the state bytes of its window's positions
         if m < 1 or hd % m or (t == CSA and ihd % m):
-            raise ValueError(f"{t} compresses by {m}: head_dim {hd}" + (f" and index_head_dim {ihd}" if t == CSA else "")
-                             + " must be multiples of it")
+            dims = f"head_dim {hd}" + (f" and index_head_dim {ihd}" if t == CSA else "")
+            raise ValueError(f"{t} layers compress by {m}: {dims} must each be a multiple of it (an entry fills its "
+                             "window's rows)")
     if kvh != 1:
         raise ValueError(f"num_key_value_heads {kvh}: DeepSeek-V4 attention shares one K=V head")
     if cfg.get("scoring_func") != "sqrtsoftplus":
@@ -203,9 +204,11 @@ def _fixed_floats(attn):
 
 def compress_tensors(attn, hidden):
     """(name, shape, storage class) of a compressed layer's compressor and indexer tensors."""
+    c = attn.get("compress") if attn.get("kind") == "dsv4" else None
+    if not c:
+        return []
     out = []
-    c = attn.get("compress")
-    for spec, width in ((c, attn["head_dim"]), ((c or {}).get("indexer"), ((c or {}).get("indexer") or {}).get("head_dim"))):
+    for spec, width in ((c, attn["head_dim"]), (c.get("indexer"), (c.get("indexer") or {}).get("head_dim"))):
         if not spec:
             continue
         C = (2 if spec["overlap"] else 1) * width
