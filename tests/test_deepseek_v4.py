@@ -145,13 +145,14 @@ def e8m0_fp8(w):
     return q.view(nr * br, nc * bc)[:r, :c].contiguous(), (e + 127).to(torch.uint8).view(torch.float8_e8m0fnu), deq
 
 
-def fp4(w):
-    """FP4 experts as the releases ship them: [rows, cols/2] packed e2m1 (int8), [rows, cols/32] e8m0."""
+def fp4(w, dtype):
+    """FP4 experts as the releases ship them: [rows, cols/2] packed e2m1 (int8, or torch's
+    float4_e2m1fn_x2, which safetensors writes as F4 [rows, cols]), [rows, cols/32] e8m0."""
     import torch
     import mxfp4_ref
     b, s = mxfp4_ref.quantize(w.float().numpy())
     deq = mxfp4_ref.dequantize(b, s).reshape(w.shape)
-    packed = torch.from_numpy(np.ascontiguousarray(b.reshape(w.shape[0], -1))).view(torch.int8)
+    packed = torch.from_numpy(np.ascontiguousarray(b.reshape(w.shape[0], -1))).view(dtype)
     return packed, torch.from_numpy(np.ascontiguousarray(s)).view(torch.float8_e8m0fnu), torch.from_numpy(deq)
 
 
@@ -163,9 +164,10 @@ def release_name(n):
     return n.replace(".attn.norm.", ".attn.kv_norm.")
 
 
-@pytest.fixture(scope="module")
-def release(oracle_root, tmp_path_factory):
-    """The compressed oracle as the release ships it, and the bf16 checkpoint of exactly its values."""
+@pytest.fixture(scope="module", params=["int8", "float4_e2m1fn_x2"])
+def release(oracle_root, tmp_path_factory, request):
+    """The compressed oracle as the release ships it (FP4 experts in either dtype), and the bf16
+    checkpoint of exactly its values."""
     import torch
     from safetensors.torch import load_file, save_file
     src = Path(oracle_root) / COMPRESSED / "hf"
@@ -178,7 +180,7 @@ def release(oracle_root, tmp_path_factory):
         r = release_name(name)
         dense = w.dim() == 2 and ".attn.w" in name or ".shared_experts." in name  # compressors stay bf16
         if ".experts." in name and ".shared_experts." not in name:
-            a[r], a[r[:-len("weight")] + "scale"], v = fp4(w)
+            a[r], a[r[:-len("weight")] + "scale"], v = fp4(w, getattr(torch, request.param))
             b[name] = v.to(torch.bfloat16)
         elif dense:
             a[r], a[r[:-len("weight")] + "scale"], v = e8m0_fp8(w)

@@ -216,7 +216,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     return p
 
 
-FP4_DTYPES = ("I8", "U8")  # two e2m1 values per byte, the low nibble first
+FP4_DTYPES = ("I8", "U8", "F4")  # two e2m1 values per byte, the low nibble first (F4 shapes count values)
 
 
 def is_fp4(tensors, name):
@@ -230,11 +230,11 @@ def fp4_part(p, tensors, name, rows, cols):
     if not is_fp4(tensors, name):
         return None
     t, s = tensors[name], tensors[name + "_scale_inv"]
-    if cols % 32 or list(t["shape"]) != [rows, cols // 2] or list(s["shape"]) != [rows, cols // 32] \
+    packed = [rows, cols] if t["dtype"] == "F4" else [rows, cols // 2]
+    if cols % 32 or list(t["shape"]) != packed or list(s["shape"]) != [rows, cols // 32] \
             or s["dtype"] not in ("F8_E8M0", "U8"):
         raise ConvertError(f"FP4 tensor '{name}' is {t['dtype']} {t['shape']} with {s['dtype']} {s['shape']} scales; "
-                           f"[{rows}, {cols}] needs [{rows}, {cols // 2}] packed values and [{rows}, {cols // 32}] "
-                           "F8_E8M0 scales")
+                           f"[{rows}, {cols}] needs {packed} packed values and [{rows}, {cols // 32}] F8_E8M0 scales")
     p.used.update((name, name + "_scale_inv"))
     return (t["file"], t["offset"], "MXFP4", rows, ("mxfp4", s["file"], s["offset"], 1))
 

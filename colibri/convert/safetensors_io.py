@@ -51,7 +51,9 @@ def read_header(path):
             if s < 0:
                 raise SafetensorsError(f"{path}: tensor '{name}' has a negative dimension")
             count *= s
-        if dtype not in DTYPE_SIZE or not (0 <= a <= b <= size - start) or b - a != count * DTYPE_SIZE[dtype]:
+        # F4: torch's float4_e2m1fn_x2, two values per byte, the shape counting values
+        nbytes = (count + 1) // 2 if dtype == "F4" else count * DTYPE_SIZE.get(dtype, 0)
+        if (dtype not in DTYPE_SIZE and dtype != "F4") or not (0 <= a <= b <= size - start) or b - a != nbytes:
             raise SafetensorsError(f"{path}: tensor '{name}' ({dtype} {shape}, bytes {a}..{b}) does not fit the file")
         out[name] = {"dtype": dtype, "shape": shape, "offset": start + a, "nbytes": b - a}
     return out, start
