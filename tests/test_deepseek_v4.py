@@ -17,6 +17,7 @@ import pytest
 import family_registry
 from colibri import engine_client
 from engine_binaries import assert_clean_exit
+from test_batching import concurrent, sequential
 from test_expert_streaming import Raw
 from test_gpt_oss import check_ring_persistence, coli, greedy, kl_top1
 from test_oracles import load_ref, run_logits
@@ -123,6 +124,21 @@ def test_resumed_slot_is_byte_identical_to_an_uninterrupted_conversation(oracle_
     assert accept == ("accept", len(turn2), len(prompt) + len(first) - 1)
     assert got == want and got_lp == want_lp
     assert (live / ".coli_kv").read_bytes() == (resumed / ".coli_kv").read_bytes()
+
+
+@pytest.mark.parametrize("variant", [SLIDING, COMPRESSED])
+def test_batched_decode_equals_one_request_at_a_time(variant, oracle_root, models):
+    """Four slots decoded in one forward pass (each row's token ids drive its hash routing, each
+    slot its own window, compressors and indexer) answer as each does alone."""
+    ids = load_ref(oracle_root, variant)[0]["ids"]
+    prompts = [ids[:9], ids[20:43], ids[50:53], ids[60:90]]
+    opts = dict(max_tokens=24, temp=0, ignore_eos=1)
+    with engine_client.Engine(models[variant], ctx=128, kv_slots=4, extra=["--parallel", "4"]) as eng:
+        together, order = concurrent(eng, prompts, **opts)
+    with engine_client.Engine(models[variant], ctx=128, kv_slots=4, extra=["--parallel", "1"]) as eng:
+        alone = sequential(eng, prompts, **opts)
+    assert together == alone and all(len(t) == 24 for t in alone)
+    assert set(order[:10]) == {"c0", "c1", "c2", "c3"}
 
 
 # ---------- the release's format ----------
