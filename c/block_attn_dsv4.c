@@ -106,7 +106,7 @@ static StateDesc state(const void *self, QType kv_type) {
     const int m = p->comp.rate;
     const size_t tail = p->indexed ? (size_t)(p->ihd / m) * 4 : 0;
     return (StateDesc){.per_pos = (size_t)(p->hd / m) * kv_elem_size(kv_type) + tail, .fixed = 4 * fixed_floats(p),
-                       .truncatable = 0, .f32_tail = tail};
+                       .truncatable = 0, .f32_tail = tail, .settle = m};
 }
 
 static void unit_rms(float *v, int n, float eps) {

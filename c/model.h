@@ -22,6 +22,8 @@ typedef struct {
     int truncatable; /* 1: the state at any prefix is the prefix of the state */
     int window;      /* > 0: positions kept (sliding window); 0: all */
     size_t f32_tail; /* bytes at the end of each position's row kept as f32 whatever the cache type */
+    int settle;      /* > 1: a row may change until its group of `settle` positions is complete
+                      * (compressed entries fill their window's rows when it closes) */
 } StateDesc;
 
 /* Facts that hold for the whole model; everything per layer lives in the layer specs. */
@@ -85,6 +87,7 @@ typedef struct {
     unsigned char *fixed; /* [fixed_bytes], the state after the slot's n positions */
     size_t per_pos, fixed_bytes;
     size_t f32_tail;      /* bytes at the end of each row that are f32 (StateDesc.f32_tail) */
+    int settle;           /* StateDesc.settle */
     int cap;              /* positions held: ctx, or min(ctx, window) for a windowed layer */
     int truncatable;
 } KvLayer;

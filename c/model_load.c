@@ -107,6 +107,7 @@ static StateDesc layer_state(const Layer *y, QType kv_type) {
         s.per_pos += b.per_pos;
         s.fixed += b.fixed;
         s.f32_tail += b.f32_tail;
+        if (b.settle > s.settle) s.settle = b.settle;
         s.truncatable &= b.truncatable;
         if (b.per_pos) s.window = b.window; /* one block per layer keeps positions */
     }

@@ -141,6 +141,29 @@ def test_batched_decode_equals_one_request_at_a_time(variant, oracle_root, model
     assert set(order[:10]) == {"c0", "c1", "c2", "c3"}
 
 
+def test_a_turn_saved_incrementally_keeps_the_entries_it_closed(oracle_root, models, tmp_path):
+    """A turn that closes a compressed window opened in an earlier turn rewrites that window's
+    rows: the slot's incremental log must carry them, so a third engine that replays base + log
+    answers as an uninterrupted one."""
+    out, ids = models[COMPRESSED], load_ref(oracle_root, COMPRESSED)[0]["ids"]
+    p1 = ids[:41]  # 41 + 6 generated: windows of 4 and 8 stay open across the turn boundary
+    with engine_client.Engine(out, ctx=128, batch=16) as eng:
+        _, first, _ = turn(eng, p1)
+        p2 = p1 + first + ids[41:45]
+        _, second, _ = turn(eng, p2)
+        p3 = p2 + second + ids[45:50]
+        _, want, want_lp = turn(eng, p3)
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    for prompt in (p1, p2):  # the second turn is saved as a record from where the first ended
+        with engine_client.Engine(out, ctx=128, kv_dir=kv, batch=16) as eng:
+            turn(eng, prompt)
+    with engine_client.Engine(out, ctx=128, kv_dir=kv, batch=16) as eng:
+        accept, got, got_lp = turn(eng, p3)
+    assert accept[2] == len(p2) + len(second) - 1, accept
+    assert got == want and got_lp == want_lp
+
+
 # ---------- the release's format ----------
 
 BLOCK = [16, 32]  # the releases use 128 x 128; smaller so the tiny weights span several blocks
