@@ -9,10 +9,10 @@
  * lightning indexer scores best (CSA: sum over indexer heads of w_h * relu(q_h . key)).
  * State, sliding layer: per position the one K=V row (head_dim values); the slot keeps only the
  * window (a ring, position j in slot j % cap). Compressed layer: entry w in the rows of its
- * window's positions, row w * rate + s holding piece s of it (head_dim / rate values in the
- * cache's type, then index_head_dim / rate f32 of the indexer's key; rows of an open window are
- * zero); fixed: the window's K=V rows (f32, position j in row j % window) and the compressors'
- * open windows. */
+ * window's positions, row w * rate + s holding piece s of it (ceil(head_dim / rate) values in
+ * the cache's type, then ceil(index_head_dim / rate) f32 of the indexer's key, the last pieces
+ * zero-padded; rows of an open window are zero); fixed: the window's K=V rows (f32, position j
+ * in row j % window) and the compressors' open windows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +38,6 @@ typedef struct {
 static int load_compress(AttnDsv4 *p, const JsonValue *c, BlockLoader *L) {
     p->compressed = 1;
     if (dsv4c_load(&p->comp, c, p->hd, p->eps, L)) return -1;
-    if (p->hd % p->comp.rate) return bl_fail(L, "dsv4: head_dim %d is not a multiple of the compress rate %d", p->hd, p->comp.rate);
     const JsonValue *ix = json_get(c, "indexer");
     if (!ix || ix->type == JSON_NULL) return 0;
     p->indexed = 1;
@@ -48,9 +47,7 @@ static int load_compress(AttnDsv4 *p, const JsonValue *c, BlockLoader *L) {
     if (L->failed || dsv4c_load(&p->icomp, ix, p->ihd, p->eps, L)) return -1;
     if (p->icomp.rate != p->comp.rate || p->icomp.overlap != p->comp.overlap)
         return bl_fail(L, "dsv4: the indexer compresses at rate %d, the layer at %d", p->icomp.rate, p->comp.rate);
-    if (p->ihd % p->comp.rate || p->ihd < p->rot)
-        return bl_fail(L, "dsv4: index head_dim %d must be a multiple of the rate %d and hold the %d RoPE dims", p->ihd,
-                       p->comp.rate, p->rot);
+    if (p->ihd < p->rot) return bl_fail(L, "dsv4: index head_dim %d must hold the %d RoPE dims", p->ihd, p->rot);
     const JsonValue *t = json_get(ix, "tensors");
     p->iq_b = bl_mat(L, t, "q_b", p->inh * p->ihd, p->ql);
     p->iw = bl_mat(L, t, "weights", p->inh, L->a->hidden);
@@ -94,6 +91,9 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     return L->failed ? -1 : 0;
 }
 
+/* Values of an entry of n that one of its window's m rows holds. */
+static int piece(int n, int m) { return (n + m - 1) / m; }
+
 /* f32 values of a compressed layer's fixed state: the window's rows, then the compressors'. */
 static size_t fixed_floats(const AttnDsv4 *p) {
     return (size_t)p->window * p->hd + dsv4c_state_floats(&p->comp) + (p->indexed ? dsv4c_state_floats(&p->icomp) : 0);
@@ -104,8 +104,8 @@ static StateDesc state(const void *self, QType kv_type) {
     if (!p->compressed)
         return (StateDesc){.per_pos = (size_t)p->hd * kv_elem_size(kv_type), .truncatable = 1, .window = p->window};
     const int m = p->comp.rate;
-    const size_t tail = p->indexed ? (size_t)(p->ihd / m) * 4 : 0;
-    return (StateDesc){.per_pos = (size_t)(p->hd / m) * kv_elem_size(kv_type) + tail, .fixed = 4 * fixed_floats(p),
+    const size_t tail = p->indexed ? (size_t)piece(p->ihd, m) * 4 : 0;
+    return (StateDesc){.per_pos = (size_t)piece(p->hd, m) * kv_elem_size(kv_type) + tail, .fixed = 4 * fixed_floats(p),
                        .truncatable = 0, .f32_tail = tail, .settle = m};
 }
 
@@ -136,23 +136,32 @@ static int top_k(const float *s, int n, int k, int *idx) {
 /* The compressors take this batch; the entries of every window that closes go to the slot.
  * 0, or -1 out of memory. */
 static int compress(const AttnDsv4 *y, const BlockRun *r, const float *x, int T, float *cstate, float *istate) {
-    const int m = y->comp.rate, maxe = T / m + 1, pk = y->hd / m, pi = y->indexed ? y->ihd / m : 0;
+    const int m = y->comp.rate, maxe = T / m + 1, pk = piece(y->hd, m), pi = y->indexed ? piece(y->ihd, m) : 0;
     const size_t es = kv_elem_size(r->kv_type), stride = r->state->per_pos;
-    float *e = fwd_malloc(sizeof(float) * (size_t)maxe * (y->hd > y->ihd ? y->hd : y->ihd));
+    const int wmax = m * (pk > pi ? pk : pi); /* an entry padded to whole pieces */
+    float *e = fwd_calloc((size_t)maxe * wmax, sizeof(float));
     int w0, n;
     if (!e) return -1;
     memset(r->state->pos + (size_t)r->p0 * stride, 0, (size_t)T * stride); /* until their window closes */
     if ((n = dsv4c_feed(&y->comp, cstate, x, T, r->p0, e, &w0)) < 0) { free(e); return -1; }
+    for (int k = n - 1; k >= 0; k--) { /* spread to padded strides, last first (in place) */
+        memmove(e + (size_t)k * wmax, e + (size_t)k * y->hd, sizeof(float) * y->hd);
+        memset(e + (size_t)k * wmax + y->hd, 0, sizeof(float) * (size_t)(wmax - y->hd));
+    }
     for (int k = 0; k < n; k++) {
-        float *v = e + (size_t)k * y->hd;
+        float *v = e + (size_t)k * wmax;
         dsv4_rope_tail(v, y->hd, y->rot, y->inv_freq, y->rope_scale, (w0 + k) * m, 1.0f);
         for (int s = 0; s < m; s++)
             kv_store_row(r->kv_type, v + (size_t)s * pk, pk, r->state->pos + ((size_t)(w0 + k) * m + s) * stride);
     }
     if (y->indexed) {
         if ((n = dsv4c_feed(&y->icomp, istate, x, T, r->p0, e, &w0)) < 0) { free(e); return -1; }
+        for (int k = n - 1; k >= 0; k--) {
+            memmove(e + (size_t)k * wmax, e + (size_t)k * y->ihd, sizeof(float) * y->ihd);
+            memset(e + (size_t)k * wmax + y->ihd, 0, sizeof(float) * (size_t)(wmax - y->ihd));
+        }
         for (int k = 0; k < n; k++) {
-            float *v = e + (size_t)k * y->ihd;
+            float *v = e + (size_t)k * wmax;
             dsv4_rope_tail(v, y->ihd, y->rot, y->inv_freq, y->rope_scale, (w0 + k) * m, 1.0f);
             for (int s = 0; s < m; s++)
                 memcpy(r->state->pos + ((size_t)(w0 + k) * m + s) * stride + (size_t)pk * es, v + (size_t)s * pi,
@@ -167,15 +176,16 @@ static int compress(const AttnDsv4 *y, const BlockRun *r, const float *x, int T,
  * position may see, all (HCA) or the indexer's top_k (CSA), in one softmax with the sinks. */
 static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float *q, const float *win, int n_w, int P,
                               const float *iq, const float *iw, float *o) {
-    const int hd = y->hd, m = y->comp.rate, nc = (P + 1) / m, pk = hd / m, pi = y->indexed ? y->ihd / m : 0;
+    const int hd = y->hd, m = y->comp.rate, nc = (P + 1) / m, pk = piece(hd, m), pi = y->indexed ? piece(y->ihd, m) : 0;
     const size_t es = kv_elem_size(r->kv_type), stride = r->state->per_pos, ent = (size_t)m * stride;
     int k = nc, *sel = fwd_malloc(sizeof(int) * (size_t)(nc > 0 ? nc : 1));
     float *sc = NULL, *rows = fwd_malloc(sizeof(float) * (size_t)(n_w + nc) * hd);
-    if (!sel || !rows) goto out;
+    float *ent_f = fwd_malloc(sizeof(float) * (size_t)m * pk); /* one entry, padded */
+    if (!sel || !rows || !ent_f) goto out;
     if (y->indexed && nc > 0) {
         if (!(sc = fwd_malloc(sizeof(float) * (size_t)nc))) goto out;
         const float s = 1.0f / sqrtf((float)y->ihd);
-        float key[y->ihd];
+        float key[m * pi];
         for (int e = 0; e < nc; e++) {
             for (int j = 0; j < m; j++) memcpy(key + j * pi, r->state->pos + (size_t)e * ent + j * stride + (size_t)pk * es,
                                                sizeof(float) * pi);
@@ -191,15 +201,16 @@ static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float 
     } else
         for (int e = 0; e < nc; e++) sel[e] = e;
     memcpy(rows, win, sizeof(float) * (size_t)n_w * hd);
-    for (int j = 0; j < k; j++)
-        for (int s = 0; s < m; s++)
-            dequant_row(r->kv_type, r->state->pos + (size_t)sel[j] * ent + s * stride, pk, rows + (size_t)(n_w + j) * hd + s * pk);
+    for (int j = 0; j < k; j++) {
+        for (int s = 0; s < m; s++) dequant_row(r->kv_type, r->state->pos + (size_t)sel[j] * ent + s * stride, pk, ent_f + s * pk);
+        memcpy(rows + (size_t)(n_w + j) * hd, ent_f, sizeof(float) * hd);
+    }
     float *att = scratch(1, (size_t)(n_w + k) * y->nh);
     if (att)
         kv_kernels(QT_F32)->attend(q, y->nh, hd, rows, rows, sizeof(float) * hd, n_w + k, 1.0f / sqrtf((float)hd),
                                    y->sinks, att, o);
 out:
-    free(sel); free(sc); free(rows);
+    free(sel); free(sc); free(rows); free(ent_f);
 }
 
 static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {

@@ -33,16 +33,16 @@ static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows
 static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, const int32_t *tokens, int T, float *logits,
                          int all_logits) {
     const Arch *a = &m->a;
-    const int H = a->hidden, S = m->hc_head ? m->hc_head->n : 1; /* S residual streams (hyper-connections) */
+    const int H = a->hidden, hc = m->hc_head != NULL, S = hc ? m->hc_head->n : 1; /* S residual streams */
     float *x = fwd_malloc(sizeof(float) * (size_t)T * S * H), *xn = fwd_malloc(sizeof(float) * (size_t)T * H);
     float *o = fwd_malloc(sizeof(float) * (size_t)T * H);
     size_t padded = ((size_t)H + 31) / 32 * 32;
     float *row = fwd_malloc(sizeof(float) * padded);
     /* hyper-connections: the collapsed block input, and the expand / mix weights */
-    float *c = S > 1 ? fwd_malloc(sizeof(float) * (size_t)T * H) : NULL;
-    float *post = S > 1 ? fwd_malloc(sizeof(float) * (size_t)T * S) : NULL;
-    float *comb = S > 1 ? fwd_malloc(sizeof(float) * (size_t)T * S * S) : NULL;
-    if (!x || !xn || !o || !row || (S > 1 && (!c || !post || !comb))) {
+    float *c = hc ? fwd_malloc(sizeof(float) * (size_t)T * H) : NULL;
+    float *post = hc ? fwd_malloc(sizeof(float) * (size_t)T * S) : NULL;
+    float *comb = hc ? fwd_malloc(sizeof(float) * (size_t)T * S * S) : NULL;
+    if (!x || !xn || !o || !row || (hc && (!c || !post || !comb))) {
         free(x); free(xn); free(o); free(row); free(c); free(post); free(comb);
         return -1;
     }
@@ -57,20 +57,20 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
         const Block *halves[2][2] = {{&y->attn_norm, &y->attn}, {&y->mlp_norm, &y->mlp}};
         for (int h = 0; h < 2; h++) {
             if (!halves[h][1]->kind) continue;
-            if (S > 1) hc_pre(y->hc[h], x, T, H, c, post, comb);
-            run_block(halves[h][0], &r, S > 1 ? c : x, T, xn);
+            if (hc) hc_pre(y->hc[h], x, T, H, c, post, comb);
+            run_block(halves[h][0], &r, hc ? c : x, T, xn);
             if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, tokens, xn, T, o);
             else run_block(halves[h][1], &r, xn, T, o);
             if (fwd_oom()) break; /* o is incomplete; forward() fails the pass */
-            if (S > 1) hc_post(S, x, T, H, o, post, comb);
+            if (hc) hc_post(S, x, T, H, o, post, comb);
             else for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
         }
     }
     if (logits && !fwd_oom()) {
         int first = all_logits ? 0 : T - 1;
         BlockRun r = {a, -1, kv->n, kv->ctx, kv->type, NULL, tokens};
-        if (S > 1) hc_head(m->hc_head, x + (size_t)first * S * H, T - first, H, c + (size_t)first * H);
-        run_block(&m->final_norm, &r, (S > 1 ? c : x) + (size_t)first * H, T - first, xn + (size_t)first * H);
+        if (hc) hc_head(m->hc_head, x + (size_t)first * S * H, T - first, H, c + (size_t)first * H);
+        run_block(&m->final_norm, &r, (hc ? c : x) + (size_t)first * H, T - first, xn + (size_t)first * H);
         matmul(logits, xn + (size_t)first * H, T - first, &m->lm_head, NULL);
     }
     int failed = fwd_oom();

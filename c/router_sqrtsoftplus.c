@@ -1,4 +1,5 @@
-/* Router of DeepSeek-V4 MoE layers: scores sqrt(softplus(w . x)); the chosen experts are the
+/* Router of DeepSeek-V4 MoE layers: scores sqrt(softplus(w . x)) (or, with "score": "sigmoid",
+ * sigmoid(w . x)); the chosen experts are the
  * top_k of scores + a correction bias (selection only), or, for hash-routed layers, fixed per
  * token (tid2eid[token][k]); weights are the chosen scores renormalised, times `scale`
  * (routed_scaling_factor). */
@@ -13,7 +14,7 @@
 typedef struct {
     const float *w, *bias; /* [experts][hidden], [experts] or NULL */
     const float *tid2eid;  /* [vocab][top_k] expert ids (stored as f32), or NULL */
-    int E, K, H, vocab;
+    int E, K, H, vocab, sigmoid;
     float scale;
 } SqrtSoftplus;
 
@@ -24,6 +25,10 @@ static int load(void *self, const JsonValue *spec, int experts, int top_k, Block
     p->H = L->a->hidden;
     p->vocab = L->a->vocab;
     p->scale = (float)bl_num(L, spec, "scale", 1e-6, 1e6);
+    const char *score = json_get_str(spec, "score");
+    if (score && strcmp(score, "sqrtsoftplus") && strcmp(score, "sigmoid"))
+        return bl_fail(L, "sqrtsoftplus: score '%s' is not implemented (sqrtsoftplus, sigmoid)", score);
+    p->sigmoid = score && !strcmp(score, "sigmoid");
     const JsonValue *t = json_get(spec, "tensors");
     p->w = bl_vec(L, t, "weight", experts, p->H, 0);
     p->bias = bl_vec(L, t, "bias", 1, experts, 1);
@@ -43,7 +48,7 @@ static float sqrt_softplus(float x) { return sqrtf(x > 20.0f ? x : log1pf(expf(x
 
 static void scores(const SqrtSoftplus *p, const float *x, int T, float *s) {
     matmul_f32(s, x, T, p->w, p->E, p->H);
-    for (size_t i = 0; i < (size_t)T * p->E; i++) s[i] = sqrt_softplus(s[i]);
+    for (size_t i = 0; i < (size_t)T * p->E; i++) s[i] = p->sigmoid ? 1.0f / (1.0f + expf(-s[i])) : sqrt_softplus(s[i]);
 }
 
 static void weigh(const SqrtSoftplus *p, const float *s, const int *si, float *w) {

@@ -314,9 +314,9 @@ def test_registry_facts_and_defaults():
 
 @pytest.mark.parametrize("change, words", [
     ({"num_key_value_heads": 2}, "one K=V head"),
-    ({"head_dim": 34, "compress_ratios": [0, 4, 0]}, "must each be a multiple"),
+    ({"index_head_dim": 4, "compress_ratios": [0, 4, 0]}, "cannot hold the 8 rotary dims"),
     ({"compress_ratios": [0, 8, 0]}, "compress by 0, 4 or 128"),
-    ({"scoring_func": "softmax"}, "sqrtsoftplus"),
+    ({"scoring_func": "softmax"}, "sqrtsoftplus, sigmoid"),
     ({"o_groups": 3}, "o_groups"),
     ({"layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}, "full_attention"),
 ])

@@ -195,6 +195,12 @@ VARIANTS = {
     "kimi_linear": dict(family="kimi_linear", seed=113, router_tries=24, config=dict(KIMI)),
     "deepseek_v4": dict(family="deepseek_v4", seed=121, config=dict(DSV4)),
     "deepseek_v4_compressed": dict(family="deepseek_v4", seed=122, config=dict(DSV4_COMPRESSED)),
+    # the other shapes: one residual stream, 3 Sinkhorn steps, one output group, sigmoid scores, an
+    # HCA rate (16) and index head (10) that do not divide the head dims, top-3 of the experts
+    "deepseek_v4_shapes": dict(family="deepseek_v4", seed=130, config=dict(
+        DSV4_COMPRESSED, head_dim=24, index_head_dim=10, hc_mult=1, hc_sinkhorn_iters=3, o_groups=1, o_lora_rank=24,
+        scoring_func="sigmoid", sliding_window=7, num_experts_per_tok=3,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16})),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),

@@ -11,6 +11,7 @@ import re
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 RATIO_TYPES = {0: SLIDING, 4: CSA, 128: HCA}
+SCORES = ("sqrtsoftplus", "sigmoid")  # the router's score functions (transformers' ACT2FN names)
 DEFAULTS = dict(vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=43,
                 num_attention_heads=64, num_key_value_heads=1, head_dim=512, q_lora_rank=1024, num_experts_per_tok=6,
                 n_routed_experts=256, n_shared_experts=1, scoring_func="sqrtsoftplus", routed_scaling_factor=1.5,
@@ -73,15 +74,16 @@ def arch(cfg, rope_table, f32):
         raise ValueError(f"layer kinds {', '.join(map(str, bad))} are not DeepSeek-V4's")
     rates = {t: int(cfg["compress_rates"][t]) for t in (CSA, HCA) if t in types}
     ihd = int(cfg["index_head_dim"])
-    for t, m in rates.items():  # an entry fills the state bytes of its window's positions
-        if m < 1 or hd % m or (t == CSA and ihd % m):
-            dims = f"head_dim {hd}" + (f" and index_head_dim {ihd}" if t == CSA else "")
-            raise ValueError(f"{t} layers compress by {m}: {dims} must each be a multiple of it (an entry fills its "
-                             "window's rows)")
+    for t, m in rates.items():
+        if m < 1:
+            raise ValueError(f"{t} layers compress by {m}; a rate is at least 1")
+    if CSA in types and ihd < int(cfg["head_dim"] * cfg["partial_rotary_factor"]):
+        raise ValueError(f"index_head_dim {ihd} cannot hold the {int(cfg['head_dim'] * cfg['partial_rotary_factor'])} "
+                         "rotary dims the indexer rotates")
     if kvh != 1:
         raise ValueError(f"num_key_value_heads {kvh}: DeepSeek-V4 attention shares one K=V head")
-    if cfg.get("scoring_func") != "sqrtsoftplus":
-        raise ValueError(f"scoring_func '{cfg.get('scoring_func')}' is not implemented (sqrtsoftplus)")
+    if cfg.get("scoring_func") not in SCORES:
+        raise ValueError(f"scoring_func '{cfg.get('scoring_func')}' is not implemented ({', '.join(SCORES)})")
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act '{cfg.get('hidden_act')}' is not supported (only silu)")
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
@@ -115,6 +117,7 @@ def arch(cfg, rope_table, f32):
                  "q_lora_rank": int(cfg["q_lora_rank"]), "o_groups": groups, "o_lora_rank": rank,
                  "sliding_window": window, "swiglu_limit": float(cfg["swiglu_limit"]),
                  "routed_scaling_factor": float(cfg["routed_scaling_factor"]), "rope": tables,
+                 "score": cfg["scoring_func"],
                  "compress_rates": rates, "index_n_heads": int(cfg["index_n_heads"]), "index_head_dim": ihd,
                  "index_topk": int(cfg["index_topk"])},
     }
@@ -152,13 +155,14 @@ def layer_specs(arch, norm):
                             "o_a": f"{a}.o_a_proj.weight", "o_b": f"{a}.o_b_proj.weight", "sinks": f"{a}.sinks"}}
         if kind != SLIDING:
             attn["compress"] = _compress(arch, a, kind)
+            # entry w fills rows w*m.. of its window, ceil(dim / m) values each (the last zero-padded)
             m, ihd = attn["compress"]["rate"], d["index_head_dim"]
-            attn["state"] = {"kv_values_per_pos": hd // m, "fixed_bytes": 4 * _fixed_floats(attn), "truncatable": False}
+            attn["state"] = {"kv_values_per_pos": -(-hd // m), "fixed_bytes": 4 * _fixed_floats(attn), "truncatable": False}
             if kind == CSA:
-                attn["state"]["f32_values_per_pos"] = ihd // m
+                attn["state"]["f32_values_per_pos"] = -(-ihd // m)
         m = f"{p}.mlp"
         hashed = d["mlp_layer_types"][l] == "hash_moe"
-        router = {"kind": "sqrtsoftplus", "scale": d["routed_scaling_factor"],
+        router = {"kind": "sqrtsoftplus", "score": d.get("score", "sqrtsoftplus"), "scale": d["routed_scaling_factor"],
                   "tensors": {"weight": f"{m}.gate.weight",
                               **({"tid2eid": f"{m}.gate.tid2eid"} if hashed else
                                  {"bias": f"{m}.gate.e_score_correction_bias"})}}
