@@ -263,6 +263,25 @@ def test_the_release_format_converts_to_its_exact_values(oracle_root, release, t
     assert kl < 0.05 and top1 >= 0.85
 
 
+def test_transformers_own_layout_converts(oracle_root, models, tmp_path):
+    """save_original_format=False: transformers' module names and fused experts [E, 2I, H]."""
+    import torch
+    import transformers
+    torch.set_num_threads(1)
+    src = Path(oracle_root) / COMPRESSED / "hf"
+    own = tmp_path / "own"
+    transformers.DeepseekV4ForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(
+        own, save_original_format=False)
+    keys = json.loads((own / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+        (own / "model.safetensors").read_bytes()[:8], "little")])
+    assert "model.layers.0.mlp.experts.gate_up_proj" in keys and "model.layers.0.self_attn.sinks" in keys
+    coli("convert", own, tmp_path / "c", *BF16)
+    ids = load_ref(oracle_root, COMPRESSED)[0]["ids"]
+    a = run_logits(tmp_path / "c", ids, tmp_path / "a.f32", "--kv", "f32")
+    b = run_logits(models[COMPRESSED], ids, tmp_path / "b.f32", "--kv", "f32")
+    assert np.array_equal(a, b)
+
+
 def test_an_unused_release_tensor_is_refused(release, tmp_path):
     from safetensors.torch import load_file, save_file
     rel = tmp_path / "rel"
