@@ -62,6 +62,11 @@ def test_state_is_sized_by_the_mechanism(oracle_root, models):
     assert p.returncode == 0, p.stderr
     found = json.dumps(json.loads(p.stdout))
     assert str(sum(s["fixed_bytes"] for s in states)) in found, found[:2000]
+    p = subprocess.run([sys.executable, str(ROOT / "coli"), "info", "--model", str(models[COMPRESSED])], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    fixed = sum(s["fixed_bytes"] for s in states)
+    assert (f"attention    2 CSA (rate 4) + 1 HCA (rate 8) + 1 sliding layers; fixed state {fixed / 1e6:.2f} MB per slot"
+            in p.stdout), p.stdout
 
 
 def test_prefix_reuse_over_a_wrapped_ring(oracle_root, models):
