@@ -91,6 +91,8 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     return L->failed ? -1 : 0;
 }
 
+#define HEADS_PER_TASK 8 /* query heads one attention task runs (decode splits a position's heads) */
+
 /* Values of an entry of n that one of its window's m rows holds. */
 static int piece(int n, int m) { return (n + m - 1) / m; }
 
@@ -185,8 +187,9 @@ static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float 
     if (y->indexed && nc > 0) {
         if (!(sc = fwd_malloc(sizeof(float) * (size_t)nc))) goto out;
         const float s = 1.0f / sqrtf((float)y->ihd);
-        float key[m * pi];
+#pragma omp parallel for schedule(static) if (par_worth((double)nc * y->inh * y->ihd / 32))
         for (int e = 0; e < nc; e++) {
+            float key[m * pi];
             for (int j = 0; j < m; j++) memcpy(key + j * pi, r->state->pos + (size_t)e * ent + j * stride + (size_t)pk * es,
                                                sizeof(float) * pi);
             float v = 0;
@@ -205,10 +208,15 @@ static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float 
         for (int s = 0; s < m; s++) dequant_row(r->kv_type, r->state->pos + (size_t)sel[j] * ent + s * stride, pk, ent_f + s * pk);
         memcpy(rows + (size_t)(n_w + j) * hd, ent_f, sizeof(float) * hd);
     }
-    float *att = scratch(1, (size_t)(n_w + k) * y->nh);
-    if (att)
-        kv_kernels(QT_F32)->attend(q, y->nh, hd, rows, rows, sizeof(float) * hd, n_w + k, 1.0f / sqrtf((float)hd),
-                                   y->sinks, att, o);
+    const int chunks = (y->nh + HEADS_PER_TASK - 1) / HEADS_PER_TASK;
+#pragma omp parallel for schedule(dynamic, 1) if (par_worth(2.0 * (n_w + k) * y->nh * hd / 32))
+    for (int c = 0; c < chunks; c++) { /* each head's result is its own: the split changes no bit */
+        const int h0 = c * HEADS_PER_TASK, g = y->nh - h0 < HEADS_PER_TASK ? y->nh - h0 : HEADS_PER_TASK;
+        float *att = scratch(1, (size_t)(n_w + k) * g);
+        if (att)
+            kv_kernels(QT_F32)->attend(q + (size_t)h0 * hd, g, hd, rows, rows, sizeof(float) * hd, n_w + k,
+                                       1.0f / sqrtf((float)hd), y->sinks + h0, att, o + (size_t)h0 * hd);
+    }
 out:
     free(sel); free(sc); free(rows); free(ent_f);
 }
@@ -267,21 +275,30 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     if (y->compressed && compress(y, r, x, T, cstate, istate)) goto done;
     const KvKernels *kk = kv_kernels(r->kv_type);
     const float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for schedule(dynamic, 1) if (par_worth(2.0 * T * y->window * nh * hd / 32))
-    for (int t = 0; t < T; t++) {
-        const int end = p0 + t + 1, start = end > y->window ? end - y->window : 0, n = end - start;
-        const unsigned char *kc = view + (size_t)(start - base) * stride;
-        float *o = att + (size_t)t * qd;
-        if (y->compressed)
-            attend_compressed(y, r, q + (size_t)t * qd, (const float *)kc, n, p0 + t, iq ? iq + (size_t)t * iqd : NULL,
-                              iw ? iw + (size_t)t * y->inh : NULL, o);
-        else {
-            float *sc = scratch(1, (size_t)n * nh);
-            if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
-            kk->attend(q + (size_t)t * qd, nh, hd, kc, kc, stride, n, scale, y->sinks, sc, o);
+    if (y->compressed) /* per position: its selection, then its heads in parallel */
+        for (int t = 0; t < T && !fwd_oom(); t++) {
+            const int end = p0 + t + 1, start = end > y->window ? end - y->window : 0;
+            attend_compressed(y, r, q + (size_t)t * qd, (const float *)(view + (size_t)(start - base) * stride), end - start,
+                              p0 + t, iq ? iq + (size_t)t * iqd : NULL, iw ? iw + (size_t)t * y->inh : NULL,
+                              att + (size_t)t * qd);
         }
-        for (int h = 0; h < nh; h++) dsv4_rope_tail(o + (size_t)h * hd, hd, y->rot, y->inv_freq, y->rope_scale, p0 + t, -1.0f);
+    else {
+        const int chunks = (nh + HEADS_PER_TASK - 1) / HEADS_PER_TASK;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (par_worth(2.0 * T * y->window * nh * hd / 32))
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < chunks; c++) { /* each head's result is its own: the split changes no bit */
+                const int end = p0 + t + 1, start = end > y->window ? end - y->window : 0, n = end - start;
+                const int h0 = c * HEADS_PER_TASK, g = nh - h0 < HEADS_PER_TASK ? nh - h0 : HEADS_PER_TASK;
+                float *sc = scratch(1, (size_t)n * g);
+                if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
+                kk->attend(q + (size_t)t * qd + (size_t)h0 * hd, g, hd, view + (size_t)(start - base) * stride,
+                           view + (size_t)(start - base) * stride, stride, n, scale, y->sinks + h0, sc,
+                           att + (size_t)t * qd + (size_t)h0 * hd);
+            }
     }
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++)
+            dsv4_rope_tail(att + (size_t)t * qd + (size_t)h * hd, hd, y->rot, y->inv_freq, y->rope_scale, p0 + t, -1.0f);
     for (int g = 0; g < G; g++) { /* group g: heads g*nh/G.., its own R rows of o_a */
         QMat w = y->o_a;
         w.rows = R;
