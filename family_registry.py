@@ -7,7 +7,7 @@ Each family maps an HF ``config.json`` to the normalized architecture the engine
 import math
 import re
 
-from colibri.family import class_defaults, deepseek, kimi, mimo, qwen35
+from colibri.family import class_defaults, deepseek, deepseek_v4, kimi, mimo, qwen35
 
 # Families the engine implements (the key is the name written into colibri.json; the engine's
 # `colibri families` must list the same, which tests/test_registry.py checks).
@@ -265,6 +265,21 @@ FAMILIES = {
         "moe": "sigmoid_group",
         "default_tie": False,
     },
+    # DeepSeek-V4 (colibri/family/deepseek_v4.py): hyper-connection streams, shared-K=V MQA with
+    # sinks and a grouped output projection, hash-routed first layers, sqrtsoftplus routing.
+    "deepseek_v4": {
+        "display": "DeepSeek-V4",
+        "model_types": ["deepseek_v4"],
+        **_LLAMA_LIKE,
+        "attn_layout": "dsv4",
+        "ignored_tensors": r"(^|\.)mtp\.",  # its MTP module, which transformers does not load
+        "biases": "none",
+        "qk_norm": False,
+        "moe": "dsv4",
+        "default_tie": False,
+        "tools": "deepseek",         # V4's DSML <tool_calls> block (V3.2 named it function_calls)
+        "thinking": "thinking",
+    },
 }
 
 # Tensor classes by HF name, for the planner and doctor; first match wins (norms before
@@ -295,6 +310,8 @@ def layer_specs(arch):
     """Per-layer block specs for colibri.json (docs/container.md): which blocks each layer runs,
     their geometry, and the container tensor names each block reads. The engine spells no
     tensor name; it reads these. Also applied to an older manifest's arch, which had none."""
+    if arch.get("dsv4"):
+        return deepseek_v4.layer_specs(arch, _norm)
     L, nkv, hd = int(arch["num_layers"]), int(arch["num_kv_heads"]), int(arch["head_dim"])
     nh, eps = arch.get("num_heads"), arch.get("rms_norm_eps")
     kinds = arch.get("layer_mlp") or ["dense"] * L
@@ -403,9 +420,12 @@ def _layer(arch, p, attn, mlp):
 
 def trunk_spec(arch):
     """The tensors around the layers: embedding, final norm, output head."""
-    return {"embed": "model.embed_tokens.weight",
-            "final_norm": _norm(arch, "model.norm.weight"),
-            "lm_head": "model.embed_tokens.weight" if arch.get("tie_word_embeddings") else "lm_head.weight"}
+    trunk = {"embed": "model.embed_tokens.weight",
+             "final_norm": _norm(arch, "model.norm.weight"),
+             "lm_head": "model.embed_tokens.weight" if arch.get("tie_word_embeddings") else "lm_head.weight"}
+    if arch.get("dsv4"):  # the streams collapse into one before the final norm
+        trunk["hc_head"] = deepseek_v4.trunk_extra(arch)
+    return trunk
 
 
 def manifest_layers(man):
@@ -559,6 +579,15 @@ def normalize_arch(cfg):
     if fam.get("hybrid") == "gated_deltanet":  # a vision-language wrapper: its text model
         cfg = qwen35.text_config(cfg)
     cfg = class_defaults.fill(family, cfg)  # what transformers assumes for a field left out
+    if fam.get("attn_layout") == "dsv4":
+        try:
+            cfg = deepseek_v4.config(cfg)
+            return family, deepseek_v4.arch(cfg, lambda c, params: _rope_inv_freq(dict(c, rope_parameters=params),
+                                                                               int(c["head_dim"])), _float32)
+        except KeyError as e:
+            raise UnsupportedModel(f"config.json lacks a usable {e}") from None
+        except (TypeError, ValueError) as e:
+            raise UnsupportedModel(f"config.json: {e}") from None
     if fam.get("attn_layout") == "mimo":
         try:
             cfg = mimo.config_defaults(cfg)

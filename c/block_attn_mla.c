@@ -127,7 +127,8 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
 
 static StateDesc state(const void *self, QType kv_type) {
     const AttnMla *p = self;
-    StateDesc s = {.per_pos = row_stride(p, kv_type), .truncatable = 1};
+    StateDesc s = {.per_pos = row_stride(p, kv_type), .truncatable = 1,
+                   .f32_tail = p->has_idx ? (size_t)p->idx.hd * sizeof(float) : 0}; /* the indexer's keys */
     return s;
 }
 

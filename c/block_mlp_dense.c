@@ -19,6 +19,12 @@ void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out) {
             float x = g[i] < lim ? g[i] : lim, y = u[i] < -lim ? -lim : (u[i] > lim ? lim : u[i]);
             g[i] = (y + 1.0f) * (x / (1.0f + expf(-a * x)));
         }
+    } else if (p->act == ACT_SILU_CLAMP) {
+        const float lim = p->limit;
+        for (size_t i = 0; i < (size_t)T * inter; i++) {
+            float x = g[i] < lim ? g[i] : lim, y = u[i] < -lim ? -lim : (u[i] > lim ? lim : u[i]);
+            g[i] = silu(x) * y;
+        }
     } else
         for (size_t i = 0; i < (size_t)T * inter; i++) g[i] = silu(g[i]) * u[i];
     matmul(out, g, T, &p->down, p->down_b);
@@ -56,7 +62,13 @@ int mlp_act_load(BlockLoader *L, const JsonValue *spec, Mlp *m) {
     const char *act = bl_str(L, spec, "act");
     if (L->failed) return -1;
     if (!strcmp(act, "silu")) { m->act = ACT_SILU; return 0; }
-    if (strcmp(act, "swiglu_clamp")) return bl_fail(L, "MLP activation '%s' is not implemented (silu, swiglu_clamp)", act);
+    if (!strcmp(act, "silu_clamp")) {
+        m->act = ACT_SILU_CLAMP;
+        m->limit = (float)bl_num(L, spec, "swiglu_limit", 1e-6, 1e30);
+        return L->failed ? -1 : 0;
+    }
+    if (strcmp(act, "swiglu_clamp"))
+        return bl_fail(L, "MLP activation '%s' is not implemented (silu, swiglu_clamp, silu_clamp)", act);
     m->act = ACT_SWIGLU_CLAMP;
     m->alpha = (float)bl_num(L, spec, "swiglu_alpha", 1e-6, 1e6);
     m->limit = (float)bl_num(L, spec, "swiglu_limit", 1e-6, 1e30);

@@ -44,10 +44,11 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
 
 static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
     const Moe *p = self;
-    (void)r;
     int *sel = fwd_malloc(sizeof(int) * (size_t)T * p->K);
     float *wts = fwd_malloc(sizeof(float) * (size_t)T * p->K);
-    if (sel && wts) p->router->route(p->router_self, x, T, sel, wts);
+    /* forward always passes the token ids; a hash router's route alone only predicts */
+    if (sel && wts && p->router->route_ids && r->tokens) p->router->route_ids(p->router_self, x, r->tokens, T, sel, wts);
+    else if (sel && wts) p->router->route(p->router_self, x, T, sel, wts);
     /* fwd_oom() tells the caller when an allocation (or the router) could not finish */
     if (sel && wts && !fwd_oom()) expert_layer_run(&p->xl, x, T, sel, wts, out);
     free(sel);

@@ -26,6 +26,7 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     if (!k) return bl_fail(L, "moe_shared: this engine has no moe block");
     p->width = bl_int(L, sh, "width", 1, 1 << 20);
     if (L->failed) return -1;
+    if (json_get(sh, "act") && mlp_act_load(L, sh, &p->shared)) return -1; /* DeepSeek-V4: clamped */
     mlp_load(L, &p->shared, json_get(sh, "tensors"), -1, L->a->hidden, p->width, 0);
     const JsonValue *g = json_get(sh, "gate");
     if (g) p->gate = bl_vec(L, json_get(g, "tensors"), "weight", 1, L->a->hidden, 0);

@@ -8,7 +8,8 @@
 
 extern const BlockKind block_norm_rms, block_attn_gqa, block_mlp_dense, block_moe;
 extern const BlockKind block_moe_shared, block_attn_mla, block_attn_deltanet, block_attn_kda;
-extern const RouterKind router_softmax_topk, router_sigmoid_group, router_topk_softmax;
+extern const RouterKind router_softmax_topk, router_sigmoid_group, router_topk_softmax, router_sqrtsoftplus;
+extern const BlockKind block_attn_dsv4;
 
 #define MAX_KINDS 32
 /* One row per block kind. */
@@ -21,11 +22,13 @@ static const BlockKind *kinds[MAX_KINDS] = {
     &block_attn_mla,
     &block_attn_deltanet,
     &block_attn_kda,
+    &block_attn_dsv4,
 };
 static const RouterKind *const routers[] = {
     &router_softmax_topk,
     &router_sigmoid_group,
     &router_topk_softmax,
+    &router_sqrtsoftplus,
     NULL,
 };
 

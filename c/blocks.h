@@ -5,6 +5,7 @@
 #ifndef COLI_BLOCKS_H
 #define COLI_BLOCKS_H
 #include <stddef.h>
+#include <stdint.h>
 
 #include "container.h"
 #include "json.h"
@@ -30,6 +31,7 @@ typedef struct {
     int ctx;          /* positions the state holds */
     QType kv_type;    /* element type of the per-position state */
     KvLayer *state;   /* NULL for stateless blocks */
+    const int32_t *tokens; /* the T token ids of x's rows (hash routing), or NULL */
 } BlockRun;
 
 struct BlockKind {
@@ -64,6 +66,9 @@ struct RouterKind {
     /* sel[T][top_k], wts[T][top_k] from x[T][hidden]; ties go to the lower expert index. */
     void (*route)(const void *self, const float *x, int T, int *sel, float *wts);
     void (*free)(void *self);
+    /* Routers that choose by token id (hash routing): as route, given x's token ids; NULL otherwise.
+     * route then only predicts (expert read-ahead). */
+    void (*route_ids)(const void *self, const float *x, const int32_t *ids, int T, int *sel, float *wts);
 };
 const RouterKind *router_find(const char *name);
 

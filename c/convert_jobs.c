@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,9 @@
 static int src_elem(const char *dt) {
     if (!strcmp(dt, "F32")) return 4;
     if (!strcmp(dt, "F16") || !strcmp(dt, "BF16")) return 2;
-    if (!strcmp(dt, "F8_E4M3")) return 1;
+    if (!strcmp(dt, "F8_E4M3") || !strcmp(dt, "F8_E8M0")) return 1;
+    if (!strcmp(dt, "I64")) return 8; /* integer tables (DeepSeek-V4's tid2eid), stored as f32 */
+    if (!strcmp(dt, "I32")) return 4;
     return 0;
 }
 
@@ -34,6 +37,10 @@ static void to_f32(const char *dt, const unsigned char *src, long long n, float 
     if (!strcmp(dt, "F32")) memcpy(dst, src, (size_t)n * 4);
     else if (!strcmp(dt, "BF16")) dequant_row(QT_BF16, src, (int)n, dst);
     else if (!strcmp(dt, "F8_E4M3")) for (long long i = 0; i < n; i++) dst[i] = e4m3(src[i]);
+    else if (!strcmp(dt, "F8_E8M0")) /* power-of-two block scales (DeepSeek-V4 releases); 0xff is NaN */
+        for (long long i = 0; i < n; i++) dst[i] = src[i] == 0xff ? NAN : ldexpf(1.0f, (int)src[i] - 127);
+    else if (!strcmp(dt, "I64")) for (long long i = 0; i < n; i++) { int64_t v; memcpy(&v, src + 8 * i, 8); dst[i] = (float)v; }
+    else if (!strcmp(dt, "I32")) for (long long i = 0; i < n; i++) { int32_t v; memcpy(&v, src + 4 * i, 4); dst[i] = (float)v; }
     else dequant_row(QT_F16, src, (int)n, dst);
 }
 
@@ -84,7 +91,7 @@ static int load_scale(const char *line, long long rows, long long cols, BlockSca
     const char *p = line;
     for (int tabs = 0; tabs < 8 && p; tabs++) p = strchr(p + (tabs > 0), '\t');
     if (!p || sscanf(p, "\t%4095[^\t]\t%lld\t%15[^\t]\t%lld\t%lld\t%lld", sp, &soff, sdt, &bs->br, &bs->bc, &bs->row0) != 6 ||
-        bs->br < 1 || bs->bc < 1 || bs->row0 < 0 || (strcmp(sdt, "F32") && strcmp(sdt, "BF16"))) return -1;
+        bs->br < 1 || bs->bc < 1 || bs->row0 < 0 || (strcmp(sdt, "F32") && strcmp(sdt, "BF16") && strcmp(sdt, "F8_E8M0"))) return -1;
     bs->scols = (cols + bs->bc - 1) / bs->bc;
     bs->srow0 = bs->row0 / bs->br;
     long long n = (bs->row0 + rows - 1) / bs->br - bs->srow0 + 1, es = src_elem(sdt);

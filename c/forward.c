@@ -5,6 +5,7 @@
 
 #include "blocks.h"
 #include "fwd_alloc.h"
+#include "hyper_conn.h"
 #include "model.h"
 #include "ops.h"
 
@@ -18,10 +19,11 @@ static void run_block(const Block *b, const BlockRun *r, const float *x, int T, 
  * slot, exactly as a one-row pass would; every other block sees all rows at once (one read of
  * each weight and routed expert per step), and computes each row the same whatever rows
  * surround it (the kernels' batch invariance), so a row's result never depends on the batch. */
-static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows, const float *x, int T, float *out) {
+static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows, const int32_t *tokens, const float *x,
+                      int T, float *out) {
     for (int t = 0; t < T && !fwd_oom(); t++) {
         KvCache *kv = rows[t];
-        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l]};
+        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens + t};
         run_block(b, &r, x + (size_t)t * a->hidden, 1, out + (size_t)t * a->hidden);
     }
 }
@@ -31,34 +33,44 @@ static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows
 static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, const int32_t *tokens, int T, float *logits,
                          int all_logits) {
     const Arch *a = &m->a;
-    const int H = a->hidden;
-    float *x = fwd_malloc(sizeof(float) * (size_t)T * H), *xn = fwd_malloc(sizeof(float) * (size_t)T * H);
+    const int H = a->hidden, hc = m->hc_head != NULL, S = hc ? m->hc_head->n : 1; /* S residual streams */
+    float *x = fwd_malloc(sizeof(float) * (size_t)T * S * H), *xn = fwd_malloc(sizeof(float) * (size_t)T * H);
     float *o = fwd_malloc(sizeof(float) * (size_t)T * H);
     size_t padded = ((size_t)H + 31) / 32 * 32;
     float *row = fwd_malloc(sizeof(float) * padded);
-    if (!x || !xn || !o || !row) { free(x); free(xn); free(o); free(row); return -1; }
+    /* hyper-connections: the collapsed block input, and the expand / mix weights */
+    float *c = hc ? fwd_malloc(sizeof(float) * (size_t)T * H) : NULL;
+    float *post = hc ? fwd_malloc(sizeof(float) * (size_t)T * S) : NULL;
+    float *comb = hc ? fwd_malloc(sizeof(float) * (size_t)T * S * S) : NULL;
+    if (!x || !xn || !o || !row || (hc && (!c || !post || !comb))) {
+        free(x); free(xn); free(o); free(row); free(c); free(post); free(comb);
+        return -1;
+    }
     for (int t = 0; t < T; t++) {
         kern.dequant_row(m->embed.qt, m->embed.data + (size_t)tokens[t] * m->embed.row_bytes, H, row);
-        memcpy(x + (size_t)t * H, row, sizeof(float) * H);
+        for (int j = 0; j < S; j++) memcpy(x + ((size_t)t * S + j) * H, row, sizeof(float) * H);
     }
     free(row);
     for (int l = 0; l < a->n_layers && !fwd_oom(); l++) {
         const Layer *y = &m->layers[l];
-        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l]};
+        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens};
         const Block *halves[2][2] = {{&y->attn_norm, &y->attn}, {&y->mlp_norm, &y->mlp}};
         for (int h = 0; h < 2; h++) {
             if (!halves[h][1]->kind) continue;
-            run_block(halves[h][0], &r, x, T, xn);
-            if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, xn, T, o);
+            if (hc) hc_pre(y->hc[h], x, T, H, c, post, comb);
+            run_block(halves[h][0], &r, hc ? c : x, T, xn);
+            if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, tokens, xn, T, o);
             else run_block(halves[h][1], &r, xn, T, o);
             if (fwd_oom()) break; /* o is incomplete; forward() fails the pass */
-            for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
+            if (hc) hc_post(S, x, T, H, o, post, comb);
+            else for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
         }
     }
     if (logits && !fwd_oom()) {
         int first = all_logits ? 0 : T - 1;
-        BlockRun r = {a, -1, kv->n, kv->ctx, kv->type, NULL};
-        run_block(&m->final_norm, &r, x + (size_t)first * H, T - first, xn + (size_t)first * H);
+        BlockRun r = {a, -1, kv->n, kv->ctx, kv->type, NULL, tokens};
+        if (hc) hc_head(m->hc_head, x + (size_t)first * S * H, T - first, H, c + (size_t)first * H);
+        run_block(&m->final_norm, &r, (hc ? c : x) + (size_t)first * H, T - first, xn + (size_t)first * H);
         matmul(logits, xn + (size_t)first * H, T - first, &m->lm_head, NULL);
     }
     int failed = fwd_oom();
@@ -68,7 +80,7 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
         memcpy(kv->tokens + kv->n, tokens, sizeof(int32_t) * (size_t)T);
         kv->n += T;
     }
-    free(x); free(xn); free(o);
+    free(x); free(xn); free(o); free(c); free(post); free(comb);
     return failed ? -1 : 0;
 }
 

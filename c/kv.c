@@ -46,6 +46,8 @@ int kv_init(KvCache *kv, const Arch *a, int ctx) {
         KvLayer *y = &kv->layer[l];
         y->per_pos = s->per_pos;
         y->fixed_bytes = s->fixed;
+        y->f32_tail = s->f32_tail;
+        y->settle = s->settle;
         y->cap = ring_cap(s, ctx);
         y->truncatable = s->truncatable;
         if (s->per_pos && !(y->pos = malloc(s->per_pos * (size_t)y->cap))) { kv_free(kv); return -1; }

@@ -49,6 +49,8 @@ static size_t record_len(const KvCache *kv, int n0, int n1, int n_ck) {
 
 int kv_record_build(const KvCache *kv, int n0, KvRecord *r) {
     const int n1 = kv->n;
+    for (int l = 0; l < kv->n_layers; l++) /* rows the turn may have rewritten: from their open group on */
+        if (kv->layer[l].settle > 1 && n0 % kv->layer[l].settle) n0 -= n0 % kv->layer[l].settle;
     r->n0 = n0;
     r->n1 = n1;
     r->len = record_len(kv, n0, n1, kv->n_ck);

@@ -19,7 +19,8 @@ typedef struct {
     int n0, n1;
 } KvRecord;
 
-/* Copies kv's positions [n0, kv->n) and its fixed state into a record; 0, or -1 out of memory. */
+/* Copies kv's positions [n0, kv->n) and its fixed state into a record, n0 lowered to the start of
+ * any group of rows a layer fills later (StateDesc.settle); 0, or -1 out of memory. */
 int kv_record_build(const KvCache *kv, int n0, KvRecord *r);
 void kv_record_free(KvRecord *r);
 /* Applies a record (built here, or read and checked by kv_log_replay) to kv. */

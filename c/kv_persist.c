@@ -138,6 +138,17 @@ static int all_finite(const void *p, size_t bytes, QType type) {
     return 1;
 }
 
+/* all_finite over n rows of a layer: each row's cache-type values, then its f32 tail (indexer keys). */
+static int rows_finite(const KvLayer *y, size_t n, QType type) {
+    if (!y->f32_tail) return all_finite(y->pos, y->per_pos * n, type);
+    for (size_t j = 0; j < n; j++) {
+        const unsigned char *row = y->pos + j * y->per_pos;
+        if (!all_finite(row, y->per_pos - y->f32_tail, type) || !all_finite(row + y->per_pos - y->f32_tail, y->f32_tail, QT_F32))
+            return 0;
+    }
+    return 1;
+}
+
 /* Every field of the file is untrusted (a shared model folder is enough to plant one): the header
  * must describe this model and fit this slot, and the file must be exactly as long as the header
  * says, before a byte lands in the slot. On any refusal the slot stays empty (n = 0). */
@@ -204,7 +215,7 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
         KvLayer *y = &kv->layer[l];
         size_t bytes = y->per_pos * (size_t)kv_held(kv, l);
         if (read_all(f, y->pos, bytes, &sum) || read_all(f, y->fixed, y->fixed_bytes, &sum)) goto torn;
-        if (!all_finite(y->pos, bytes, kv->type) || !all_finite(y->fixed, y->fixed_bytes, QT_F32)) goto torn;
+        if (!rows_finite(y, (size_t)kv_held(kv, l), kv->type) || !all_finite(y->fixed, y->fixed_bytes, QT_F32)) goto torn;
     }
     for (uint32_t i = 0; i < h.n_ck; i++) { /* increasing positions within the slot's history */
         int32_t pos;

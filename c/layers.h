@@ -4,7 +4,7 @@
 #include "blocks.h"
 #include "model.h"
 
-typedef enum { ACT_SILU = 0, ACT_SWIGLU_CLAMP } MlpAct;
+typedef enum { ACT_SILU = 0, ACT_SWIGLU_CLAMP, ACT_SILU_CLAMP } MlpAct;
 
 typedef struct {
     QMat gate, up, down;
@@ -15,7 +15,8 @@ typedef struct {
 
 /* out[T][hidden] = down(act(gate(x), up(x))) for x[T][hidden]; inter is the MLP width.
  * ACT_SILU: silu(g) * u. ACT_SWIGLU_CLAMP (gpt-oss): g clamped above at limit, u to
- * [-limit, limit], then (u + 1) * g * sigmoid(alpha * g). */
+ * [-limit, limit], then (u + 1) * g * sigmoid(alpha * g). ACT_SILU_CLAMP (DeepSeek-V4): the same
+ * clamps, then silu(g) * u. */
 void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out);
 /* Loads gate/up/down (and their biases when bias) from names in tensors, or from the "{e}"
  * templates in tensors with e substituted when e >= 0. */

@@ -21,6 +21,9 @@ typedef struct {
     size_t fixed;    /* bytes per slot, whatever the length */
     int truncatable; /* 1: the state at any prefix is the prefix of the state */
     int window;      /* > 0: positions kept (sliding window); 0: all */
+    size_t f32_tail; /* bytes at the end of each position's row kept as f32 whatever the cache type */
+    int settle;      /* > 1: a row may change until its group of `settle` positions is complete
+                      * (compressed entries fill their window's rows when it closes) */
 } StateDesc;
 
 /* Facts that hold for the whole model; everything per layer lives in the layer specs. */
@@ -52,8 +55,10 @@ typedef struct {
 
 /* Pre-norm residual layer: x += attn(attn_norm(x)); x += mlp(mlp_norm(x)). Either half may be
  * absent (a layer without attention, or without an MLP). */
+typedef struct HyperConn HyperConn;
 typedef struct {
     Block attn_norm, attn, mlp_norm, mlp;
+    HyperConn *hc[2]; /* NULL, or the hyper-connections around attn / mlp (the model has hc_head) */
 } Layer;
 
 typedef struct Container Container;
@@ -62,6 +67,7 @@ typedef struct {
     Arch a;
     QMat embed, lm_head;
     Block final_norm;
+    HyperConn *hc_head; /* NULL, or the final collapse of the residual streams (hyper_conn.h) */
     Layer *layers;
     StateDesc *state; /* [n_layers]: a.state points here */
     Container *ct;
@@ -80,6 +86,8 @@ typedef struct {
     unsigned char *pos;   /* [cap][per_pos]: position j in slot j % cap */
     unsigned char *fixed; /* [fixed_bytes], the state after the slot's n positions */
     size_t per_pos, fixed_bytes;
+    size_t f32_tail;      /* bytes at the end of each row that are f32 (StateDesc.f32_tail) */
+    int settle;           /* StateDesc.settle */
     int cap;              /* positions held: ctx, or min(ctx, window) for a windowed layer */
     int truncatable;
 } KvLayer;

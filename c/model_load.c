@@ -7,6 +7,7 @@
 
 #include "blocks.h"
 #include "container.h"
+#include "hyper_conn.h"
 #include "model.h"
 #include "spec_legacy.h"
 
@@ -22,7 +23,7 @@ static int get_int(BlockLoader *L, const JsonValue *o, const char *key, int lo, 
 }
 
 /* Families whose layer specs this engine has blocks for (family_registry.py must agree). */
-const char *const ENGINE_FAMILIES[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "olmoe", "qwen2_moe", "mixtral", "gpt_oss", "minimax_m2", "mimo_v2_flash", "qwen3_5_moe", "kimi_linear", NULL};
+const char *const ENGINE_FAMILIES[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "olmoe", "qwen2_moe", "mixtral", "gpt_oss", "minimax_m2", "mimo_v2_flash", "qwen3_5_moe", "kimi_linear", "deepseek_v4", NULL};
 
 /* The facts that hold for every layer. */
 static int parse_globals(BlockLoader *L, Arch *a, const JsonValue *man) {
@@ -62,7 +63,7 @@ static int parse_globals(BlockLoader *L, Arch *a, const JsonValue *man) {
     return 0;
 }
 
-static int load_layer(BlockLoader *L, Layer *y, const JsonValue *spec) {
+static int load_layer(BlockLoader *L, Layer *y, const JsonValue *spec, int hc_model) {
     if (!spec || spec->type != JSON_OBJ) return bl_fail(L, "layer spec is not an object; re-run coli convert");
     const JsonValue *attn = json_get(spec, "attn"), *mlp = json_get(spec, "mlp");
     if ((!attn || attn->type == JSON_NULL) && (!mlp || mlp->type == JSON_NULL))
@@ -73,6 +74,11 @@ static int load_layer(BlockLoader *L, Layer *y, const JsonValue *spec) {
     block_load(&y->mlp, ROLE_MLP, mlp, L);
     if (!L->failed && ((y->attn.kind && !y->attn_norm.kind) || (y->mlp.kind && !y->mlp_norm.kind)))
         return bl_fail(L, "a block has no norm before it (attn_norm / mlp_norm)");
+    if (!L->failed && hc_model) /* hyper-connection streams: both halves mix them */
+        for (int h = 0; h < 2 && !L->failed; h++)
+            y->hc[h] = hc_load(L, json_get(spec, h ? "mlp_hc" : "attn_hc"), 0);
+    if (!L->failed && !hc_model && (json_get(spec, "attn_hc") || json_get(spec, "mlp_hc")))
+        return bl_fail(L, "layer names hyper-connections but the trunk has no hc_head; re-run coli convert");
     /* The planner sizes memory from the state the spec declares: it must be what the block keeps. */
     const JsonValue *decl = attn ? json_get(attn, "state") : NULL;
     if (!L->failed && decl && y->attn.kind) {
@@ -100,6 +106,8 @@ static StateDesc layer_state(const Layer *y, QType kv_type) {
         StateDesc b = bs[i]->kind->state(bs[i]->self, kv_type);
         s.per_pos += b.per_pos;
         s.fixed += b.fixed;
+        s.f32_tail += b.f32_tail;
+        if (b.settle > s.settle) s.settle = b.settle;
         s.truncatable &= b.truncatable;
         if (b.per_pos) s.window = b.window; /* one block per layer keeps positions */
     }
@@ -145,12 +153,18 @@ int model_load(Model *m, const char *dir, char *err, size_t errlen) {
         m->lm_head = !strcmp(head, embed) ? m->embed : bl_mat_named(&L, head, a->vocab, H);
     }
     block_load(&m->final_norm, ROLE_NORM, bl_obj(&L, trunk, "final_norm"), &L);
+    const JsonValue *hc_head = json_get(trunk, "hc_head");
+    if (!L.failed && hc_head) m->hc_head = hc_load(&L, hc_head, 1);
     m->layers = calloc((size_t)a->n_layers, sizeof(Layer));
     m->state = calloc((size_t)a->n_layers, sizeof(StateDesc));
     if (!m->layers || !m->state) bl_fail(&L, "out of memory");
     for (int l = 0; l < a->n_layers && !L.failed; l++) {
         L.layer = l;
-        load_layer(&L, &m->layers[l], &layers->items[l]);
+        load_layer(&L, &m->layers[l], &layers->items[l], m->hc_head != NULL);
+        if (!L.failed && m->hc_head)
+            for (int h = 0; h < 2; h++)
+                if (m->layers[l].hc[h]->n != m->hc_head->n) bl_fail(&L, "hyper-connections of %d streams, the head collapses %d",
+                                                                     m->layers[l].hc[h]->n, m->hc_head->n);
     }
     json_free(legacy);
     if (L.failed) { model_free(m); return -1; }
@@ -167,10 +181,13 @@ void model_free(Model *m) {
             block_free(&y->attn);
             block_free(&y->mlp_norm);
             block_free(&y->mlp);
+            hc_free(y->hc[0]);
+            hc_free(y->hc[1]);
         }
         free(m->layers);
     }
     block_free(&m->final_norm);
+    hc_free(m->hc_head);
     free(m->state);
     free(m->a.inv_freq);
     ct_close(m->ct);

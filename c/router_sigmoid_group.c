@@ -98,4 +98,4 @@ static void release(void *self) {
     free((void *)p->bias);
 }
 
-const RouterKind router_sigmoid_group = {"sigmoid_group", sizeof(SigmoidGroup), load, route, release};
+const RouterKind router_sigmoid_group = {"sigmoid_group", sizeof(SigmoidGroup), load, route, release, NULL};

@@ -56,4 +56,4 @@ static void route(const void *self, const float *x, int T, int *sel, float *wts)
 
 static void release(void *self) { free((void *)((SoftmaxTopk *)self)->w); }
 
-const RouterKind router_softmax_topk = {"softmax_topk", sizeof(SoftmaxTopk), load, route, release};
+const RouterKind router_softmax_topk = {"softmax_topk", sizeof(SoftmaxTopk), load, route, release, NULL};

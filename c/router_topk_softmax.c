@@ -56,4 +56,4 @@ static void release(void *self) {
     free((void *)p->b);
 }
 
-const RouterKind router_topk_softmax = {"topk_softmax", sizeof(TopkSoftmax), load, route, release};
+const RouterKind router_topk_softmax = {"topk_softmax", sizeof(TopkSoftmax), load, route, release, NULL};

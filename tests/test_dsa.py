@@ -140,3 +140,16 @@ def test_plan_counts_latent_state_and_resident_shared_experts(variant, oracle_ro
     assert scan["dense_bytes"] == sum(v for k, v in scan["classes"].items() if k != "expert")
     r = coli("plan", "--model", model, "--no-measure")
     assert r.returncode == 0 and "shared_expert" in r.stdout.split("experts ")[0]
+
+
+def test_a_saved_slot_with_indexer_keys_is_restored(oracle_root, converted, tmp_path):
+    """The indexer's f32 keys at the end of each row are checked as f32, not as f16 pairs (whose
+    random low halves look like inf): a saved slot resumes instead of being refused as corrupt."""
+    from colibri import engine_client
+    ids = json.loads((Path(oracle_root) / "glm_moe_dsa" / "ref.json").read_text())["ids"]
+    with engine_client.Engine(converted("glm_moe_dsa"), ctx=128, kv_dir=tmp_path, batch=16) as eng:
+        list(eng.generate(ids[:41], max_tokens=4, temp=0, slot=0))
+    with engine_client.Engine(converted("glm_moe_dsa"), ctx=128, kv_dir=tmp_path, batch=16) as eng:
+        accept = list(eng.generate(ids[:50], max_tokens=4, temp=0, slot=0))[0]
+        assert any("restored KV slot 0" in line for line in eng.stderr_tail), eng.stderr_tail
+    assert accept[2] >= 41, accept

@@ -215,6 +215,14 @@ def test_oracle_checkpoint(variant, oracle_root):
                 keys.add(k)
                 dtypes.add(st.get_slice(k).get_dtype())
     want = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}[spec.get("dtype", "bfloat16")]
+    if spec["family"] == "deepseek_v4":  # the hash layers' tid2eid is an integer table; the release's names
+        assert "I64" in dtypes and any(k.endswith(".ffn.gate.tid2eid") for k in keys) and "head.weight" in keys
+        dtypes.discard("I64")
+        keys.add("lm_head.weight")
+        assert "sliding_attention" in cfg["layer_types"] and cfg["sliding_window"] < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS
+        if "compressed_sparse_attention" in cfg["layer_types"]:  # both compressed kinds; an HCA entry before generation
+            assert "heavily_compressed_attention" in cfg["layer_types"]
+            assert cfg["compress_rates"]["heavily_compressed_attention"] < make_oracles.PROMPT_LEN + make_oracles.NEW_TOKENS
     assert dtypes == {want}
     assert ("lm_head.weight" in keys) != bool(cfg.get("tie_word_embeddings"))
     if spec["family"] == "qwen3_moe":

@@ -83,6 +83,23 @@ KIMI = dict(num_hidden_layers=4, num_local_experts=8, num_experts_per_tok=2, moe
             linear_attn_config={"full_attn_layers": [2, 4], "kda_layers": [1, 3], "head_dim": 16, "num_heads": 4,
                                 "short_conv_kernel_size": 4})
 
+# DeepSeek-V4: 4 hyper-connection streams, one shared K=V head with RoPE on its last 8 dims,
+# sinks, 2 output groups, a window shorter than the sequence and than prompt + generated tokens,
+# a hash-routed first layer, sqrtsoftplus routing, a SwiGLU limit low enough to clamp.
+DSV4 = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=32, q_lora_rank=48,
+            qk_rope_head_dim=8, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=32,
+            sliding_window=12, o_groups=2, o_lora_rank=16, swiglu_limit=1.0, rms_norm_eps=1e-6, layer_types=["sliding_attention"] * 3,
+            mlp_layer_types=["hash_moe", "moe", "moe"])
+# Compressed layers: CSA (rate 4, overlapping windows, an indexer keeping 4 entries, so its
+# top-k binds from position 19 on) and HCA (rate 8), YaRN on their RoPE, two hash layers.
+DSV4_COMPRESSED = dict(DSV4, num_hidden_layers=4, mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
+                       layer_types=["compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention",
+                                    "compressed_sparse_attention"],
+                       compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                       index_n_heads=8, index_head_dim=16, index_topk=4,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                        "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1})
+
 # name -> family, seed, config overrides, save dtype, expert layout, shard size
 VARIANTS = {
     "llama": dict(family="llama", seed=11, config={}),
@@ -176,6 +193,14 @@ VARIANTS = {
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])),
     # a flipped routing decision lives on in the recurrent state: more router draws for a decisive one
     "kimi_linear": dict(family="kimi_linear", seed=113, router_tries=24, config=dict(KIMI)),
+    "deepseek_v4": dict(family="deepseek_v4", seed=121, config=dict(DSV4)),
+    "deepseek_v4_compressed": dict(family="deepseek_v4", seed=122, config=dict(DSV4_COMPRESSED)),
+    # the other shapes: one residual stream, 3 Sinkhorn steps, one output group, sigmoid scores, an
+    # HCA rate (16) and index head (10) that do not divide the head dims, top-3 of the experts
+    "deepseek_v4_shapes": dict(family="deepseek_v4", seed=130, config=dict(
+        DSV4_COMPRESSED, head_dim=24, index_head_dim=10, hc_mult=1, hc_sinkhorn_iters=3, o_groups=1, o_lora_rank=24,
+        scoring_func="sigmoid", sliding_window=7, num_experts_per_tok=3,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16})),
     "glm4_moe_lite": dict(family="glm4_moe_lite", seed=61, config=dict(
         {k: v for k, v in MLA.items() if k != "first_k_dense_replace"}, mlp_layer_types=["dense", "sparse", "sparse"],
         routed_scaling_factor=1.8)),
@@ -216,12 +241,14 @@ def model_class(family, wrap=None):
             "minimax_m2": (tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM),
             "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM),
             "mimo_v2_flash": (tf.MiMoV2FlashConfig, tf.MiMoV2FlashForCausalLM),
-            "kimi_linear": (tf.KimiLinearConfig, tf.KimiLinearForCausalLM)}[family]
+            "kimi_linear": (tf.KimiLinearConfig, tf.KimiLinearForCausalLM),
+            "deepseek_v4": (tf.DeepseekV4Config, tf.DeepseekV4ForCausalLM)}[family]
 
 
 SIGMOID_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "mimo_v2_flash",
                     "kimi_linear")  # group-limited sigmoid routers
-MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2", "gpt_oss", "qwen3_5_moe") + SIGMOID_FAMILIES
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "qwen2_moe", "mixtral", "minimax_m2", "gpt_oss", "qwen3_5_moe",
+                "deepseek_v4") + SIGMOID_FAMILIES
 SIGMOID_ROUTER_STD = 0.2  # sigmoid routers: logit std ~1.6, scores spread over (0, 1) rather than saturated
 BIAS_STD = 0.1      # sigmoid routers' e_score_correction_bias: moves selection, not the weights
 
@@ -242,8 +269,11 @@ def randomize(model, seed, out_gain):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name or name == "lm_head.weight":
                 p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
-            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")):
-                pass  # routers: see pick_routers
+            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")) and not hasattr(
+                    model.get_submodule(name[:-len(".weight")]), "tid2eid"):
+                pass  # routers: see pick_routers (a hash router's weights only weigh: drawn here)
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(SIGMOID_ROUTER_STD * torch.randn(p.shape, generator=g))
             elif name.endswith(".sinks"):
                 p.copy_(SINK_STD * torch.randn(p.shape, generator=g))
             elif name.endswith("e_score_correction_bias"):
@@ -252,6 +282,11 @@ def randomize(model, seed, out_gain):
                 p.copy_(-2.0 + 0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith("dt_bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("tid2eid"):  # hash routing: distinct experts per token
+                p.copy_(torch.stack([torch.randperm(int(model.config.n_routed_experts), generator=g)[:p.shape[1]]
+                                     for _ in range(p.shape[0])]))
+            elif name.endswith("hc_scale") or name.endswith("_hc.scale"):  # hyper-connection gains near 1
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 # residual-branch outputs smaller, so no single layer dominates the stream
                 gain = out_gain if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight", "down_proj")) else 1.0
@@ -274,13 +309,21 @@ def is_sigmoid_router(mod):
     return hasattr(mod, "e_score_correction_bias") or type(mod).__name__ == "MiniMaxM2TopKRouter"
 
 
+def router_scores(mod, x):
+    """A sigmoid router's scores (DeepSeek-V4's: sqrt(softplus))."""
+    logits = x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T
+    if type(mod).__name__.startswith("DeepseekV4"):
+        return _torch().nn.functional.softplus(logits).sqrt()
+    return logits.sigmoid()
+
+
 def sigmoid_group_margin(mod, x, bias):
     """Per position, a lower bound on the router-logit change (each logit moved by at most e: a
     sigmoid score by e/4) that flips the selection, in the units of the softmax routers' margin
     (logit[k-1] - logit[k], which a change e flips at 2e): 4 x the expert margin, 2 x the group
     margin, on the biased scores selection uses."""
     torch = _torch()
-    choice = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid() + bias
+    choice = router_scores(mod, x) + bias
     g, k, tg = getattr(mod, "num_group", 1), mod.top_k, getattr(mod, "topk_group", 1)
     margins = []
     if tg < g:
@@ -297,7 +340,7 @@ def sigmoid_group_margin(mod, x, bias):
 def sigmoid_group_effects(mod, x, bias):
     """Positions whose selection the group limit, and the correction bias, change: the oracle
     must exercise both (tests/test_oracles.py checks the counts)."""
-    scores = (x.reshape(-1, x.shape[-1]).float() @ mod.weight.float().T).sigmoid()
+    scores = router_scores(mod, x)
 
     def pick(choice, grouped):
         if grouped and getattr(mod, "topk_group", 1) < getattr(mod, "num_group", 1):
@@ -314,6 +357,11 @@ def sigmoid_group_effects(mod, x, bias):
     return int(by_groups.sum()), int(by_bias.sum())
 
 
+def is_dsa_indexer(m):
+    """GLM-5 / DeepSeek-V3.2's indexer (DeepSeek-V4's compresses its keys: Dsv4IndexMargins)."""
+    return type(m).__name__.endswith("Indexer") and hasattr(m, "wq_b")
+
+
 class IndexMargins:
     """Hook every DSA indexer; per layer, the smallest gap between a query's index_topk-th and
     next index score, relative to that query's largest |score| (positions past index_topk only):
@@ -322,7 +370,21 @@ class IndexMargins:
     def __init__(self, model):
         self.gaps = []
         self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in model.modules()
-                        if type(m).__name__.endswith("Indexer")]
+                        if is_dsa_indexer(m)]
+        self.handles += [m.scorer.register_forward_hook(self._dsv4_hook(m)) for m in model.modules()
+                         if type(m).__name__ == "DeepseekV4Indexer"]
+
+    def _dsv4_hook(self, ix):
+        """DeepSeek-V4: the scores of the compressed entries a query may see ((t + 1) // rate)."""
+        def hook(mod, args, out):
+            K, m, gaps = ix.index_topk, ix.compress_rate, []
+            for t in range(out.shape[1]):
+                v = out[0, t, :(t + 1) // m].sort(descending=True).values
+                if len(v) > K:
+                    gaps.append(((v[K - 1] - v[K]) / v.abs().max()).item())
+            if gaps:
+                self.gaps.append(min(gaps))
+        return hook
 
     def _hook(self, mod, args, kwargs, out):
         torch = _torch()
@@ -414,7 +476,8 @@ def pick_routers(model, seed, ids, dtype, tries=ROUTER_TRIES):
     draw with the largest smallest margin: router top-k (RouterMargins), indexer top-k
     (IndexMargins), so the engine's rounding does not flip a selection."""
     torch = _torch()
-    rs, ixs = routers(model), [m for m in model.modules() if type(m).__name__.endswith("Indexer")]
+    rs = routers(model)
+    ixs = [m for m in model.modules() if is_dsa_indexer(m) or type(m).__name__ == "DeepseekV4Indexer"]
     if not rs and not ixs:
         return
     g = torch.Generator().manual_seed(seed + 1000)
@@ -428,7 +491,7 @@ def pick_routers(model, seed, ids, dtype, tries=ROUTER_TRIES):
                 param, draw = m.weight, lambda: std * torch.randn(m.weight.shape, generator=g)
             elif m in ixs:
                 i = ixs.index(m)
-                w0 = m.weights_proj.weight
+                w0 = (m.weights_proj if hasattr(m, "weights_proj") else m.q_b_proj).weight  # DeepSeek-V4: its queries
                 param, draw = w0, lambda: torch.randn(w0.shape, generator=gi) / w0.shape[-1] ** 0.5
             else:
                 continue

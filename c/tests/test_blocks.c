@@ -115,7 +115,7 @@ static void feed(const Model *m, KvCache *kv, const int32_t *toks, int from, int
 }
 
 static void test_reuse_rule_without_model(void) {
-    StateDesc st[2] = {{8, 0, 1, 0}, {8, 0, 1, 0}};
+    StateDesc st[2] = {{8, 0, 1, 0, 0, 0}, {8, 0, 1, 0, 0, 0}};
     Arch a = {0};
     a.n_layers = 2;
     a.kv_type = QT_F32;
@@ -131,7 +131,7 @@ static void test_reuse_rule_without_model(void) {
     kv_free(&kv);
 
     /* a windowed layer holds a ring of its window: reusable until it wraps, then start over */
-    StateDesc win[2] = {{8, 0, 1, 0}, {8, 0, 1, 4}};
+    StateDesc win[2] = {{8, 0, 1, 0, 0, 0}, {8, 0, 1, 4, 0, 0}};
     a.state = win;
     CHECK(kv_bytes(&a, 16) == 16 * 4 + 16 * 8 + 4 * 8, "a windowed layer is sized by its window");
     CHECK(kv_init(&kv, &a, 16) == 0 && kv.layer[1].cap == 4 && kv.layer[0].cap == 16, "ring of the window");

@@ -24,9 +24,9 @@ static Arch arch(void) {
     a.vocab = 100;
     a.n_layers = 3;
     a.kv_type = QT_F32;
-    states[0] = (StateDesc){16, 0, 1, 0};
-    states[1] = (StateDesc){16, 0, 1, 6};
-    states[2] = (StateDesc){0, 32, 0, 0};
+    states[0] = (StateDesc){16, 0, 1, 0, 0, 0};
+    states[1] = (StateDesc){16, 0, 1, 6, 0, 0};
+    states[2] = (StateDesc){0, 32, 0, 0, 0, 0};
     a.state = states;
     return a;
 }

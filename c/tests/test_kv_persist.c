@@ -57,7 +57,7 @@ static Arch arch(QType kv_type) {
     a.vocab = 50;
     a.n_layers = 2;
     a.kv_type = kv_type;
-    for (int l = 0; l < 2; l++) states[l] = (StateDesc){2 * 4 * (kv_type == QT_F32 ? 4 : 2), 0, 1, 0};
+    for (int l = 0; l < 2; l++) states[l] = (StateDesc){2 * 4 * (kv_type == QT_F32 ? 4 : 2), 0, 1, 0, 0, 0};
     a.state = states;
     return a;
 }

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.convert import gpt_oss
-from colibri.family import deepseek, kimi, qwen35
+from colibri.family import deepseek, deepseek_v4, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
@@ -30,6 +30,7 @@ from version import VERSION
 FORMAT_VERSION = 1
 EXPERT_CHOICES, DENSE_CHOICES = EXPERT_STORAGE, DENSE_STORAGE
 SOURCE_DTYPES = ("F32", "F16", "BF16", "F8_E4M3")  # F8_E4M3: block-FP8, with its weight_scale_inv
+INDEX_DTYPES = ("I64", "I32")  # integer tables (DeepSeek-V4's tid2eid), stored as f32 (exact below 2^24)
 COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
                 "special_tokens_map.json", "chat_template.jinja")
 STATE_FILE = ".coli_convert.json"
@@ -85,7 +86,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             raise ConvertError(f"source checkpoint lacks tensor '{name}'")
         if list(t["shape"]) != list(shape):
             raise ConvertError(f"source tensor '{name}' has shape {t['shape']}, the config implies {list(shape)}")
-        if t["dtype"] not in SOURCE_DTYPES:
+        if t["dtype"] not in SOURCE_DTYPES and not (name.endswith(".tid2eid") and t["dtype"] in INDEX_DTYPES):
             raise ConvertError(f"source tensor '{name}' is {t['dtype']}; supported source dtypes: {', '.join(SOURCE_DTYPES)}")
         p.used.add(name)
         if t["dtype"] == "F8_E4M3":
@@ -109,6 +110,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     trunk = family_registry.trunk_spec(arch)
     whole(trunk["embed"], "dense", [V, H], (0,))
     whole(trunk["final_norm"]["tensors"]["weight"], "f32", [H], (0,))
+    if "hc_head" in trunk:  # DeepSeek-V4's final collapse of the residual streams
+        for key, shape in deepseek_v4.hc_shapes(trunk["hc_head"], H).items():
+            whole(trunk["hc_head"]["tensors"][key], "f32", shape, (L + 1,))
     if arch["tie_word_embeddings"]:
         if "lm_head.weight" in tensors:
             p.used.add("lm_head.weight")  # a tied checkpoint may still carry a copy
@@ -129,6 +133,10 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
+        for hc in ("attn_hc", "mlp_hc"):  # DeepSeek-V4's hyper-connections
+            if hc in spec:
+                for key, shape in deepseek_v4.hc_shapes(spec[hc], H).items():
+                    whole(spec[hc]["tensors"][key], "f32", shape, o)
         if spec["attn"]["kind"] == "kda":
             special = kimi.attn_outputs(spec["attn"], H, lambda n: list(tensors[n]["shape"]) if n in tensors else None)
         else:
@@ -136,9 +144,13 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         for out in special or ():
             rows_of(*out, o)
         if not special:  # gated DeltaNet / KDA / gated-q layers are gathered above
-            shapes = deepseek.mla_shapes(spec["attn"], H) if spec["attn"]["kind"] == "mla" else gqa_shapes(spec["attn"], H)
+            kind = spec["attn"]["kind"]
+            shapes = (deepseek.mla_shapes(spec["attn"], H) if kind == "mla" else
+                      deepseek_v4.attn_shapes(spec["attn"], H) if kind == "dsv4" else gqa_shapes(spec["attn"], H))
         for key, name in ({} if special else spec["attn"]["tensors"]).items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
+        for name, shape, klass in deepseek_v4.compress_tensors(spec["attn"], H):  # DeepSeek-V4's compressors
+            whole(name, klass, shape, o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
             ix = spec["attn"]["indexer"]
             ishapes = deepseek.indexer_shapes(ix, H, spec["attn"]["q_lora_rank"])
@@ -155,6 +167,8 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         whole(mlp["router"]["tensors"]["weight"], "f32", [E, H], o)
         if "bias" in mlp["router"]["tensors"]:  # selection-only correction bias (sigmoid_group)
             whole(mlp["router"]["tensors"]["bias"], "f32", [E], o)
+        if "tid2eid" in mlp["router"]["tensors"]:  # hash routing: each token's top-k experts
+            whole(mlp["router"]["tensors"]["tid2eid"], "f32", [V, mlp["top_k"]], o)
         if "shared" in mlp:  # shared experts: dense trunk, resident
             S = mlp["shared"]["width"]
             for key, name in mlp["shared"]["tensors"].items():
@@ -184,10 +198,13 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 p.add(out["down"], "expert", H, I, [(dn["file"], dn["offset"] + e * H * I * dsz, dn["dtype"], H)],
                       gu["file"], eo)
             else:
-                g = take(out["gate"], [I, H])
+                g = tensors.get(out["gate"]) or take(out["gate"], [I, H])
                 for proj, shape in (("gate", [I, H]), ("up", [I, H]), ("down", [H, I])):
-                    t = take(out[proj], shape)
-                    p.add(out[proj], "expert", shape[0], shape[1], [part(t, t["offset"], shape[0])], g["file"], eo)
+                    src = fp4_part(p, tensors, out[proj], *shape)  # DeepSeek-V4 releases: FP4 experts
+                    if src is None:
+                        t = take(out[proj], shape)
+                        src = part(t, t["offset"], shape[0])
+                    p.add(out[proj], "expert", shape[0], shape[1], [src], g["file"], eo)
     p.mtp = keep_mtp_layers(p, tensors, L, take, part)
     # a family may ship weights its transformers model never loads (MiMo-V2-Flash's model.mtp.*)
     skip = family_registry.FAMILIES.get(arch.get("_family"), {}).get("ignored_tensors")
@@ -197,6 +214,29 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         raise ConvertError(f"source tensors the {arch.get('_family', 'model')} layout does not use: "
                            f"{', '.join(sorted(unused)[:5])}{more}; refusing to drop weights silently")
     return p
+
+
+FP4_DTYPES = ("I8", "U8", "F4")  # two e2m1 values per byte, the low nibble first (F4 shapes count values)
+
+
+def is_fp4(tensors, name):
+    return tensors.get(name, {}).get("dtype") in FP4_DTYPES and name + "_scale_inv" in tensors
+
+
+def fp4_part(p, tensors, name, rows, cols):
+    """An FP4 expert weight (DeepSeek-V4 releases: NAME [rows, cols/2] packed e2m1 and its
+    NAME_scale_inv [rows, cols/32] e8m0 power-of-two scales, the MXFP4 layout) as one MXFP4 source
+    part, or None when the weight is not FP4."""
+    if not is_fp4(tensors, name):
+        return None
+    t, s = tensors[name], tensors[name + "_scale_inv"]
+    packed = [rows, cols] if t["dtype"] == "F4" else [rows, cols // 2]
+    if cols % 32 or list(t["shape"]) != packed or list(s["shape"]) != [rows, cols // 32] \
+            or s["dtype"] not in ("F8_E8M0", "U8"):
+        raise ConvertError(f"FP4 tensor '{name}' is {t['dtype']} {t['shape']} with {s['dtype']} {s['shape']} scales; "
+                           f"[{rows}, {cols}] needs {packed} packed values and [{rows}, {cols // 32}] F8_E8M0 scales")
+    p.used.update((name, name + "_scale_inv"))
+    return (t["file"], t["offset"], "MXFP4", rows, ("mxfp4", s["file"], s["offset"], 1))
 
 
 def gqa_shapes(attn, hidden):
@@ -251,9 +291,9 @@ def attach_fp8_scales(cfg, tensors):
         if s is None or len(t["shape"]) != 2:
             raise ConvertError(f"FP8 tensor '{name}' has no {sname} block scale (a 2-D weight and its scale are needed)")
         want = [-(-t["shape"][0] // block[0]), -(-t["shape"][1] // block[1])]
-        if list(s["shape"]) != want or s["dtype"] not in ("F32", "BF16"):
+        if list(s["shape"]) != want or s["dtype"] not in ("F32", "BF16", "F8_E8M0"):
             raise ConvertError(f"'{sname}' is {s['dtype']} {s['shape']}; {block[0]}x{block[1]} blocks of {name} "
-                               f"{t['shape']} need F32 or BF16 {want}")
+                               f"{t['shape']} need F32, BF16 or F8_E8M0 {want}")
         t["scale"] = dict(s, name=sname, block=block)
 
 
@@ -381,13 +421,19 @@ def convert(src, out, experts=None, dense="q8", log=print):
     rename = {"gated_deltanet": qwen35.text_tensors, "kda": kimi.source_tensors}.get(family_registry.FAMILIES[family].get("hybrid"))
     if rename:
         tensors = rename(tensors, log)
+    if family_registry.FAMILIES[family].get("attn_layout") == "dsv4":
+        try:
+            tensors = deepseek_v4.source_tensors(tensors, log)
+        except ValueError as e:
+            raise ConvertError(str(e)) from None
     attach_fp8_scales(cfg, tensors)
     if arch.get("expert_names") == "mixtral" and not any(".block_sparse_moe." in n for n in tensors):
         del arch["expert_names"]  # transformers' own layout (save_original_format=False): mlp.gate, fused experts
     if arch.get("mimo") and any(n.endswith(".self_attn.sinks") for n in tensors):
         arch["mimo"]["sinks_name"] = "sinks"  # MiMo in transformers' layout: sinks, not attention_sink_bias
     if experts is None:
-        experts = default_experts(any(n.endswith(".experts.gate_up_proj_blocks") for n in tensors))
+        experts = default_experts(any(n.endswith(".experts.gate_up_proj_blocks") or (".experts." in n and is_fp4(tensors, n))
+                                      for n in tensors))
     arch["_family"] = family
     planner = plan_tensors(arch, tensors, experts, dense)
     del arch["_family"]

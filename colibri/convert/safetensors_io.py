@@ -4,7 +4,7 @@ import os
 import struct
 
 DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-              "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+              "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 MAX_HEADER = 256 << 20
 
 
@@ -51,7 +51,9 @@ def read_header(path):
             if s < 0:
                 raise SafetensorsError(f"{path}: tensor '{name}' has a negative dimension")
             count *= s
-        if dtype not in DTYPE_SIZE or not (0 <= a <= b <= size - start) or b - a != count * DTYPE_SIZE[dtype]:
+        # F4: torch's float4_e2m1fn_x2, two values per byte, the shape counting values
+        nbytes = (count + 1) // 2 if dtype == "F4" else count * DTYPE_SIZE.get(dtype, 0)
+        if (dtype not in DTYPE_SIZE and dtype != "F4") or not (0 <= a <= b <= size - start) or b - a != nbytes:
             raise SafetensorsError(f"{path}: tensor '{name}' ({dtype} {shape}, bytes {a}..{b}) does not fit the file")
         out[name] = {"dtype": dtype, "shape": shape, "offset": start + a, "nbytes": b - a}
     return out, start
