@@ -67,7 +67,7 @@ VNNI_INLINE __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_ep
 /* 16 weight rows (w: row 0) x n positions (packed by amx_small_pack; scales from position t0
  * of a), the whole row; results to y[i*ldy + r]. n is a constant in each instance. */
 VNNI_INLINE void small16(const int q4, const unsigned char *w, size_t row_bytes, const QAct *a, int t0,
-                         const int8_t *packed, const int n, float *y, size_t ldy) {
+                         const int8_t *packed, const int n, const unsigned char *next, float *y, size_t ldy) {
     const int nb = a->nb;
     const size_t bb = q4 ? 20 : 34, ds = (size_t)a->rows;
     const __m512i perm = lane_rows();
@@ -77,6 +77,10 @@ VNNI_INLINE void small16(const int q4, const unsigned char *w, size_t row_bytes,
     for (int i = 0; i < n; i++) acc[i] = mins[i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const unsigned char *wb = w + (size_t)b * bb;
+        /* the next 16 rows (contiguous) into cache, a block's share of them per block: the
+         * rows are read 16 at a time, a pattern the hardware prefetcher does not follow */
+        if (next)
+            for (size_t o = (size_t)b * 16 * bb; o < (size_t)(b + 1) * 16 * bb; o += 64) _mm_prefetch((const char *)next + o, _MM_HINT_T0);
         const __m512i heads = _mm512_i32gather_epi32(rowoff, wb, 1);
         const __m512 dw = f16_lo(heads), mw = q4 ? f16_hi(heads) : dw;
         __m512i v[8], sw = _mm512_setzero_si512();
@@ -126,7 +130,9 @@ VNNI_INLINE void small16(const int q4, const unsigned char *w, size_t row_bytes,
 
 VNNI_INLINE void small_rows(const int q4, const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0,
                             const int8_t *packed, const int n, float *y, size_t ldy) {
-    for (int r = 0; r < nr16; r += 16) small16(q4, w + (size_t)r * row_bytes, row_bytes, a, t0, packed, n, y + r, ldy);
+    for (int r = 0; r < nr16; r += 16)
+        small16(q4, w + (size_t)r * row_bytes, row_bytes, a, t0, packed, n, r + 16 < nr16 ? w + (size_t)(r + 16) * row_bytes : NULL,
+                y + r, ldy);
 }
 
 #define SMALL_CASES(q4)                                                                  \
