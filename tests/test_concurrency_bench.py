@@ -156,5 +156,21 @@ def test_http_run_against_coli_serve_and_a_stand_in_peer(oracle_root, tmp_path):
             row = res[side][p]
             assert row["decode_tok_s"] > 0 and row["agg_tok_s"] > 0 and row["ttft_p95_ms"] >= row["ttft_p50_ms"] > 0
     calls = [json.loads(line) for line in (tmp_path / "llama-server.args").read_text().splitlines()]
-    assert [c[c.index("-np") + 1] for c in calls] == ["1", "2"]  # one server per concurrency, P slots
-    assert all("--cont-batching" in c and c[c.index("-m") + 1] == "weights.gguf" for c in calls)
+    assert [c[c.index("-np") + 1] for c in calls] == ["2"]  # one server, as many slots as the most streams
+    assert "--cont-batching" in calls[0] and calls[0][calls[0].index("-m") + 1] == "weights.gguf"
+
+
+def test_engine_protocol_run_interleaves_concurrencies(oracle_root, tmp_path):
+    model = tmp_path / "llama"
+    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "llama" / "hf"), str(model)],
+                   check=True, capture_output=True, timeout=300)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "concurrency_bench.py"), "--model", str(model),
+                        "--concurrency", "1,3", "--repeat", "2", "--prompt-tokens", "6", "--gen-tokens", "5",
+                        "--threads", "1"], capture_output=True, text=True, timeout=600,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("colibri via the engine protocol") and "load average" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert [row[0] for row in rows] == ["1", "3"] and rows[0][3] == "1.00"
+    assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)

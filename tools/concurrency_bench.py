@@ -15,9 +15,11 @@ Every stream gets its own prompt of --prompt-tokens ids and generates exactly --
 TTFT = request to the stream's first token. Medians over --repeat rounds.
 
 Without --http the engine is driven over its stdin protocol (no HTTP). --http runs `coli serve`
-instead, and --llama-server runs llama-server (-np P --cont-batching) on --gguf; both get the
-same concurrent streamed /v1/completions, the rounds alternate between them, so both sides
-include the HTTP layer and share the machine's load alike. --llama-batched-bench adds that
+instead, and --llama-server runs llama-server (--cont-batching) on --gguf; both get the same
+concurrent streamed /v1/completions, so both sides include the HTTP layer. Each side is started
+once with max(concurrency) slots (--kv-slots/--parallel, -np) and every round runs each
+concurrency on each side in turn, the sides' order alternating: on a shared machine the load's
+swings then fall on both sides and on every concurrency alike. --llama-batched-bench adds that
 tool's S_TG (no HTTP) as a further column.
 
 With streamed experts (--engine-args "--cap N" or "--ram G") the engine mode also reports the
@@ -103,20 +105,20 @@ def engine_round(eng, p, prompt_tokens, gen_tokens, vocab, round_no):
 
 
 def bench_colibri(args, conc):
-    rows = {}
-    for p in conc:
-        extra = ["--parallel", str(p)] + (["--threads", str(args.threads)] if args.threads else []) + args.engine_args.split()
-        with engine_client.Engine(args.model, ctx=args.prompt_tokens + args.gen_tokens + 8, kv_slots=p,
-                                  extra=extra) as eng:
-            vocab = int(eng.info["vocab"])
-            engine_round(eng, p, 8, 4, vocab, 999)  # warm-up: page in the weights
-            rounds, per_tok = [], []
-            for r in range(args.repeat):
+    """One engine with max(conc) slots; each round runs every concurrency in turn, so a loaded
+    machine's swings fall on all of them alike (the x1-stream ratios compare like with like)."""
+    top = max(conc)
+    extra = ["--parallel", str(top)] + (["--threads", str(args.threads)] if args.threads else []) + args.engine_args.split()
+    rounds, per_tok = {p: [] for p in conc}, {p: [] for p in conc}
+    with engine_client.Engine(args.model, ctx=args.prompt_tokens + args.gen_tokens + 8, kv_slots=top, extra=extra) as eng:
+        vocab = int(eng.info["vocab"])
+        engine_round(eng, top, 8, 4, vocab, 999)  # warm-up: page in the weights
+        for r in range(args.repeat):
+            for p in conc:
                 rates, b = engine_round(eng, p, args.prompt_tokens, args.gen_tokens, vocab, r)
-                rounds.append(rates)
-                per_tok.append(b)
-        rows[p] = dict(summarize(rounds), read_mb_per_token=statistics.median(per_tok) / 1e6)
-    return rows
+                rounds[p].append(rates)
+                per_tok[p].append(b)
+    return {p: dict(summarize(rounds[p]), read_mb_per_token=statistics.median(per_tok[p]) / 1e6) for p in conc}
 
 
 def container_vocab(model):
@@ -126,33 +128,32 @@ def container_vocab(model):
 
 
 def bench_http_pair(args, conc):
-    """coli serve (--http) and/or llama-server (--llama-server), rounds alternating between them."""
-    ctx = args.prompt_tokens + args.gen_tokens + 16
+    """coli serve (--http) and/or llama-server (--llama-server), each started once with
+    max(conc) slots; every round runs each concurrency on each side, the sides' order
+    alternating, so both sides and all concurrencies share the machine's load alike."""
+    top, ctx = max(conc), args.prompt_tokens + args.gen_tokens + 16
     vocab = container_vocab(args.model)
     sides = (["colibri"] if args.http else []) + (["llama-server"] if args.llama_server else [])
-    out = {s: {} for s in sides}
-    for p in conc:
-        servers = {}
-        try:
-            for s in sides:
-                port = bench_http.free_port()
-                cmd = (bench_http.coli_serve_cmd(args.model, port, p, ctx, args.threads, args.engine_args.split())
-                       if s == "colibri" else bench_http.llama_server_cmd(args.llama_server, args.gguf, port, p, ctx, args.threads))
-                servers[s] = bench_http.Server(cmd, port, s).__enter__()
-            for s in sides:  # warm-up
-                bench_http.http_round(servers[s].port, prompts_for(p, 8, vocab, 999), 4)
-            rounds = {s: [] for s in sides}
-            for r in range(args.repeat):
-                for s in (sides if r % 2 == 0 else sides[::-1]):
+    rounds = {s: {p: [] for p in conc} for s in sides}
+    servers = {}
+    try:
+        for s in sides:
+            port = bench_http.free_port()
+            cmd = (bench_http.coli_serve_cmd(args.model, port, top, ctx, args.threads, args.engine_args.split())
+                   if s == "colibri" else bench_http.llama_server_cmd(args.llama_server, args.gguf, port, top, ctx, args.threads))
+            servers[s] = bench_http.Server(cmd, port, s).__enter__()
+        for s in sides:  # warm-up
+            bench_http.http_round(servers[s].port, prompts_for(top, 8, vocab, 999), 4)
+        for r in range(args.repeat):
+            for i, p in enumerate(conc):
+                for s in (sides if (r + i) % 2 == 0 else sides[::-1]):
                     times, counts, wall = bench_http.http_round(servers[s].port, prompts_for(p, args.prompt_tokens, vocab, r),
                                                                 args.gen_tokens)
-                    rounds[s].append(round_rates(times, wall, counts))
-        finally:
-            for srv in servers.values():
-                srv.stop()
-        for s in sides:
-            out[s][p] = summarize(rounds[s])
-    return out
+                    rounds[s][p].append(round_rates(times, wall, counts))
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    return {s: {p: summarize(rounds[s][p]) for p in conc} for s in sides}
 
 
 def parse_batched_bench(out, rows):
