@@ -24,6 +24,13 @@ def test_pct_is_nearest_rank():
         cb.pct([], 0.5)
 
 
+def test_no_two_prompts_of_a_run_share_a_prefix():
+    # slots and llama-server's prompt cache would otherwise skip a prefill the round should pay
+    firsts = [pr[0] for k in list(range(40)) + [999] for pr in cb.prompts_for(16, 64, 49152, k)]
+    assert len(set(firsts)) == len(firsts)
+    assert all(len(pr) == 64 and 1 <= min(pr) and max(pr) < 49152 for pr in cb.prompts_for(8, 64, 49152, 3))
+
+
 def test_one_stream_decode_is_first_to_last_token():
     times = [[1.0, 1.5, 2.0, 2.5, 3.0]]  # first token at 1 s (prefill), then 4 tokens in 2 s
     decode, with_prefill, ttft = cb.round_rates(times, wall=4.0)

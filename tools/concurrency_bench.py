@@ -41,7 +41,10 @@ from colibri import engine_client  # noqa: E402  (run as PYTHONPATH=. tools/conc
 
 
 def prompts_for(p, prompt_tokens, vocab, round_no):
-    return [[1 + (97 * i + 31 * j + round_no) % (vocab - 1) for j in range(prompt_tokens)] for i in range(p)]
+    """Stream i's prompt in round round_no; the first id is (round, stream)'s own, so no prompt
+    shares a prefix with any other of the run and neither server reuses a cached prefill."""
+    return [[1 + (16 * round_no + i) % (vocab - 1)] + [1 + (97 * i + 31 * j + round_no) % (vocab - 1)
+                                                       for j in range(1, prompt_tokens)] for i in range(p)]
 
 
 def pct(xs, q):
@@ -112,10 +115,10 @@ def bench_colibri(args, conc):
     rounds, per_tok = {p: [] for p in conc}, {p: [] for p in conc}
     with engine_client.Engine(args.model, ctx=args.prompt_tokens + args.gen_tokens + 8, kv_slots=top, extra=extra) as eng:
         vocab = int(eng.info["vocab"])
-        engine_round(eng, top, 8, 4, vocab, 999)  # warm-up: page in the weights
+        engine_round(eng, top, 8, 4, vocab, 999)  # warm-up (page in the weights), ids no measured round uses
         for r in range(args.repeat):
-            for p in conc:
-                rates, b = engine_round(eng, p, args.prompt_tokens, args.gen_tokens, vocab, r)
+            for i, p in enumerate(conc):
+                rates, b = engine_round(eng, p, args.prompt_tokens, args.gen_tokens, vocab, r * len(conc) + i)
                 rounds[p].append(rates)
                 per_tok[p].append(b)
     return {p: dict(summarize(rounds[p]), read_mb_per_token=statistics.median(per_tok[p]) / 1e6) for p in conc}
@@ -147,8 +150,8 @@ def bench_http_pair(args, conc):
         for r in range(args.repeat):
             for i, p in enumerate(conc):
                 for s in (sides if (r + i) % 2 == 0 else sides[::-1]):
-                    times, counts, wall = bench_http.http_round(servers[s].port, prompts_for(p, args.prompt_tokens, vocab, r),
-                                                                args.gen_tokens)
+                    times, counts, wall = bench_http.http_round(
+                        servers[s].port, prompts_for(p, args.prompt_tokens, vocab, r * len(conc) + i), args.gen_tokens)
                     rounds[s][p].append(round_rates(times, wall, counts))
     finally:
         for srv in servers.values():
