@@ -1,6 +1,7 @@
 """tools/concurrency_bench.py: its rate and percentile arithmetic, the SSE and llama-batched-bench
 parsing, and a whole run over HTTP against `coli serve` and a stand-in llama-server."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,24 @@ def test_summarize_takes_medians_and_pools_ttfts():
     assert s["ttft_p95_ms"] == pytest.approx(600.0)
 
 
+def test_cpu_seconds_sums_a_process_and_its_descendants(tmp_path):
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def proc(pid, name, ppid, utime, stime):
+        (tmp_path / str(pid)).mkdir()
+        rest = ["S", str(ppid)] + ["0"] * 9 + [str(utime), str(stime)] + ["0"] * 30
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({name}) " + " ".join(rest) + "\n")
+
+    proc(10, "python3 coli", 1, 3 * tick, tick)  # the gateway
+    proc(11, "colibri (x) y", 10, 5 * tick, 0)  # its engine: a name with spaces and parentheses
+    proc(12, "grandchild", 11, tick, tick)
+    proc(13, "unrelated", 1, 100 * tick, 0)
+    (tmp_path / "self").mkdir()
+    assert bench_http.cpu_seconds(10, str(tmp_path)) == pytest.approx(11.0)
+    assert bench_http.cpu_seconds(11, str(tmp_path)) == pytest.approx(7.0)
+    assert bench_http.cpu_seconds(99, str(tmp_path)) == 0.0
+
+
 def test_sse_events_stop_at_done_and_skip_other_lines():
     lines = [b": keep-alive\n", b"data: {\"choices\": [{\"text\": \"a\"}]}\n", b"\n", b"event: x\n",
              b"data: {\"choices\": [], \"usage\": {\"completion_tokens\": 1}}\n", b"data: [DONE]\n",
@@ -110,14 +129,15 @@ def test_server_commands():
 
 def test_table_puts_the_ratio_of_decode_rates():
     ours = {1: {"decode_tok_s": 50.0, "agg_tok_s": 40.0, "ttft_p50_ms": 100, "ttft_p95_ms": 120},
-            4: {"decode_tok_s": 100.0, "agg_tok_s": 80.0, "ttft_p50_ms": 300, "ttft_p95_ms": 400}}
+            4: {"decode_tok_s": 100.0, "agg_tok_s": 80.0, "ttft_p50_ms": 300, "ttft_p95_ms": 400, "tok_per_cpu_s": 90.0}}
     peer = {1: {"decode_tok_s": 25.0, "agg_tok_s": 20.0, "ttft_p50_ms": 200, "ttft_p95_ms": 220},
-            4: {"decode_tok_s": 50.0, "agg_tok_s": 40.0, "ttft_p50_ms": 500, "ttft_p95_ms": 900}}
+            4: {"decode_tok_s": 50.0, "agg_tok_s": 40.0, "ttft_p50_ms": 500, "ttft_p95_ms": 900, "tok_per_cpu_s": 30.0}}
     lines = cb.table([1, 4], ours, peer, "llama-server", {}).splitlines()
     assert "llama-server dec" in lines[0]
     cells = lines[2].split()
     assert cells[0] == "4" and cells[3] == "2.00"  # x1 stream, decode
-    assert cells[-2:] == ["2.00", "2.00"]  # ours/peer: decode, +prefill
+    assert cells[-3:] == ["2.00", "2.00", "3.00"]  # ours/peer: decode, +prefill, tokens per CPU-second
+    assert "nan" in lines[1].split()  # the 1-stream rows measured no CPU
 
 
 FAKE_LLAMA_SERVER = r'''#!/usr/bin/env python3
@@ -162,6 +182,7 @@ def test_http_run_against_coli_serve_and_a_stand_in_peer(oracle_root, tmp_path):
         for p in ("1", "2"):
             row = res[side][p]
             assert row["decode_tok_s"] > 0 and row["agg_tok_s"] > 0 and row["ttft_p95_ms"] >= row["ttft_p50_ms"] > 0
+            assert "tok_per_cpu_s" in row
     calls = [json.loads(line) for line in (tmp_path / "llama-server.args").read_text().splitlines()]
     assert [c[c.index("-np") + 1] for c in calls] == ["2"]  # one server, as many slots as the most streams
     assert "--cont-batching" in calls[0] and calls[0][calls[0].index("-m") + 1] == "weights.gguf"

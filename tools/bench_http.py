@@ -5,6 +5,7 @@ ignore_eos) and time every streamed token. Stdlib only.
 Both servers get the same requests, so both rates include the HTTP and SSE layers."""
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -20,6 +21,29 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid, proc_root="/proc"):
+    """User + system CPU seconds of process pid and all its live descendants (coli serve's engine
+    is its child): a machine's load slows a server's wall clock, not the CPU its work takes."""
+    tick = os.sysconf("SC_CLK_TCK")
+    kids, cpu = {}, {}
+    for d in os.listdir(proc_root):
+        if not d.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, d, "stat")) as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:  # gone meanwhile
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(d))  # field 4: ppid
+        cpu[int(d)] = (int(fields[11]) + int(fields[12])) / tick  # fields 14, 15: utime, stime
+    total, todo = 0.0, [pid]
+    while todo:
+        q = todo.pop()
+        total += cpu.get(q, 0.0)
+        todo += kids.get(q, [])
+    return total
 
 
 def sse_events(lines):

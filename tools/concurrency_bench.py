@@ -11,7 +11,10 @@ Every stream gets its own prompt of --prompt-tokens ids and generates exactly --
   decode   = tokens that arrived while all P streams were decoding (after the last stream's
              first token, up to the first stream's last) / that time: the steady P-stream
              decode rate, prefill excluded (llama-batched-bench's S_TG measures the same);
-  +prefill = all streams' tokens / the wall time from the requests to the last token.
+  +prefill = all streams' tokens / the wall time from the requests to the last token;
+  tok/CPU-s = all streams' tokens / the CPU time the server (with its child processes) used in
+             the round, prefill included: on a shared machine, where other jobs stretch the
+             wall clock, what the work itself cost.
 TTFT = request to the stream's first token. Medians over --repeat rounds.
 
 Without --http the engine is driven over its stdin protocol (no HTTP). --http runs `coli serve`
@@ -80,15 +83,25 @@ def round_rates(times, wall, counts=None):
 
 
 def summarize(rounds):
-    """Rounds of (decode, +prefill, ttfts) -> the medians and TTFT percentiles over all streams."""
+    """Rounds of (decode, +prefill, ttfts[, tokens per CPU-second]) -> the medians and TTFT
+    percentiles over all streams."""
     ttft = [x for r in rounds for x in r[2]]
-    return {"decode_tok_s": statistics.median(r[0] for r in rounds), "agg_tok_s": statistics.median(r[1] for r in rounds),
-            "ttft_p50_ms": 1e3 * pct(ttft, 0.5), "ttft_p95_ms": 1e3 * pct(ttft, 0.95)}
+    out = {"decode_tok_s": statistics.median(r[0] for r in rounds), "agg_tok_s": statistics.median(r[1] for r in rounds),
+           "ttft_p50_ms": 1e3 * pct(ttft, 0.5), "ttft_p95_ms": 1e3 * pct(ttft, 0.95)}
+    if all(len(r) > 3 for r in rounds):
+        out["tok_per_cpu_s"] = statistics.median(r[3] for r in rounds)
+    return out
+
+
+def with_cpu(rates, tokens, cpu):
+    """rates plus tokens per CPU-second of the server (prefill included): what the round's work
+    cost, whatever else the machine ran meanwhile."""
+    return rates + (tokens / cpu if cpu > 0 else float("nan"),)
 
 
 def engine_round(eng, p, prompt_tokens, gen_tokens, vocab, round_no):
     rids = [f"b{round_no}_{i}" for i in range(p)]
-    t0 = time.perf_counter()
+    cpu0, t0 = bench_http.cpu_seconds(eng.proc.pid), time.perf_counter()
     eng.write(b"".join(engine_client.submit_frame(r, ids, slot=i, max_tokens=gen_tokens, temp=0, ignore_eos=1)
                        for i, (r, ids) in enumerate(zip(rids, prompts_for(p, prompt_tokens, vocab, round_no)))))
     times, ends, read = {r: [] for r in rids}, 0, 0
@@ -103,8 +116,8 @@ def engine_round(eng, p, prompt_tokens, gen_tokens, vocab, round_no):
             # every stream was admitted before the first pass, so each END counts the round so far
             stats = dict(kv.split("=", 1) for kv in f[1:] if "=" in kv)
             read = max(read, int(stats.get("bytes_read", 0)))
-    wall = time.perf_counter() - t0
-    return round_rates(list(times.values()), wall), read / max(sum(map(len, times.values())), 1)
+    wall, n = time.perf_counter() - t0, sum(map(len, times.values()))
+    return with_cpu(round_rates(list(times.values()), wall), n, bench_http.cpu_seconds(eng.proc.pid) - cpu0), read / max(n, 1)
 
 
 def bench_colibri(args, conc):
@@ -150,9 +163,11 @@ def bench_http_pair(args, conc):
         for r in range(args.repeat):
             for i, p in enumerate(conc):
                 for s in (sides if (r + i) % 2 == 0 else sides[::-1]):
+                    cpu0 = bench_http.cpu_seconds(servers[s].proc.pid)
                     times, counts, wall = bench_http.http_round(
                         servers[s].port, prompts_for(p, args.prompt_tokens, vocab, r * len(conc) + i), args.gen_tokens)
-                    rounds[s][p].append(round_rates(times, wall, counts))
+                    cpu = bench_http.cpu_seconds(servers[s].proc.pid) - cpu0
+                    rounds[s][p].append(with_cpu(round_rates(times, wall, counts), sum(counts), cpu))
     finally:
         for srv in servers.values():
             srv.stop()
@@ -185,11 +200,12 @@ def bench_peer(args, conc):
 
 def table(conc, ours, peer, peer_name, bb):
     """The printed table: colibri's rates, then the peer's, then the ratios (decode over decode)."""
-    head = f"{'streams':>7} {'decode':>8} {'+prefill':>8} {'x1 dec':>6} {'TTFT p50':>9} {'TTFT p95':>9}"
+    head = f"{'streams':>7} {'decode':>8} {'+prefill':>8} {'x1 dec':>6} {'tok/CPU-s':>9} {'TTFT p50':>9} {'TTFT p95':>9}"
     if any(o.get("read_mb_per_token") for o in ours.values()):
         head += f" {'MB/tok':>7}"
     if peer:
-        head += f" | {peer_name + ' dec':>14} {'+prefill':>8} {'TTFT p50':>9} {'TTFT p95':>9} {'ours/peer dec':>13} {'+prefill':>8}"
+        head += (f" | {peer_name + ' dec':>14} {'+prefill':>8} {'tok/CPU-s':>9} {'TTFT p50':>9} {'TTFT p95':>9}"
+                 f" {'ours/peer dec':>13} {'+prefill':>8} {'CPU':>5}")
     if bb:
         head += f" | {'batched-bench S_TG':>18}"
     lines = [head]
@@ -197,13 +213,16 @@ def table(conc, ours, peer, peer_name, bb):
     for p in conc:
         o = ours[p]
         line = (f"{p:>7} {o['decode_tok_s']:>8.1f} {o['agg_tok_s']:>8.1f} {o['decode_tok_s'] / base:>6.2f} "
-                f"{o['ttft_p50_ms']:>7.0f}ms {o['ttft_p95_ms']:>7.0f}ms")
+                f"{o.get('tok_per_cpu_s', float('nan')):>9.1f} {o['ttft_p50_ms']:>7.0f}ms {o['ttft_p95_ms']:>7.0f}ms")
         if "MB/tok" in head:
             line += f" {o.get('read_mb_per_token', 0):>7.2f}"
         if peer:
             q = peer[p]
-            line += (f" | {q['decode_tok_s']:>14.1f} {q['agg_tok_s']:>8.1f} {q['ttft_p50_ms']:>7.0f}ms {q['ttft_p95_ms']:>7.0f}ms"
-                     f" {o['decode_tok_s'] / q['decode_tok_s']:>13.2f} {o['agg_tok_s'] / q['agg_tok_s']:>8.2f}")
+            nan = float("nan")
+            line += (f" | {q['decode_tok_s']:>14.1f} {q['agg_tok_s']:>8.1f} {q.get('tok_per_cpu_s', nan):>9.1f}"
+                     f" {q['ttft_p50_ms']:>7.0f}ms {q['ttft_p95_ms']:>7.0f}ms"
+                     f" {o['decode_tok_s'] / q['decode_tok_s']:>13.2f} {o['agg_tok_s'] / q['agg_tok_s']:>8.2f}"
+                     f" {o.get('tok_per_cpu_s', nan) / q.get('tok_per_cpu_s', nan):>5.2f}")
         if bb:
             line += f" | {bb[p]['agg_tok_s'] if p in bb else float('nan'):>18.1f}"
         lines.append(line)
