@@ -7,7 +7,7 @@ colibri side by side with llama.cpp on the same GGUF weights in the same run.
         [--http] [--llama-server BIN --gguf FILE] [--llama-batched-bench BIN --gguf FILE]
 
 Every stream gets its own prompt of --prompt-tokens ids and generates exactly --gen-tokens
-(ignore_eos), greedy. Each token's arrival is timed, which gives two rates per round:
+(ignore_eos), greedy. Each token's arrival is timed, which gives per round:
   decode   = tokens that arrived while all P streams were decoding (after the last stream's
              first token, up to the first stream's last) / that time: the steady P-stream
              decode rate, prefill excluded (llama-batched-bench's S_TG measures the same);
