@@ -110,15 +110,21 @@ static StateDesc state(const void *self, QType kv_type) {
     return s;
 }
 
+/* One position's rotation factors for rot dims: c[i], s[i] for i < rot/2. */
+static void rope_factors(float *c, float *s, const float *inv_freq, float scale, int rot, int pos) {
+    for (int i = 0; i < rot / 2; i++) {
+        float ang = inv_freq[i] * (float)pos; /* float product, as transformers computes it */
+        c[i] = (float)cos((double)ang) * scale, s[i] = (float)sin((double)ang) * scale;
+    }
+}
+
 /* Rotates the first rot dims of one head in place, HF rotate_half layout. */
-static void rope(float *v, const float *inv_freq, float scale, int rot, int pos) {
+static void rope(float *v, const float *c, const float *s, int rot) {
     int half = rot / 2;
     for (int i = 0; i < half; i++) {
-        float ang = inv_freq[i] * (float)pos; /* float product, as transformers computes it */
-        float c = (float)cos((double)ang) * scale, s = (float)sin((double)ang) * scale;
         float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * c - x2 * s;
-        v[i + half] = x2 * c + x1 * s;
+        v[i] = x1 * c[i] - x2 * s[i];
+        v[i + half] = x2 * c[i] + x1 * s[i];
     }
 }
 
@@ -154,16 +160,18 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         for (size_t i = 0; i < (size_t)T * vd; i++) v[i] *= y->v_scale;
     const float *inv_freq = y->inv_freq ? y->inv_freq : a->inv_freq;
     const float rscale = y->inv_freq ? y->rope_scale : a->rope_scale;
+    float rc[y->rot / 2 + 1], rs[y->rot / 2 + 1]; /* once per position, not per head */
     for (int t = 0; t < T; t++) {
+        rope_factors(rc, rs, inv_freq, rscale, y->rot, p0 + t);
         for (int h = 0; h < nh; h++) {
             float *qh = q + (size_t)t * qd + h * hd;
             if (y->q_norm && !y->qk_full) rmsnorm(qh, qh, y->q_norm, hd, y->qk_eps);
-            rope(qh, inv_freq, rscale, y->rot, p0 + t);
+            rope(qh, rc, rs, y->rot);
         }
         for (int h = 0; h < nkv; h++) {
             float *kh = k + (size_t)t * kvd + h * hd;
             if (y->k_norm && !y->qk_full) rmsnorm(kh, kh, y->k_norm, hd, y->qk_eps);
-            rope(kh, inv_freq, rscale, y->rot, p0 + t);
+            rope(kh, rc, rs, y->rot);
         }
     }
     /* position j holds K_j [kvd] then V_j [vd] */

@@ -8,6 +8,8 @@
  * (16 rows, one 32-element block; q4 nibbles unpacked first); activations are the B tile,
  * packed once per matmul by amx_pack_act into the VNNI layout the tiles want. Each weight
  * block is loaded once per 16 positions; C comes back as 16 rows x N positions of int32.
+ * Decode steps and tails of at most AMX_SMALL_T positions run on the VNNI kernel of
+ * kernels_amx_small.c instead.
  *
  * Compiled with target attributes (this file alone uses AMX); kernels_use picks it at run time
  * after the kernel granted this process the tile state (quant.c). */
@@ -15,6 +17,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels_amx_small.h"
 #include "quant.h"
 
 #define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -43,16 +46,20 @@ AMX static void tiles_config(int n) {
     tl_cfg_n = n;
 }
 
-/* A last group of at most this many positions runs on the VNNI kernel, one position at a
- * time: the tiles' cost per group hardly depends on how many positions it has. */
-#define SMALL_T 4
+/* Whole 16-position tile groups (a last group of more than AMX_SMALL_T positions too) are
+ * packed for the tiles; a shorter last group goes to the small-batch kernel, in its layout
+ * after the tile groups. */
+static int tile_groups(int T) { return T / AMX_TILE_T + (T % AMX_TILE_T > AMX_SMALL_T); }
+static int small_tail(int T) { return T - tile_groups(T) * AMX_TILE_T > 0 ? T - tile_groups(T) * AMX_TILE_T : 0; }
 
-size_t amx_pack_bytes(int T, int nb) { return (size_t)((T + AMX_TILE_T - 1) / AMX_TILE_T) * nb * 1024; }
+size_t amx_pack_bytes(int T, int nb) {
+    return (size_t)tile_groups(T) * nb * 1024 + amx_small_pack_bytes(small_tail(T), nb);
+}
 
 /* Position group g (16 positions, zero past T), block b: a 512-byte tile of high bytes, then
  * one of low bytes; tile row k/4 holds, for each position n, elements k..k+3 at n*4. */
 AMX void amx_pack_act(const QAct *a, int8_t *dst) {
-    const int T = a->rows, nb = a->nb, groups = T / AMX_TILE_T + (T % AMX_TILE_T > SMALL_T);
+    const int T = a->rows, nb = a->nb, groups = tile_groups(T);
     const __m256i rows = _mm256_set_epi32(7 * 64, 6 * 64, 5 * 64, 4 * 64, 3 * 64, 2 * 64, 64, 0);
     memset(dst, 0, (size_t)groups * nb * 1024);
     for (int t = 0; t < T && t / AMX_TILE_T < groups; t++) {
@@ -65,6 +72,7 @@ AMX void amx_pack_act(const QAct *a, int8_t *dst) {
             _mm256_i32scatter_epi32(hi + 512, rows, _mm512_cvtepi16_epi8(x), 1);
         }
     }
+    if (small_tail(T)) amx_small_pack(a, groups * AMX_TILE_T, small_tail(T), dst + (size_t)groups * nb * 1024);
 }
 
 /* 16 q4 rows' block b unpacked to int8 elements 0..31, 32 bytes a row. */
@@ -137,101 +145,6 @@ AMX_INLINE void tile16(const int q4, const unsigned char *w, size_t row_bytes, c
         for (int r = 0; r < 16; r++) y[(size_t)(t0 + i) * ldy + r] = out[r][i];
 }
 
-/* ---- decode (one position): AVX-512 VNNI, 16 rows in the lanes ----
- * Each row's block dot is a vector of lane partial sums; a transpose-and-add tree turns 16 rows'
- * vectors into one vector of their exact block sums, then the float steps are portable's. */
-
-/* Lane sums of v[0..3] within each 128-bit group: result group g, lane j = row j's group-g sum. */
-AMX_INLINE __m512i sum4x4(const __m512i *v) {
-    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
-    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-}
-
-/* 16 rows' whole-vector sums, row r in lane r. */
-AMX_INLINE __m512i hsum16(const __m512i *v) {
-    const __m512i u0 = sum4x4(v), u1 = sum4x4(v + 4), u2 = sum4x4(v + 8), u3 = sum4x4(v + 12);
-    const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, 0x88), _mm512_shuffle_i32x4(u0, u1, 0xDD));
-    const __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u2, u3, 0x88), _mm512_shuffle_i32x4(u2, u3, 0xDD));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(s01, s23, 0x88), _mm512_shuffle_i32x4(s01, s23, 0xDD));
-}
-
-/* As hsum16 for vectors holding two blocks, groups 0 and 2 the first, 1 and 3 the second. */
-AMX_INLINE void hsum16_pair(const __m512i *v, __m512i *b0, __m512i *b1) {
-    const __m512i u0 = sum4x4(v), u1 = sum4x4(v + 4), u2 = sum4x4(v + 8), u3 = sum4x4(v + 12);
-    const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, 0x44), _mm512_shuffle_i32x4(u0, u1, 0xEE));
-    const __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u2, u3, 0x44), _mm512_shuffle_i32x4(u2, u3, 0xEE));
-    *b0 = _mm512_shuffle_i32x4(s01, s23, 0x88);
-    *b1 = _mm512_shuffle_i32x4(s01, s23, 0xDD);
-}
-
-/* q8: int8 weights widened to int16 against the int16 block, vpdpwssd (exact in int32). */
-AMX static void decode16_q8(const unsigned char *w, size_t row_bytes, const QAct *a, int t, float *y) {
-    const __m512i rowoff = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                              _mm512_set1_epi32((int)row_bytes));
-    __m512 acc = _mm512_setzero_ps();
-    for (int b = 0; b < a->nb; b++) {
-        const unsigned char *wb = w + (size_t)b * 34;
-        const __m512i x = _mm512_loadu_si512(a->q + ((size_t)t * a->nb + b) * QBLOCK);
-        __m512i v[16];
-        for (int r = 0; r < 16; r++)
-            v[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                       _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + r * row_bytes + 2))), x);
-        const __m512 sc = _mm512_mul_ps(f16_lo(block_heads(wb, rowoff)), _mm512_set1_ps(a->d[(size_t)b * a->rows + t]));
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(hsum16(v))));
-    }
-    _mm512_storeu_ps(y, acc);
-}
-
-/* q4: two blocks a vector, nibbles as they lie (low nibbles of both blocks, then high ones);
- * the activation's signed high byte times the nibbles (vpdpbusd: nibbles unsigned) shifted by 8,
- * plus its unsigned low byte times the nibbles (nibbles as signed bytes: 0..15). */
-AMX static void decode16_q4(const unsigned char *w, size_t row_bytes, const QAct *a, int t, float *y) {
-    const __m512i rowoff = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                              _mm512_set1_epi32((int)row_bytes));
-    const __m256i m4 = _mm256_set1_epi8(15);
-    const __m512i lanes = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0); /* qwords 0 1 4 5 2 3 6 7 */
-    __m512 acc = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
-    const int nb = a->nb;
-    for (int b = 0; b < nb; b += 2) {
-        const int two = b + 1 < nb;
-        /* activation: x_b0[0..15] x_b1[0..15] x_b0[16..31] x_b1[16..31], as high and low bytes */
-        const int16_t *xq = a->q + ((size_t)t * nb + b) * QBLOCK;
-        const float *d = a->d + (size_t)b * a->rows + t, *sv = a->s + (size_t)b * a->rows + t;
-        const __m512i x0 = _mm512_loadu_si512(xq);
-        const __m512i x1 = two ? _mm512_loadu_si512(xq + QBLOCK) : _mm512_setzero_si512();
-        /* int16 -> bytes: elements 0..31 of block b then of block b+1 (64 bytes) */
-        const __m512i hi16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srai_epi16(x0, 8))),
-                                                _mm512_cvtepi16_epi8(_mm512_srai_epi16(x1, 8)), 1);
-        const __m512i lo16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(x0)), _mm512_cvtepi16_epi8(x1), 1);
-        /* reorder 16-byte groups b0[0..15] b0[16..31] b1[0..15] b1[16..31] to b0lo b1lo b0hi b1hi */
-        const __m512i xh = _mm512_permutexvar_epi64(lanes, hi16), xl = _mm512_permutexvar_epi64(lanes, lo16);
-        const unsigned char *wb = w + (size_t)b * 20;
-        __m512i v[16];
-        for (int r = 0; r < 16; r++) {
-            const unsigned char *p = wb + r * row_bytes + 4;
-            const __m128i q0 = _mm_loadu_si128((const __m128i *)p);
-            const __m128i q1 = two ? _mm_loadu_si128((const __m128i *)(p + 20)) : _mm_setzero_si128();
-            const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-            const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, m4)),
-                                                   _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), 1);
-            const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib, xh);
-            v[r] = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), xl, nib);
-        }
-        __m512i s0, s1;
-        hsum16_pair(v, &s0, &s1);
-        const __m512i h0 = block_heads(wb, rowoff);
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(f16_lo(h0), _mm512_set1_ps(d[0])), _mm512_cvtepi32_ps(s0)));
-        mins = _mm512_add_ps(mins, _mm512_mul_ps(f16_hi(h0), _mm512_set1_ps(sv[0])));
-        if (two) {
-            const __m512i h1 = block_heads(wb + 20, rowoff);
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(f16_lo(h1), _mm512_set1_ps(d[a->rows])), _mm512_cvtepi32_ps(s1)));
-            mins = _mm512_add_ps(mins, _mm512_mul_ps(f16_hi(h1), _mm512_set1_ps(sv[a->rows])));
-        }
-    }
-    _mm512_storeu_ps(y, _mm512_add_ps(acc, mins));
-}
-
 void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 
@@ -251,14 +164,13 @@ AMX_INLINE void gemm(const int q4, const unsigned char *w, size_t row_bytes, int
     }
     if (groups > full_groups) {
         const int n = T - full_groups * AMX_TILE_T, t0 = full_groups * AMX_TILE_T;
-        if (n > SMALL_T) {
+        if (n > AMX_SMALL_T) {
             tiles_config(n);
             for (int r = 0; r < full; r += 16)
                 tile16(q4, w + (size_t)r * row_bytes, row_bytes, a, packed, full_groups, n, y + r, ldy);
-        } else /* decode and short tails: no tiles */
-            for (int r = 0; r < full; r += 16)
-                for (int t = t0; t < T; t++)
-                    (q4 ? decode16_q4 : decode16_q8)(w + (size_t)r * row_bytes, row_bytes, a, t, y + (size_t)t * ldy + r);
+        } else if (full) /* decode and short tails: each weight block once for all n positions */
+            (q4 ? amx_small_q4 : amx_small_q8)(w, row_bytes, full, a, t0, n, packed + (size_t)full_groups * a->nb * 1024,
+                                               y + (size_t)t0 * ldy, ldy);
     }
     /* rows past the last whole tile: the portable kernel, which computes the same bits */
     if (full < nr)

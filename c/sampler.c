@@ -9,8 +9,9 @@
 
 int argmax(const float *x, int n) {
     int best = 0;
+    float bv = x[0]; /* the best value in a register, not reloaded through best each step */
     for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
+        if (x[i] > bv) bv = x[i], best = i;
     return best;
 }
 

@@ -218,14 +218,18 @@ static void check_matmul_batch(QType qt, int cols, unsigned *seed) {
     free(data); free(x); free(wf);
 }
 
-/* A set's matrix x matrix kernel (AMX tiles) against the portable dots, bit for bit: row counts
- * on and off the 16-row tile, position counts around the 16-position tile and past the L2 chunk
- * (128), outliers in the activations so high bytes use their full range. */
+/* A set's matrix x matrix kernel (AMX tiles, and the small-batch kernel for decode steps of 1 to
+ * 8 rows and tails past whole tiles) against the portable dots, bit for bit: row counts on and
+ * off the 16-row tile, every small batch, position counts around the 16-position tile and the
+ * small-batch limit and past the L2 chunk (128), outliers in the activations so high bytes use
+ * their full range. */
 static void check_qgemm(QType qt, int cols, const Kernels *port, const Kernels *fast, unsigned *seed) {
-    const int nb = (cols + QBLOCK - 1) / QBLOCK, rows_list[] = {16, 35}, T_list[] = {1, 2, 16, 21, 150};
+    const int nb = (cols + QBLOCK - 1) / QBLOCK, rows_list[] = {16, 35},
+              T_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 21, 24, 25, 150};
+    const int n_T = (int)(sizeof T_list / sizeof *T_list);
     const size_t rb = qtype_row_bytes(qt, cols);
     for (int ri = 0; ri < 2; ri++)
-        for (int ti = 0; ti < 5; ti++) {
+        for (int ti = 0; ti < n_T; ti++) {
             const int R = rows_list[ri], T = T_list[ti];
             unsigned char *w = malloc(rb * R);
             float *x = malloc(sizeof(float) * T * cols), *wf = malloc(sizeof(float) * cols);

@@ -1,0 +1,160 @@
+/* The amx set's small-batch q8/q4 kernel (decode: 1 to AMX_SMALL_T positions, as many rows as
+ * a continuous-batching step has streams), AVX-512 VNNI with weight rows in the lanes.
+ *
+ * Each 16-row x 32-element weight block is loaded and transposed once (lane = row, dword k =
+ * elements 4k..4k+3) and then serves every position; a position's four activation bytes are
+ * broadcast to all lanes, so vpdpbusd leaves each row's exact block dot in its own lane with no
+ * horizontal sums. The int16 activations are split as in kernels_amx.c (x = 256*hi + lo), the
+ * block dot is exact in int32, and the float steps are the portable kernel's, in its order:
+ * every result is bit-identical to qdot_*_portable whatever the number of positions.
+ *
+ * Compiled with target attributes; reached only through the amx set (kernels_amx.c). */
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "kernels_amx_small.h"
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define VNNI_INLINE VNNI __attribute__((always_inline)) static inline
+
+/* Bytes per position and block in the small layout: signed high bytes, the same biased by 128
+ * (unsigned, for q8's signed weights), unsigned low bytes. */
+#define SMALL_BLOCK 96
+
+size_t amx_small_pack_bytes(int n, int nb) { return (size_t)n * nb * SMALL_BLOCK; }
+
+VNNI void amx_small_pack(const QAct *a, int t0, int n, int8_t *dst) {
+    const int nb = a->nb;
+    for (int t = 0; t < n; t++)
+        for (int b = 0; b < nb; b++) {
+            const __m512i x = _mm512_loadu_si512(a->q + ((size_t)(t0 + t) * nb + b) * QBLOCK);
+            const __m256i hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16(x, 8));
+            int8_t *o = dst + ((size_t)t * nb + b) * SMALL_BLOCK;
+            _mm256_storeu_si256((__m256i *)o, hi);
+            _mm256_storeu_si256((__m256i *)(o + 32), _mm256_xor_si256(hi, _mm256_set1_epi8((char)0x80)));
+            _mm256_storeu_si256((__m256i *)(o + 64), _mm512_cvtepi16_epi8(x));
+        }
+}
+
+/* Lane L holds row 4*(L%4) + L/4 (what the in-lane 4x4 transposes below produce); the map is
+ * its own inverse, so the same index vector puts rows back in order. */
+VNNI_INLINE __m512i lane_rows(void) { return _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0); }
+
+/* 16 rows' 16 bytes at p (rows row_bytes apart) as 4 vectors, vector k lane L = dword k of
+ * row 4*(L%4) + L/4. */
+VNNI_INLINE void transpose16x4(const unsigned char *p, size_t row_bytes, __m512i *v) {
+    __m512i z[4];
+    for (int g = 0; g < 4; g++) {
+        const unsigned char *r = p + (size_t)4 * g * row_bytes;
+        __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)r));
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(r + row_bytes)), 1);
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(r + 2 * row_bytes)), 2);
+        z[g] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(r + 3 * row_bytes)), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2);
+    v[1] = _mm512_unpackhi_epi64(t0, t2);
+    v[2] = _mm512_unpacklo_epi64(t1, t3);
+    v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+VNNI_INLINE __m512i bcast(const int8_t *p) { return _mm512_set1_epi32(*(const int32_t *)(const void *)p); }
+
+VNNI_INLINE __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+VNNI_INLINE __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))); }
+
+/* 16 weight rows (w: row 0) x n positions (packed by amx_small_pack; scales from position t0
+ * of a), the whole row; results to y[i*ldy + r]. n is a constant in each instance. */
+VNNI_INLINE void small16(const int q4, const unsigned char *w, size_t row_bytes, const QAct *a, int t0,
+                         const int8_t *packed, const int n, const unsigned char *next, float *y, size_t ldy) {
+    const int nb = a->nb;
+    const size_t bb = q4 ? 20 : 34, ds = (size_t)a->rows;
+    const __m512i perm = lane_rows();
+    const __m512i rowoff = _mm512_mullo_epi32(perm, _mm512_set1_epi32((int)row_bytes));
+    const __m512i m4 = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1);
+    __m512 acc[AMX_SMALL_T], mins[AMX_SMALL_T];
+    for (int i = 0; i < n; i++) acc[i] = mins[i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *wb = w + (size_t)b * bb;
+        /* the next 16 rows (contiguous) into cache, a block's share of them per block: the
+         * rows are read 16 at a time, a pattern the hardware prefetcher does not follow */
+        if (next)
+            for (size_t o = (size_t)b * 16 * bb; o < (size_t)(b + 1) * 16 * bb; o += 64) _mm_prefetch((const char *)next + o, _MM_HINT_T0);
+        const __m512i heads = _mm512_i32gather_epi32(rowoff, wb, 1);
+        const __m512 dw = f16_lo(heads), mw = q4 ? f16_hi(heads) : dw;
+        __m512i v[8], sw = _mm512_setzero_si512();
+        if (q4) { /* byte j: element j (low nibble), element j+16 (high nibble) */
+            __m512i p[4];
+            transpose16x4(wb + 4, row_bytes, p);
+            for (int k = 0; k < 4; k++) {
+                v[k] = _mm512_and_si512(p[k], m4);
+                v[k + 4] = _mm512_and_si512(_mm512_srli_epi16(p[k], 4), m4);
+            }
+        } else {
+            transpose16x4(wb + 2, row_bytes, v);
+            transpose16x4(wb + 18, row_bytes, v + 4);
+            for (int k = 0; k < 8; k++) sw = _mm512_dpbusd_epi32(sw, ones, v[k]); /* the rows' sums */
+            sw = _mm512_slli_epi32(sw, 7);
+        }
+        const int8_t *pk = packed + (size_t)b * SMALL_BLOCK;
+        const size_t kd = (size_t)b * ds + t0;
+#pragma GCC unroll 8
+        for (int i = 0; i < n; i++, pk += (size_t)nb * SMALL_BLOCK) {
+            __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512(), isum;
+            if (q4) {
+                /* nibbles unsigned, high bytes signed; low bytes unsigned, nibbles as signed */
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    h = _mm512_dpbusd_epi32(h, v[k], bcast(pk + 4 * k));
+                    l = _mm512_dpbusd_epi32(l, bcast(pk + 64 + 4 * k), v[k]);
+                }
+                isum = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
+            } else {
+                /* signed weights: the high bytes go in biased by 128, the rows' sums take it off */
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    h = _mm512_dpbusd_epi32(h, bcast(pk + 32 + 4 * k), v[k]);
+                    l = _mm512_dpbusd_epi32(l, bcast(pk + 64 + 4 * k), v[k]);
+                }
+                isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(h, sw), 8), l);
+            }
+            const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[kd + i]));
+            acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(isum)));
+            if (q4) mins[i] = _mm512_add_ps(mins[i], _mm512_mul_ps(mw, _mm512_set1_ps(a->s[kd + i])));
+        }
+    }
+    for (int i = 0; i < n; i++)
+        _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_permutexvar_ps(perm, q4 ? _mm512_add_ps(acc[i], mins[i]) : acc[i]));
+}
+
+VNNI_INLINE void small_rows(const int q4, const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0,
+                            const int8_t *packed, const int n, float *y, size_t ldy) {
+    for (int r = 0; r < nr16; r += 16)
+        small16(q4, w + (size_t)r * row_bytes, row_bytes, a, t0, packed, n, r + 16 < nr16 ? w + (size_t)(r + 16) * row_bytes : NULL,
+                y + r, ldy);
+}
+
+#define SMALL_CASES(q4)                                                                  \
+    switch (n) {                                                                         \
+    case 1: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 1, y, ldy); return;       \
+    case 2: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 2, y, ldy); return;       \
+    case 3: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 3, y, ldy); return;       \
+    case 4: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 4, y, ldy); return;       \
+    case 5: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 5, y, ldy); return;       \
+    case 6: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 6, y, ldy); return;       \
+    case 7: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 7, y, ldy); return;       \
+    default: small_rows(q4, w, row_bytes, nr16, a, t0, packed, AMX_SMALL_T, y, ldy); return; \
+    }
+
+VNNI void amx_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
+                       const int8_t *packed, float *y, size_t ldy) {
+    SMALL_CASES(1)
+}
+
+VNNI void amx_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
+                       const int8_t *packed, float *y, size_t ldy) {
+    SMALL_CASES(0)
+}
+
+#endif
