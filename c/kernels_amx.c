@@ -165,6 +165,10 @@ AMX_INLINE void hsum16_pair(const __m512i *v, __m512i *b0, __m512i *b1) {
     *b1 = _mm512_shuffle_i32x4(s01, s23, 0xDD);
 }
 
+/* Decode streams 16 rows at once, 16 interleaved streams that the hardware prefetcher follows
+ * poorly: each row is fetched this many bytes ahead (a 330 MB q8 head: 36 -> 26 ms, q4 rows
+ * 46 -> 38 ms on one thread, fastest of 4-5 runs; 512 and 1024 were slower than 256). */
+#define PF_AHEAD 256
 /* q8: int8 weights widened to int16 against the int16 block, vpdpwssd (exact in int32). */
 AMX static void decode16_q8(const unsigned char *w, size_t row_bytes, const QAct *a, int t, float *y) {
     const __m512i rowoff = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -174,6 +178,7 @@ AMX static void decode16_q8(const unsigned char *w, size_t row_bytes, const QAct
         const unsigned char *wb = w + (size_t)b * 34;
         const __m512i x = _mm512_loadu_si512(a->q + ((size_t)t * a->nb + b) * QBLOCK);
         __m512i v[16];
+        for (int r = 0; r < 16; r++) _mm_prefetch((const char *)(wb + r * row_bytes + PF_AHEAD), _MM_HINT_T0);
         for (int r = 0; r < 16; r++)
             v[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
                                        _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + r * row_bytes + 2))), x);
@@ -208,6 +213,7 @@ AMX static void decode16_q4(const unsigned char *w, size_t row_bytes, const QAct
         const __m512i xh = _mm512_permutexvar_epi64(lanes, hi16), xl = _mm512_permutexvar_epi64(lanes, lo16);
         const unsigned char *wb = w + (size_t)b * 20;
         __m512i v[16];
+        for (int r = 0; r < 16; r++) _mm_prefetch((const char *)(wb + r * row_bytes + PF_AHEAD), _MM_HINT_T0);
         for (int r = 0; r < 16; r++) {
             const unsigned char *p = wb + r * row_bytes + 4;
             const __m128i q0 = _mm_loadu_si128((const __m128i *)p);
