@@ -3,7 +3,14 @@ quantized row is laid out. Defined here once for Python; `colibri limits` prints
 own values (c/engine.h, c/quant.h, c/forward.c) and tests/test_limits.py checks that the two agree."""
 
 MAX_KV_SLOTS = 16  # c/engine.h MAX_KV_SLOTS
-DEFAULT_BATCH = 128  # positions per prefill forward pass without --batch, c/forward.c forward_max_batch
+DEFAULT_BATCH = 128  # positions per prefill forward pass without --batch, c/model.h FORWARD_DEFAULT_BATCH
+DEFAULT_BATCH_AMX = 512  # the same where the engine runs its amx kernel set, FORWARD_DEFAULT_BATCH_AMX
+
+
+def default_batch(kernels):
+    """The engine's prefill batch without --batch when it runs the kernel set `kernels`
+    (machine probe's engine_kernels): AMX tiles want more positions per expert."""
+    return DEFAULT_BATCH_AMX if kernels == "amx" else DEFAULT_BATCH
 RUNTIME_BASE = 16 << 20  # engine working memory before any scratch, c/engine_stream.h RUNTIME_BASE_BYTES
 QBLOCK = 32  # values per quantized block, c/quant.h QBLOCK
 BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble bytes;
