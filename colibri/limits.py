@@ -17,7 +17,7 @@ BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17}  # f16 scale + 32 int8; f16 scal
 # e8m0 scale + 16 bytes of e2m1 nibbles (gpt-oss releases' format, c/kernels_mxfp4.c)
 
 EXPERT_STORAGE = ("q4", "q8", "bf16", "f32", "mxfp4")  # what a container may hold routed experts as
-DENSE_STORAGE = ("q8", "bf16", "f32")  # and the dense trunk
+DENSE_STORAGE = ("q8", "q4", "bf16", "f32")  # and the dense trunk
 
 # storage type -> safetensors dtype of its tensors (the quantized ones are raw bytes)
 STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8", "mxfp4": "U8"}
