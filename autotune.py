@@ -12,7 +12,7 @@ import statistics
 import time
 
 from colibri.cli.common import UserError, model_arg, require_model
-from colibri.limits import DEFAULT_BATCH
+from colibri.limits import default_batch
 
 HELP = "measure threads / prefill batch on this machine and save the fastest as a profile"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -132,7 +132,7 @@ def run(args):
     import resource_plan
     cpu = resource_plan.cpu_info()
     cpus = cpu["usable"]
-    best = {"threads": cpus, "batch": DEFAULT_BATCH}  # what the engine does with no flags
+    best = {"threads": cpus, "batch": default_batch(cpu["engine_kernels"])}  # what the engine does with no flags
     defaults = dict(best)
     say(f"tuning {d} ({man.get('family')}) on {cpu['model']}, {cpus} usable CPUs: {args.runs} paired run(s) of "
         f"{args.prompt_tokens} prompt + {args.tokens} generated tokens per comparison")

@@ -275,7 +275,7 @@ def check_memory(rep, d, man, mem):
     do not fit stream from disk."""
     from colibri.model import container_scan
     from colibri.cli import launch_opts
-    from colibri.limits import DEFAULT_BATCH
+    from colibri.limits import default_batch
     import family_registry
     import resource_plan
     budget = mem["default_budget"]
@@ -287,7 +287,8 @@ def check_memory(rep, d, man, mem):
         return rep.add("memory", "warn", "not checked: the shards are damaged (see above)", None)
     ctx = launch_opts.default_ctx(man)
     kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx, family_registry.KV_DEFAULT)
-    runtime = resource_plan.runtime_bytes(man, ctx, DEFAULT_BATCH, launch_opts.usable_cpus(),
+    batch = default_batch(resource_plan.cpu_info()["engine_kernels"])  # the engine's, without --batch
+    runtime = resource_plan.runtime_bytes(man, ctx, batch, launch_opts.usable_cpus(),
                                           tokenizer_bytes=scan["tokenizer_bytes"])
     ckpt = resource_plan.KV_MAX_CHECKPOINTS * resource_plan.checkpoint_bytes(scan, ctx)
     grammar = resource_plan.grammar_reserve(scan["arch"]["vocab"] or 0, 1) if scan["tokenizer_bytes"] else 0

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from colibri.cli.common import UserError, check_arch, missing_model_message, model_arg, model_path
-from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE
+from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE, default_batch
 # discovery lives in machine_probe; the planner API re-exports it
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
                            measure_memory_bw, memory_info)
@@ -165,8 +165,11 @@ def kv_state(scan, ctx, kv=None):
 
 
 def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
-         batch=DEFAULT_BATCH, threads=None, measured_tok_s=None, kv_type=None, batch_given=False):
-    """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s."""
+         batch=None, threads=None, measured_tok_s=None, kv_type=None, batch_given=False):
+    """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s;
+    batch None: the engine's default for this machine's kernel set."""
+    if batch is None:
+        batch = default_batch(machine["cpu"].get("engine_kernels"))
     a, ex = scan["arch"], scan["experts"]
     mem = machine["memory"]
     ctx = ctx or default_ctx(scan)

@@ -136,7 +136,7 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     }
     if (o->threads) omp_set_num_threads(o->threads);
     else if (!getenv("OMP_NUM_THREADS") && physical_cores() > 0) omp_set_num_threads(physical_cores());
-    if (o->batch) forward_max_batch = o->batch;
+    forward_max_batch = o->batch ? o->batch : forward_default_batch(kern.isa);
     if (model_load(&e->model, o->model_dir, err, errlen)) { engine_close(e); return -1; }
     if (o->kv_set && model_set_kv_type(&e->model, o->kv_type, err, errlen)) { engine_close(e); return -1; }
     const Arch *a = &e->model.a;

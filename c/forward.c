@@ -9,7 +9,9 @@
 #include "model.h"
 #include "ops.h"
 
-int forward_max_batch = 128;
+int forward_max_batch = FORWARD_DEFAULT_BATCH;
+
+int forward_default_batch(KernIsa isa) { return isa == KI_AMX ? FORWARD_DEFAULT_BATCH_AMX : FORWARD_DEFAULT_BATCH; }
 
 static void run_block(const Block *b, const BlockRun *r, const float *x, int T, float *out) {
     b->kind->run(b->self, r, x, T, out);

@@ -113,8 +113,9 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */
         printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\nmxfp4_block_bytes %zu\ndefault_batch %d\n"
-               "runtime_base %llu\n", MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK),
-               qtype_row_bytes(QT_MXFP4, QBLOCK), forward_max_batch, (unsigned long long)RUNTIME_BASE_BYTES);
+               "default_batch_amx %d\nruntime_base %llu\n", MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK),
+               qtype_row_bytes(QT_MXFP4, QBLOCK), FORWARD_DEFAULT_BATCH, FORWARD_DEFAULT_BATCH_AMX,
+               (unsigned long long)RUNTIME_BASE_BYTES);
         return 0;
     }
     if (!strcmp(cmd, "families")) {

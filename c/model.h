@@ -150,4 +150,13 @@ int forward_rows(const Model *m, KvCache *const *rows, const int32_t *tokens, in
 /* Largest batch one forward call processes; longer prompts go in chunks of this size. */
 extern int forward_max_batch;
 
+/* The prefill batch without --batch, by kernel set. AMX tiles take 16 positions of one expert
+ * at a time, and at 128 positions, 128 experts and top-8 an expert meets 8 on average (half a
+ * tile); 512 positions gives each about 32, which prefilled 512 tokens 1.2-1.5x faster in
+ * paired runs (the other sets' row kernels gain little from it). The scratch grows with it;
+ * a tight --ram still lowers it (c/engine_stream.c), and the planner mirrors this choice. */
+#define FORWARD_DEFAULT_BATCH 128
+#define FORWARD_DEFAULT_BATCH_AMX 512
+int forward_default_batch(KernIsa isa);
+
 #endif

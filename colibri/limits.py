@@ -3,14 +3,21 @@ quantized row is laid out. Defined here once for Python; `colibri limits` prints
 own values (c/engine.h, c/quant.h, c/forward.c) and tests/test_limits.py checks that the two agree."""
 
 MAX_KV_SLOTS = 16  # c/engine.h MAX_KV_SLOTS
-DEFAULT_BATCH = 128  # positions per prefill forward pass without --batch, c/forward.c forward_max_batch
+DEFAULT_BATCH = 128  # positions per prefill forward pass without --batch, c/model.h FORWARD_DEFAULT_BATCH
+DEFAULT_BATCH_AMX = 512  # the same where the engine runs its amx kernel set, FORWARD_DEFAULT_BATCH_AMX
+
+
+def default_batch(kernels):
+    """The engine's prefill batch without --batch when it runs the kernel set `kernels`
+    (machine probe's engine_kernels): AMX tiles want more positions per expert."""
+    return DEFAULT_BATCH_AMX if kernels == "amx" else DEFAULT_BATCH
 RUNTIME_BASE = 16 << 20  # engine working memory before any scratch, c/engine_stream.h RUNTIME_BASE_BYTES
 QBLOCK = 32  # values per quantized block, c/quant.h QBLOCK
 BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble bytes;
 # e8m0 scale + 16 bytes of e2m1 nibbles (gpt-oss releases' format, c/kernels_mxfp4.c)
 
 EXPERT_STORAGE = ("q4", "q8", "bf16", "f32", "mxfp4")  # what a container may hold routed experts as
-DENSE_STORAGE = ("q8", "bf16", "f32")  # and the dense trunk
+DENSE_STORAGE = ("q8", "q4", "bf16", "f32")  # and the dense trunk
 
 # storage type -> safetensors dtype of its tensors (the quantized ones are raw bytes)
 STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8", "mxfp4": "U8"}

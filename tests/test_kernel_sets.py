@@ -7,7 +7,7 @@ import pytest
 
 from launcher_helpers import convert_tiny
 
-from colibri import engine_client
+from colibri import engine_client, limits
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,10 @@ def test_each_set_is_forced_and_reported(tiny):
     for name in version_words()["available"].split(","):
         with engine_client.Engine(tiny, threads=1, extra=["--kernels", name]) as eng:
             assert eng.info.get("kernels") == name
+            # the prefill batch without --batch follows the set (AMX tiles want more positions)
+            assert int(eng.info["batch"]) == limits.default_batch(name)
+        with engine_client.Engine(tiny, threads=1, batch=64, extra=["--kernels", name]) as eng:
+            assert eng.info["batch"] == "64"
 
 
 def test_unknown_or_missing_sets_are_refused(tiny):

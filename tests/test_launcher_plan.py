@@ -25,9 +25,9 @@ def synthetic(tmp_path_factory):
     return d, entries
 
 
-def machine(avail=8 * GB, cores=4, simd="avx2", mhz=3000.0):
+def machine(avail=8 * GB, cores=4, simd="avx2", mhz=3000.0, kernels="avx2"):
     return {"cpu": {"model": "test", "logical": cores, "physical_cores": cores, "usable": cores, "quota_cpus": None,
-                    "mhz": mhz, "simd": simd, "engine_kernels": "avx2"},
+                    "mhz": mhz, "simd": simd, "engine_kernels": kernels},
             "memory": {"total": 2 * avail, "available": avail, "cgroup": {"version": None, "limit": None, "usage": None},
                        "usable": avail, "default_budget": int(avail * 0.9), "overcommit": 0},
             "disk": {"path": "/", "free": 100 * GB, "total": 200 * GB, "fs": "ext4"}, "gpus": []}
@@ -116,6 +116,22 @@ def test_tiers_add_up_and_cache_slots_follow_the_budget(synthetic):
     lo, hi = p["planned"]["tok_s_low"], p["planned"]["tok_s_high"]
     assert 0 < lo <= hi
     assert "stream from disk" in p["planned"]["summary"]
+
+
+def test_the_plan_takes_the_engines_default_batch_for_the_kernel_set(synthetic):
+    """The engine prefills 512 positions per pass with its amx kernels, 128 with the others, and
+    the plan's runtime share follows (tests/test_budget_agreement.py checks this machine's)."""
+    from colibri import limits
+    s = container_scan.scan(synthetic[0])
+    plans = {k: resource_plan.plan(s, machine(simd="avx512", kernels=k), ram=int(1e10), ctx=256, mem_bw=20, disk_bw=2,
+                                   threads=4) for k in ("avx512", "amx")}
+    assert plans["avx512"]["batch"] == limits.DEFAULT_BATCH == 128
+    assert plans["amx"]["batch"] == limits.DEFAULT_BATCH_AMX == 512
+    grow = resource_plan.runtime_bytes(s["manifest"], 256, 512, 4, tokenizer_bytes=s["tokenizer_bytes"]) - \
+        resource_plan.runtime_bytes(s["manifest"], 256, 128, 4, tokenizer_bytes=s["tokenizer_bytes"])
+    assert grow > 0 and plans["amx"]["tiers"]["runtime"] - plans["avx512"]["tiers"]["runtime"] == grow
+    given = resource_plan.plan(s, machine(kernels="amx"), ram=int(1e10), ctx=256, batch=64, threads=4)
+    assert given["batch"] == 64
 
 
 def test_more_ram_never_plans_fewer_slots_or_a_lower_hit_rate(synthetic):

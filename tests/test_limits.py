@@ -10,7 +10,7 @@ def test_python_limits_equal_the_engine_report(engine_bin):  # noqa: F811
         "max_kv_slots": limits.MAX_KV_SLOTS, "qblock": limits.QBLOCK,
         "q8_block_bytes": limits.BLOCK_BYTES["q8"], "q4_block_bytes": limits.BLOCK_BYTES["q4"],
         "mxfp4_block_bytes": limits.BLOCK_BYTES["mxfp4"],
-        "default_batch": limits.DEFAULT_BATCH, "runtime_base": limits.RUNTIME_BASE}
+        "default_batch": limits.DEFAULT_BATCH, "default_batch_amx": limits.DEFAULT_BATCH_AMX, "runtime_base": limits.RUNTIME_BASE}
 
 
 def test_row_bytes_round_up_to_whole_blocks():

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from colibri.cli.common import UserError
-from colibri.limits import DEFAULT_BATCH, MAX_KV_SLOTS
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, default_batch
 
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kv_kernels.c
@@ -21,8 +21,8 @@ KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kv_kernels.c
 ENGINE_FLAGS = {
     "ctx": dict(type=int, help="context length in tokens (default: min(model max, 4096))"),
     "threads": dict(type=int, help="compute threads (default: tuned profile, else all CPUs)"),
-    "batch": dict(type=int, help=f"positions per forward pass during prefill (default: tuned profile, else {DEFAULT_BATCH}; "
-                  "1 = token by token)"),
+    "batch": dict(type=int, help=f"positions per forward pass during prefill (default: tuned profile, else {DEFAULT_BATCH}, "
+                  f"{DEFAULT_BATCH_AMX} with AMX kernels; 1 = token by token)"),
     "kv-slots": dict(type=int, dest="kv_slots", help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)"),
     "kv": dict(choices=KV_TYPES, default=None,
                help="KV cache element type (default f16, half the memory of f32; f32 keeps K/V exactly)"),
@@ -89,7 +89,7 @@ def budget_line(info, batch=None):
         return None
     from resource_plan import fmt_bytes
     mb = lambda k: fmt_bytes(b[k])  # noqa: E731
-    if batch is None and info.get("batch", "").isdigit() and int(info["batch"]) < DEFAULT_BATCH:
+    if batch is None and info.get("batch", "").isdigit() and int(info["batch"]) < default_batch(info.get("kernels")):
         extra_note = f"; prefill batch lowered to {info['batch']} to fit"
     else:
         extra_note = ""

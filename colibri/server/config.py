@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colibri.cli.common import UserError, model_arg, require_model
-from colibri.limits import DEFAULT_BATCH, MAX_KV_SLOTS
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS
 
 
 
@@ -77,7 +77,7 @@ def add_arguments(p):
         p, ("ctx", "threads", "batch", "kv-slots", "kv") + launch_opts.STREAM_FLAGS, group=None,
         ctx={"help": "context length in tokens per slot (default min(model max, 4096))"},
         threads={"help": "compute threads (default: all cores)"},
-        batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH})"},
+        batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH}, {DEFAULT_BATCH_AMX} with AMX kernels)"},
         kv_slots={"help": f"independent KV caches, 1-{MAX_KV_SLOTS} (default 4; $COLI_KV_SLOTS)"})
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
     p.add_argument("--header-timeout", type=float, default=10.0,
