@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.convert import gpt_oss
+from colibri.convert import default_chat_template, gpt_oss
 from colibri.family import deepseek, deepseek_v4, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
@@ -454,6 +454,7 @@ def convert(src, out, experts=None, dense="q8", log=print):
     for name in COPIED_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, out / name)
+    default_chat_template.write_default(out, family, log)
     log("checksumming sources")
     write_manifest(out, family=family, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
                    bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src, family), shards=shards,
