@@ -118,13 +118,16 @@ def test_planner_counts_windows_and_fixed_state():
 
 
 def test_kv_type_changes_storage_not_the_model(moe_container, oracle_root, tmp_path):
-    """f16 (the default) rounds K/V, so its logits differ from f32's, but stay within the oracle
-    tolerance; a bad --kv is refused by the launcher and by the engine."""
+    """f16 (the serving default) rounds K/V, so its logits differ from f32's (coli logits'
+    default), but stay within the oracle tolerance; a bad --kv is refused by the launcher and by
+    the engine."""
     info = json.loads((Path(oracle_root) / "qwen3_moe_sparse" / "ref.json").read_text())
     ref = np.fromfile(Path(oracle_root) / "qwen3_moe_sparse" / "ref_logits.f32", dtype="<f4")
-    f32 = np.frombuffer(logits(moe_container, info["ids"], tmp_path / "a.f32", "--kv", "f32"), dtype="<f4")
-    f16 = np.frombuffer(logits(moe_container, info["ids"], tmp_path / "b.f32"), dtype="<f4")
+    f32 = np.frombuffer(logits(moe_container, info["ids"], tmp_path / "a.f32"), dtype="<f4")
+    f16 = np.frombuffer(logits(moe_container, info["ids"], tmp_path / "b.f32", "--kv", "f16"), dtype="<f4")
     assert not np.array_equal(f16, f32)
+    assert np.array_equal(f32, np.frombuffer(logits(moe_container, info["ids"], tmp_path / "d.f32", "--kv", "f32"),
+                                             dtype="<f4"))
     assert np.abs(f16 - ref).max() <= 1e-3 * np.abs(ref).max()
     r = coli("logits", "--model", moe_container, "--ids", "1", "--out", tmp_path / "c.f32", "--kv", "q4")
     assert r.returncode != 0 and "--kv" in r.stderr
