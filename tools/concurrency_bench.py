@@ -38,9 +38,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_http  # noqa: E402  (tools/, next to this file)
-from colibri import engine_client  # noqa: E402  (run as PYTHONPATH=. tools/concurrency_bench.py)
+import bench_http  # tools/, next to this file (a script's folder is on sys.path)
+from colibri import engine_client  # run as PYTHONPATH=. tools/concurrency_bench.py
 
 
 def prompts_for(p, prompt_tokens, vocab, round_no):
