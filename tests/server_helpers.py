@@ -4,6 +4,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -164,6 +165,16 @@ def resume_engine(pid):
 @pytest.fixture(scope="module")
 def model(oracle_root, tmp_path_factory):
     return convert(oracle_root, "qwen3_moe", tmp_path_factory.mktemp("serve") / "qwen3_moe")
+
+
+def as_family(model, out, family):
+    """A copy of container `model` at `out` whose manifest names `family`: the server then uses
+    that family's chat and tool-call handling over the same weights (for scripted-engine tests)."""
+    shutil.copytree(model, out)
+    man = json.loads((out / "colibri.json").read_text())
+    man["family"] = family
+    (out / "colibri.json").write_text(json.dumps(man))
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,11 @@ writes the family's <minimax:tool_call> block in small pieces after its reasonin
 with a typed call (reasoning apart), streams it, writes it back into the next prompt in the template's
 own syntax, and forces a named call with the family's grammar."""
 import json
-import shutil
 from pathlib import Path
 
 import openai
 
-from server_helpers import model  # noqa: F401
+from server_helpers import as_family, model  # noqa: F401
 from test_server_tools import ASK, Scripted
 
 TEMPLATE = Path(__file__).parent / "data" / "chat_templates" / "MiniMax-M2.jinja"
@@ -23,11 +22,7 @@ ARGS = {"city": "Paris", "code": "007", "guests": 4, "terrace": True}
 
 
 def test_minimax_call_round_trip(model, tmp_path):  # noqa: F811
-    m = tmp_path / "minimax"
-    shutil.copytree(model, m)
-    man = json.loads((m / "colibri.json").read_text())
-    man["family"] = "minimax_m2"
-    (m / "colibri.json").write_text(json.dumps(man))
+    m = as_family(model, tmp_path / "minimax", "minimax_m2")
     s = Scripted(m, TEMPLATE, tmp_path)
     with s.proc:
         c = openai.OpenAI(base_url=s.proc.base + "/v1", api_key="unused", max_retries=0, timeout=30)

@@ -3,12 +3,11 @@ engine writes the family's XML tool call in small pieces; the server answers wit
 call, writes it back into the next prompt in the template's own syntax, and forces a named
 call with the family's grammar."""
 import json
-import shutil
 from pathlib import Path
 
 import openai
 
-from server_helpers import model  # noqa: F401
+from server_helpers import as_family, model  # noqa: F401
 from test_server_tools import ASK, Scripted
 
 TEMPLATE = Path(__file__).parent / "data" / "chat_templates" / "Qwen3.5.jinja"
@@ -23,11 +22,7 @@ ARGS = {"city": "Paris", "code": "007", "guests": 4, "terrace": True}
 
 
 def test_qwen3_5_xml_call_round_trip(model, tmp_path):  # noqa: F811
-    q = tmp_path / "qwen3_5"
-    shutil.copytree(model, q)
-    man = json.loads((q / "colibri.json").read_text())
-    man["family"] = "qwen3_5_moe"
-    (q / "colibri.json").write_text(json.dumps(man))
+    q = as_family(model, tmp_path / "qwen3_5", "qwen3_5_moe")
     s = Scripted(q, TEMPLATE, tmp_path)
     with s.proc:
         c = openai.OpenAI(base_url=s.proc.base + "/v1", api_key="unused", max_retries=0, timeout=30)
