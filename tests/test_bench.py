@@ -41,7 +41,7 @@ def test_bench_against_a_peer(moe_model, tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert len(log.read_text().splitlines()) == 2  # one peer run after each colibri run
-    assert "-p 16 -n 8" in log.read_text()
+    assert "-p 16 -n 8 -d 0" in log.read_text()
     assert res["colibri"]["decode_tok_s"] > 0 and res["colibri"]["prefill_tok_s"] > 0
     assert res["ratio_decode_tok_s"] == pytest.approx(res["colibri"]["decode_tok_s"] / 50.0)
     assert res["ratio_prefill_tok_s"] == pytest.approx(res["colibri"]["prefill_tok_s"] / 100.0)
@@ -69,3 +69,31 @@ def test_bench_fits_a_small_vocabulary_and_refuses_an_oversized_prompt(moe_model
     r = subprocess.run(base + ["--prompt-tokens", "600"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "context_exceeded" in r.stderr and "512" in r.stderr
+
+
+def test_bench_at_depth_with_a_sampled_leg(moe_model, tmp_path):
+    """--depth fills the slot first and hands the same depth to the peer (llama-bench -d); the
+    sampled leg reports its rate and what sampling adds per token."""
+    peer = tmp_path / "fake-llama-bench"
+    log = tmp_path / "calls"
+    peer.write_text("#!/bin/sh\necho \"$@\" >> " + str(log) + "\n"
+                    "echo '[{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": 100.0},"
+                    " {\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 50.0}]'\n")
+    peer.chmod(0o755)
+    base = [sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--prompt-tokens", "16",
+            "--gen-tokens", "8", "--repeat", "1", "--mem-bw", "20"]
+    r = subprocess.run(base + ["--depth", "200", "--llama-bench", str(peer), "--gguf", str(peer), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert "-p 16 -n 8 -d 200" in log.read_text()
+    assert res["depth"] == 200 and res["colibri"]["sampled_temp"] == 1.0
+    c = res["colibri"]
+    assert c["sampled_decode_tok_s"] > 0 and c["decode_tok_s"] > 0 and c["prefill_tok_s"] > 0
+    assert c["sampler_ms_per_token"] == pytest.approx(1e3 / c["sampled_decode_tok_s"] - 1e3 / c["decode_tok_s"])
+    r = subprocess.run(base + ["--temp", "0", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout)["colibri"]["sampled_decode_tok_s"] is None, r.stderr
+    r = subprocess.run(base + ["--depth", "600"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "context_exceeded" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(base + ["--depth", "-1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--depth must be 0 or more" in r.stderr

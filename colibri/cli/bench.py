@@ -3,7 +3,9 @@
 colibri and the peer (llama.cpp's llama-bench, when given) run alternately in the same process
 tree, several times each; medians are compared, never single runs, because shared machines are
 noisy. Achieved bandwidth is the weight bytes one decoded token reads divided by its time,
-reported against the machine's measured memory read rate.
+reported against the machine's measured memory read rate. `--depth N` puts N positions in the
+KV cache first (llama-bench -d N) for long-context points; a sampled-decode leg next to the
+greedy one shows what the sampler costs per token.
 """
 import json
 import os
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from colibri.cli.common import UserError, model_arg, require_model
 
+ENGINE_DEFAULT_CTX = 4096  # the engine's --ctx when none is given (c/engine.c)
 HELP = "prefill/decode speed and achieved bandwidth, side by side with llama.cpp when given"
 DESCRIPTION = __doc__
 
@@ -23,6 +26,12 @@ def add_arguments(p):
     p.add_argument("--prompt-tokens", type=int, default=64, help="prefill length (default 64)")
     p.add_argument("--gen-tokens", type=int, default=64, help="decoded tokens per run (default 64)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each side, alternating (default 3)")
+    p.add_argument("--depth", type=int, default=0,
+                   help="positions already in the KV cache before the measured prefill and decode, for long-context "
+                        "points (llama-bench -d; default 0)")
+    p.add_argument("--temp", type=float, default=1.0,
+                   help="temperature of the sampled-decode leg (top-p 0.95), which shows the sampler's cost next to "
+                        "greedy decode; 0 leaves the leg out (default 1.0)")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(p, ("threads",) + launch_opts.STREAM_FLAGS, group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"})
@@ -48,27 +57,51 @@ def bytes_per_decoded_token(scan):
 
 
 def colibri_run(model, args, first_token, vocab):
+    """One engine, one KV slot, three or four requests: the depth (if any) fills the slot; the
+    prefill leg adds the prompt behind it (the depth is reused, so only the prompt's positions
+    are timed); the decode legs reuse the depth and decode from there, greedy and then sampled,
+    as llama-bench's tg runs decode behind -d positions."""
     from colibri import engine_client
     span = max(min(vocab, 1001) - 1, 1)  # ids 1..1000, inside the vocabulary of a small model too
-    ids = [(first_token + i * 7) % span + 1 for i in range(args.prompt_tokens)]
+    ids = lambda start, n: [(start + i * 7) % span + 1 for i in range(n)]  # noqa: E731
+    depth, prompt = ids(first_token + 500, args.depth), ids(first_token, args.prompt_tokens)
+    needed = args.depth + args.prompt_tokens + args.gen_tokens + 1
+    ctx = needed if needed > ENGINE_DEFAULT_CTX else None  # a model's own smaller limit still applies
+
+    def request(eng, payload, gen, **opts):
+        stats = None
+        for ev in eng.generate(payload, max_tokens=gen, ignore_eos=1, **opts):
+            if ev[0] == "end":
+                stats = ev[1]
+        return stats
+
     try:
         extra = args.stream_args + (["--kernels", args.kernels] if args.kernels else [])
-        with engine_client.Engine(model, threads=args.threads, extra=extra) as eng:
-            for ev in eng.generate(ids, max_tokens=args.gen_tokens, temp=0):
-                if ev[0] == "end":
-                    stats = ev[1]
+        with engine_client.Engine(model, threads=args.threads, ctx=ctx, kv_slots=1, extra=extra) as eng:
+            if depth:
+                request(eng, depth, 1, temp=0)
+            pp = request(eng, depth + prompt, 1, temp=0)
+            if int(pp["reused_tokens"]) < len(depth) - 1:
+                raise UserError(f"the engine reused {pp['reused_tokens']} of the {len(depth)} depth positions; "
+                                "the prefill figure would include the depth")
+            after = [prompt[0] % span + 1]  # one new id behind the depth: decode starts there
+            tg = request(eng, depth + after, args.gen_tokens, temp=0)
+            sampled = request(eng, depth + after, args.gen_tokens, temp=args.temp, top_p=0.95,
+                              seed=first_token + 1) if args.temp > 0 else None
             threads = eng.info.get("threads")
             args.kernels_used = eng.info.get("kernels")
     except engine_client.EngineError as e:
         raise UserError(f"the engine refused the benchmark run ({e.kind}: {e.message})") from None
-    if int(stats["completion_tokens"]) < args.gen_tokens:
-        raise UserError(f"the model ended after {stats['completion_tokens']} tokens; lower --gen-tokens")
-    return float(stats["prefill_tok_s"]), float(stats["decode_tok_s"]), int(threads)
+    if int(tg["completion_tokens"]) < args.gen_tokens:
+        raise UserError(f"the model ended after {tg['completion_tokens']} tokens; lower --gen-tokens")
+    return (float(pp["prefill_tok_s"]), float(tg["decode_tok_s"]),
+            float(sampled["decode_tok_s"]) if sampled else None, int(threads))
 
 
 def peer_run(exe, gguf, args, threads):
     r = subprocess.run([exe, "-m", str(gguf), "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens),
-                        "-t", str(threads), "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=900)
+                        "-d", str(args.depth), "-t", str(threads), "-r", "1", "-o", "json"],
+                       capture_output=True, text=True, timeout=3600)
     if r.returncode:
         raise UserError(f"{exe} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
     pp = tg = None
@@ -102,6 +135,10 @@ def run(args):
     for flag in ("prompt_tokens", "gen_tokens", "repeat"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.depth < 0:
+        raise UserError("--depth must be 0 or more")
+    if args.temp < 0:
+        raise UserError("--temp must be 0 (no sampled leg) or more")
     scan = container_scan.scan(model)
     from colibri.cli import launch_opts
     launch_opts.check_cap(args.cap, {"num_experts": scan["arch"]["experts"]})
@@ -118,21 +155,25 @@ def run(args):
         peer = (exe, gguf)
     ours, theirs, threads = [], [], args.threads
     for i in range(args.repeat):
-        pp, tg, used = colibri_run(model, args, first_token=i * 101, vocab=scan["arch"]["vocab"] or 1)
+        pp, tg, sampled, used = colibri_run(model, args, first_token=i * 101, vocab=scan["arch"]["vocab"] or 1)
         threads = threads or used
-        ours.append((pp, tg))
+        ours.append((pp, tg, sampled))
         if peer:
             theirs.append(peer_run(peer[0], peer[1], args, threads))
     mem_bw = args.mem_bw or machine_probe.measure_memory_bw()
     med = lambda rows, k: statistics.median(r[k] for r in rows if r[k]) if any(r[k] for r in rows) else None  # noqa: E731
     result = {
         "model": str(model), "threads": threads, "repeat": args.repeat,
-        "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
-        "colibri": {"prefill_tok_s": med(ours, 0), "decode_tok_s": med(ours, 1), "kernels": args.kernels_used},
+        "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "depth": args.depth,
+        "colibri": {"prefill_tok_s": med(ours, 0), "decode_tok_s": med(ours, 1), "kernels": args.kernels_used,
+                    "sampled_decode_tok_s": med(ours, 2), "sampled_temp": args.temp or None},
         "bytes_per_decoded_token": per_token,
         "memory_read_gb_s": mem_bw, "memory_read_source": "given" if args.mem_bw else "measured (one thread)",
     }
     result["colibri"]["decode_gb_s"] = per_token * result["colibri"]["decode_tok_s"] / 1e9
+    if result["colibri"]["sampled_decode_tok_s"]:  # what sampling adds to a decode step
+        result["colibri"]["sampler_ms_per_token"] = 1e3 * (1 / result["colibri"]["sampled_decode_tok_s"]
+                                                           - 1 / result["colibri"]["decode_tok_s"])
     if peer:
         result["peer"] = {"name": "llama.cpp llama-bench", "gguf": str(peer[1]),
                           "prefill_tok_s": med(theirs, 0), "decode_tok_s": med(theirs, 1)}
@@ -143,7 +184,8 @@ def run(args):
         print(json.dumps(result, indent=1))
         return 0
     c = result["colibri"]
-    print(f"model {model}  threads {threads}  {c['kernels']} kernels  medians of {args.repeat} alternating runs")
+    at = f"  depth {args.depth}" if args.depth else ""
+    print(f"model {model}  threads {threads}  {c['kernels']} kernels{at}  medians of {args.repeat} alternating runs")
     print(f"{'':24s}{'colibri':>12s}" + (f"{'llama.cpp':>12s}{'ratio':>9s}" if peer else ""))
     for label, k in ((f"prefill tok/s (pp{args.prompt_tokens})", "prefill_tok_s"),
                      (f"decode tok/s (tg{args.gen_tokens})", "decode_tok_s")):
@@ -151,6 +193,9 @@ def run(args):
         if peer and result["peer"][k]:
             line += f"{result['peer'][k]:12.1f}{result[f'ratio_{k}']:8.2f}x"
         print(line)
+    if c["sampled_decode_tok_s"]:
+        print(f"{'decode tok/s, sampled':24s}{c['sampled_decode_tok_s']:12.1f}" + (f"{'-':>12s}" if peer else "")
+              + f"   (temperature {args.temp:g}, top-p 0.95: {c['sampler_ms_per_token']:+.2f} ms per token vs greedy)")
     share = f" = {100 * c['decode_gb_s'] / mem_bw:.0f}% of {mem_bw:.1f} GB/s {result['memory_read_source']}" if mem_bw else ""
     print(f"decode reads {per_token / 1e6:.1f} MB of weights per token: {c['decode_gb_s']:.2f} GB/s{share}")
     return 0
