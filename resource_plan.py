@@ -55,7 +55,7 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     r = RUNTIME_BASE + 4 * max(batch, 1) * per_pos
     r += threads * (4 * ctx + 4 * 8 * max(qd, W))
     streams = max(streams, 1)
-    r += streams * 4 * V * 4
+    r += streams * 7 * V * 4  # each stream's logits and sampler buffers (c/sampler.h)
     if streams > 1:
         r += streams * 4 * V  # one batched decode step's logits
     r += 4 * V * min(logits_rows, max(batch, 1))  # one chunk of teacher-forced logits

@@ -42,7 +42,7 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     uint64_t r = RUNTIME_BASE_BYTES + 4 * b * per_pos;
     r += (uint64_t)threads * (4ull * (uint64_t)ctx + 4ull * 8 * (qd > W ? qd : W)); /* per-thread scores, rows */
     const uint64_t st = (uint64_t)(streams > 1 ? streams : 1);
-    r += st * 4 * V * 4;                        /* each stream's logits and sampler buffers */
+    r += st * 7 * V * 4;                        /* each stream's logits and sampler buffers (sampler.h) */
     if (st > 1) r += st * 4 * V;                /* one batched decode step's logits */
     if (logits_rows) r += 4 * V * (uint64_t)(logits_rows < batch ? logits_rows : batch); /* one chunk of logits */
     r += tokenizer_bytes * 8; /* parsing peaks at ~8.6x the file (measured: 11.4 MB of tokenizer.json, 98 MB) */

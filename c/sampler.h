@@ -17,6 +17,8 @@ typedef struct {
     float *prob;
     int *idx;
     float *tmp;  /* scratch for the top-k selection */
+    uint32_t *key; /* radix sort scratch: 2 x n sort keys */
+    int *idx2;     /* and n ids */
     float pmax;  /* the largest of prob */
 } Sampler;
 
