@@ -16,6 +16,7 @@ typedef struct {
     char magic[8];
     uint64_t fingerprint, base_sum;
 } LogHeader;
+_Static_assert(sizeof(LogHeader) == KV_LOG_HEADER, "kv_log.h KV_LOG_HEADER");
 
 typedef struct {
     uint32_t magic, n0, n1, n_ck; /* n_ck: the slot's turn-boundary checkpoints after n1 (kv_checkpoint) */

@@ -30,6 +30,8 @@ size_t kv_record_max(const Arch *a, int ctx);
 /* Applies a record (built here, or read and checked by kv_log_replay) to kv. */
 void kv_record_apply(KvCache *kv, const KvRecord *r);
 
+#define KV_LOG_HEADER 24 /* bytes before a log's first record: magic, fingerprint, the base's checksum */
+
 /* The checksum that ends a base file (its identity for the log); 0 ok, -1 unreadable. */
 int kv_file_sum(const char *path, uint64_t *sum);
 /* Appends r to the log at log_path (created, with its header, when absent or not this base's);

@@ -18,10 +18,13 @@ typedef struct Job {
 } Job;
 
 typedef struct {
+    /* the files as the queued records leave them (the loop's view, decides whole records) */
+    uint64_t base_bytes; /* 0: no base */
+    uint64_t log_bytes;  /* 0: no log */
+    /* the files as written so far (the writer's view) */
     off_t log_len; /* valid bytes of the slot's log; 0: none */
     int has_base;
-    int broken;    /* a write failed: records that build on the disk are dropped until a whole one lands */
-    int outgrown;  /* the log is longer than its base: the next record is a whole one, the new base */
+    int broken; /* a write failed: records that build on the disk are dropped until a whole one lands */
 } SlotDisk;
 
 struct KvWriter {
@@ -54,7 +57,6 @@ void kv_slot_paths(const char *dir, int slot, char *base, char *log, size_t n) {
 static int write_base(KvWriter *w, int slot, const KvRecord *r) {
     char base[4200], log[4200], err[600];
     kv_slot_paths(w->dir, slot, base, log, sizeof base);
-    if (r->n0 > 0) return -1; /* builds on a base that is not there: the next record comes whole */
     KvCache img;
     if (kv_init(&img, w->a, w->ctx)) { fprintf(stderr, "colibri: no memory to save KV slot %d\n", slot); return -1; }
     kv_record_apply(&img, r);
@@ -69,27 +71,27 @@ static void write_one(KvWriter *w, Job *j) {
     char base[4200], log[4200], err[600] = "";
     kv_slot_paths(w->dir, j->slot, base, log, sizeof base);
     pthread_mutex_lock(&w->mu);
-    SlotDisk d = w->disk[j->slot]; /* the loop reads these under the lock; only this thread writes them */
+    SlotDisk d = w->disk[j->slot];
     pthread_mutex_unlock(&w->mu);
-    int full = j->r.n0 == 0 || !d.has_base, rc;
-    if (full) {
+    int rc;
+    if (j->r.n0 == 0) {
         rc = write_base(w, j->slot, &j->r);
-        if (!rc) d = (SlotDisk){0, 1, 0, 0};
+        if (!rc) d.has_base = 1, d.log_len = 0, d.broken = 0;
     } else {
         uint64_t sum;
-        struct stat st;
         rc = kv_file_sum(base, &sum);
         if (!rc) rc = kv_log_append(log, w->fp, sum, &d.log_len, &j->r, err, sizeof err);
         if (rc && err[0]) fprintf(stderr, "colibri: %s\n", err);
-        /* a log longer than its base (and than a few pages): the slot's next record replaces both */
-        if (!rc && !stat(base, &st) && d.log_len > (st.st_size > COMPACT_MIN ? st.st_size : COMPACT_MIN)) d.outgrown = 1;
-    }
-    if (rc) { /* the disk no longer follows the records: the next one must carry the slot whole */
-        d.broken = 1;
-        d.has_base = 0;
     }
     pthread_mutex_lock(&w->mu);
-    w->disk[j->slot] = d;
+    SlotDisk *s = &w->disk[j->slot];
+    s->log_len = d.log_len;
+    s->has_base = d.has_base;
+    s->broken = d.broken;
+    if (rc) { /* the disk no longer follows the records: the next one must carry the slot whole */
+        s->broken = 1;
+        s->has_base = 0;
+    }
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -102,7 +104,7 @@ static void *run(void *arg) {
         if (!j) break; /* stopping, and nothing left */
         w->head = j->next;
         if (!w->head) w->tail = NULL;
-        int skip = w->disk[j->slot].broken && j->r.n0 > 0; /* built on what failed to reach the disk */
+        int skip = (w->disk[j->slot].broken || !w->disk[j->slot].has_base) && j->r.n0 > 0; /* built on what failed */
         pthread_mutex_unlock(&w->mu);
         if (!skip) write_one(w, j);
         size_t len = j->r.len;
@@ -133,32 +135,40 @@ KvWriter *kv_writer_start(const char *dir, int slots, const Arch *a, int ctx, ui
 }
 
 void kv_writer_known(KvWriter *w, int slot, off_t log_len) {
+    char base[4200], log[4200];
+    struct stat st;
+    kv_slot_paths(w->dir, slot, base, log, sizeof base);
     pthread_mutex_lock(&w->mu);
-    w->disk[slot].has_base = 1;
-    w->disk[slot].log_len = log_len;
+    SlotDisk *d = &w->disk[slot];
+    d->has_base = 1;
+    d->log_len = log_len;
+    d->base_bytes = stat(base, &st) ? 0 : (uint64_t)st.st_size;
+    d->log_bytes = (uint64_t)log_len;
     pthread_mutex_unlock(&w->mu);
 }
 
-int kv_writer_withdraw(KvWriter *w, int slot) {
-    int n0 = -1;
+int kv_writer_next_full(KvWriter *w, int slot, size_t delta_len) {
     pthread_mutex_lock(&w->mu);
-    for (Job **p = &w->head, *prev = NULL; *p; prev = *p, p = &(*p)->next) {
+    const SlotDisk *d = &w->disk[slot];
+    /* as the writer used to compact after an append: a log longer than its base (and than a few
+     * pages) is folded into a new base, which the whole record writes directly */
+    uint64_t log = (d->log_bytes ? d->log_bytes : KV_LOG_HEADER) + delta_len;
+    int v = d->broken || !d->base_bytes || log > (d->base_bytes > COMPACT_MIN ? d->base_bytes : COMPACT_MIN);
+    pthread_mutex_unlock(&w->mu);
+    return v;
+}
+
+void kv_writer_admit(KvWriter *w, int slot, int full, size_t len) {
+    pthread_mutex_lock(&w->mu);
+    for (Job **p = &w->head, *prev = NULL; full && *p;) { /* superseded: the whole record's base replaces them */
         Job *j = *p;
-        if (j->slot != slot) continue;
+        if (j->slot != slot) { prev = j; p = &j->next; continue; }
         *p = j->next;
         if (w->tail == j) w->tail = prev;
-        n0 = j->r.n0;
         w->held -= j->r.len;
         kv_record_free(&j->r);
         free(j);
-        break; /* at most one queued per slot */
     }
-    pthread_mutex_unlock(&w->mu);
-    return n0;
-}
-
-void kv_writer_admit(KvWriter *w, size_t len) {
-    pthread_mutex_lock(&w->mu);
     if (w->held && w->held + len > w->limit) {
         if (!w->waits++)
             fprintf(stderr, "colibri: the KV writer is behind the disk (%.1f MB queued, its bound is %.1f MB); turns "
@@ -178,7 +188,7 @@ void kv_writer_release(KvWriter *w, size_t len) {
     pthread_mutex_unlock(&w->mu);
 }
 
-void kv_writer_submit(KvWriter *w, int slot, KvRecord r) {
+void kv_writer_submit(KvWriter *w, int slot, KvRecord r, uint64_t base_bytes) {
     Job *j = malloc(sizeof *j);
     if (!j) {
         kv_writer_release(w, r.len);
@@ -188,6 +198,9 @@ void kv_writer_submit(KvWriter *w, int slot, KvRecord r) {
     }
     *j = (Job){slot, r, NULL};
     pthread_mutex_lock(&w->mu);
+    SlotDisk *d = &w->disk[slot];
+    if (r.n0 == 0) d->base_bytes = base_bytes, d->log_bytes = 0;
+    else d->log_bytes = (d->log_bytes ? d->log_bytes : KV_LOG_HEADER) + r.len;
     if (w->tail) w->tail->next = j;
     else w->head = j;
     w->tail = j;
@@ -200,13 +213,6 @@ void kv_writer_stats(KvWriter *w, size_t *peak, unsigned long *waits) {
     *peak = w->peak;
     *waits = w->waits;
     pthread_mutex_unlock(&w->mu);
-}
-
-int kv_writer_needs_full(KvWriter *w, int slot) {
-    pthread_mutex_lock(&w->mu);
-    int v = w->disk[slot].broken || !w->disk[slot].has_base || w->disk[slot].outgrown;
-    pthread_mutex_unlock(&w->mu);
-    return v;
 }
 
 void kv_writer_stop(KvWriter *w) {

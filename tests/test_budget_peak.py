@@ -16,16 +16,18 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"ty
           "required": ["name", "n", "tags"]}
 
 
-def workload(model, ram, grammar, turns=6, streams=4, max_tokens=16, kv_dir=None, then=None):
+def workload(model, ram, grammar, turns=6, streams=4, max_tokens=16, kv_dir=None, then=None, hist=None, turn0=0):
     """Runs `turns` rounds of `streams` concurrent requests, one KV slot each, every prompt the
     slot's history plus a few tokens; then(eng, hist), if given, runs in the same engine after
-    them. Returns READY's fields and every END's fields."""
+    them. hist and turn0 continue an earlier run's histories (extended in place) and seeds.
+    Returns READY's fields and every END's fields."""
     g = schema_grammar(SCHEMA) if grammar else None
     ends = []
     with engine_client.Engine(model, ctx=512, kv_slots=streams, threads=2, kv_dir=kv_dir,
                               extra=["--ram", str(ram), "--parallel", str(streams)]) as eng:
-        hist = [[1, 2, 3] for _ in range(streams)]
-        for t in range(turns):
+        if hist is None:
+            hist = [[1, 2, 3] for _ in range(streams)]
+        for t in range(turn0, turn0 + turns):
             rids = {}
             for s in range(streams):
                 opts = dict(slot=s, max_tokens=max_tokens, temp=1.0, seed=10 * t + s)
@@ -107,3 +109,26 @@ def test_kv_persistence_stays_within_the_budget(tmp_path):
                               extra=["--ram", "0.16", "--parallel", "4"]) as eng:
         assert sum("restored KV slot" in line for line in eng.stderr_tail) == 4
         assert greedy_turns(eng, hist[0]) == live[0]  # the same reuse and the same tokens as the live slots
+
+
+@pytest.mark.parametrize("name, ram", [("recurrent", 0.16), ("big_vocab", 0.3)])
+def test_kv_files_do_not_depend_on_how_far_the_disk_has_got(name, ram, tmp_path):
+    """Turns sent as fast as they end (the writer behind, records queued) leave the same files
+    as the same turns with the writer drained after each (a fresh engine per round: EOF drains
+    it, and the next one resumes from the files): which record is whole, and so when a log is
+    compacted, follows from the files' sizes, never from timing, and no record is dropped. The
+    recurrent model's records carry its large state, so each is whole (a new base every turn); the
+    other's are small deltas appended to logs."""
+    model = {"recurrent": recurrent_model, "big_vocab": big_vocab_model}[name].container()
+    fast, drained = tmp_path / "fast", tmp_path / "drained"
+    fast.mkdir()
+    drained.mkdir()
+    workload(model, ram, grammar=False, turns=4, kv_dir=fast)
+    hist = [[1, 2, 3] for _ in range(4)]
+    for t in range(4):
+        workload(model, ram, grammar=False, turns=1, kv_dir=drained, hist=hist, turn0=t)
+    names = sorted(p.name for p in fast.iterdir() if p.name.startswith(".coli_kv") and p.name != ".coli_kv.lock")
+    assert names == sorted(p.name for p in drained.iterdir() if p.name.startswith(".coli_kv") and p.name != ".coli_kv.lock")
+    assert len(names) == (4 if name == "recurrent" else 8)  # a base per slot, and the small records' logs
+    for n in names:
+        assert (fast / n).read_bytes() == (drained / n).read_bytes(), n
