@@ -90,20 +90,27 @@ def checkpoint_bytes(scan, ctx, kv=None):
     return 0 if (truncatable or not fixed) and not ring else fixed + ring
 
 
-def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0):
+def kv_writer_reserve(slot_bytes, checkpoint):
+    """c/kv_writer.c kv_writer_reserve, with --kv-dir: the records queued for the writer or being
+    written (at most 2 whole ones: a slot of ctx positions, 4 checkpoints) plus one image of a slot."""
+    record = 24 + slot_bytes + KV_MAX_CHECKPOINTS * (4 + checkpoint)
+    return 2 * record + slot_bytes + KV_MAX_CHECKPOINTS * checkpoint
+
+
+def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, persist=0):
     """The engine's split of a RAM budget (bytes; None or 0: no budget, every expert mapped):
-    dense trunk + KV + runtime + state checkpoints + grammar fixed, the grammar's mask cache
+    dense trunk + KV + runtime + state checkpoints + grammar + KV writer fixed, the grammar's mask cache
     elastic (a 16th of the budget beyond its minimum, at most 64 MiB), the expert cache in whole
     slots of the rest. Returns streaming, dense, cap (slots per MoE layer), cache (bytes),
     mask_cache, min_ram (smallest budget that fits) and fits."""
     ex = scan["experts"]
     dense = scan["tensor_bytes"] - scan["expert_bytes"] + scan["dense_f32_bytes"]
-    fixed = dense + kv + runtime + checkpoints + grammar
+    fixed = dense + kv + runtime + checkpoints + grammar + persist
     n, E = ex["layers"], ex["per_layer"] if ex["layers"] else 0
     per_cap = n * ex["slot_bytes"]
     mask_max = MASK_CACHE_MAX if grammar else 0
     out = {"streaming": bool(ram or cap), "dense": dense, "kv": kv, "runtime": runtime, "cap": E, "cache": 0,
-           "checkpoints": checkpoints, "grammar": grammar, "mask_cache": mask_max,
+           "checkpoints": checkpoints, "grammar": grammar, "persist": persist, "mask_cache": mask_max,
            "slot_bytes": ex["slot_bytes"], "fits": True}
     if not out["streaming"]:
         out["min_ram"] = fixed + E * per_cap
@@ -165,9 +172,10 @@ def kv_state(scan, ctx, kv=None):
 
 
 def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
-         batch=None, threads=None, measured_tok_s=None, kv_type=None, batch_given=False):
+         batch=None, threads=None, measured_tok_s=None, kv_type=None, batch_given=False, kv_persist=False):
     """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s;
-    batch None: the engine's default for this machine's kernel set."""
+    batch None: the engine's default for this machine's kernel set; kv_persist: the engine
+    saves its slots (--kv-dir), so its writer's bound is reserved."""
     if batch is None:
         batch = default_batch(machine["cpu"].get("engine_kernels"))
     a, ex = scan["arch"], scan["experts"]
@@ -183,7 +191,8 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     runtime = runtime_at(batch)
     ckpt = kv_slots * KV_MAX_CHECKPOINTS * checkpoint_bytes(scan, ctx, kv_type)
     grammar = grammar_reserve(a["vocab"] or 0, kv_slots) if scan["tokenizer_bytes"] else 0
-    split_at = lambda r: budget_split(scan, budget, kv, r, cap, ckpt, grammar)  # noqa: E731
+    writer = kv_writer_reserve(kv_slot, checkpoint_bytes(scan, ctx, kv_type)) if kv_persist else 0
+    split_at = lambda r: budget_split(scan, budget, kv, r, cap, ckpt, grammar, writer)  # noqa: E731
     split = split_at(runtime)
     if budget and not split["fits"] and not batch_given:
         # the engine takes a smaller prefill batch before it refuses (c/engine_stream.c)
@@ -199,7 +208,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     expert_each = ex["bytes_each"]
     notes, problems = [], []
     mask_cache = split["mask_cache"] if split["fits"] else 0
-    fixed = dense + kv + runtime + ckpt + grammar + mask_cache
+    fixed = dense + kv + runtime + ckpt + grammar + writer + mask_cache
     if budget is None:
         problems.append("available memory is unknown; pass --ram GB")
     elif not split["fits"]:
@@ -264,7 +273,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     return {
         "budget": budget, "budget_source": "--ram" if ram is not None else f"{int(BUDGET_SHARE * 100)}% of usable memory",
         "ctx": ctx, "kv_slots": kv_slots, "threads": threads, "batch": batch,
-        "tiers": {"dense": dense, "runtime": runtime, "kv": kv, "checkpoints": ckpt, "grammar": grammar,
+        "tiers": {"dense": dense, "runtime": runtime, "kv": kv, "checkpoints": ckpt, "grammar": grammar, "kv_writer": writer,
                   "mask_cache": mask_cache, "expert_cache": cache_used,
                   "free": (budget - fixed - cache_used) if budget is not None else None},
         "kv_bytes_per_token_per_slot": kv_per_token, "kv_fixed_bytes_per_slot": kv_fixed,
@@ -277,7 +286,8 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
         "planned": planned,
         # the engine's READY fields for this budget (tests/test_budget_agreement.py)
         "engine_split": {"ram_budget": budget or 0, "dense_bytes": dense, "kv_bytes": kv, "runtime_bytes": runtime,
-                         "checkpoint_bytes": ckpt, "grammar_bytes": grammar, "mask_cache_bytes": split["mask_cache"],
+                         "checkpoint_bytes": ckpt, "grammar_bytes": grammar, "kv_writer_bytes": writer,
+                         "mask_cache_bytes": split["mask_cache"],
                          "expert_cache_bytes": split["cache"], "cap": split["cap"] if split["fits"] else None,
                          "experts": E if n_moe else 0, "moe_layers": n_moe, "batch": batch},
         "problems": problems,
@@ -356,6 +366,8 @@ def format_plan(res):
             f"  {'grammar':<14}{fmt_bytes(t['grammar']):>12}   "
             + ("(vocabulary trie and matcher scratch, built on the first grammar request)" if t["grammar"]
                else "(none: no tokenizer.json, so no grammar requests)"),
+            *([f"  {'KV writer':<14}{fmt_bytes(t['kv_writer']):>12}   (--kv-dir: records queued for the disk, "
+               "two whole slots' worth, and one slot's image)"] if t.get("kv_writer") else []),
             f"  {'mask cache':<14}{fmt_bytes(t['mask_cache']):>12}   "
             + (f"(elastic: 1/{MASK_CACHE_SHARE} of the budget beyond its minimum, at most "
                f"{fmt_bytes(MASK_CACHE_MAX)}; masks past it are rebuilt)" if t["grammar"] else ""),
@@ -391,6 +403,8 @@ def add_arguments(p):
         kv_slots={"default": 1, "help": "KV slots (concurrent conversations, default 1)"},
         cap={"help": "expert cache slots per layer to plan with (default: as many as fit)"},
         threads={"help": "compute threads to plan with (default: usable CPUs)"})
+    p.add_argument("--kv-persist", action="store_true", dest="kv_persist",
+                   help="plan for an engine that saves its KV slots (--kv-dir; coli serve does by default)")
     p.add_argument("--mem-bw", type=float, dest="mem_bw", metavar="GB/s", help="memory read bandwidth (default: measured)")
     p.add_argument("--disk-bw", type=float, dest="disk_bw", metavar="GB/s",
                    help="disk read bandwidth with O_DIRECT (default: measured on the model's shards)")
@@ -470,7 +484,8 @@ def build(args):
             pass
         res["plan"] = plan(scan, machine, ram=int(args.ram * GB) if args.ram else None, ctx=args.ctx,
                            kv_slots=args.kv_slots, cap=args.cap, mem_bw=mem_bw, disk_bw=disk_bw,
-                           threads=args.threads, measured_tok_s=measured, kv_type=args.kv)
+                           threads=args.threads, measured_tok_s=measured, kv_type=args.kv,
+                           kv_persist=getattr(args, "kv_persist", False))
     return res
 
 

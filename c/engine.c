@@ -197,16 +197,33 @@ static void restore_slots(Engine *e, const char *dir) {
 }
 
 /* Hands the slot's turn to the writer: only the positions since the last record (or since the
- * lowest point the slot was cut back to), copied, so the loop never waits for the disk. */
+ * lowest point the slot was cut back to), copied, so the loop never waits for the disk while the
+ * writer keeps within its bound (kv_writer.h); the whole slot when the writer says the files need it. */
 void engine_persist_slot(Engine *e, int slot) {
     if (!e->kv_writer) return;
     KvCache *kv = &e->slots[slot];
     int n0 = e->low_water[slot] < e->disk_n[slot] ? e->low_water[slot] : e->disk_n[slot];
-    if (kv_writer_needs_full(e->kv_writer, slot) || n0 > kv->n) n0 = 0;
+    if (n0 > kv->n) n0 = 0;
+    size_t len = kv_record_size(kv, n0);
+    if (n0 && kv_writer_next_full(e->kv_writer, slot, len)) len = kv_record_size(kv, n0 = 0);
     KvRecord r;
-    if (kv_record_build(kv, n0, &r)) { fprintf(stderr, "colibri: no memory to save KV slot %d\n", slot); return; }
-    kv_writer_submit(e->kv_writer, slot, r);
+    if (len) kv_writer_admit(e->kv_writer, slot, n0 == 0, len);
+    if (!len || kv_record_build(kv, n0, &r)) {
+        if (len) kv_writer_release(e->kv_writer, len);
+        fprintf(stderr, "colibri: no memory to save KV slot %d\n", slot);
+        return;
+    }
+    kv_writer_submit(e->kv_writer, slot, r, kv_save_size(kv)); /* used when the record is whole */
     e->disk_n[slot] = e->low_water[slot] = kv->n;
+}
+
+void engine_persist_fields(Engine *e, char *buf, size_t n) {
+    if (!e->kv_writer || !n) return;
+    size_t peak;
+    unsigned long waits;
+    kv_writer_stats(e->kv_writer, &peak, &waits);
+    size_t k = strlen(buf);
+    snprintf(buf + k, n - k, " kv_queue_peak_bytes=%zu kv_writer_waits=%lu", peak, waits);
 }
 
 void engine_close(Engine *e) {

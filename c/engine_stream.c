@@ -10,6 +10,7 @@
 
 #include "container.h"
 #include "grammar.h"
+#include "kv_writer.h"
 #include "protocol.h"
 
 #define READAHEAD_DEFAULT 0 /* measured: see docs/architecture.md */
@@ -85,6 +86,7 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     if (!o->logits_rows) { /* a server's turn boundaries keep checkpoints; a tokenizer allows grammars */
         in->checkpoints = (uint64_t)slots * KV_MAX_CHECKPOINTS * kv_checkpoint_bytes(&e->model.a, kv_ctx);
         in->grammar = tok_bytes ? grammar_reserve_bytes(e->model.a.vocab, streams) : 0;
+        in->persist = o->kv_dir ? kv_writer_reserve(&e->model.a, kv_ctx) : 0; /* its records and image */
     }
     /* A tight budget takes a smaller prefill batch before it refuses (unless --batch was given):
      * scratch and a chunk of logits grow with it, results do not depend on it. */
@@ -121,9 +123,9 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     if (in->ram) snprintf(total, sizeof total, "%.3f GB", in->ram / 1e9);
     if (b->streaming || in->ram)
         fprintf(stderr, "colibri: ram budget %s = dense %.1f MB + kv %.1f MB + runtime %.1f MB + checkpoints %.1f MB + "
-                "grammar %.1f MB + mask cache %.1f MB + expert cache %.1f MB (cap %d of %d per layer, %d pinned)\n",
-                total, in->dense / 1e6, in->kv / 1e6, in->runtime / 1e6, in->checkpoints / 1e6, in->grammar / 1e6,
-                b->mask_cache / 1e6, b->cache / 1e6, b->cap, in->experts, s->pinned);
+                "grammar %.1f MB + kv writer %.1f MB + mask cache %.1f MB + expert cache %.1f MB (cap %d of %d per layer, "
+                "%d pinned)\n", total, in->dense / 1e6, in->kv / 1e6, in->runtime / 1e6, in->checkpoints / 1e6,
+                in->grammar / 1e6, in->persist / 1e6, b->mask_cache / 1e6, b->cache / 1e6, b->cap, in->experts, s->pinned);
     return 0;
 }
 
@@ -136,11 +138,11 @@ void engine_stream_ready(const Engine *e, char *buf, size_t n) {
     const BudgetIn *in = &e->budget_in;
     const ExpertStore *s = &e->store;
     snprintf(buf, n, " ram_budget=%llu dense_bytes=%llu kv_bytes=%llu runtime_bytes=%llu checkpoint_bytes=%llu "
-             "grammar_bytes=%llu mask_cache_bytes=%llu expert_cache_bytes=%llu cap=%d "
+             "grammar_bytes=%llu kv_writer_bytes=%llu mask_cache_bytes=%llu expert_cache_bytes=%llu cap=%d "
              "experts=%d moe_layers=%d expert_bytes=%llu pinned=%d direct=%d readahead=%d",
              (unsigned long long)in->ram, (unsigned long long)in->dense, (unsigned long long)in->kv,
              (unsigned long long)in->runtime, (unsigned long long)in->checkpoints, (unsigned long long)in->grammar,
-             (unsigned long long)e->budget.mask_cache, (unsigned long long)e->budget.cache, e->budget.cap, in->experts,
+             (unsigned long long)in->persist, (unsigned long long)e->budget.mask_cache, (unsigned long long)e->budget.cache, e->budget.cap, in->experts,
              in->moe_layers, (unsigned long long)s->expert_bytes, s->pinned, s->streaming && s->direct,
              s->streaming && s->readahead);
 }

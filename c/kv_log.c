@@ -16,6 +16,7 @@ typedef struct {
     char magic[8];
     uint64_t fingerprint, base_sum;
 } LogHeader;
+_Static_assert(sizeof(LogHeader) == KV_LOG_HEADER, "kv_log.h KV_LOG_HEADER");
 
 typedef struct {
     uint32_t magic, n0, n1, n_ck; /* n_ck: the slot's turn-boundary checkpoints after n1 (kv_checkpoint) */
@@ -47,10 +48,23 @@ static size_t record_len(const KvCache *kv, int n0, int n1, int n_ck) {
     return len;
 }
 
+/* n0 lowered to the start of a group of rows a layer fills later: the turn may have rewritten them. */
+static int settled(const KvCache *kv, int n0) {
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->layer[l].settle > 1 && n0 % kv->layer[l].settle) n0 -= n0 % kv->layer[l].settle;
+    return n0;
+}
+
+size_t kv_record_size(const KvCache *kv, int n0) { return record_len(kv, settled(kv, n0), kv->n, kv->n_ck); }
+
+size_t kv_record_max(const Arch *a, int ctx) {
+    return sizeof(RecHead) + sizeof(uint64_t) + kv_bytes(a, ctx) +
+           KV_MAX_CHECKPOINTS * (sizeof(int32_t) + kv_checkpoint_bytes(a, ctx));
+}
+
 int kv_record_build(const KvCache *kv, int n0, KvRecord *r) {
     const int n1 = kv->n;
-    for (int l = 0; l < kv->n_layers; l++) /* rows the turn may have rewritten: from their open group on */
-        if (kv->layer[l].settle > 1 && n0 % kv->layer[l].settle) n0 -= n0 % kv->layer[l].settle;
+    n0 = settled(kv, n0);
     r->n0 = n0;
     r->n1 = n1;
     r->len = record_len(kv, n0, n1, kv->n_ck);
@@ -103,19 +117,19 @@ void kv_record_apply(KvCache *kv, const KvRecord *r) {
         if (y->fixed_bytes) memcpy(y->fixed, p, y->fixed_bytes);
         p += y->fixed_bytes;
     }
+    /* straight from the record into the slot, one checkpoint at a time: no scratch copy of them all,
+     * so the writer's image costs what the RAM budget reserves for it (kv_writer_reserve) */
     RecHead h;
     memcpy(&h, r->buf, sizeof h);
-    int32_t pos[KV_MAX_CHECKPOINTS];
     const size_t ckb = kv_ck_bytes(kv);
-    unsigned char *bytes = h.n_ck ? malloc(ckb * h.n_ck + 1) : NULL;
-    int n_ck = bytes ? (int)h.n_ck : 0; /* out of memory: no checkpoints, reuse falls back further */
-    for (int i = 0; i < n_ck; i++) {
-        memcpy(&pos[i], p, sizeof(int32_t));
-        memcpy(bytes + (size_t)i * ckb, p + sizeof(int32_t), ckb);
-        p += sizeof(int32_t) + ckb;
+    kv_set_checkpoints(kv, 0, NULL, NULL);
+    for (uint32_t i = 0; i < h.n_ck && i < KV_MAX_CHECKPOINTS; i++, p += sizeof(int32_t) + ckb) {
+        unsigned char *ck = malloc(ckb ? ckb : 1);
+        if (!ck) break; /* out of memory: fewer checkpoints, reuse falls back further */
+        memcpy(&kv->ck_pos[kv->n_ck], p, sizeof(int32_t));
+        memcpy(ck, p + sizeof(int32_t), ckb);
+        kv->ck[kv->n_ck++] = ck;
     }
-    kv_set_checkpoints(kv, n_ck, pos, bytes);
-    free(bytes);
     kv->n = n1;
 }
 

@@ -23,8 +23,14 @@ typedef struct {
  * any group of rows a layer fills later (StateDesc.settle); 0, or -1 out of memory. */
 int kv_record_build(const KvCache *kv, int n0, KvRecord *r);
 void kv_record_free(KvRecord *r);
+/* The bytes kv_record_build(kv, n0) will allocate (0: too large for a size_t). */
+size_t kv_record_size(const KvCache *kv, int n0);
+/* The largest record a slot of ctx positions can need: all of it, with every checkpoint. */
+size_t kv_record_max(const Arch *a, int ctx);
 /* Applies a record (built here, or read and checked by kv_log_replay) to kv. */
 void kv_record_apply(KvCache *kv, const KvRecord *r);
+
+#define KV_LOG_HEADER 24 /* bytes before a log's first record: magic, fingerprint, the base's checksum */
 
 /* The checksum that ends a base file (its identity for the log); 0 ok, -1 unreadable. */
 int kv_file_sum(const char *path, uint64_t *sum);

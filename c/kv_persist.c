@@ -123,6 +123,11 @@ static int expected_size(const KvCache *kv, uint64_t n, uint64_t n_ck, uint64_t 
     return 0;
 }
 
+uint64_t kv_save_size(const KvCache *kv) {
+    uint64_t s;
+    return expected_size(kv, (uint64_t)kv->n, (uint64_t)kv->n_ck, &s) ? 0 : s;
+}
+
 /* No inf or NaN among the cache's elements (f32, f16 or bf16 as the slot keeps them): a planted
  * value would poison every later attention score silently. */
 static int all_finite(const void *p, size_t bytes, QType type) {

@@ -22,7 +22,7 @@ static const char *human(uint64_t b) {
 
 int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errlen) {
     *out = (BudgetOut){0};
-    const uint64_t fixed = in->dense + in->kv + in->runtime + in->checkpoints + in->grammar;
+    const uint64_t fixed = in->dense + in->kv + in->runtime + in->checkpoints + in->grammar + in->persist;
     const int E = in->moe_layers > 0 ? in->experts : 0;
     if (in->cap && !E) {
         snprintf(err, errlen, "--cap %d: this model has no routed experts to cache", in->cap);
@@ -47,10 +47,14 @@ int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errle
                          human(in->kv), human(in->runtime), in->moe_layers, in->cap, human(in->slot_bytes), in->cap,
                          gb_up(out->min_ram));
             else
+            {
+                char writer[64] = ""; /* named only with --kv-dir, so the message is unchanged without */
+                if (in->persist) snprintf(writer, sizeof writer, " + kv writer %s (--kv-dir)", human(in->persist));
                 snprintf(err, errlen, "--ram %g GB cannot hold dense %s + kv %s + runtime %s + checkpoints %s + grammar "
-                         "%s%s; give at least --ram %.2f (or lower --ctx / --kv-slots)", in->ram / GB, human(in->dense),
-                         human(in->kv), human(in->runtime), human(in->checkpoints), human(in->grammar),
+                         "%s%s%s; give at least --ram %.2f (or lower --ctx / --kv-slots)", in->ram / GB, human(in->dense),
+                         human(in->kv), human(in->runtime), human(in->checkpoints), human(in->grammar), writer,
                          E ? " + one expert slot per MoE layer" : "", gb_up(out->min_ram));
+            }
             return -1;
         }
         /* elastic: what the budget has beyond its minimum pays for it first, in a small share */

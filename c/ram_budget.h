@@ -1,6 +1,6 @@
 /* The RAM budget split (docs/architecture.md, "Expert streaming"): a pure function of the
  * sizes, so `coli plan` can reproduce it and a unit test can pin it down.
- *   dense + kv + runtime + checkpoints + grammar are fixed; the grammar's mask cache is elastic
+ *   dense + kv + runtime + checkpoints + grammar + persist are fixed; the grammar's mask cache is elastic
  *   (a 16th of what the budget has beyond its minimum, at most GRAMMAR_MASK_CACHE_MAX); the
  *   expert cache gets the rest, in whole slots:
  *   cap = min(E, floor((ram - fixed - mask_cache) / (moe_layers * slot_bytes))). */
@@ -14,6 +14,7 @@ typedef struct {
     uint64_t dense, kv, runtime;
     uint64_t checkpoints;    /* turn-boundary copies of recurrent state and rings, every slot */
     uint64_t grammar;        /* the grammar's vocabulary trie and per-run scratch; 0: no tokenizer */
+    uint64_t persist;        /* what the --kv-dir writer may hold (kv_writer_reserve); 0: no --kv-dir */
     int moe_layers, experts; /* experts: E of the widest MoE layer (0 without MoE) */
     uint64_t slot_bytes;     /* what one cached expert costs */
     int cap;                 /* --cap; 0: derive it */

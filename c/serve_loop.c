@@ -166,6 +166,7 @@ static void stream_finish(Loop *L, Stream *s) {
             snprintf(stats + k, sizeof stats - k, " grammar_ms=%.2f grammar_masks=%llu", s->t_grammar,
                      (unsigned long long)(gs.masks_built - s->masks_before));
         }
+        engine_persist_fields(e, stats, sizeof stats);
         if (f->routing) engine_stream_routing_since(e, &s->mark, f->id);
         emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
                   "decode_tok_s=%.1f finish=%s%s",

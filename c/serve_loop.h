@@ -20,5 +20,7 @@ int engine_emit_logprob(const Engine *e, const char *id, const float *logits, in
 int engine_is_eos(const Arch *a, int tok);
 /* engine.c: writes the slot to --kv-dir (nothing without one). */
 void engine_persist_slot(Engine *e, int slot);
+/* Appends the KV writer's END fields (kv_queue_peak_bytes, kv_writer_waits) to buf; nothing without --kv-dir. */
+void engine_persist_fields(Engine *e, char *buf, size_t n);
 
 #endif

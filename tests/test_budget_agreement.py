@@ -13,7 +13,8 @@ import streaming_model
 from colibri import engine_client
 
 ROOT = Path(__file__).resolve().parents[1]
-FIELDS = ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "checkpoint_bytes", "grammar_bytes", "mask_cache_bytes",
+FIELDS = ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "checkpoint_bytes", "grammar_bytes", "kv_writer_bytes",
+          "mask_cache_bytes",
           "expert_cache_bytes", "cap", "experts", "moe_layers",
           "batch")
 
@@ -34,9 +35,10 @@ def models(oracle_root, tmp_path_factory):
     return out
 
 
-def planned(model, ram, ctx, slots, threads, cap=None, kv=None):
+def planned(model, ram, ctx, slots, threads, cap=None, kv=None, persist=False):
     args = ["plan", "--json", "--no-measure", "--model", model, "--ram", ram, "--ctx", ctx, "--kv-slots", slots,
-            "--threads", threads] + (["--cap", cap] if cap else []) + (["--kv", kv] if kv else [])
+            "--threads", threads] + (["--cap", cap] if cap else []) + (["--kv", kv] if kv else []) + \
+        (["--kv-persist"] if persist else [])
     r = coli(*args)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["plan"]
@@ -73,3 +75,13 @@ def test_a_budget_the_plan_refuses_the_engine_refuses(models):
         engine_client.Engine(models["streaming"], ctx=256, kv_slots=1, threads=1, extra=["--ram", "0.01"])
     want = math.ceil(p["min_ram"] / 1e7) / 100  # the engine rounds the smallest budget up to 0.01 GB
     assert f"give at least --ram {want:.2f}" in e.value.message
+
+
+@pytest.mark.parametrize("name", ["streaming", "qwen3_5_moe"])
+def test_plan_counts_the_kv_writer_as_the_engine_does(models, name, tmp_path):
+    """With --kv-dir the engine reserves its KV writer's bound; `coli plan --kv-persist` the same
+    bytes, and the rest of the split follows from it alike."""
+    p = planned(models[name], "0.2", 256, 2, 2, persist=True)
+    with engine_client.Engine(models[name], ctx=256, kv_slots=2, threads=2, kv_dir=tmp_path, extra=["--ram", "0.2"]) as eng:
+        ready = {k: int(eng.info[k]) for k in FIELDS}
+    assert ready["kv_writer_bytes"] > 0 and p["engine_split"] == ready

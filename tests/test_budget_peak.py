@@ -16,15 +16,18 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"ty
           "required": ["name", "n", "tags"]}
 
 
-def workload(model, ram, grammar, turns=6, streams=4, max_tokens=16):
+def workload(model, ram, grammar, turns=6, streams=4, max_tokens=16, kv_dir=None, then=None, hist=None, turn0=0):
     """Runs `turns` rounds of `streams` concurrent requests, one KV slot each, every prompt the
-    slot's history plus a few tokens; returns READY's fields and every END's fields."""
+    slot's history plus a few tokens; then(eng, hist), if given, runs in the same engine after
+    them. hist and turn0 continue an earlier run's histories (extended in place) and seeds.
+    Returns READY's fields and every END's fields."""
     g = schema_grammar(SCHEMA) if grammar else None
     ends = []
-    with engine_client.Engine(model, ctx=512, kv_slots=streams, threads=2,
+    with engine_client.Engine(model, ctx=512, kv_slots=streams, threads=2, kv_dir=kv_dir,
                               extra=["--ram", str(ram), "--parallel", str(streams)]) as eng:
-        hist = [[1, 2, 3] for _ in range(streams)]
-        for t in range(turns):
+        if hist is None:
+            hist = [[1, 2, 3] for _ in range(streams)]
+        for t in range(turn0, turn0 + turns):
             rids = {}
             for s in range(streams):
                 opts = dict(slot=s, max_tokens=max_tokens, temp=1.0, seed=10 * t + s)
@@ -42,6 +45,8 @@ def workload(model, ram, grammar, turns=6, streams=4, max_tokens=16):
                     raise AssertionError(f"{f}: {body!r}")
             for s in range(streams):
                 hist[s] += [5, 6, 7, 8]
+        if then:
+            then(eng, hist)
         return eng.info, ends
 
 
@@ -72,3 +77,58 @@ def test_a_budget_without_room_for_the_checkpoints_is_refused():
     with pytest.raises(engine_client.EngineError) as e:
         workload(recurrent_model.container(), 0.052, grammar=False, turns=1)
     assert "checkpoints 52.1 MB" in e.value.message and "give at least --ram 0.10" in e.value.message
+
+
+def greedy_turns(eng, hist):
+    """One greedy turn on each slot's history: (reused tokens, tokens) per slot."""
+    out = []
+    for s, ids in enumerate(hist):
+        ev = list(eng.generate(ids, slot=s, max_tokens=6, temp=0, ignore_eos=1))
+        out.append((ev[0][2], [e[1] for e in ev if e[0] == "data" and e[1] >= 0]))
+    return out
+
+
+def test_kv_persistence_stays_within_the_budget(tmp_path):
+    """With --kv-dir every turn's record goes to a writer thread; four streams ending turns faster
+    than the disk takes their checkpoints used to queue copies without bound (RSS twice the
+    budget). The writer's records are bounded (two whole slots' worth, a newer turn of a slot
+    replacing its queued one) and the budget reserves them plus the writer's image of a slot;
+    nothing is lost: after EOF the slots restore to exactly what the live engine held."""
+    model = recurrent_model.container()
+    live = []
+    workload(model, 0.16, grammar=False, then=lambda eng, hist: live.append(greedy_turns(eng, hist)))  # no --kv-dir
+    (tmp_path / "kv").mkdir()
+    hist = []
+    info, ends = workload(model, 0.16, grammar=False, kv_dir=tmp_path / "kv", then=lambda eng, h: hist.append(h))
+    assert peak_bytes(ends) <= int(info["ram_budget"])
+    slot, ck = int(info["kv_slot_bytes"]), int(info["checkpoint_bytes"]) // (4 * 4)
+    record_max = 24 + slot + 4 * (4 + ck)  # c/kv_log.c kv_record_max: a whole slot with its checkpoints
+    assert int(info["kv_writer_bytes"]) == 2 * record_max + slot + 4 * ck  # the records' bound + one image
+    assert max(int(e["kv_queue_peak_bytes"]) for e in ends) <= 2 * record_max
+    with engine_client.Engine(model, ctx=512, kv_slots=4, threads=2, kv_dir=tmp_path / "kv",
+                              extra=["--ram", "0.16", "--parallel", "4"]) as eng:
+        assert sum("restored KV slot" in line for line in eng.stderr_tail) == 4
+        assert greedy_turns(eng, hist[0]) == live[0]  # the same reuse and the same tokens as the live slots
+
+
+@pytest.mark.parametrize("name, ram", [("recurrent", 0.16), ("big_vocab", 0.3)])
+def test_kv_files_do_not_depend_on_how_far_the_disk_has_got(name, ram, tmp_path):
+    """Turns sent as fast as they end (the writer behind, records queued) leave the same files
+    as the same turns with the writer drained after each (a fresh engine per round: EOF drains
+    it, and the next one resumes from the files): which record is whole, and so when a log is
+    compacted, follows from the files' sizes, never from timing, and no record is dropped. The
+    recurrent model's records carry its large state, so each is whole (a new base every turn); the
+    other's are small deltas appended to logs."""
+    model = {"recurrent": recurrent_model, "big_vocab": big_vocab_model}[name].container()
+    fast, drained = tmp_path / "fast", tmp_path / "drained"
+    fast.mkdir()
+    drained.mkdir()
+    workload(model, ram, grammar=False, turns=4, kv_dir=fast)
+    hist = [[1, 2, 3] for _ in range(4)]
+    for t in range(4):
+        workload(model, ram, grammar=False, turns=1, kv_dir=drained, hist=hist, turn0=t)
+    names = sorted(p.name for p in fast.iterdir() if p.name.startswith(".coli_kv") and p.name != ".coli_kv.lock")
+    assert names == sorted(p.name for p in drained.iterdir() if p.name.startswith(".coli_kv") and p.name != ".coli_kv.lock")
+    assert len(names) == (4 if name == "recurrent" else 8)  # a base per slot, and the small records' logs
+    for n in names:
+        assert (fast / n).read_bytes() == (drained / n).read_bytes(), n

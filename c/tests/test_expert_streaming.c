@@ -60,6 +60,13 @@ static void test_budget(void) {
     g.ram = 53999999;
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == -1 && strstr(err, "checkpoints 8.0 MB") &&
           strstr(err, "grammar 2.0 MB") && strstr(err, "--ram 0.06"), "%s", err);
+    g.persist = 5000000; /* --kv-dir: the writer's bound is fixed too, and named when it does not fit */
+    CHECK(ram_budget_split(&g, &o, err, sizeof err) == -1 && strstr(err, "kv writer 5.0 MB (--kv-dir)") &&
+          strstr(err, "--ram 0.06"), "%s", err);
+    g.ram = 59000000;
+    CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.min_ram == 59000000ull && o.cap == 1, "min_ram %llu",
+          (unsigned long long)o.min_ram);
+    g.persist = 0;
     g.grammar = 0; g.ram = 0; /* no tokenizer: no grammar, no masks */
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.mask_cache == 0, "no grammar: no mask cache");
 }

@@ -132,7 +132,7 @@ static void test_writer(void) {
     unlink(base);
     KvWriter *w = kv_writer_start(dir, 1, &a, CTX, FP);
     CHECK(w != NULL, "writer");
-    CHECK(kv_writer_needs_full(w, 0), "no base yet: the first record is whole");
+    CHECK(kv_writer_next_full(w, 0, 1), "no base yet: the first record is whole");
     KvCache kv;
     kv_init(&kv, &a, CTX);
     int sent = 0;
@@ -140,11 +140,17 @@ static void test_writer(void) {
         if (turn == 3) kv.n = 4;           /* one rewind */
         int n0 = turn == 0 ? 0 : (turn == 3 ? 4 : sent);
         grow(&kv, kv.n + 3, turn);
+        CHECK(turn == 0 || !kv_writer_next_full(w, 0, kv_record_size(&kv, n0)), "turn %d: a small delta", turn);
         KvRecord r;
-        CHECK(kv_record_build(&kv, n0, &r) == 0, "build");
-        kv_writer_submit(w, 0, r);
+        kv_writer_admit(w, 0, n0 == 0, kv_record_size(&kv, n0));
+        CHECK(kv_record_build(&kv, n0, &r) == 0 && r.len == kv_record_size(&kv, n0), "build");
+        kv_writer_submit(w, 0, r, kv_save_size(&kv));
         sent = kv.n;
     }
+    size_t peak;
+    unsigned long waits;
+    kv_writer_stats(w, &peak, &waits);
+    CHECK(peak > 0 && peak <= KV_WRITER_RECORDS * kv_record_max(&a, CTX), "held %zu: within the bound", peak);
     kv_writer_stop(w);
     KvCache back;
     char note[200];

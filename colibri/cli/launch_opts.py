@@ -96,8 +96,9 @@ def budget_line(info, batch=None):
     line = (f"RAM budget {b['ram_budget'] / 1e9:.2f} GB: dense {mb('dense_bytes')} + KV {mb('kv_bytes')} + "
             f"runtime {mb('runtime_bytes')} + "
             + "".join(f"{name} {fmt_bytes(int(info[k]))} + " for name, k in
-                      (("checkpoints", "checkpoint_bytes"), ("grammar", "grammar_bytes"), ("mask cache", "mask_cache_bytes"))
-                      if info.get(k, "0").isdigit() and int(info[k]))
+                      (("checkpoints", "checkpoint_bytes"), ("grammar", "grammar_bytes"), ("KV writer", "kv_writer_bytes"),
+                       ("mask cache", "mask_cache_bytes"))
+                      if info.get(k, "0").isdigit() and int(info.get(k, "0")))
             + f"expert cache {mb('expert_cache_bytes')}")
     if b["experts"]:
         line += (f" ({b['cap']} of {b['experts']} experts per layer"
