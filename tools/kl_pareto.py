@@ -224,7 +224,7 @@ def run(args):
         raise Fail("--gguf needs --llama-perplexity and --gguf-ref (the unquantized GGUF the KL is measured against)")
     if cols and not args.colibri_ref:
         raise Fail("--colibri needs --colibri-ref (the unquantized bf16 container the KL is measured against)")
-    rows = []
+    rows = _Rows()
     if gguf:
         base = work / "llama-base.kld"
         out = llama_run(args.llama_perplexity, args.gguf_ref, args, ["--kl-divergence-base", str(base)])
@@ -259,6 +259,13 @@ def run(args):
     else:
         print(table(rows))
     return rows
+
+
+class _Rows(list):
+    """The result rows, each also logged to stderr when measured, so a late failure keeps the earlier ones."""
+    def append(self, row):
+        print("row: " + json.dumps(row), file=sys.stderr, flush=True)
+        super().append(row)
 
 
 def _ppl_from_base_run(text):
