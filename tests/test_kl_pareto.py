@@ -94,10 +94,12 @@ def test_base_file_tokens_and_first_mismatch(tmp_path):
 
 def test_table_marks_the_references():
     rows = [{"engine": "llama.cpp", "format": "bf16.gguf (reference)", "reference": True, "bytes": 2e6, "ppl": 3.0},
-            {"engine": "colibri", "format": "q4/q8", "bytes": 1.5e6, "kl_mean": 0.01, "top1": 0.95, "ppl": 3.1}]
+            {"engine": "colibri", "format": "q4/q8", "bytes": 1.5e6, "kl_mean": 7.06e-6, "top1": 0.95, "ppl": 3.1},
+            {"engine": "llama.cpp", "format": "Q4_0", "bytes": 1.2e6, "kl_mean": 5.33e-4, "kl_err": 1e-6, "top1": 0.849}]
     t = kl_pareto.table(rows).splitlines()
     assert t[2] == "| llama.cpp | bf16.gguf (reference) | 2.0 | 0 (reference) | 100 % (reference) | 3.0000 |"
-    assert t[3] == "| colibri | q4/q8 | 1.5 | 0.01000 | 95.00 % | 3.1000 |"
+    assert t[3] == "| colibri | q4/q8 | 1.5 | 7.06e-06 | 95.00 % | 3.1000 |"
+    assert t[4] == "| llama.cpp | Q4_0 | 1.2 | 5.33e-04 ± 1e-06 | 84.90 % | - |"
 
 
 FAKE = """#!{python}

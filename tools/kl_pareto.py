@@ -195,8 +195,9 @@ def table(rows):
     out = ["| engine | format | MB read per decoded token | mean KL | top-1 agreement | PPL |",
            "|---|---|---|---|---|---|"]
     for r in rows:
-        kl = "0 (reference)" if r.get("reference") else f"{r['kl_mean']:.5f}" + (
-            f" ± {r['kl_err']:.5f}" if r.get("kl_err") else "")
+        # KLs of a random-weight model are small: scientific notation keeps their digits
+        kl = "0 (reference)" if r.get("reference") else f"{r['kl_mean']:.2e}" + (
+            f" ± {r['kl_err']:.0e}" if r.get("kl_err") else "")
         top = "100 % (reference)" if r.get("reference") else f"{100 * r['top1']:.2f} %"
         ppl = f"{r['ppl']:.4f}" if r.get("ppl") else "-"
         out.append(f"| {r['engine']} | {r['format']} | {r['bytes'] / 1e6:.1f} | {kl} | {top} | {ppl} |")
