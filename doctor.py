@@ -293,6 +293,9 @@ def check_memory(rep, d, man, mem):
     ckpt = resource_plan.KV_MAX_CHECKPOINTS * resource_plan.checkpoint_bytes(scan, ctx)
     grammar = resource_plan.grammar_reserve(scan["arch"]["vocab"] or 0, 1) if scan["tokenizer_bytes"] else 0
     split = resource_plan.budget_split(scan, budget, kv, runtime, checkpoints=ckpt, grammar=grammar)
+    # `coli serve` saves its KV slots by default, and its writer's bound is reserved too
+    writer = resource_plan.kv_writer_reserve(kv, resource_plan.checkpoint_bytes(scan, ctx))
+    served = resource_plan.budget_split(scan, budget, kv, runtime, checkpoints=ckpt, grammar=grammar, persist=writer)
     gb = fmt_bytes
     parts = f"dense {gb(split['dense'])} + {ctx}-token KV {gb(kv)} + runtime {gb(runtime)}" + \
         (f" + checkpoints {gb(ckpt)}" if ckpt else "") + (f" + grammar {gb(grammar)}" if grammar else "")
@@ -300,11 +303,17 @@ def check_memory(rep, d, man, mem):
         return rep.add("memory", "fail", f"{parts} need {gb(split['min_ram'])} but the default budget (90% of "
                        f"available memory) is {gb(budget)}: the engine will refuse to start",
                        "free memory, lower --ctx, or convert with a smaller dense quantization (`--dense q8`)")
+    if not served["fits"]:
+        return rep.add("memory", "warn", f"{parts} fit the default budget {gb(budget)}, but saving KV slots (`coli serve` "
+                       f"does by default) reserves {gb(writer)} more, {gb(served['min_ram'])} in all with one slot: "
+                       "`coli serve` will refuse to start", "serve with --no-kv-persist, lower --ctx, or free memory")
+    serve_note = f"; saving KV slots (`coli serve` does by default) reserves {gb(writer)} more"
     E = scan["experts"]["per_layer"]
     if E and split["cap"] < E:
         return rep.add("memory", "pass", f"{parts} fit the default budget {gb(budget)}; {split['cap']} of {E} experts "
-                       "per layer stay in RAM and the rest stream from disk (decoding is bound by disk reads)")
-    return rep.add("memory", "pass", f"{parts}{' + every expert' if E else ''} fit the default budget {gb(budget)}")
+                       f"per layer stay in RAM and the rest stream from disk (decoding is bound by disk reads){serve_note}")
+    return rep.add("memory", "pass", f"{parts}{' + every expert' if E else ''} fit the default budget {gb(budget)}"
+                   f"{serve_note}")
 
 
 def check_disk(rep, d, mem):

@@ -169,3 +169,28 @@ def test_no_model_wrong_path_non_model_dir_and_hf_checkpoint(tmp_path, oracle_ro
     assert by["model"]["status"] == "fail" and "colibri.json" in by["model"]["detail"]
     res, by = doctor_json("--model", Path(oracle_root) / "qwen3_moe" / "hf")
     assert by["model"]["status"] == "fail" and "coli convert" in by["model"]["fix"]
+
+
+def test_memory_names_the_kv_writers_share_and_warns_when_only_serving_would_not_fit(good):
+    """`coli serve` saves its KV slots, and the engine then reserves the writer's bound: a default
+    budget that holds the model but not that bound gets a warning naming --no-kv-persist."""
+    man = json.loads((Path(good) / "colibri.json").read_text())
+
+    def status(budget):
+        rep = doctor.Report()
+        doctor.check_memory(rep, str(good), man, {"default_budget": budget})
+        return rep.checks[-1]
+
+    assert "reserves" in status(1 << 34)["detail"]
+
+    def smallest(ok, lo=1, hi=1 << 34):  # the least budget the predicate accepts
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
+        return lo
+
+    runs = smallest(lambda b: status(b)["status"] != "fail")
+    serves = smallest(lambda b: status(b)["status"] == "pass")
+    assert runs < serves  # the writer's share lies between them
+    warned = status((runs + serves) // 2)
+    assert warned["status"] == "warn" and "--no-kv-persist" in warned["fix"] and "refuse" in warned["detail"]
