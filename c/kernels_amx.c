@@ -15,6 +15,7 @@
  * after the kernel granted this process the tile state (quant.c). */
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels_amx_small.h"
@@ -98,25 +99,56 @@ AMX_INLINE __m512 isum_ps(const int32_t *hi, const int32_t *lo) {
     return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
 }
 
-/* 16 weight rows (w: row 0) x positions t0..t0+n-1 (group g of the packed activations), the
- * whole row. q4 adds the min term. Results to y[(t0+i)*ldy + r]. */
-AMX_INLINE void tile16(const int q4, const unsigned char *w, size_t row_bytes, const QAct *a, const int8_t *packed,
-                       int g, int n, float *y, size_t ldy) {
-    const int nb = a->nb, t0 = g * AMX_TILE_T;
+/* A strip of 16 weight rows made ready once for every position group it meets: q4 blocks
+ * unpacked to int8 (512 bytes a block), each block's scale (and q4 min) as 16 floats. Before,
+ * every 16-position group unpacked and gathered them again, a quarter of a tile's work. */
+typedef struct {
+    int8_t *wq;
+    float *dw, *mw;
+    size_t cap; /* blocks the buffers hold */
+} Strip;
+
+static _Thread_local Strip tl_strip; /* grown to the widest row seen, kept for the next call */
+
+static int strip_reserve(int nb) {
+    if ((size_t)nb <= tl_strip.cap) return 0;
+    int8_t *wq = aligned_alloc(64, (size_t)nb * 512);
+    float *dw = aligned_alloc(64, (size_t)nb * 64), *mw = aligned_alloc(64, (size_t)nb * 64);
+    if (!wq || !dw || !mw) { free(wq); free(dw); free(mw); return -1; }
+    free(tl_strip.wq); free(tl_strip.dw); free(tl_strip.mw);
+    tl_strip = (Strip){wq, dw, mw, (size_t)nb};
+    return 0;
+}
+
+AMX_INLINE void strip_prepare(const int q4, const unsigned char *w, size_t row_bytes, int nb, Strip *st) {
     const size_t bb = q4 ? 20 : 34;
     const __m512i rowoff = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32((int)row_bytes));
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *wb = w + b * bb;
+        const __m512i heads = block_heads(wb, rowoff);
+        _mm512_store_ps(st->dw + 16 * b, f16_lo(heads));
+        if (q4) {
+            _mm512_store_ps(st->mw + 16 * b, f16_hi(heads));
+            q4_unpack16(wb + 4, row_bytes, st->wq + (size_t)b * 512);
+        }
+    }
+}
+
+/* 16 weight rows (w: row 0, made ready in st) x positions t0..t0+n-1 (group g of the packed
+ * activations), the whole row. q4 adds the min term. Results to y[(t0+i)*ldy + r]. */
+AMX_INLINE void tile16(const int q4, const unsigned char *w, size_t row_bytes, const Strip *st, const QAct *a,
+                       const int8_t *packed, int g, int n, float *y, size_t ldy) {
+    const int nb = a->nb, t0 = g * AMX_TILE_T;
     int32_t chi[256] __attribute__((aligned(64))), clo[256] __attribute__((aligned(64)));
-    int8_t wq[512] __attribute__((aligned(64)));
     const int8_t *pk = packed + (size_t)g * nb * 1024;
     /* prefill: acc[r] holds row r against the n positions, one lane each */
     const __mmask16 live = (__mmask16)((1u << n) - 1);
     __m512 acc[16], mins[16];
     for (int r = 0; r < 16; r++) acc[r] = mins[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++, pk += 1024) {
-        const unsigned char *wb = w + b * bb;
-        if (q4) { q4_unpack16(wb + 4, row_bytes, wq); _tile_loadd(0, wq, 32); }
-        else _tile_loadd(0, wb + 2, row_bytes);
+        if (q4) _tile_loadd(0, st->wq + (size_t)b * 512, 32);
+        else _tile_loadd(0, w + b * 34 + 2, row_bytes);
         _tile_loadd(1, pk, 64);
         _tile_loadd(2, pk + 512, 64);
         _tile_zero(3);
@@ -125,10 +157,7 @@ AMX_INLINE void tile16(const int q4, const unsigned char *w, size_t row_bytes, c
         else { _tile_dpbssd(3, 0, 1); _tile_dpbsud(4, 0, 2); }
         _tile_stored(3, chi, 64);
         _tile_stored(4, clo, 64);
-        const __m512i heads = block_heads(wb, rowoff);
-        float dw[16], mw[16];
-        _mm512_storeu_ps(dw, f16_lo(heads));
-        if (q4) _mm512_storeu_ps(mw, f16_hi(heads));
+        const float *dw = st->dw + 16 * b, *mw = st->mw + 16 * b;
         const size_t k = (size_t)b * a->rows + t0;
         const __m512 dx = _mm512_maskz_loadu_ps(live, a->d + k);
         const __m512 sx = q4 ? _mm512_maskz_loadu_ps(live, a->s + k) : dx;
@@ -150,24 +179,32 @@ void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QA
 
 AMX_INLINE void gemm(const int q4, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
                      float *y, size_t ldy) {
-    const int T = a->rows, full = nr / 16 * 16, groups = (T + AMX_TILE_T - 1) / AMX_TILE_T;
+    const int T = a->rows, groups = (T + AMX_TILE_T - 1) / AMX_TILE_T;
+    int full = nr / 16 * 16;
     /* Positions in chunks that stay in L2 while the rows pass over them; the short last group
      * goes last so the tiles are configured at most twice. */
     enum { CHUNK = 8 };
     const int full_groups = T / AMX_TILE_T;
-    for (int g0 = 0; g0 < full_groups; g0 += CHUNK) {
+    const int n_tail = T - full_groups * AMX_TILE_T;
+    if ((full_groups || n_tail > AMX_SMALL_T) && full && strip_reserve(a->nb))
+        full = 0; /* no memory for the strip: the portable kernel below, the same bits */
+    for (int g0 = 0; g0 < full_groups && full; g0 += CHUNK) {
         const int g1 = g0 + CHUNK < full_groups ? g0 + CHUNK : full_groups;
         tiles_config(AMX_TILE_T);
-        for (int r = 0; r < full; r += 16)
+        for (int r = 0; r < full; r += 16) {
+            strip_prepare(q4, w + (size_t)r * row_bytes, row_bytes, a->nb, &tl_strip);
             for (int g = g0; g < g1; g++)
-                tile16(q4, w + (size_t)r * row_bytes, row_bytes, a, packed, g, AMX_TILE_T, y + r, ldy);
+                tile16(q4, w + (size_t)r * row_bytes, row_bytes, &tl_strip, a, packed, g, AMX_TILE_T, y + r, ldy);
+        }
     }
     if (groups > full_groups) {
-        const int n = T - full_groups * AMX_TILE_T, t0 = full_groups * AMX_TILE_T;
+        const int n = n_tail, t0 = full_groups * AMX_TILE_T;
         if (n > AMX_SMALL_T) {
-            tiles_config(n);
-            for (int r = 0; r < full; r += 16)
-                tile16(q4, w + (size_t)r * row_bytes, row_bytes, a, packed, full_groups, n, y + r, ldy);
+            if (full) tiles_config(n);
+            for (int r = 0; r < full; r += 16) {
+                strip_prepare(q4, w + (size_t)r * row_bytes, row_bytes, a->nb, &tl_strip);
+                tile16(q4, w + (size_t)r * row_bytes, row_bytes, &tl_strip, a, packed, full_groups, n, y + r, ldy);
+            }
         } else if (full) /* decode and short tails: each weight block once for all n positions */
             (q4 ? amx_small_q4 : amx_small_q8)(w, row_bytes, full, a, t0, n, packed + (size_t)full_groups * a->nb * 1024,
                                                y + (size_t)t0 * ldy, ldy);
