@@ -46,24 +46,29 @@ NI float32x4_t n_bf16(const unsigned char *r, int i) { return vreinterpretq_f32_
 #define HCMAX 4
 #define RBMAX 4
 #define LOADE n_f32
+#define LOADE_T float
 #define ATT_NAME kv_attend_neon_f32
 #define ATT_BLOCK_NAME kv_attend_neon_f32_block
 #define ATT_REF kv_attend_ref_f32
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
 #undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE n_f16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_neon_f16
 #define ATT_BLOCK_NAME kv_attend_neon_f16_block
 #define ATT_REF kv_attend_ref_f16
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
 #undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE n_bf16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_neon_bf16
 #define ATT_BLOCK_NAME kv_attend_neon_bf16_block
 #define ATT_REF kv_attend_ref_bf16

@@ -4,6 +4,7 @@
  *   VZERO VSET1 VLOADF VSTORE VFMA VMUL VSUB VADD VMAX VEXP   vector ops
  *   VSELLT(x, lim, a, b)  per lane: x < lim ? a : b
  *   LOADE(row, i)         W elements of a cache row from element i, as floats
+ *   LOADE_T               the cache's element type (its size)
  *   HCMAX                 query rows whose V accumulators fit in registers at once (<= 4)
  *   RBMAX                 row vectors (W query rows each) per score tile (<= 4)
  *   ATT_NAME ATT_BLOCK_NAME ATT_REF   these functions and the portable one for hd % W != 0
@@ -126,6 +127,13 @@ TGT_INLINE void ATT_CAT(ATT_NAME, _widen)(const unsigned char *b, size_t stride,
             VSTORE(dst + (size_t)(j - j0) * hd + c, j < N ? LOADE(b + (size_t)j * stride, c) : VZERO());
 }
 
+/* Asks for cache rows j0..j0+cnt-1 (hd elements of es bytes each) ahead of their tile: rows
+ * lie a whole position apart, too far for the hardware prefetcher to run ahead. */
+TGT_INLINE void ATT_CAT(ATT_NAME, _prefetch)(const unsigned char *b, size_t stride, int j0, int cnt, int N, size_t bytes) {
+    for (int j = j0; j < j0 + cnt && j < N; j++)
+        for (size_t c = 0; c < bytes; c += 64) __builtin_prefetch(b + (size_t)j * stride + c);
+}
+
 TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride,
                         int n, float scale, const float *sinks, float *sc, float *o, size_t ostep) {
     if (hd % W) {
@@ -138,6 +146,7 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
     float *qt = sc, *kt = qt + (size_t)hd * Rp, *vt = kt + (size_t)KV_ATT_KT * hd, *s = vt + (size_t)KV_ATT_PT * hd;
     float *lim = s + (size_t)Np * Rp, *sk = lim + Rp, *sum = sk + Rp;
     const unsigned char *kb = k, *vb = v;
+    const size_t rowb = (size_t)hd * sizeof(LOADE_T);
     for (int r = 0; r < Rp; r++) {
         const int t = r / g, i = r % g;
         for (int d = 0; d < hd; d++) qt[(size_t)d * Rp + r] = r < R ? q[t * qstep + (size_t)i * hd + d] : 0.0f;
@@ -146,6 +155,7 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
     }
     for (int j0 = 0; j0 < Np; j0 += KV_ATT_KT) {
         ATT_CAT(ATT_NAME, _widen)(kb, stride, j0, KV_ATT_KT, N, hd, kt);
+        ATT_CAT(ATT_NAME, _prefetch)(kb, stride, j0 + KV_ATT_KT, KV_ATT_KT, N, rowb);
         for (int v0 = 0; v0 < nrv; v0 += RBMAX) {
             const int rb = nrv - v0 < RBMAX ? nrv - v0 : RBMAX;
             float *sv = s + (size_t)j0 * Rp + v0 * W;
@@ -172,6 +182,7 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
     for (int j0 = 0; j0 < N; j0 += KV_ATT_PT) {
         const int cnt = N - j0 < KV_ATT_PT ? N - j0 : KV_ATT_PT;
         ATT_CAT(ATT_NAME, _widen)(vb, stride, j0, cnt, N, hd, vt);
+        ATT_CAT(ATT_NAME, _prefetch)(vb, stride, j0 + KV_ATT_PT, KV_ATT_PT, N, rowb);
         for (int t = 0; t < tq; t++) {
             const int je = j0 + cnt < n + t ? j0 + cnt : n + t;
             if (je <= j0) continue;

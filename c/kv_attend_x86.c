@@ -48,29 +48,35 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 #define HCMAX 2
 #define RBMAX 2
 #define LOADE a2_f32
+#define LOADE_T float
 #define ATT_NAME kv_attend_avx2_f32
 #define ATT_BLOCK_NAME kv_attend_avx2_f32_block
 #define ATT_REF kv_attend_ref_f32
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
 #undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE a2_f16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_avx2_f16
 #define ATT_BLOCK_NAME kv_attend_avx2_f16_block
 #define ATT_REF kv_attend_ref_f16
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
 #undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE a2_bf16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_avx2_bf16
 #define ATT_BLOCK_NAME kv_attend_avx2_bf16_block
 #define ATT_REF kv_attend_ref_bf16
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
 #undef ATT_BLOCK_NAME
 #undef ATT_REF
@@ -123,24 +129,29 @@ A5I __m512 a5_bf16(const unsigned char *r, int i) {
 #define HCMAX 4
 #define RBMAX 4
 #define LOADE a5_f32
+#define LOADE_T float
 #define ATT_NAME kv_attend_avx512_f32
 #define ATT_BLOCK_NAME kv_attend_avx512_f32_block
 #define ATT_REF kv_attend_ref_f32
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
 #undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE a5_f16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_avx512_f16
 #define ATT_BLOCK_NAME kv_attend_avx512_f16_block
 #define ATT_REF kv_attend_ref_f16
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
 #undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE a5_bf16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_avx512_bf16
 #define ATT_BLOCK_NAME kv_attend_avx512_bf16_block
 #define ATT_REF kv_attend_ref_bf16
