@@ -203,7 +203,11 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     if (vh == hd && !y->window) {
         /* One task per (block of tq positions, KV head): each K/V row read serves the group's
          * query heads of all tq positions. Rows get the same bits in any block (kv_kernels.h). */
-        const int tq = group >= 64 ? 1 : 64 / group, nb = (T + tq - 1) / tq;
+        /* ~64 query rows a block, fewer where their scores (rows x positions) would pass 16 MB */
+        const size_t rows_cap = ((size_t)4 << 20) / (size_t)(p0 + T);
+        int tq = group >= 64 ? 1 : 64 / group;
+        while (tq > 1 && (size_t)tq * group > rows_cap) tq /= 2;
+        const int nb = (T + tq - 1) / tq;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (par_worth(2.0 * T * (p0 + T) * nkv * group * hd / 32))
         for (int b = 0; b < nb; b++) {
             for (int kh = 0; kh < nkv; kh++) {
