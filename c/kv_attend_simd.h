@@ -15,7 +15,7 @@
  * row the arithmetic is fixed whatever the block: its score is an FMA chain over d in order,
  * its softmax sum runs over positions in order, its output an FMA chain over positions in
  * order times 1/sum. So a row's bits depend on its own inputs only, not on the block size,
- * the group, the lane it lands in or the vector width: batched prefill equals decode. */
+ * the group or the lane it lands in: batched prefill equals decode. */
 #ifndef ATT_EXP_BODY
 /* exp for x <= 0 (softmax numerators): 2^round(x/ln2) times a degree-6 polynomial on the
  * remainder (Cephes expf), within 2 ulp of expf; below -87.3 it clamps to ~1e-38 (not 0).
