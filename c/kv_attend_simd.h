@@ -68,26 +68,37 @@ TGT_INLINE void ATT_QK(const float *qt, int Rp, const float *kt, int hd, float *
         for (int p = 0; p < np; p++) VSTORE(s + (size_t)p * Rp + i * W, VMUL(acc[i][p], vs));
 }
 
-/* Row vector rows[0..W) of the scores, over positions 0..N-1, lane l valid below lim[l]:
- * s = exp(s - max) (0 where not valid); sum[l] = the valid weights summed in position order,
- * plus exp(sink - max) for a sink (sink lanes -INFINITY: none). */
-TGT_INLINE void ATT_SOFTMAX(float *s, int Rp, int nmin, int N, const float *lim, const float *sink, int has_sink, float *sum) {
-    const VT vl = VLOADF(lim), ninf = VSET1(-INFINITY);
+/* Row vector rows[0..W) of the scores, lane l valid at positions lo[l] <= j < lim[l], all
+ * lanes at ja <= j < jb, none below j0 or from N: s = exp(s - max) where valid (0 elsewhere
+ * from j0); sum[l] = the valid weights summed in position order, plus exp(sink - max) for a
+ * sink (sink lanes -INFINITY: none). */
+TGT_INLINE void ATT_SOFTMAX(float *s, int Rp, int j0, int ja, int jb, int N, const float *lo, const float *lim,
+                            const float *sink, int has_sink, float *sum) {
+    const VT vlo = VLOADF(lo), vl = VLOADF(lim), ninf = VSET1(-INFINITY);
+    if (ja >= jb) ja = jb = N; /* no position every lane sees */
     VT m = VLOADF(sink);
-    int j = 0;
-    for (; j < nmin; j++) m = VMAX(m, VLOADF(s + (size_t)j * Rp));
-    for (; j < N; j++) m = VMAX(m, VSELLT(VSET1((float)j), vl, VLOADF(s + (size_t)j * Rp), ninf));
+    int j = j0;
+#define ATT_VALID(x, other) VSELLT(VSET1((float)j), vl, VSELLT(VSET1((float)j), vlo, other, x), other)
+    for (; j < ja; j++) m = VMAX(m, ATT_VALID(VLOADF(s + (size_t)j * Rp), ninf));
+    for (; j < jb; j++) m = VMAX(m, VLOADF(s + (size_t)j * Rp));
+    for (; j < N; j++) m = VMAX(m, ATT_VALID(VLOADF(s + (size_t)j * Rp), ninf));
     VT a = VZERO();
-    for (j = 0; j < nmin; j++) {
+    for (j = j0; j < ja; j++) {
+        const VT e = ATT_VALID(VEXP(VSUB(VLOADF(s + (size_t)j * Rp), m)), VZERO());
+        VSTORE(s + (size_t)j * Rp, e);
+        a = VADD(a, e);
+    }
+    for (; j < jb; j++) {
         const VT e = VEXP(VSUB(VLOADF(s + (size_t)j * Rp), m));
         VSTORE(s + (size_t)j * Rp, e);
         a = VADD(a, e);
     }
     for (; j < N; j++) {
-        const VT e = VSELLT(VSET1((float)j), vl, VEXP(VSUB(VLOADF(s + (size_t)j * Rp), m)), VZERO());
+        const VT e = ATT_VALID(VEXP(VSUB(VLOADF(s + (size_t)j * Rp), m)), VZERO());
         VSTORE(s + (size_t)j * Rp, e);
         a = VADD(a, e);
     }
+#undef ATT_VALID
     if (has_sink) a = VADD(a, VEXP(VSUB(VLOADF(sink), m)));
     VSTORE(sum, a);
 }
@@ -135,25 +146,29 @@ TGT_INLINE void ATT_CAT(ATT_NAME, _prefetch)(const unsigned char *b, size_t stri
 }
 
 TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride,
-                        int n, float scale, const float *sinks, float *sc, float *o, size_t ostep) {
+                        int n, int window, float scale, const float *sinks, float *sc, float *o, size_t ostep) {
+#define ATT_LO(t) (window > 0 && n + (t) > window ? n + (t) - window : 0) /* position t's first */
     if (hd % W) {
         for (int t = 0; t < tq; t++)
-            ATT_REF(q + t * qstep, g, hd, k, v, stride, n + t, scale, sinks, sc, o + t * ostep);
+            ATT_REF(q + t * qstep, g, hd, (const unsigned char *)k + (size_t)ATT_LO(t) * stride,
+                    (const unsigned char *)v + (size_t)ATT_LO(t) * stride, stride, n + t - ATT_LO(t), scale, sinks, sc,
+                    o + t * ostep);
         return;
     }
     const int R = tq * g, Rp = (R + W - 1) / W * W, nrv = Rp / W, N = n + tq - 1;
     const int Np = (N + KV_ATT_KT - 1) / KV_ATT_KT * KV_ATT_KT;
     float *qt = sc, *kt = qt + (size_t)hd * Rp, *vt = kt + (size_t)KV_ATT_KT * hd, *s = vt + (size_t)KV_ATT_PT * hd;
-    float *lim = s + (size_t)Np * Rp, *sk = lim + Rp, *sum = sk + Rp;
+    float *lo = s + (size_t)Np * Rp, *lim = lo + Rp, *sk = lim + Rp, *sum = sk + Rp;
     const unsigned char *kb = k, *vb = v;
     const size_t rowb = (size_t)hd * sizeof(LOADE_T);
     for (int r = 0; r < Rp; r++) {
         const int t = r / g, i = r % g;
         for (int d = 0; d < hd; d++) qt[(size_t)d * Rp + r] = r < R ? q[t * qstep + (size_t)i * hd + d] : 0.0f;
+        lo[r] = r < R ? (float)ATT_LO(t) : 0.0f;
         lim[r] = r < R ? (float)(n + t) : 1.0f; /* a pad row keeps one position: finite, unused */
         sk[r] = sinks && r < R ? sinks[i] : -INFINITY;
     }
-    for (int j0 = 0; j0 < Np; j0 += KV_ATT_KT) {
+    for (int j0 = ATT_LO(0) / KV_ATT_KT * KV_ATT_KT; j0 < Np; j0 += KV_ATT_KT) {
         ATT_CAT(ATT_NAME, _widen)(kb, stride, j0, KV_ATT_KT, N, hd, kt);
         ATT_CAT(ATT_NAME, _prefetch)(kb, stride, j0 + KV_ATT_KT, KV_ATT_KT, N, rowb);
         for (int v0 = 0; v0 < nrv; v0 += RBMAX) {
@@ -176,23 +191,26 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
 #endif
         }
     }
-    for (int v0 = 0; v0 < nrv; v0++)
-        ATT_SOFTMAX(s + v0 * W, Rp, n, N, lim + v0 * W, sk + v0 * W, sinks != NULL, sum + v0 * W);
+    for (int v0 = 0; v0 < nrv; v0++) { /* rows v0*W .. last, of positions first/g .. last/g */
+        const int first = v0 * W, last = ((v0 + 1) * W < R ? (v0 + 1) * W : R) - 1;
+        ATT_SOFTMAX(s + v0 * W, Rp, ATT_LO(first / g), ATT_LO(last / g), n, N, lo + v0 * W, lim + v0 * W, sk + v0 * W, sinks != NULL,
+                    sum + v0 * W);
+    }
     const int nv = hd / W;
-    for (int j0 = 0; j0 < N; j0 += KV_ATT_PT) {
+    for (int j0 = ATT_LO(0) / KV_ATT_PT * KV_ATT_PT; j0 < N; j0 += KV_ATT_PT) {
         const int cnt = N - j0 < KV_ATT_PT ? N - j0 : KV_ATT_PT;
         ATT_CAT(ATT_NAME, _widen)(vb, stride, j0, cnt, N, hd, vt);
         ATT_CAT(ATT_NAME, _prefetch)(vb, stride, j0 + KV_ATT_PT, KV_ATT_PT, N, rowb);
         for (int t = 0; t < tq; t++) {
-            const int je = j0 + cnt < n + t ? j0 + cnt : n + t;
-            if (je <= j0) continue;
+            const int je = j0 + cnt < n + t ? j0 + cnt : n + t, js = ATT_LO(t) > j0 ? ATT_LO(t) : j0;
+            if (je <= js) continue;
             for (int i0 = 0; i0 < g; i0 += HCMAX) {
                 const int hc = g - i0 < HCMAX ? g - i0 : HCMAX;
                 const float *w = s + t * g + i0;
                 float *oi = o + t * ostep + (size_t)i0 * hd;
                 for (int c0 = 0; c0 < nv; c0 += 4) {
                     const int nvc = nv - c0 < 4 ? nv - c0 : 4, d0 = c0 * W;
-#define ATT_CASE(H, C) case (H) * 8 + (C): ATT_VACC(w, Rp, vt, hd, j0, j0, je, d0, H, C, j0 == 0, oi); break;
+#define ATT_CASE(H, C) case (H) * 8 + (C): ATT_VACC(w, Rp, vt, hd, j0, js, je, d0, H, C, js == ATT_LO(t), oi); break;
                     switch (hc * 8 + nvc) {
                         ATT_CASE(1, 1) ATT_CASE(1, 2) ATT_CASE(1, 3) ATT_CASE(1, 4)
 #if HCMAX >= 2
@@ -221,8 +239,9 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
 
 TGT void ATT_NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale,
                   const float *sinks, float *sc, float *o) {
-    ATT_BLOCK_NAME(q, 0, 1, g, hd, k, v, stride, n, scale, sinks, sc, o, 0);
+    ATT_BLOCK_NAME(q, 0, 1, g, hd, k, v, stride, n, 0, scale, sinks, sc, o, 0);
 }
+#undef ATT_LO
 
 #undef ATT_QK
 #undef ATT_VACC

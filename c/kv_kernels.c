@@ -85,10 +85,13 @@ static void attend_ref(float (*dot)(const float *, const void *, int), void (*ax
     }
 #define ATTEND_REF_BLOCK(NAME)                                                                                          \
     static void attend_block_ref_##NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, \
-                                        size_t stride, int n, float scale, const float *sinks, float *sc, float *o,          \
-                                        size_t ostep) {                                                                      \
-        for (int t = 0; t < tq; t++)                                                                                         \
-            attend_ref(dot_##NAME, axpy_##NAME, q + t * qstep, g, hd, k, v, stride, n + t, scale, sinks, sc, o + t * ostep); \
+                                        size_t stride, int n, int window, float scale, const float *sinks, float *sc,        \
+                                        float *o, size_t ostep) {                                                            \
+        for (int t = 0; t < tq; t++) {                                                                                       \
+            const size_t lo = window > 0 && n + t > window ? (size_t)(n + t - window) : 0;                                   \
+            attend_ref(dot_##NAME, axpy_##NAME, q + t * qstep, g, hd, (const unsigned char *)k + lo * stride,                \
+                       (const unsigned char *)v + lo * stride, stride, n + t - (int)lo, scale, sinks, sc, o + t * ostep);    \
+        }                                                                                                                    \
     }
 ATTEND_REF(f32)
 ATTEND_REF(f16)
@@ -102,7 +105,7 @@ static const KvKernels portable_bf16 = {dot_bf16, axpy_bf16, kv_attend_ref_bf16,
 
 size_t kv_attend_scratch(int tq, int g, int hd, int n) {
     const size_t rp = ((size_t)tq * g + 15) / 16 * 16, np = ((size_t)n + tq - 1 + KV_ATT_KT - 1) / KV_ATT_KT * KV_ATT_KT;
-    const size_t simd = (size_t)hd * (rp + KV_ATT_KT + KV_ATT_PT) + np * rp + 3 * rp;
+    const size_t simd = (size_t)hd * (rp + KV_ATT_KT + KV_ATT_PT) + np * rp + 4 * rp;
     const size_t ref = (size_t)g * ((size_t)n + tq); /* the portable kernel: g rows of scores */
     return simd > ref ? simd : ref;
 }
@@ -148,7 +151,7 @@ KV_AVX2(bf16, wide_bf16, bf16_to_f32)
     void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
               float *sc, float *o);                                                                                    \
     void NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride, int n, \
-                      float scale, const float *sinks, float *sc, float *o, size_t ostep);
+                      int window, float scale, const float *sinks, float *sc, float *o, size_t ostep);
 KV_ATTEND_DECL(kv_attend_avx2_f32)
 KV_ATTEND_DECL(kv_attend_avx2_f16)
 KV_ATTEND_DECL(kv_attend_avx2_bf16)
@@ -169,7 +172,7 @@ static const KvKernels avx512_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx512_f32,
     void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
               float *sc, float *o);                                                                                    \
     void NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride, int n, \
-                      float scale, const float *sinks, float *sc, float *o, size_t ostep);
+                      int window, float scale, const float *sinks, float *sc, float *o, size_t ostep);
 KV_ATTEND_NEON(kv_attend_neon_f32)
 KV_ATTEND_NEON(kv_attend_neon_f16)
 KV_ATTEND_NEON(kv_attend_neon_bf16)

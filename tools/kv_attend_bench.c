@@ -55,7 +55,7 @@ static double run_block(void *p) {
     for (int t = 0; t < c->T; t += c->tq) {
         const int tc = c->T - t < c->tq ? c->T - t : c->tq;
         c->kk->attend_block(c->q + t * step, step, tc, c->g, c->hd, c->cache, c->cache + (size_t)c->hd * 2, c->stride,
-                            c->depth + t + 1, 1.0f / 11.3f, NULL, c->sc, c->o + t * step, step);
+                            c->depth + t + 1, 0, 1.0f / 11.3f, NULL, c->sc, c->o + t * step, step);
     }
     return omp_get_wtime() - t0;
 }

@@ -197,11 +197,12 @@ static void test_kv_attend(void) {
     }
 }
 
-/* Attending a block of tq positions at once gives each of them the bits it gets alone (tq = 1),
- * on every kernel set, with and without sinks, for blocks past a score vector and past the K
- * and V tiles; and it agrees with the portable kernel. */
+/* Attending a block of tq positions at once gives each of them the bits it gets alone (tq = 1)
+ * over its own positions, on every kernel set, with and without sinks and a sliding window
+ * (shorter and longer than the block), for blocks past a score vector and past the K and V
+ * tiles; and it agrees with the portable kernel. */
 static void test_kv_attend_block(void) {
-    const int hds[] = {16, 128, 24}, gs[] = {1, 3, 8}, tqs[] = {2, 5, 9}, n0s[] = {1, 30, 70};
+    const int hds[] = {16, 128, 24}, gs[] = {1, 3, 8}, tqs[] = {2, 5, 9}, n0s[] = {1, 30, 70}, wins[] = {0, 4, 40};
     unsigned seed = 11;
     for (int isa = 0; isa < KI_COUNT; isa++) {
         if (!kernels_supported((KernIsa)isa) || !kv_kernels_for((KernIsa)isa, QT_F16)) continue;
@@ -211,9 +212,10 @@ static void test_kv_attend_block(void) {
             for (size_t hi = 0; hi < sizeof hds / sizeof *hds; hi++)
                 for (size_t gi = 0; gi < sizeof gs / sizeof *gs; gi++)
                     for (size_t qi = 0; qi < sizeof tqs / sizeof *tqs; qi++)
-                        for (size_t ni = 0; ni < sizeof n0s / sizeof *n0s; ni++) {
+                        for (size_t ni = 0; ni < sizeof n0s / sizeof *n0s * 3; ni++) {
                             const QType type = ti ? QT_F16 : QT_F32;
-                            const int hd = hds[hi], g = gs[gi], tq = tqs[qi], n0 = n0s[ni], N = n0 + tq - 1;
+                            const int hd = hds[hi], g = gs[gi], tq = tqs[qi], win = wins[ni / 3];
+                            const int n0 = win && n0s[ni % 3] > win ? win : n0s[ni % 3], N = n0 + tq - 1;
                             const size_t es = kv_elem_size(type), stride = 2 * (size_t)hd * es, qstep = (size_t)g * hd + 5;
                             unsigned char *cache = malloc(stride * N);
                             float *q = malloc(sizeof(float) * qstep * tq), *row = malloc(sizeof(float) * hd), sinks[8];
@@ -230,13 +232,15 @@ static void test_kv_attend_block(void) {
                             const KvKernels *kk = kv_kernels_for((KernIsa)isa, type), *port = kv_kernels_for(KI_PORTABLE, type);
                             const float scale = 1.0f / sqrtf((float)hd);
                             for (int sk = 0; sk < 2; sk++) {
-                                kk->attend_block(q, qstep, tq, g, hd, cache, cache + hd * es, stride, n0, scale, sk ? sinks : NULL,
-                                                 sc, ob, qstep);
+                                kk->attend_block(q, qstep, tq, g, hd, cache, cache + hd * es, stride, n0, win, scale,
+                                                 sk ? sinks : NULL, sc, ob, qstep);
                                 for (int t = 0; t < tq; t++) {
-                                    kk->attend(q + t * qstep, g, hd, cache, cache + hd * es, stride, n0 + t, scale,
+                                    const int lo = win && n0 + t > win ? n0 + t - win : 0;
+                                    const unsigned char *row = cache + lo * stride;
+                                    kk->attend(q + t * qstep, g, hd, row, row + hd * es, stride, n0 + t - lo, scale,
                                                sk ? sinks : NULL, sc, o1);
                                     same &= !memcmp(o1, ob + t * qstep, sizeof(float) * g * hd);
-                                    port->attend(q + t * qstep, g, hd, cache, cache + hd * es, stride, n0 + t, scale,
+                                    port->attend(q + t * qstep, g, hd, row, row + hd * es, stride, n0 + t - lo, scale,
                                                  sk ? sinks : NULL, sc, op);
                                     for (int i = 0; i < g * hd; i++) worst = fmax(worst, fabs(op[i] - o1[i]) / (1 + fabs(op[i])));
                                 }
