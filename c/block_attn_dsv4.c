@@ -212,7 +212,7 @@ static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float 
 #pragma omp parallel for schedule(dynamic, 1) if (par_worth(2.0 * (n_w + k) * y->nh * hd / 32))
     for (int c = 0; c < chunks; c++) { /* each head's result is its own: the split changes no bit */
         const int h0 = c * HEADS_PER_TASK, g = y->nh - h0 < HEADS_PER_TASK ? y->nh - h0 : HEADS_PER_TASK;
-        float *att = scratch(1, (size_t)(n_w + k) * g);
+        float *att = scratch(1, kv_attend_scratch(1, g, hd, n_w + k));
         if (att)
             kv_kernels(QT_F32)->attend(q + (size_t)h0 * hd, g, hd, rows, rows, sizeof(float) * hd, n_w + k,
                                        1.0f / sqrtf((float)hd), y->sinks + h0, att, o + (size_t)h0 * hd);
@@ -289,7 +289,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             for (int c = 0; c < chunks; c++) { /* each head's result is its own: the split changes no bit */
                 const int end = p0 + t + 1, start = end > y->window ? end - y->window : 0, n = end - start;
                 const int h0 = c * HEADS_PER_TASK, g = nh - h0 < HEADS_PER_TASK ? nh - h0 : HEADS_PER_TASK;
-                float *sc = scratch(1, (size_t)n * g);
+                float *sc = scratch(1, kv_attend_scratch(1, g, hd, n));
                 if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
                 kk->attend(q + (size_t)t * qd + (size_t)h0 * hd, g, hd, view + (size_t)(start - base) * stride,
                            view + (size_t)(start - base) * stride, stride, n, scale, y->sinks + h0, sc,

@@ -198,22 +198,45 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     if (y->ring) /* later positions overwrite earlier ones: the ring ends holding the last cap */
         for (int t = 0; t < T; t++)
             memcpy(cache + (size_t)((p0 + t) % r->state->cap) * stride, view + (size_t)(p0 + t - base) * stride, stride);
-    /* One task per (position, KV head): the group's query heads read each K/V row once. */
     const KvKernels *kk = kv_kernels(r->kv_type);
     const float scale = 1.0f / sqrtf((float)hd);
+    if (vh == hd) {
+        /* One task per (block of tq positions, KV head): each K/V row read serves the group's
+         * query heads of all tq positions. Rows get the same bits in any block (kv_kernels.h).
+         * ~64 query rows a block, fewer where their scores (rows x positions) would pass 16 MB. */
+        const int span = y->window && y->window < p0 + T ? y->window : p0 + T;
+        const size_t rows_cap = ((size_t)4 << 20) / (size_t)span;
+        int tq = group >= 64 ? 1 : 64 / group;
+        while (tq > 1 && (size_t)tq * group > rows_cap) tq /= 2;
+        const int nb = (T + tq - 1) / tq;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (par_worth(2.0 * T * span * nkv * group * hd / 32))
+        for (int b = 0; b < nb; b++) {
+            for (int kh = 0; kh < nkv; kh++) {
+                const int t0 = b * tq, tc = T - t0 < tq ? T - t0 : tq;
+                const int end = p0 + t0 + 1, start = y->window && end > y->window ? end - y->window : 0, n = end - start;
+                float *sc = scratch(1, kv_attend_scratch(tc, group, hd, n));
+                if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
+                const unsigned char *row = view + (size_t)(start - base) * stride;
+                kk->attend_block(q + (size_t)t0 * qd + (size_t)kh * group * hd, qd, tc, group, hd, row + (size_t)kh * hd * es,
+                                 row + ((size_t)kvd + kh * vh) * es, stride, n, y->window, scale,
+                                 y->sinks ? y->sinks + kh * group : NULL, sc, att + (size_t)t0 * od + (size_t)kh * group * vh, od);
+            }
+        }
+    } else {
+        /* v heads narrower than q/k: one task per (position, KV head) through the row kernels */
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (par_worth(2.0 * T * (p0 + T) * nkv * group * hd / 32))
-    for (int t = 0; t < T; t++) {
-        for (int kh = 0; kh < nkv; kh++) {
-            const int end = p0 + t + 1, start = y->window && end > y->window ? end - y->window : 0;
-            const int n = end - start;
-            float *sc = scratch(1, (size_t)n * group);
-            if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
-            const size_t off = (size_t)t * qd + (size_t)kh * group * hd, ooff = (size_t)t * od + (size_t)kh * group * vh;
-            const unsigned char *kc = view + (size_t)(start - base) * stride + (size_t)kh * hd * es;
-            const unsigned char *vc = view + (size_t)(start - base) * stride + ((size_t)kvd + kh * vh) * es;
-            const float *sk = y->sinks ? y->sinks + kh * group : NULL;
-            if (vh == hd) kk->attend(q + off, group, hd, kc, vc, stride, n, scale, sk, sc, att + ooff);
-            else kv_attend_split(kk, q + off, group, hd, vh, kc, vc, stride, n, scale, sk, sc, att + ooff);
+        for (int t = 0; t < T; t++) {
+            for (int kh = 0; kh < nkv; kh++) {
+                const int end = p0 + t + 1, start = y->window && end > y->window ? end - y->window : 0;
+                const int n = end - start;
+                float *sc = scratch(1, (size_t)n * group);
+                if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
+                const size_t off = (size_t)t * qd + (size_t)kh * group * hd, ooff = (size_t)t * od + (size_t)kh * group * vh;
+                const unsigned char *kc = view + (size_t)(start - base) * stride + (size_t)kh * hd * es;
+                const unsigned char *vc = view + (size_t)(start - base) * stride + ((size_t)kvd + kh * vh) * es;
+                kv_attend_split(kk, q + off, group, hd, vh, kc, vc, stride, n, scale, y->sinks ? y->sinks + kh * group : NULL,
+                                sc, att + ooff);
+            }
         }
     }
     free(lin);

@@ -23,9 +23,7 @@ NI float32x4_t n_fnma(float32x4_t a, float32x4_t b, float32x4_t c) { return vfms
 NI int32x4_t n_slli23(int32x4_t x, int s) { (void)s; return vshlq_n_s32(x, 23); }
 NI float32x4_t n_exp(float32x4_t x) { ATT_EXP_BODY(float32x4_t, vdupq_n_f32, vmaxq_f32, vmulq_f32, vaddq_f32, n_fma, n_fnma, vrndnq_f32, vcvtq_s32_f32, n_slli23, vaddq_s32, vdupq_n_s32, vreinterpretq_f32_s32) }
 NI float32x4_t n_zero(void) { return vdupq_n_f32(0); }
-NI void n_store4(float *p, float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d, float scale) {
-    vst1q_f32(p, vmulq_n_f32(vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d)), scale));
-}
+NI float32x4_t n_sellt(float32x4_t x, float32x4_t lim, float32x4_t a, float32x4_t b) { return vbslq_f32(vcltq_f32(x, lim), a, b); }
 NI float32x4_t n_f32(const unsigned char *r, int i) { return vld1q_f32((const float *)r + i); }
 NI float32x4_t n_f16(const unsigned char *r, int i) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)r + i))); }
 NI float32x4_t n_bf16(const unsigned char *r, int i) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)r + i), 16)); }
@@ -43,27 +41,36 @@ NI float32x4_t n_bf16(const unsigned char *r, int i) { return vreinterpretq_f32_
 #define VADD vaddq_f32
 #define VSUB vsubq_f32
 #define VMAX vmaxq_f32
-#define VHSUM vaddvq_f32
-#define VHMAX vmaxvq_f32
 #define VEXP n_exp
-#define STORE4 n_store4
+#define VSELLT n_sellt
 #define HCMAX 4
+#define RBMAX 4
 #define LOADE n_f32
+#define LOADE_T float
 #define ATT_NAME kv_attend_neon_f32
+#define ATT_BLOCK_NAME kv_attend_neon_f32_block
 #define ATT_REF kv_attend_ref_f32
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
+#undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE n_f16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_neon_f16
+#define ATT_BLOCK_NAME kv_attend_neon_f16_block
 #define ATT_REF kv_attend_ref_f16
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
+#undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE n_bf16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_neon_bf16
+#define ATT_BLOCK_NAME kv_attend_neon_bf16_block
 #define ATT_REF kv_attend_ref_bf16
 #include "kv_attend_simd.h"
 

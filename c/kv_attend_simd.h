@@ -1,16 +1,21 @@
-/* One attention head group (KvAttendFn) in SIMD, included once per instruction set and element
- * type by kv_attend_x86.c, which defines:
+/* Attention over the KV cache in SIMD (KvAttendBlockFn, KvAttendFn), included once per
+ * instruction set and element type by kv_attend_x86.c / kv_attend_neon.c, which define:
  *   VT W TGT TGT_INLINE   vector type, lanes, function attributes
- *   VZERO VSET1 VLOADF VSTORE VFMA VMUL VSUB VMAX VHSUM VHMAX VEXP   vector ops
- *   STORE4(p, a, b, c, d, scale)   p[0..3] = scale * (the lane sums of a, b, c, d)
+ *   VZERO VSET1 VLOADF VSTORE VFMA VMUL VSUB VADD VMAX VEXP   vector ops
+ *   VSELLT(x, lim, a, b)  per lane: x < lim ? a : b
  *   LOADE(row, i)         W elements of a cache row from element i, as floats
- *   HCMAX                 query heads whose V accumulators fit in registers at once (<= 4)
- *   ATT_NAME ATT_REF      this function and the portable one it leaves hd % W != 0 to
- * Scores go four positions at a time (one horizontal reduction for four dots), over tiles of
- * positions small enough that the K tile stays in L1 while every head of the group reads it;
- * values accumulate in registers for up to HCMAX heads x 4 vectors of dimensions per pass over
- * the V rows. The 1/sum of the softmax is applied once to the output. */
-
+ *   LOADE_T               the cache's element type (its size)
+ *   HCMAX                 query rows whose V accumulators fit in registers at once (<= 4)
+ *   RBMAX                 row vectors (W query rows each) per score tile (<= 4)
+ *   ATT_NAME ATT_BLOCK_NAME ATT_REF   these functions and the portable one for hd % W != 0
+ * Query rows (every head of every position in the block) lie in vector lanes for the scores
+ * and the softmax: each K element, widened once per tile, is broadcast to W rows, so a K row
+ * read from memory serves them all and no dot needs a horizontal sum. Values accumulate with
+ * lanes over dimensions, a tile of V rows (widened once) serving every query row. Per query
+ * row the arithmetic is fixed whatever the block: its score is an FMA chain over d in order,
+ * its softmax sum runs over positions in order, its output an FMA chain over positions in
+ * order times 1/sum. So a row's bits depend on its own inputs only, not on the block size,
+ * the group or the lane it lands in: batched prefill equals decode. */
 #ifndef ATT_EXP_BODY
 /* exp for x <= 0 (softmax numerators): 2^round(x/ln2) times a degree-6 polynomial on the
  * remainder (Cephes expf), within 2 ulp of expf; below -87.3 it clamps to ~1e-38 (not 0).
@@ -31,57 +36,91 @@
 #endif
 
 #ifndef ATT_EXP_ONLY
-#define ATT_TILE 64
 #define ATT_CAT_(a, b) a##b
 #define ATT_CAT(a, b) ATT_CAT_(a, b)
+#define ATT_QK ATT_CAT(ATT_NAME, _qk)
 #define ATT_VACC ATT_CAT(ATT_NAME, _vacc)
 #define ATT_SOFTMAX ATT_CAT(ATT_NAME, _softmax)
 
-/* s[0..n) = exp(s - max); returns 1/sum. sink: an extra logit in the max and the sum (no value
- * row), -INFINITY for none. */
-TGT_INLINE float ATT_SOFTMAX(float *s, int n, float sink) {
-    VT m = VSET1(-INFINITY);
-    int j = 0;
-    for (; j + W <= n; j += W) m = VMAX(m, VLOADF(s + j));
-    float mx = VHMAX(m);
-    for (int t = j; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-    mx = sink > mx ? sink : mx;
-    const VT vmx = VSET1(mx);
-    VT sum = VZERO();
-    for (j = 0; j + W <= n; j += W) {
-        VT e = VEXP(VSUB(VLOADF(s + j), vmx));
-        VSTORE(s + j, e);
-        sum = VADD(sum, e);
+/* Scores of rb row vectors at np positions: s[p*Rp + i*W + lane] = scale * (q_row . K_p), the
+ * dot an FMA chain over d = 0..hd-1. qt: Q transposed (qt[d*Rp + row]); kt: K rows as floats. */
+TGT_INLINE void ATT_QK(const float *qt, int Rp, const float *kt, int hd, float *s, float scale, const int rb, const int np) {
+    VT acc[4][8];
+#pragma GCC unroll 4
+    for (int i = 0; i < rb; i++)
+#pragma GCC unroll 8
+        for (int p = 0; p < np; p++) acc[i][p] = VZERO();
+    for (int d = 0; d < hd; d++) {
+        VT qv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < rb; i++) qv[i] = VLOADF(qt + (size_t)d * Rp + i * W);
+#pragma GCC unroll 8
+        for (int p = 0; p < np; p++) {
+            const VT kv = VSET1(kt[(size_t)p * hd + d]);
+#pragma GCC unroll 4
+            for (int i = 0; i < rb; i++) acc[i][p] = VFMA(qv[i], kv, acc[i][p]);
+        }
     }
-    if (j < n) { /* the tail through one padded vector; pads are -inf: exp gives ~0, not summed */
-        float pad[W];
-        for (int t = 0; t < W; t++) pad[t] = j + t < n ? s[j + t] : -INFINITY;
-        VT e = VEXP(VSUB(VLOADF(pad), vmx));
-        VSTORE(pad, e);
-        for (int t = 0; j + t < n; t++) s[j + t] = pad[t];
-    }
-    float tot = VHSUM(sum);
-    for (; j < n; j++) tot += s[j];
-    if (sink > -INFINITY) tot += expf(sink - mx);
-    return 1.0f / tot;
+    const VT vs = VSET1(scale);
+#pragma GCC unroll 4
+    for (int i = 0; i < rb; i++)
+#pragma GCC unroll 8
+        for (int p = 0; p < np; p++) VSTORE(s + (size_t)p * Rp + i * W, VMUL(acc[i][p], vs));
 }
 
-/* o[i*hd + d0 ..] for hc heads and nvc vectors of dimensions from d0: one pass over V. */
-TGT_INLINE void ATT_VACC(const float *w, int n, const unsigned char *vb, size_t stride, int d0, const int hc,
-                         const int nvc, const float *inv, float *o, int hd) {
+/* Row vector rows[0..W) of the scores, lane l valid at positions lo[l] <= j < lim[l], all
+ * lanes at ja <= j < jb, none below j0 or from N: s = exp(s - max) where valid (0 elsewhere
+ * from j0); sum[l] = the valid weights summed in position order, plus exp(sink - max) for a
+ * sink (sink lanes -INFINITY: none). */
+TGT_INLINE void ATT_SOFTMAX(float *s, int Rp, int j0, int ja, int jb, int N, const float *lo, const float *lim,
+                            const float *sink, int has_sink, float *sum) {
+    const VT vlo = VLOADF(lo), vl = VLOADF(lim), ninf = VSET1(-INFINITY);
+    if (ja >= jb) ja = jb = N; /* no position every lane sees */
+    VT m = VLOADF(sink);
+    int j = j0;
+#define ATT_VALID(x, other) VSELLT(VSET1((float)j), vl, VSELLT(VSET1((float)j), vlo, other, x), other)
+    for (; j < ja; j++) m = VMAX(m, ATT_VALID(VLOADF(s + (size_t)j * Rp), ninf));
+    for (; j < jb; j++) m = VMAX(m, VLOADF(s + (size_t)j * Rp));
+    for (; j < N; j++) m = VMAX(m, ATT_VALID(VLOADF(s + (size_t)j * Rp), ninf));
+    VT a = VZERO();
+    for (j = j0; j < ja; j++) {
+        const VT e = ATT_VALID(VEXP(VSUB(VLOADF(s + (size_t)j * Rp), m)), VZERO());
+        VSTORE(s + (size_t)j * Rp, e);
+        a = VADD(a, e);
+    }
+    for (; j < jb; j++) {
+        const VT e = VEXP(VSUB(VLOADF(s + (size_t)j * Rp), m));
+        VSTORE(s + (size_t)j * Rp, e);
+        a = VADD(a, e);
+    }
+    for (; j < N; j++) {
+        const VT e = ATT_VALID(VEXP(VSUB(VLOADF(s + (size_t)j * Rp), m)), VZERO());
+        VSTORE(s + (size_t)j * Rp, e);
+        a = VADD(a, e);
+    }
+#undef ATT_VALID
+    if (has_sink) a = VADD(a, VEXP(VSUB(VLOADF(sink), m)));
+    VSTORE(sum, a);
+}
+
+/* o[i*hd + d0 ..] += for hc rows and nvc vectors of dimensions, positions j0..j1-1 of the tile
+ * vt (its row 0 is position t0): w[j*Rp + i] * V_j, each an FMA chain in position order; first:
+ * start from 0 instead of o. */
+TGT_INLINE void ATT_VACC(const float *w, int Rp, const float *vt, int hd, int t0, int j0, int j1, int d0, const int hc,
+                         const int nvc, int first, float *o) {
     VT acc[HCMAX][4];
 #pragma GCC unroll 4
     for (int i = 0; i < hc; i++)
 #pragma GCC unroll 4
-        for (int c = 0; c < nvc; c++) acc[i][c] = VZERO();
-    for (int j = 0; j < n; j++) {
-        const unsigned char *r = vb + (size_t)j * stride;
+        for (int c = 0; c < nvc; c++) acc[i][c] = first ? VZERO() : VLOADF(o + (size_t)i * hd + d0 + c * W);
+    for (int j = j0; j < j1; j++) {
+        const float *r = vt + (size_t)(j - t0) * hd + d0;
         VT x[4];
 #pragma GCC unroll 4
-        for (int c = 0; c < nvc; c++) x[c] = LOADE(r, d0 + c * W);
+        for (int c = 0; c < nvc; c++) x[c] = VLOADF(r + c * W);
 #pragma GCC unroll 4
         for (int i = 0; i < hc; i++) {
-            const VT wv = VSET1(w[(size_t)i * n + j]);
+            const VT wv = VSET1(w[(size_t)j * Rp + i]);
 #pragma GCC unroll 4
             for (int c = 0; c < nvc; c++) acc[i][c] = VFMA(wv, x[c], acc[i][c]);
         }
@@ -89,67 +128,122 @@ TGT_INLINE void ATT_VACC(const float *w, int n, const unsigned char *vb, size_t 
 #pragma GCC unroll 4
     for (int i = 0; i < hc; i++)
 #pragma GCC unroll 4
-        for (int c = 0; c < nvc; c++) VSTORE(o + (size_t)i * hd + d0 + c * W, VMUL(acc[i][c], VSET1(inv[i])));
+        for (int c = 0; c < nvc; c++) VSTORE(o + (size_t)i * hd + d0 + c * W, acc[i][c]);
+}
+
+/* Rows of cache positions j0..j0+cnt-1 as floats (dst[(j-j0)*hd ..]); rows past N are zeros. */
+TGT_INLINE void ATT_CAT(ATT_NAME, _widen)(const unsigned char *b, size_t stride, int j0, int cnt, int N, int hd, float *dst) {
+    for (int j = j0; j < j0 + cnt; j++)
+        for (int c = 0; c < hd; c += W)
+            VSTORE(dst + (size_t)(j - j0) * hd + c, j < N ? LOADE(b + (size_t)j * stride, c) : VZERO());
+}
+
+/* Asks for cache rows j0..j0+cnt-1 (hd elements of es bytes each) ahead of their tile: rows
+ * lie a whole position apart, too far for the hardware prefetcher to run ahead. */
+TGT_INLINE void ATT_CAT(ATT_NAME, _prefetch)(const unsigned char *b, size_t stride, int j0, int cnt, int N, size_t bytes) {
+    for (int j = j0; j < j0 + cnt && j < N; j++)
+        for (size_t c = 0; c < bytes; c += 64) __builtin_prefetch(b + (size_t)j * stride + c);
+}
+
+TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride,
+                        int n, int window, float scale, const float *sinks, float *sc, float *o, size_t ostep) {
+#define ATT_LO(t) (window > 0 && n + (t) > window ? n + (t) - window : 0) /* position t's first */
+    if (hd % W) {
+        for (int t = 0; t < tq; t++)
+            ATT_REF(q + t * qstep, g, hd, (const unsigned char *)k + (size_t)ATT_LO(t) * stride,
+                    (const unsigned char *)v + (size_t)ATT_LO(t) * stride, stride, n + t - ATT_LO(t), scale, sinks, sc,
+                    o + t * ostep);
+        return;
+    }
+    const int R = tq * g, Rp = (R + W - 1) / W * W, nrv = Rp / W, N = n + tq - 1;
+    const int Np = (N + KV_ATT_KT - 1) / KV_ATT_KT * KV_ATT_KT;
+    float *qt = sc, *kt = qt + (size_t)hd * Rp, *vt = kt + (size_t)KV_ATT_KT * hd, *s = vt + (size_t)KV_ATT_PT * hd;
+    float *lo = s + (size_t)Np * Rp, *lim = lo + Rp, *sk = lim + Rp, *sum = sk + Rp;
+    const unsigned char *kb = k, *vb = v;
+    const size_t rowb = (size_t)hd * sizeof(LOADE_T);
+    for (int r = 0; r < Rp; r++) {
+        const int t = r / g, i = r % g;
+        for (int d = 0; d < hd; d++) qt[(size_t)d * Rp + r] = r < R ? q[t * qstep + (size_t)i * hd + d] : 0.0f;
+        lo[r] = r < R ? (float)ATT_LO(t) : 0.0f;
+        lim[r] = r < R ? (float)(n + t) : 1.0f; /* a pad row keeps one position: finite, unused */
+        sk[r] = sinks && r < R ? sinks[i] : -INFINITY;
+    }
+    for (int j0 = ATT_LO(0) / KV_ATT_KT * KV_ATT_KT; j0 < Np; j0 += KV_ATT_KT) {
+        ATT_CAT(ATT_NAME, _widen)(kb, stride, j0, KV_ATT_KT, N, hd, kt);
+        ATT_CAT(ATT_NAME, _prefetch)(kb, stride, j0 + KV_ATT_KT, KV_ATT_KT, N, rowb);
+        for (int v0 = 0; v0 < nrv; v0 += RBMAX) {
+            const int rb = nrv - v0 < RBMAX ? nrv - v0 : RBMAX;
+            float *sv = s + (size_t)j0 * Rp + v0 * W;
+            const float *qv = qt + v0 * W;
+            if (rb == 1)
+                for (int p = 0; p < KV_ATT_KT; p += 8) ATT_QK(qv, Rp, kt + (size_t)p * hd, hd, sv + (size_t)p * Rp, scale, 1, 8);
+#if RBMAX >= 2
+            else if (rb == 2)
+                for (int p = 0; p < KV_ATT_KT; p += 6) ATT_QK(qv, Rp, kt + (size_t)p * hd, hd, sv + (size_t)p * Rp, scale, 2, 6);
+#endif
+#if RBMAX >= 3
+            else if (rb == 3)
+                for (int p = 0; p < KV_ATT_KT; p += 6) ATT_QK(qv, Rp, kt + (size_t)p * hd, hd, sv + (size_t)p * Rp, scale, 3, 6);
+#endif
+#if RBMAX >= 4
+            else
+                for (int p = 0; p < KV_ATT_KT; p += 6) ATT_QK(qv, Rp, kt + (size_t)p * hd, hd, sv + (size_t)p * Rp, scale, 4, 6);
+#endif
+        }
+    }
+    for (int v0 = 0; v0 < nrv; v0++) { /* rows v0*W .. last, of positions first/g .. last/g */
+        const int first = v0 * W, last = ((v0 + 1) * W < R ? (v0 + 1) * W : R) - 1;
+        ATT_SOFTMAX(s + v0 * W, Rp, ATT_LO(first / g), ATT_LO(last / g), n, N, lo + v0 * W, lim + v0 * W, sk + v0 * W, sinks != NULL,
+                    sum + v0 * W);
+    }
+    const int nv = hd / W;
+    for (int j0 = ATT_LO(0) / KV_ATT_PT * KV_ATT_PT; j0 < N; j0 += KV_ATT_PT) {
+        const int cnt = N - j0 < KV_ATT_PT ? N - j0 : KV_ATT_PT;
+        ATT_CAT(ATT_NAME, _widen)(vb, stride, j0, cnt, N, hd, vt);
+        ATT_CAT(ATT_NAME, _prefetch)(vb, stride, j0 + KV_ATT_PT, KV_ATT_PT, N, rowb);
+        for (int t = 0; t < tq; t++) {
+            const int je = j0 + cnt < n + t ? j0 + cnt : n + t, js = ATT_LO(t) > j0 ? ATT_LO(t) : j0;
+            if (je <= js) continue;
+            for (int i0 = 0; i0 < g; i0 += HCMAX) {
+                const int hc = g - i0 < HCMAX ? g - i0 : HCMAX;
+                const float *w = s + t * g + i0;
+                float *oi = o + t * ostep + (size_t)i0 * hd;
+                for (int c0 = 0; c0 < nv; c0 += 4) {
+                    const int nvc = nv - c0 < 4 ? nv - c0 : 4, d0 = c0 * W;
+#define ATT_CASE(H, C) case (H) * 8 + (C): ATT_VACC(w, Rp, vt, hd, j0, js, je, d0, H, C, js == ATT_LO(t), oi); break;
+                    switch (hc * 8 + nvc) {
+                        ATT_CASE(1, 1) ATT_CASE(1, 2) ATT_CASE(1, 3) ATT_CASE(1, 4)
+#if HCMAX >= 2
+                        ATT_CASE(2, 1) ATT_CASE(2, 2) ATT_CASE(2, 3) ATT_CASE(2, 4)
+#endif
+#if HCMAX >= 3
+                        ATT_CASE(3, 1) ATT_CASE(3, 2) ATT_CASE(3, 3) ATT_CASE(3, 4)
+#endif
+#if HCMAX >= 4
+                        ATT_CASE(4, 1) ATT_CASE(4, 2) ATT_CASE(4, 3) ATT_CASE(4, 4)
+#endif
+                    default: break;
+                    }
+#undef ATT_CASE
+                }
+            }
+        }
+    }
+    for (int t = 0; t < tq; t++)
+        for (int i = 0; i < g; i++) {
+            const VT inv = VSET1(1.0f / sum[t * g + i]);
+            float *oi = o + t * ostep + (size_t)i * hd;
+            for (int c = 0; c < hd; c += W) VSTORE(oi + c, VMUL(VLOADF(oi + c), inv));
+        }
 }
 
 TGT void ATT_NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale,
                   const float *sinks, float *sc, float *o) {
-    if (hd % W) { ATT_REF(q, g, hd, k, v, stride, n, scale, sinks, sc, o); return; }
-    const int nv = hd / W;
-    const unsigned char *kb = k, *vb = v;
-    for (int j0 = 0; j0 < n; j0 += ATT_TILE) {
-        const int j1 = j0 + ATT_TILE < n ? j0 + ATT_TILE : n;
-        for (int i = 0; i < g; i++) {
-            const float *qi = q + (size_t)i * hd;
-            float *s = sc + (size_t)i * n;
-            int j = j0;
-            for (; j + 4 <= j1; j += 4) {
-                const unsigned char *r = kb + (size_t)j * stride;
-                VT a0 = VZERO(), a1 = VZERO(), a2 = VZERO(), a3 = VZERO();
-                for (int c = 0; c < nv; c++) {
-                    const VT qv = VLOADF(qi + c * W);
-                    a0 = VFMA(qv, LOADE(r, c * W), a0);
-                    a1 = VFMA(qv, LOADE(r + stride, c * W), a1);
-                    a2 = VFMA(qv, LOADE(r + 2 * stride, c * W), a2);
-                    a3 = VFMA(qv, LOADE(r + 3 * stride, c * W), a3);
-                }
-                STORE4(s + j, a0, a1, a2, a3, scale);
-            }
-            for (; j < j1; j++) {
-                const unsigned char *r = kb + (size_t)j * stride;
-                VT a = VZERO();
-                for (int c = 0; c < nv; c++) a = VFMA(VLOADF(qi + c * W), LOADE(r, c * W), a);
-                s[j] = VHSUM(a) * scale;
-            }
-        }
-    }
-    for (int i0 = 0; i0 < g; i0 += HCMAX) {
-        const int hc = g - i0 < HCMAX ? g - i0 : HCMAX;
-        float inv[HCMAX];
-        for (int i = 0; i < hc; i++) inv[i] = ATT_SOFTMAX(sc + (size_t)(i0 + i) * n, n, sinks ? sinks[i0 + i] : -INFINITY);
-        const float *w = sc + (size_t)i0 * n;
-        float *oi = o + (size_t)i0 * hd;
-        for (int c0 = 0; c0 < nv; c0 += 4) {
-            const int nvc = nv - c0 < 4 ? nv - c0 : 4, d0 = c0 * W;
-#define ATT_CASE(H, C) case (H) * 8 + (C): ATT_VACC(w, n, vb, stride, d0, H, C, inv, oi, hd); break;
-            switch (hc * 8 + nvc) {
-                ATT_CASE(1, 1) ATT_CASE(1, 2) ATT_CASE(1, 3) ATT_CASE(1, 4)
-#if HCMAX >= 2
-                ATT_CASE(2, 1) ATT_CASE(2, 2) ATT_CASE(2, 3) ATT_CASE(2, 4)
-#endif
-#if HCMAX >= 3
-                ATT_CASE(3, 1) ATT_CASE(3, 2) ATT_CASE(3, 3) ATT_CASE(3, 4)
-#endif
-#if HCMAX >= 4
-                ATT_CASE(4, 1) ATT_CASE(4, 2) ATT_CASE(4, 3) ATT_CASE(4, 4)
-#endif
-            default: break;
-            }
-#undef ATT_CASE
-        }
-    }
+    ATT_BLOCK_NAME(q, 0, 1, g, hd, k, v, stride, n, 0, scale, sinks, sc, o, 0);
 }
+#undef ATT_LO
 
+#undef ATT_QK
 #undef ATT_VACC
 #undef ATT_SOFTMAX
 #endif /* ATT_EXP_ONLY */

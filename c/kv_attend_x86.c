@@ -23,23 +23,7 @@ void kv_attend_ref_bf16(const float *q, int g, int hd, const void *k, const void
 
 A2I __m256 a2_round(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 A2I __m256 a2_exp(__m256 x) { ATT_EXP_BODY(__m256, _mm256_set1_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, a2_round, _mm256_cvtps_epi32, _mm256_slli_epi32, _mm256_add_epi32, _mm256_set1_epi32, _mm256_castsi256_ps) }
-A2I float a2_hsum(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-A2I float a2_hmax(__m256 v) {
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-/* [sum a, sum b, sum c, sum d] */
-A2I __m128 a2_reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-}
+A2I __m256 a2_sellt(__m256 x, __m256 lim, __m256 a, __m256 b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, lim, _CMP_LT_OQ)); }
 A2I __m256 a2_f32(const unsigned char *r, int i) { return _mm256_loadu_ps((const float *)r + i); }
 A2I __m256 a2_f16(const unsigned char *r, int i) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i))); }
 A2I __m256 a2_bf16(const unsigned char *r, int i) {
@@ -59,31 +43,42 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 #define VADD _mm256_add_ps
 #define VSUB _mm256_sub_ps
 #define VMAX _mm256_max_ps
-#define VHSUM a2_hsum
-#define VHMAX a2_hmax
 #define VEXP a2_exp
-#define STORE4(p, a, b, c, d, scale) _mm_storeu_ps(p, _mm_mul_ps(a2_reduce4(a, b, c, d), _mm_set1_ps(scale)))
+#define VSELLT a2_sellt
 #define HCMAX 2
+#define RBMAX 2
 #define LOADE a2_f32
+#define LOADE_T float
 #define ATT_NAME kv_attend_avx2_f32
+#define ATT_BLOCK_NAME kv_attend_avx2_f32_block
 #define ATT_REF kv_attend_ref_f32
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
+#undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE a2_f16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_avx2_f16
+#define ATT_BLOCK_NAME kv_attend_avx2_f16_block
 #define ATT_REF kv_attend_ref_f16
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
+#undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE a2_bf16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_avx2_bf16
+#define ATT_BLOCK_NAME kv_attend_avx2_bf16_block
 #define ATT_REF kv_attend_ref_bf16
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
+#undef ATT_BLOCK_NAME
 #undef ATT_REF
 #undef VT
 #undef W
@@ -98,11 +93,10 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 #undef VADD
 #undef VSUB
 #undef VMAX
-#undef VHSUM
-#undef VHMAX
 #undef VEXP
-#undef STORE4
+#undef VSELLT
 #undef HCMAX
+#undef RBMAX
 
 /* ---------------- AVX-512 ---------------- */
 #define A5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
@@ -110,10 +104,7 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 
 A5I __m512 a5_round(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 A5I __m512 a5_exp(__m512 x) { ATT_EXP_BODY(__m512, _mm512_set1_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps, _mm512_fnmadd_ps, a5_round, _mm512_cvtps_epi32, _mm512_slli_epi32, _mm512_add_epi32, _mm512_set1_epi32, _mm512_castsi512_ps) }
-A5I __m256 a5_fold(__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
-A5I float a5_hsum(__m512 v) { return a2_hsum(a5_fold(v)); }
-A5I float a5_hmax(__m512 v) { return a2_hmax(_mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
-A5I __m128 a5_reduce4(__m512 a, __m512 b, __m512 c, __m512 d) { return a2_reduce4(a5_fold(a), a5_fold(b), a5_fold(c), a5_fold(d)); }
+A5I __m512 a5_sellt(__m512 x, __m512 lim, __m512 a, __m512 b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lim, _CMP_LT_OQ), b, a); }
 A5I __m512 a5_f32(const unsigned char *r, int i) { return _mm512_loadu_ps((const float *)r + i); }
 A5I __m512 a5_f16(const unsigned char *r, int i) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i))); }
 A5I __m512 a5_bf16(const unsigned char *r, int i) {
@@ -133,27 +124,36 @@ A5I __m512 a5_bf16(const unsigned char *r, int i) {
 #define VADD _mm512_add_ps
 #define VSUB _mm512_sub_ps
 #define VMAX _mm512_max_ps
-#define VHSUM a5_hsum
-#define VHMAX a5_hmax
 #define VEXP a5_exp
-#define STORE4(p, a, b, c, d, scale) _mm_storeu_ps(p, _mm_mul_ps(a5_reduce4(a, b, c, d), _mm_set1_ps(scale)))
+#define VSELLT a5_sellt
 #define HCMAX 4
+#define RBMAX 4
 #define LOADE a5_f32
+#define LOADE_T float
 #define ATT_NAME kv_attend_avx512_f32
+#define ATT_BLOCK_NAME kv_attend_avx512_f32_block
 #define ATT_REF kv_attend_ref_f32
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
+#undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE a5_f16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_avx512_f16
+#define ATT_BLOCK_NAME kv_attend_avx512_f16_block
 #define ATT_REF kv_attend_ref_f16
 #include "kv_attend_simd.h"
 #undef LOADE
+#undef LOADE_T
 #undef ATT_NAME
+#undef ATT_BLOCK_NAME
 #undef ATT_REF
 #define LOADE a5_bf16
+#define LOADE_T uint16_t
 #define ATT_NAME kv_attend_avx512_bf16
+#define ATT_BLOCK_NAME kv_attend_avx512_bf16_block
 #define ATT_REF kv_attend_ref_bf16
 #include "kv_attend_simd.h"
 #endif

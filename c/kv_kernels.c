@@ -83,12 +83,32 @@ static void attend_ref(float (*dot)(const float *, const void *, int), void (*ax
                               float scale, const float *sinks, float *sc, float *o) {                                              \
         attend_ref(dot_##NAME, axpy_##NAME, q, g, hd, k, v, stride, n, scale, sinks, sc, o);                        \
     }
+#define ATTEND_REF_BLOCK(NAME)                                                                                          \
+    static void attend_block_ref_##NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, \
+                                        size_t stride, int n, int window, float scale, const float *sinks, float *sc,        \
+                                        float *o, size_t ostep) {                                                            \
+        for (int t = 0; t < tq; t++) {                                                                                       \
+            const size_t lo = window > 0 && n + t > window ? (size_t)(n + t - window) : 0;                                   \
+            attend_ref(dot_##NAME, axpy_##NAME, q + t * qstep, g, hd, (const unsigned char *)k + lo * stride,                \
+                       (const unsigned char *)v + lo * stride, stride, n + t - (int)lo, scale, sinks, sc, o + t * ostep);    \
+        }                                                                                                                    \
+    }
 ATTEND_REF(f32)
 ATTEND_REF(f16)
 ATTEND_REF(bf16)
-static const KvKernels portable_f32 = {dot_f32, axpy_f32, kv_attend_ref_f32};
-static const KvKernels portable_f16 = {dot_f16, axpy_f16, kv_attend_ref_f16};
-static const KvKernels portable_bf16 = {dot_bf16, axpy_bf16, kv_attend_ref_bf16};
+ATTEND_REF_BLOCK(f32)
+ATTEND_REF_BLOCK(f16)
+ATTEND_REF_BLOCK(bf16)
+static const KvKernels portable_f32 = {dot_f32, axpy_f32, kv_attend_ref_f32, attend_block_ref_f32};
+static const KvKernels portable_f16 = {dot_f16, axpy_f16, kv_attend_ref_f16, attend_block_ref_f16};
+static const KvKernels portable_bf16 = {dot_bf16, axpy_bf16, kv_attend_ref_bf16, attend_block_ref_bf16};
+
+size_t kv_attend_scratch(int tq, int g, int hd, int n) {
+    const size_t rp = ((size_t)tq * g + 15) / 16 * 16, np = ((size_t)n + tq - 1 + KV_ATT_KT - 1) / KV_ATT_KT * KV_ATT_KT;
+    const size_t simd = (size_t)hd * (rp + KV_ATT_KT + KV_ATT_PT) + np * rp + 4 * rp;
+    const size_t ref = (size_t)g * ((size_t)n + tq); /* the portable kernel: g rows of scores */
+    return simd > ref ? simd : ref;
+}
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -129,7 +149,9 @@ KV_AVX2(f16, wide_f16, f16_to_f32)
 KV_AVX2(bf16, wide_bf16, bf16_to_f32)
 #define KV_ATTEND_DECL(NAME)                                                                                   \
     void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
-              float *sc, float *o);
+              float *sc, float *o);                                                                                    \
+    void NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride, int n, \
+                      int window, float scale, const float *sinks, float *sc, float *o, size_t ostep);
 KV_ATTEND_DECL(kv_attend_avx2_f32)
 KV_ATTEND_DECL(kv_attend_avx2_f16)
 KV_ATTEND_DECL(kv_attend_avx2_bf16)
@@ -137,24 +159,26 @@ KV_ATTEND_DECL(kv_attend_avx512_f32)
 KV_ATTEND_DECL(kv_attend_avx512_f16)
 KV_ATTEND_DECL(kv_attend_avx512_bf16)
 /* AVX-512 keeps the AVX2 row kernels: rows of one head are too short for 16 lanes to pay. */
-static const KvKernels avx2_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx2_f32},
-                                     {dot_f16_avx2, axpy_f16_avx2, kv_attend_avx2_f16},
-                                     {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx2_bf16}};
-static const KvKernels avx512_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx512_f32},
-                                       {dot_f16_avx2, axpy_f16_avx2, kv_attend_avx512_f16},
-                                       {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx512_bf16}};
+static const KvKernels avx2_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx2_f32, kv_attend_avx2_f32_block},
+                                     {dot_f16_avx2, axpy_f16_avx2, kv_attend_avx2_f16, kv_attend_avx2_f16_block},
+                                     {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx2_bf16, kv_attend_avx2_bf16_block}};
+static const KvKernels avx512_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx512_f32, kv_attend_avx512_f32_block},
+                                       {dot_f16_avx2, axpy_f16_avx2, kv_attend_avx512_f16, kv_attend_avx512_f16_block},
+                                       {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx512_bf16, kv_attend_avx512_bf16_block}};
 #endif
 
 #if defined(__aarch64__)
 #define KV_ATTEND_NEON(NAME)                                                                                   \
     void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
-              float *sc, float *o);
+              float *sc, float *o);                                                                                    \
+    void NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride, int n, \
+                      int window, float scale, const float *sinks, float *sc, float *o, size_t ostep);
 KV_ATTEND_NEON(kv_attend_neon_f32)
 KV_ATTEND_NEON(kv_attend_neon_f16)
 KV_ATTEND_NEON(kv_attend_neon_bf16)
-static const KvKernels neon_kv[3] = {{dot_f32, axpy_f32, kv_attend_neon_f32},
-                                     {dot_f16, axpy_f16, kv_attend_neon_f16},
-                                     {dot_bf16, axpy_bf16, kv_attend_neon_bf16}};
+static const KvKernels neon_kv[3] = {{dot_f32, axpy_f32, kv_attend_neon_f32, kv_attend_neon_f32_block},
+                                     {dot_f16, axpy_f16, kv_attend_neon_f16, kv_attend_neon_f16_block},
+                                     {dot_bf16, axpy_bf16, kv_attend_neon_bf16, kv_attend_neon_bf16_block}};
 #endif
 
 const KvKernels *kv_kernels_for(KernIsa isa, QType t) {

@@ -170,7 +170,7 @@ static void test_kv_attend(void) {
                         const size_t es = kv_elem_size(types[ti]), stride = 2 * (size_t)hd * es + 6 * es; /* rows padded */
                         unsigned char *cache = malloc(stride * n);
                         float *q = malloc(sizeof(float) * g * hd), *row = malloc(sizeof(float) * hd);
-                        float *sc = malloc(sizeof(float) * g * n), *o1 = malloc(sizeof(float) * g * hd);
+                        float *sc = malloc(sizeof(float) * kv_attend_scratch(1, g, hd, n)), *o1 = malloc(sizeof(float) * g * hd);
                         float *o2 = malloc(sizeof(float) * g * hd), *o3 = malloc(sizeof(float) * hd);
                         for (int i = 0; i < g * hd; i++) q[i] = 3 * rnd01(&seed);
                         for (int j = 0; j < n; j++)
@@ -197,11 +197,66 @@ static void test_kv_attend(void) {
     }
 }
 
+/* Attending a block of tq positions at once gives each of them the bits it gets alone (tq = 1)
+ * over its own positions, on every kernel set, with and without sinks and a sliding window
+ * (shorter and longer than the block), for blocks past a score vector and past the K and V
+ * tiles; and it agrees with the portable kernel. */
+static void test_kv_attend_block(void) {
+    const int hds[] = {16, 128, 24}, gs[] = {1, 3, 8}, tqs[] = {2, 5, 9}, n0s[] = {1, 30, 70}, wins[] = {0, 4, 40};
+    unsigned seed = 11;
+    for (int isa = 0; isa < KI_COUNT; isa++) {
+        if (!kernels_supported((KernIsa)isa) || !kv_kernels_for((KernIsa)isa, QT_F16)) continue;
+        double worst = 0;
+        int same = 1;
+        for (int ti = 0; ti < 2; ti++)
+            for (size_t hi = 0; hi < sizeof hds / sizeof *hds; hi++)
+                for (size_t gi = 0; gi < sizeof gs / sizeof *gs; gi++)
+                    for (size_t qi = 0; qi < sizeof tqs / sizeof *tqs; qi++)
+                        for (size_t ni = 0; ni < sizeof n0s / sizeof *n0s * 3; ni++) {
+                            const QType type = ti ? QT_F16 : QT_F32;
+                            const int hd = hds[hi], g = gs[gi], tq = tqs[qi], win = wins[ni / 3];
+                            const int n0 = win && n0s[ni % 3] > win ? win : n0s[ni % 3], N = n0 + tq - 1;
+                            const size_t es = kv_elem_size(type), stride = 2 * (size_t)hd * es, qstep = (size_t)g * hd + 5;
+                            unsigned char *cache = malloc(stride * N);
+                            float *q = malloc(sizeof(float) * qstep * tq), *row = malloc(sizeof(float) * hd), sinks[8];
+                            float *sc = malloc(sizeof(float) * kv_attend_scratch(tq, g, hd, n0));
+                            float *ob = malloc(sizeof(float) * qstep * tq), *o1 = malloc(sizeof(float) * g * hd);
+                            float *op = malloc(sizeof(float) * g * hd);
+                            for (size_t i = 0; i < qstep * tq; i++) q[i] = 3 * rnd01(&seed);
+                            for (int i = 0; i < g; i++) sinks[i] = 4 * rnd01(&seed);
+                            for (int j = 0; j < N; j++)
+                                for (int kv = 0; kv < 2; kv++) {
+                                    for (int d = 0; d < hd; d++) row[d] = rnd01(&seed) * (kv ? 2 : 1);
+                                    kv_store_row(type, row, hd, cache + j * stride + kv * hd * es);
+                                }
+                            const KvKernels *kk = kv_kernels_for((KernIsa)isa, type), *port = kv_kernels_for(KI_PORTABLE, type);
+                            const float scale = 1.0f / sqrtf((float)hd);
+                            for (int sk = 0; sk < 2; sk++) {
+                                kk->attend_block(q, qstep, tq, g, hd, cache, cache + hd * es, stride, n0, win, scale,
+                                                 sk ? sinks : NULL, sc, ob, qstep);
+                                for (int t = 0; t < tq; t++) {
+                                    const int lo = win && n0 + t > win ? n0 + t - win : 0;
+                                    const unsigned char *row = cache + lo * stride;
+                                    kk->attend(q + t * qstep, g, hd, row, row + hd * es, stride, n0 + t - lo, scale,
+                                               sk ? sinks : NULL, sc, o1);
+                                    same &= !memcmp(o1, ob + t * qstep, sizeof(float) * g * hd);
+                                    port->attend(q + t * qstep, g, hd, row, row + hd * es, stride, n0 + t - lo, scale,
+                                                 sk ? sinks : NULL, sc, op);
+                                    for (int i = 0; i < g * hd; i++) worst = fmax(worst, fabs(op[i] - o1[i]) / (1 + fabs(op[i])));
+                                }
+                            }
+                            free(cache); free(q); free(row); free(sc); free(ob); free(o1); free(op);
+                        }
+        CHECK(same, "%s attention: a block's position differs from the same position alone", kernels_isa_name((KernIsa)isa));
+        CHECK(worst < 2e-5, "%s block attention differs from portable by %g (relative)", kernels_isa_name((KernIsa)isa), worst);
+    }
+}
+
 /* A sink is one more logit in each head's softmax with no value row: over one position with
  * score s0 the output is V0 / (1 + exp(sink - s0)). */
 static void test_kv_attend_sink(void) {
     const int hd = 16;
-    float q[16], row[32], sc[1], o[16], sink = 0.7f;
+    float q[16], row[32], o[16], sink = 0.7f, *sc = malloc(sizeof(float) * kv_attend_scratch(1, 1, 16, 1));
     for (int d = 0; d < hd; d++) { q[d] = 0.1f * (float)(d - 5); row[d] = 0.05f * (float)d; row[hd + d] = 1.0f + 0.25f * (float)d; }
     float s0 = 0;
     for (int d = 0; d < hd; d++) s0 += q[d] * row[d];
@@ -214,6 +269,7 @@ static void test_kv_attend_sink(void) {
         for (int d = 0; d < hd; d++) worst = fmax(worst, fabs(o[d] - row[hd + d] / (1 + exp(sink - s0))));
         CHECK(worst < 1e-5, "%s attention with a sink is off by %g", kernels_isa_name((KernIsa)isa), worst);
     }
+    free(sc);
 }
 
 /* The run-time chosen f16/bf16 cache kernels agree with the portable ones, tails included. */
@@ -251,6 +307,7 @@ static void test_kv_kernels(void) {
     }
     test_kv_attend();
     test_kv_attend_sink();
+    test_kv_attend_block();
 }
 
 void test_kv_kernel_sets(void) { test_kv_kernels(); }
