@@ -42,6 +42,18 @@ def _spec_max(layers, block, key):
     return best
 
 
+KV_ATT_KT, KV_ATT_PT = 24, 32  # c/kv_kernels.h: the attention kernels' position and prefetch tiles
+
+
+def attend_scratch_floats(heads, hd, ctx):
+    """c/engine_stream.c attend_scratch_floats: one thread's attention scratch at most (blocks of
+    up to 64 query rows, a group's heads at least, fewer past 4M floats of scores)."""
+    R = max(heads, 64)
+    full = (R + 15) * (ctx + R + KV_ATT_KT)
+    bound = max((4 << 20) + 15 * ctx + (R + 15) * (R + KV_ATT_KT), (heads + 15) * (ctx + heads + KV_ATT_KT))
+    return min(full, bound) + hd * (R + 15 + KV_ATT_KT + KV_ATT_PT) + 4 * (R + 15)
+
+
 def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, tokenizer_bytes=0, streams=1):
     """Engine working memory besides weights and KV: per-position scratch of one prefill chunk,
     per-thread attention scores and rows, each decoding stream's logits and sampler buffers
@@ -53,7 +65,8 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     K, E = _spec_max(layers, "mlp", "top_k"), _spec_max(layers, "mlp", "experts")
     per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W
     r = RUNTIME_BASE + 4 * max(batch, 1) * per_pos
-    r += threads * (4 * ctx + 4 * 8 * max(qd, W))
+    heads, hd = _spec_max(layers, "attn", "heads"), _spec_max(layers, "attn", "head_dim")
+    r += threads * (4 * attend_scratch_floats(heads, hd, ctx) + 4 * 8 * max(qd, W))
     streams = max(streams, 1)
     r += streams * 7 * V * 4  # each stream's logits and sampler buffers (c/sampler.h)
     if streams > 1:

@@ -205,9 +205,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
          * query heads of all tq positions. Rows get the same bits in any block (kv_kernels.h).
          * ~64 query rows a block, fewer where their scores (rows x positions) would pass 16 MB. */
         const int span = y->window && y->window < p0 + T ? y->window : p0 + T;
-        const size_t rows_cap = ((size_t)4 << 20) / (size_t)span;
-        int tq = group >= 64 ? 1 : 64 / group;
-        while (tq > 1 && (size_t)tq * group > rows_cap) tq /= 2;
+        const int tq = kv_attend_block_positions(group, span);
         const int nb = (T + tq - 1) / tq;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (par_worth(2.0 * T * span * nkv * group * hd / 32))
         for (int b = 0; b < nb; b++) {

@@ -10,6 +10,7 @@
 
 #include "container.h"
 #include "grammar.h"
+#include "kv_kernels.h"
 #include "kv_writer.h"
 #include "protocol.h"
 
@@ -27,6 +28,15 @@ static long long spec_max(const JsonValue *layers, const char *block, const char
     return m;
 }
 
+uint64_t attend_scratch_floats(uint64_t heads, uint64_t hd, uint64_t ctx) {
+    const uint64_t R = heads > 64 ? heads : 64;
+    const uint64_t full = (R + 15) * (ctx + R + KV_ATT_KT);
+    const uint64_t capped = (4ull << 20) + 15 * ctx + (R + 15) * (R + KV_ATT_KT);
+    const uint64_t by_group = (heads + 15) * (ctx + heads + KV_ATT_KT);
+    const uint64_t bound = capped > by_group ? capped : by_group;
+    return (full < bound ? full : bound) + hd * (R + 15 + KV_ATT_KT + KV_ATT_PT) + 4 * (R + 15);
+}
+
 uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
                               int streams) {
     const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
@@ -41,7 +51,8 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     uint64_t per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W;
     uint64_t b = (uint64_t)(batch > 0 ? batch : 1);
     uint64_t r = RUNTIME_BASE_BYTES + 4 * b * per_pos;
-    r += (uint64_t)threads * (4ull * (uint64_t)ctx + 4ull * 8 * (qd > W ? qd : W)); /* per-thread scores, rows */
+    const uint64_t heads = (uint64_t)spec_max(layers, "attn", "heads"), hd = (uint64_t)spec_max(layers, "attn", "head_dim");
+    r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W)); /* per-thread scores, rows */
     const uint64_t st = (uint64_t)(streams > 1 ? streams : 1);
     r += st * 7 * V * 4;                        /* each stream's logits and sampler buffers (sampler.h) */
     if (st > 1) r += st * 4 * V;                /* one batched decode step's logits */

@@ -33,6 +33,10 @@ void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char 
 
 /* Bytes of scratch the forward pass and the protocol loop need beyond weights and KV, with
  * `streams` requests decoding at once (--parallel). */
+/* Floats of one thread's attention scratch at most for `heads` query heads of hd over ctx
+ * positions: kv_attend_block_positions' blocks of up to 64 query rows (a group's heads at
+ * least), fewer past 4M floats of scores, as kv_attend_scratch sizes them. */
+uint64_t attend_scratch_floats(uint64_t heads, uint64_t hd, uint64_t ctx);
 uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
                               int streams);
 

@@ -103,6 +103,13 @@ static const KvKernels portable_f32 = {dot_f32, axpy_f32, kv_attend_ref_f32, att
 static const KvKernels portable_f16 = {dot_f16, axpy_f16, kv_attend_ref_f16, attend_block_ref_f16};
 static const KvKernels portable_bf16 = {dot_bf16, axpy_bf16, kv_attend_ref_bf16, attend_block_ref_bf16};
 
+int kv_attend_block_positions(int g, int span) {
+    const size_t rows_cap = ((size_t)4 << 20) / (size_t)(span > 0 ? span : 1);
+    int tq = g >= 64 ? 1 : 64 / g;
+    while (tq > 1 && (size_t)tq * g > rows_cap) tq /= 2;
+    return tq;
+}
+
 size_t kv_attend_scratch(int tq, int g, int hd, int n) {
     const size_t rp = ((size_t)tq * g + 15) / 16 * 16, np = ((size_t)n + tq - 1 + KV_ATT_KT - 1) / KV_ATT_KT * KV_ATT_KT;
     const size_t simd = (size_t)hd * (rp + KV_ATT_KT + KV_ATT_PT) + np * rp + 4 * rp;

@@ -38,6 +38,9 @@ typedef struct {
 #define KV_ATT_PT 32
 /* Floats of scratch an attend_block call needs (attend: tq = 1). */
 size_t kv_attend_scratch(int tq, int g, int hd, int n);
+/* Positions a block attends together when g query heads share a KV head over span positions:
+ * ~64 query rows, fewer where their scores (rows x positions) would pass 4M floats; at least 1. */
+int kv_attend_block_positions(int g, int span);
 
 /* Kernels for rows stored as t (QT_F32, QT_F16 or QT_BF16) in the current kernel set. */
 const KvKernels *kv_kernels(QType t);

@@ -11,6 +11,7 @@
 
 #include "blocks.h"
 #include "check.h"
+#include "engine_stream.h"
 #include "kv_kernels.h"
 #include "kv_persist.h"
 #include "ops.h"
@@ -201,6 +202,26 @@ static void test_kv_attend(void) {
  * over its own positions, on every kernel set, with and without sinks and a sliding window
  * (shorter and longer than the block), for blocks past a score vector and past the K and V
  * tiles; and it agrees with the portable kernel. */
+/* The RAM budget's attention share (attend_scratch_floats) covers the scratch the GQA block
+ * asks for, whatever the group, head size and context. */
+static void test_attend_scratch_budget(void) {
+    const int groups[] = {1, 2, 3, 4, 8, 12, 16, 32, 64, 128}, hds[] = {64, 128, 192, 256},
+              ctxs[] = {1, 17, 512, 4096, 40960, 131072, 1 << 20};
+    int ok = 1;
+    for (size_t gi = 0; gi < sizeof groups / sizeof *groups; gi++)
+        for (size_t hi = 0; hi < sizeof hds / sizeof *hds; hi++)
+            for (size_t ci = 0; ci < sizeof ctxs / sizeof *ctxs; ci++) {
+                const int g = groups[gi], hd = hds[hi], ctx = ctxs[ci], tq = kv_attend_block_positions(g, ctx);
+                const size_t need = kv_attend_scratch(tq, g, hd, ctx);
+                if (need > attend_scratch_floats((uint64_t)g, (uint64_t)hd, (uint64_t)ctx)) {
+                    ok = 0;
+                    CHECK(0, "g=%d hd=%d ctx=%d: the block asks %zu floats, the budget holds %llu", g, hd, ctx, need,
+                          (unsigned long long)attend_scratch_floats((uint64_t)g, (uint64_t)hd, (uint64_t)ctx));
+                }
+            }
+    CHECK(ok, "the budget's attention share covers every block's scratch");
+}
+
 static void test_kv_attend_block(void) {
     const int hds[] = {16, 128, 24}, gs[] = {1, 3, 8}, tqs[] = {2, 5, 9}, n0s[] = {1, 30, 70}, wins[] = {0, 4, 40};
     unsigned seed = 11;
@@ -308,6 +329,7 @@ static void test_kv_kernels(void) {
     test_kv_attend();
     test_kv_attend_sink();
     test_kv_attend_block();
+    test_attend_scratch_budget();
 }
 
 void test_kv_kernel_sets(void) { test_kv_kernels(); }
