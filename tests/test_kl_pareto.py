@@ -23,7 +23,8 @@ def gguf_str(s):
 
 
 def write_gguf(path, meta, tensors):
-    """A GGUF header with string/uint32 metadata and tensor infos (no data: the tool reads headers only)."""
+    """A GGUF with string/uint32 metadata, tensor infos at aligned offsets and zero data."""
+    from colibri.convert.gguf_reader import DEFAULT_ALIGNMENT, GGML_TYPES
     raw = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
     for k, v in meta.items():
         raw += gguf_str(k) + (struct.pack("<I", 8) + gguf_str(v) if isinstance(v, str) else struct.pack("<II", 4, v))
@@ -31,8 +32,13 @@ def write_gguf(path, meta, tensors):
     for name, shape, t in tensors:
         raw += gguf_str(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
         raw += struct.pack("<IQ", t, off)
-        off += 64
-    Path(path).write_bytes(raw)
+        n = 1
+        for d in shape:
+            n *= d
+        _, block, size = GGML_TYPES.get(t, ("", 1, 0))
+        off += (n // block * size + DEFAULT_ALIGNMENT - 1) // DEFAULT_ALIGNMENT * DEFAULT_ALIGNMENT
+    raw += bytes(-len(raw) % DEFAULT_ALIGNMENT)
+    Path(path).write_bytes(raw + bytes(off))
 
 
 MOE_META = {"general.architecture": "qwen3moe", "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2}

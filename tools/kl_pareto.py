@@ -29,78 +29,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# ggml type id -> (elements per block, bytes per block), for the types a GGUF of ours holds
-GGML_TYPES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
-              10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 30: (1, 2)}
-GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
 class Fail(Exception):
     pass
-
-
-# ---------------------------------------------------------------- GGUF headers
-
-def _gguf_value(f, t):
-    if t in GGUF_SCALARS:
-        fmt = "<" + GGUF_SCALARS[t]
-        return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-    if t == 8:
-        n, = struct.unpack("<Q", f.read(8))
-        return f.read(n).decode("utf-8", "replace")
-    if t == 9:
-        et, n = struct.unpack("<IQ", f.read(12))
-        return [_gguf_value(f, et) for _ in range(n)]
-    raise Fail(f"unknown GGUF value type {t}")
-
-
-def gguf_header(path):
-    """(metadata dict, [(name, shape, ggml type)]) of a GGUF file, without reading its data."""
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise Fail(f"{path}: not a GGUF file (no GGUF magic)")
-        version, n_tensors, n_kv = struct.unpack("<IQQ", f.read(20))
-        if version < 2:
-            raise Fail(f"{path}: GGUF version {version} is too old; convert it again")
-        meta = {}
-        for _ in range(n_kv):
-            key = _gguf_value(f, 8)
-            t, = struct.unpack("<I", f.read(4))
-            meta[key] = _gguf_value(f, t)
-        tensors = []
-        for _ in range(n_tensors):
-            name = _gguf_value(f, 8)
-            nd, = struct.unpack("<I", f.read(4))
-            shape = struct.unpack(f"<{nd}Q", f.read(8 * nd))
-            t, _offset = struct.unpack("<IQ", f.read(12))
-            tensors.append((name, shape, t))
-    return meta, tensors
-
-
-def tensor_bytes(shape, t):
-    if t not in GGML_TYPES:
-        raise Fail(f"ggml tensor type {t} is not in this tool's size table (GGML_TYPES); add it")
-    per, size = GGML_TYPES[t]
-    n = 1
-    for d in shape:
-        n *= d
-    return n // per * size
 
 
 def gguf_bytes_per_token(path):
     """Weight bytes one decoded token reads from a GGUF: every tensor but the embedding table
     (one row of it), with each merged expert tensor (*_exps) counted at top_k / experts."""
-    meta, tensors = gguf_header(path)
-    arch = meta.get("general.architecture", "")
-    experts, top_k = meta.get(f"{arch}.expert_count", 0), meta.get(f"{arch}.expert_used_count", 0)
+    from colibri.convert import gguf_reader  # the converter's header parser and ggml size table
+    try:
+        g = gguf_reader.read_gguf(path)
+    except gguf_reader.GGUFError as e:
+        raise Fail(str(e)) from None
+    arch = g.get("general.architecture", "")
+    experts, top_k = g.get(f"{arch}.expert_count", 0), g.get(f"{arch}.expert_used_count", 0)
     total = 0.0
-    for name, shape, t in tensors:
-        b = tensor_bytes(shape, t)
-        if name == "token_embd.weight":
+    for t in g.tensors.values():
+        if t.name == "token_embd.weight":
             continue
-        if "_exps." in name:
+        b = t.nbytes
+        if "_exps." in t.name:
             if not experts or not top_k:
-                raise Fail(f"{path}: {name} is an expert tensor but {arch}.expert_count/expert_used_count are missing")
+                raise Fail(f"{path}: {t.name} is an expert tensor but {arch}.expert_count/expert_used_count are missing")
             b = b * top_k / experts
         total += b
     return total
