@@ -27,14 +27,19 @@ def test_bytes_per_token_counts_top_k_experts_only(moe_model):
     assert want < scan["dense_bytes"] + scan["expert_bytes"]
 
 
-def test_bench_against_a_peer(moe_model, tmp_path):
-    peer = tmp_path / "fake-llama-bench"
-    log = tmp_path / "calls"
-    # a stand-in with llama-bench's JSON shape; it records its arguments
+def fake_llama_bench(tmp_path):
+    """A stand-in with llama-bench's JSON shape (pp 100, tg 50 tok/s) that records its arguments
+    in the returned log file, a line a run."""
+    peer, log = tmp_path / "fake-llama-bench", tmp_path / "calls"
     peer.write_text("#!/bin/sh\necho \"$@\" >> " + str(log) + "\n"
                     "echo '[{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": 100.0},"
                     " {\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 50.0}]'\n")
     peer.chmod(0o755)
+    return peer, log
+
+
+def test_bench_against_a_peer(moe_model, tmp_path):
+    peer, log = fake_llama_bench(tmp_path)
     r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--prompt-tokens", "16",
                         "--gen-tokens", "8", "--repeat", "2", "--llama-bench", str(peer), "--gguf", str(peer),
                         "--mem-bw", "20", "--json"], capture_output=True, text=True, timeout=300)
@@ -74,12 +79,7 @@ def test_bench_fits_a_small_vocabulary_and_refuses_an_oversized_prompt(moe_model
 def test_bench_at_depth_with_a_sampled_leg(moe_model, tmp_path):
     """--depth fills the slot first and hands the same depth to the peer (llama-bench -d); the
     sampled leg reports its rate and what sampling adds per token."""
-    peer = tmp_path / "fake-llama-bench"
-    log = tmp_path / "calls"
-    peer.write_text("#!/bin/sh\necho \"$@\" >> " + str(log) + "\n"
-                    "echo '[{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": 100.0},"
-                    " {\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 50.0}]'\n")
-    peer.chmod(0o755)
+    peer, log = fake_llama_bench(tmp_path)
     base = [sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--prompt-tokens", "16",
             "--gen-tokens", "8", "--repeat", "1", "--mem-bw", "20"]
     r = subprocess.run(base + ["--depth", "200", "--llama-bench", str(peer), "--gguf", str(peer), "--json"],
