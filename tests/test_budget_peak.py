@@ -105,9 +105,14 @@ def test_kv_persistence_stays_within_the_budget(tmp_path):
     record_max = 24 + slot + 4 * (4 + ck)  # c/kv_log.c kv_record_max: a whole slot with its checkpoints
     assert int(info["kv_writer_bytes"]) == 2 * record_max + slot + 4 * ck  # the records' bound + one image
     assert max(int(e["kv_queue_peak_bytes"]) for e in ends) <= 2 * record_max
-    with engine_client.Engine(model, ctx=512, kv_slots=4, threads=2, kv_dir=tmp_path / "kv",
-                              extra=["--ram", "0.16", "--parallel", "4"]) as eng:
-        assert sum("restored KV slot" in line for line in eng.stderr_tail) == 4
+    def restored():
+        return engine_client.Engine(model, ctx=512, kv_slots=4, threads=2, kv_dir=tmp_path / "kv",
+                                    extra=["--ram", "0.16", "--parallel", "4"])
+    eng = restored()
+    eng.close()  # stderr is complete once the engine has exited (a start with no requests writes nothing)
+    eng._err_thread.join(timeout=10)
+    assert sum("restored KV slot" in line for line in eng.stderr_tail) == 4
+    with restored() as eng:
         assert greedy_turns(eng, hist[0]) == live[0]  # the same reuse and the same tokens as the live slots
 
 
