@@ -18,25 +18,31 @@ STAMP := $(VENV)/.installed
 .PHONY: all test ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv
 all: build/colibri
 
+# The recipes echo c/*.c for the sixty-odd sources, so that a CI log shows more than the builds.
 build/colibri: $(ENGINE_SRC) $(HEADERS) | build
-	$(CC) $(CFLAGS) -o $@ $(ENGINE_SRC) $(LDLIBS)
+	@echo '$(CC) $(CFLAGS) -o $@ c/*.c $(LDLIBS)'
+	@$(CC) $(CFLAGS) -o $@ $(ENGINE_SRC) $(LDLIBS)
 
 # The engine itself under ASan+UBSan: the protocol tests drive it too (COLI_ENGINE, see tests/).
 build/colibri_asan: $(ENGINE_SRC) $(HEADERS) | build
-	$(CC) $(CFLAGS) $(SANITIZE) -o $@ $(ENGINE_SRC) $(LDLIBS)
+	@echo '$(CC) $(CFLAGS) $(SANITIZE) -o $@ c/*.c $(LDLIBS)'
+	@$(CC) $(CFLAGS) $(SANITIZE) -o $@ $(ENGINE_SRC) $(LDLIBS)
 
 build/c_tests: $(LIB_SRC) $(CTEST_SRC) $(HEADERS) | build
-	$(CC) $(CFLAGS) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
+	@echo '$(CC) $(CFLAGS) -Ic -o $@ c/*.c (less main.c) c/tests/*.c $(LDLIBS)'
+	@$(CC) $(CFLAGS) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
 
 build/c_tests_asan: $(LIB_SRC) $(CTEST_SRC) $(HEADERS) | build
-	$(CC) $(CFLAGS) $(SANITIZE) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
+	@echo '$(CC) $(CFLAGS) $(SANITIZE) -Ic -o $@ c/*.c (less main.c) c/tests/*.c $(LDLIBS)'
+	@$(CC) $(CFLAGS) $(SANITIZE) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
 
 build:
 	mkdir -p build
 
 $(STAMP): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -r requirements-test.txt
+	$(VENV)/bin/pip install --quiet --quiet --no-cache-dir -r requirements-test.txt
+	$(VENV)/bin/python tools/test_env_report.py --after-install
 	touch $@
 
 venv: $(STAMP)
@@ -59,6 +65,7 @@ ctest-aarch64: build/c_tests_aarch64
 	$(QEMU_AARCH64) -L $(AARCH64_SYSROOT) ./build/c_tests_aarch64 kernels
 
 pytest: build/colibri build/colibri_asan $(STAMP)
+	$(VENV)/bin/python tools/test_env_report.py
 	$(VENV)/bin/python -m pytest -q tests
 
 test: ctest pytest fuzz-test
@@ -93,7 +100,7 @@ build/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/*.h build/fuzz/libcoli.a
 
 $(FUZZ_VENV)/.installed: fuzz/requirements.txt
 	$(PYTHON) -m venv $(FUZZ_VENV)
-	$(FUZZ_VENV)/bin/pip install --quiet -r fuzz/requirements.txt
+	$(FUZZ_VENV)/bin/pip install --quiet --quiet --no-cache-dir -r fuzz/requirements.txt
 	touch $@
 
 fuzz-build: $(addprefix build/fuzz/fuzz_,$(FUZZ_C_TARGETS)) $(FUZZ_VENV)/.installed

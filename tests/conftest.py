@@ -33,3 +33,37 @@ def oracle_root():
         pytest.fail(f"oracle generation needs torch and transformers ({e}); run `make test`, "
                     "which installs requirements-test.txt into .venv", pytrace=False)
     yield make_oracles.generate(quiet=True)
+
+
+# The first few failures are printed the moment they happen, not only in the summary at the end:
+# when a CI log is cut short, its head still names the cause (a fixture that cannot create its
+# temporary directory fails every test after it in the same way).
+_EARLY_REPORTS = 3
+_early_reported = []
+
+
+def pytest_runtest_logreport(report):
+    if not report.failed or len(_early_reported) >= _EARLY_REPORTS:
+        return
+    _early_reported.append(report.nodeid)
+    text = report.longreprtext.splitlines()[-40:]
+    writer = _terminal_writer()
+    if writer is not None:
+        writer.line("")
+        writer.line(f"--- first failures ({len(_early_reported)} of at most {_EARLY_REPORTS}): "
+                    f"{report.nodeid} ({report.when})")
+        for line in text:
+            writer.line(line)
+
+
+_config = None
+
+
+def pytest_configure(config):
+    global _config
+    _config = config
+
+
+def _terminal_writer():
+    reporter = _config.pluginmanager.get_plugin("terminalreporter") if _config else None
+    return reporter._tw if reporter is not None else None
