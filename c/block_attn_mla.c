@@ -10,6 +10,7 @@
  * RoPE: "interleaved" (pairs (x0,x1), (x2,x3)... as DeepSeek lays them out), "neox" (halves), or "none"
  * (Kimi-Linear: no position encoding at all). */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,54 +148,101 @@ static void load_row(const KvKernels *kk, const unsigned char *row, int n, float
     kk->axpy(1.0f, row, n, dst);
 }
 
-static float row_dot(const KvKernels *kk, const float *q, const unsigned char *row, int n) {
-    return kk ? kk->dot(q, row, n) : kern.dot(q, (const float *)row, n);
+/* Query heads attending together over the latent: a chunk reads each cached row once for all
+ * its heads. Chunks of at most 64 heads (the block kernel's rows), halved while a decode step
+ * would leave a thread without a chunk, down to 16 (one AVX-512 vector of rows). */
+static int head_chunk(int nh, int T) {
+    const int threads = omp_get_max_threads();
+    int chunks = (nh + 63) / 64;
+    while ((long)chunks * T < threads && (nh + chunks - 1) / chunks > 16) chunks *= 2;
+    return (nh + chunks - 1) / chunks;
 }
 
-/* Decode: one query row attends over positions 0..n-1 through the latent. */
-static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q, int n, const unsigned char *keep,
+/* Positions whose absorbed queries and latent outputs ([T][nh][kl + dr] floats each) are held
+ * at once: about 1M floats, so a long chunk of a 128-head model stays within a few MB. */
+static int absorbed_positions(int nh, int hd, int T) {
+    const long per = (long)nh * hd, tb = per > 0 ? (1L << 20) / per : T;
+    return tb < 1 ? 1 : (tb < T ? (int)tb : T);
+}
+
+/* Decode and the later chunks of a prefill, through the latent: position p0 + t attends over
+ * positions 0..p0+t (or the indexer's kept ones, in order) with key [W_uk^T q_nope | q_rope] .
+ * [c | k_rope] and value c, i.e. one KV head of kl + dr dimensions shared by every query head,
+ * run by the block kernel (the last dr output dimensions are the k_rope sum, unused); then
+ * out = W_uv o per head. A row's bits do not depend on the chunk, its heads' grouping or the
+ * thread (kv_kernels.h), so prefill through here equals decode. */
+static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q, int T, const unsigned char *keep,
                             float *att) {
-    const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr;
-    const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type);
-    const size_t pad = ((size_t)kl + 31) / 32 * 32;
+    const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr, nh = y->nh, hd = kl + dr, p0 = r->p0;
+    const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type), rowb = (size_t)hd * es;
+    const size_t pad = ((size_t)kl + 31) / 32 * 32, n_all = (size_t)p0 + T;
     const KvKernels *kk = kv_kernels(r->kv_type);
     const unsigned char *cache = r->state->pos;
-    float *qlat = fwd_malloc(sizeof(float) * (size_t)y->nh * kl), *olat = fwd_malloc(sizeof(float) * (size_t)y->nh * kl);
-    float *rowbuf = fwd_malloc(sizeof(float) * (size_t)y->nh * pad);
-    if (!qlat || !olat || !rowbuf) goto out;
+    const int tb = absorbed_positions(nh, hd, T), hc = head_chunk(nh, tb), nchunk = (nh + hc - 1) / hc;
+    float *qa = fwd_malloc(sizeof(float) * (size_t)tb * nh * hd), *oa = fwd_malloc(sizeof(float) * (size_t)tb * nh * hd);
+    float *rowbuf = fwd_malloc(sizeof(float) * (size_t)nh * pad);
+    float *olat = fwd_malloc(sizeof(float) * (size_t)tb * kl), *ov = fwd_malloc(sizeof(float) * (size_t)tb * dv);
+    if (!qa || !oa || !rowbuf || !olat || !ov) goto out;
+    for (int t0 = 0; t0 < T && !fwd_oom(); t0 += tb) {
+        const int tn = T - t0 < tb ? T - t0 : tb;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int h = 0; h < y->nh; h++) {
-        const float *qh = q + (size_t)h * qkd;
-        float *ql = qlat + (size_t)h * kl, *ol = olat + (size_t)h * kl, *rb = rowbuf + (size_t)h * pad;
-        const int r0 = h * (dn + dv);
-        memset(ql, 0, sizeof(float) * kl);
-        for (int d = 0; d < dn; d++) { /* W_uk^T q_nope, one dequantized row at a time */
-            kern.dequant_row(y->wkvb.qt, y->wkvb.data + (size_t)(r0 + d) * y->wkvb.row_bytes, kl, rb);
-            const float w = qh[d];
-            for (int i = 0; i < kl; i++) ql[i] += w * rb[i];
+        for (int h = 0; h < nh; h++) { /* W_uk^T q_nope: each row dequantized once for the tn positions */
+            float *rb = rowbuf + (size_t)h * pad;
+            const int r0 = h * (dn + dv);
+            for (int t = 0; t < tn; t++) {
+                float *qt = qa + ((size_t)t * nh + h) * hd;
+                memset(qt, 0, sizeof(float) * kl);
+                memcpy(qt + kl, q + ((size_t)(t0 + t) * nh + h) * qkd + dn, sizeof(float) * dr);
+            }
+            for (int d = 0; d < dn; d++) {
+                kern.dequant_row(y->wkvb.qt, y->wkvb.data + (size_t)(r0 + d) * y->wkvb.row_bytes, kl, rb);
+                for (int t = 0; t < tn; t++) {
+                    const float w = q[((size_t)(t0 + t) * nh + h) * qkd + d];
+                    float *ql = qa + ((size_t)t * nh + h) * hd;
+                    for (int i = 0; i < kl; i++) ql[i] += w * rb[i];
+                }
+            }
         }
-        float *sc = scratch(1, (size_t)n);
-        if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
-        for (int j = 0; j < n; j++) {
-            const unsigned char *row = cache + (size_t)j * stride;
-            sc[j] = keep && !keep[j] ? -INFINITY
-                                     : (row_dot(kk, ql, row, kl) + row_dot(kk, qh + dn, row + (size_t)kl * es, dr)) * y->scale;
+        /* Without a selection, tq consecutive positions share each row read too (causal). */
+        const int tq = keep ? 1 : kv_attend_block_positions(hc, p0 + t0 + tn), nblk = (tn + tq - 1) / tq;
+        const size_t qstep = (size_t)nh * hd;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < nblk; b++) {
+            for (int c = 0; c < nchunk; c++) {
+                const int t = b * tq, tc = tn - t < tq ? tn - t : tq, h0 = c * hc, g = nh - h0 < hc ? nh - h0 : hc;
+                const int pos = p0 + t0 + t;
+                const unsigned char *rows = cache;
+                size_t rstride = stride;
+                int n = pos + 1;
+                if (keep) { /* the indexer's kept positions, gathered in order */
+                    const unsigned char *kt = keep + (size_t)(t0 + t) * n_all;
+                    int m = 0;
+                    for (int j = 0; j < n; j++) m += kt[j] != 0;
+                    unsigned char *gbuf = (unsigned char *)scratch(3, ((size_t)m * rowb + 3) / 4);
+                    if (!gbuf) continue; /* out of memory: fwd_oom() fails the pass */
+                    for (int j = 0, k = 0; j < n; j++)
+                        if (kt[j]) memcpy(gbuf + (size_t)k++ * rowb, cache + (size_t)j * stride, rowb);
+                    rows = gbuf, rstride = rowb, n = m;
+                }
+                float *sc = scratch(1, kv_attend_scratch(tc, g, hd, n));
+                if (!sc) continue;
+                const size_t off = (size_t)t * qstep + (size_t)h0 * hd;
+                if (n > 0)
+                    kk->attend_block(qa + off, qstep, tc, g, hd, rows, rows, rstride, n, 0, y->scale, NULL, sc, oa + off, qstep);
+                else /* nothing kept: no value, as a softmax over nothing would give */
+                    for (int i = 0; i < g; i++) memset(oa + off + (size_t)i * hd, 0, sizeof(float) * hd);
+            }
         }
-        softmax(sc, n);
-        memset(ol, 0, sizeof(float) * kl);
-        for (int j = 0; j < n; j++) {
-            if (keep && !keep[j]) continue; /* not among the indexer's top-k */
-            const unsigned char *row = cache + (size_t)j * stride;
-            if (kk) kk->axpy(sc[j], row, kl, ol);
-            else for (int i = 0; i < kl; i++) ol[i] += sc[j] * ((const float *)row)[i];
+        for (int h = 0; h < nh && !fwd_oom(); h++) { /* W_uv per head, over the tn positions */
+            for (int t = 0; t < tn; t++) memcpy(olat + (size_t)t * kl, oa + ((size_t)t * nh + h) * hd, sizeof(float) * kl);
+            QMat uv = rows_of(&y->wkvb, h * (dn + dv) + dn, dv);
+            matmul(ov, olat, tn, &uv, NULL);
+            for (int t = 0; t < tn; t++)
+                memcpy(att + ((size_t)(t0 + t) * nh + h) * dv, ov + (size_t)t * dv, sizeof(float) * dv);
         }
-    }
-    for (int h = 0; h < y->nh && !fwd_oom(); h++) { /* W_uv per head */
-        QMat uv = rows_of(&y->wkvb, h * (dn + dv) + dn, dv);
-        matmul(att + (size_t)h * dv, olat + (size_t)h * kl, 1, &uv, NULL);
     }
 out:
-    free(qlat); free(olat); free(rowbuf);
+    free(qa); free(oa); free(rowbuf); free(olat); free(ov);
 }
 
 /* Prefill: expand keys and values of positions 0..p0+T-1 from the cached latent, then attend. */
@@ -290,10 +338,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
      * attend through the latent, so a long context never expands. */
     const int n_all = r->p0 + T;
     if (T > 1 && 2 * T >= n_all) attend_expanded(y, r, q, T, keep, att);
-    else
-        for (int t = 0; t < T && !fwd_oom(); t++)
-            attend_absorbed(y, r, q + (size_t)t * qd, r->p0 + t + 1, keep ? keep + (size_t)t * n_all : NULL,
-                            att + (size_t)t * nh * y->dv);
+    else attend_absorbed(y, r, q, T, keep, att);
     if (!fwd_oom()) matmul(out, att, T, &y->wo, y->bo);
 out:
     free(q); free(kva); free(att); free(qa); /* keep belongs to last_sel */
