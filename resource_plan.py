@@ -54,6 +54,32 @@ def attend_scratch_floats(heads, hd, ctx):
     return min(full, bound) + hd * (R + 15 + KV_ATT_KT + KV_ATT_PT) + 4 * (R + 15)
 
 
+def _indexer_topk_max(layers):
+    """c/engine_stream.c indexer_topk_max: the largest DSA indexer top-k over the layers."""
+    best = 0
+    for layer in layers or []:
+        ix = (layer.get("attn") or {}).get("indexer") if isinstance(layer, dict) else None
+        if isinstance(ix, dict) and isinstance(ix.get("topk"), int):
+            best = max(best, ix["topk"])
+    return best
+
+
+def mla_chunk_bytes(layers, batch, ctx):
+    """c/engine_stream.c mla_chunk_bytes: latent attention's chunk buffers, the expanded keys and
+    values of a prompt's first chunks or the absorbed queries and outputs, the indexer's selection."""
+    nh, kl = _spec_max(layers, "attn", "heads"), _spec_max(layers, "attn", "kv_lora_rank")
+    if not kl:
+        return 0
+    dn, dr = _spec_max(layers, "attn", "qk_nope_head_dim"), _spec_max(layers, "attn", "qk_rope_head_dim")
+    dv, hd, n_all = _spec_max(layers, "attn", "v_head_dim"), kl + dr, 2 * batch
+    expanded = n_all * (nh * (dn + dv) + 2 * kl + dr)
+    absorbed = 2 * max(nh * hd, 1 << 20) + nh * ((kl + 31) // 32 * 32) + batch * (kl + dv)
+    ql = _spec_max(layers, "attn", "q_lora_rank")
+    chunk = 4 * batch * (nh * (dn + dr) + nh * dv + hd + ql) + 2 * batch * nh * dv
+    keep = batch * ctx if _indexer_topk_max(layers) else 0
+    return chunk + 4 * max(expanded, absorbed) + keep
+
+
 def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, tokenizer_bytes=0, streams=1):
     """Engine working memory besides weights and KV: per-position scratch of one prefill chunk,
     per-thread attention scores and rows, each decoding stream's logits and sampler buffers
@@ -65,8 +91,12 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     K, E = _spec_max(layers, "mlp", "top_k"), _spec_max(layers, "mlp", "experts")
     per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W
     r = RUNTIME_BASE + 4 * max(batch, 1) * per_pos
-    heads, hd = _spec_max(layers, "attn", "heads"), _spec_max(layers, "attn", "head_dim")
-    r += threads * (4 * attend_scratch_floats(heads, hd, ctx) + 4 * 8 * max(qd, W))
+    heads = _spec_max(layers, "attn", "heads")
+    mla_hd = _spec_max(layers, "attn", "kv_lora_rank") + _spec_max(layers, "attn", "qk_rope_head_dim")
+    hd = max(_spec_max(layers, "attn", "head_dim"), mla_hd)  # MLA: one shared head of kl + dr
+    gathered = 4 * mla_hd * min(_indexer_topk_max(layers), ctx)
+    r += threads * (4 * attend_scratch_floats(heads, hd, ctx) + 4 * 8 * max(qd, W) + gathered)
+    r += mla_chunk_bytes(layers, max(batch, 1), ctx)
     streams = max(streams, 1)
     r += streams * 7 * V * 4  # each stream's logits and sampler buffers (c/sampler.h)
     if streams > 1:

@@ -37,6 +37,38 @@ uint64_t attend_scratch_floats(uint64_t heads, uint64_t hd, uint64_t ctx) {
     return (full < bound ? full : bound) + hd * (R + 15 + KV_ATT_KT + KV_ATT_PT) + 4 * (R + 15);
 }
 
+/* The largest DSA indexer top-k over the layers (0: none). */
+static long long indexer_topk_max(const JsonValue *layers) {
+    long long m = 0;
+    for (size_t l = 0; layers && layers->type == JSON_ARR && l < layers->len; l++) {
+        const JsonValue *a = json_get(&layers->items[l], "attn"), *ix = a ? json_get(a, "indexer") : NULL;
+        long long v = ix && ix->type == JSON_OBJ ? json_get_int(ix, "topk", 0) : 0;
+        if (v > m) m = v;
+    }
+    return m;
+}
+
+/* Latent attention's (c/block_attn_mla.c) working memory, which the per-position terms (heads x
+ * head_dim) miss: a chunk's queries, latents, q_a rows and attention outputs (and the outputs
+ * quantized for o); a prompt's first chunks expand every position's keys and values (at most two
+ * chunks of positions), later chunks and decode hold ~1M floats of absorbed queries and outputs;
+ * the indexer's selection is a byte per query and position. The per-thread share (the block
+ * kernel's scratch over kl + dr dimensions, a selection's gathered rows) is added with the other
+ * threads' terms. */
+static uint64_t mla_chunk_bytes(const JsonValue *layers, uint64_t batch, uint64_t ctx) {
+    const uint64_t nh = (uint64_t)spec_max(layers, "attn", "heads"), kl = (uint64_t)spec_max(layers, "attn", "kv_lora_rank");
+    if (!kl) return 0;
+    const uint64_t dn = (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim"), dr = (uint64_t)spec_max(layers, "attn", "qk_rope_head_dim");
+    const uint64_t dv = (uint64_t)spec_max(layers, "attn", "v_head_dim"), hd = kl + dr, n_all = 2 * batch;
+    const uint64_t expanded = n_all * (nh * (dn + dv) + 2 * kl + dr);
+    const uint64_t absorbed_rows = nh * hd > (1u << 20) ? nh * hd : (1u << 20);
+    const uint64_t absorbed = 2 * absorbed_rows + nh * ((kl + 31) / 32 * 32) + batch * (kl + dv);
+    const uint64_t ql = (uint64_t)spec_max(layers, "attn", "q_lora_rank");
+    const uint64_t chunk = 4 * batch * (nh * (dn + dr) + nh * dv + hd + ql) + 2 * batch * nh * dv;
+    const uint64_t keep = indexer_topk_max(layers) ? batch * ctx : 0;
+    return chunk + 4 * (expanded > absorbed ? expanded : absorbed) + keep;
+}
+
 uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
                               int streams) {
     const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
@@ -51,8 +83,13 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     uint64_t per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W;
     uint64_t b = (uint64_t)(batch > 0 ? batch : 1);
     uint64_t r = RUNTIME_BASE_BYTES + 4 * b * per_pos;
-    const uint64_t heads = (uint64_t)spec_max(layers, "attn", "heads"), hd = (uint64_t)spec_max(layers, "attn", "head_dim");
-    r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W)); /* per-thread scores, rows */
+    const uint64_t heads = (uint64_t)spec_max(layers, "attn", "heads");
+    const uint64_t mla_hd = (uint64_t)(spec_max(layers, "attn", "kv_lora_rank") + spec_max(layers, "attn", "qk_rope_head_dim"));
+    uint64_t hd = (uint64_t)spec_max(layers, "attn", "head_dim");
+    if (hd < mla_hd) hd = mla_hd; /* MLA attends with one shared head of kl + dr dimensions */
+    const uint64_t topk = (uint64_t)indexer_topk_max(layers), gathered = 4 * mla_hd * (topk < (uint64_t)ctx ? topk : (uint64_t)ctx);
+    r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W) + gathered); /* per-thread scores, rows */
+    r += mla_chunk_bytes(layers, b, (uint64_t)ctx);
     const uint64_t st = (uint64_t)(streams > 1 ? streams : 1);
     r += st * 7 * V * 4;                        /* each stream's logits and sampler buffers (sampler.h) */
     if (st > 1) r += st * 4 * V;                /* one batched decode step's logits */

@@ -27,7 +27,7 @@ def coli(*args):
 @pytest.fixture(scope="module")
 def models(oracle_root, tmp_path_factory):
     out = {"streaming": streaming_model.container()}
-    for v in ("qwen3_moe", "llama", "gpt_oss", "qwen3_5_moe"):
+    for v in ("qwen3_moe", "llama", "gpt_oss", "qwen3_5_moe", "glm_moe_dsa"):
         d = tmp_path_factory.mktemp(v) / "c"
         r = coli("convert", Path(oracle_root) / v / "hf", d)
         assert r.returncode == 0, r.stderr
@@ -54,6 +54,7 @@ CASES = [  # model, --ram GB, ctx, slots, threads, cap, kv
     ("gpt_oss", "0.05", 400, 2, 2, 1, None),  # sliding layers keep a ring of 12; resident expert biases
     ("streaming", "0.05", 512, 1, 2, None, None),  # tight: the engine lowers its prefill batch to fit
     ("qwen3_5_moe", "0.05", 256, 3, 2, None, None),  # recurrent layers: checkpoints of their fixed state
+    ("glm_moe_dsa", "0.05", 400, 2, 2, None, None),  # latent attention's chunk memory, the indexer's selection
 ]
 
 

@@ -137,3 +137,27 @@ def test_kv_files_do_not_depend_on_how_far_the_disk_has_got(name, ram, tmp_path)
     assert len(names) == (4 if name == "recurrent" else 8)  # a base per slot, and the small records' logs
     for n in names:
         assert (fast / n).read_bytes() == (drained / n).read_bytes(), n
+
+
+def test_latent_attention_stays_within_the_smallest_budget(oracle_root):
+    """GLM-5-shaped latent attention (64 heads over a 512-wide latent, a DSA indexer): a prompt's
+    first chunk expands every position's keys and values, the next attends through the latent
+    with the indexer's selection, then decode. At the smallest --ram the engine accepts, which
+    is its own count of what it will hold, the peak RSS stays within it (the count once missed
+    the expanded keys and values: a 208 MB budget for a 416 MB peak on a wider model)."""
+    import random
+    import re
+    import wide_mla_model
+    model = wide_mla_model.container()
+    with pytest.raises(engine_client.EngineError) as e:
+        engine_client.Engine(model, ctx=1100, kv_slots=1, threads=2, batch=512, extra=["--ram", "0.001"])
+    ram = re.search(r"give at least --ram ([0-9.]+)", e.value.message).group(1)
+    rng = random.Random(1)
+    with engine_client.Engine(model, ctx=1100, kv_slots=1, threads=2, batch=512, extra=["--ram", ram]) as eng:
+        info, ends = eng.info, []
+        prompt = [rng.randrange(1, 320) for _ in range(900)]
+        for ids in (prompt, prompt + [5, 6, 7]):  # the second reuses the slot: absorbed only
+            ev = list(eng.generate(ids, slot=0, max_tokens=16, temp=0, ignore_eos=1))
+            ends.append(ev[-1][1])
+    assert sum(int(x["reused_tokens"]) for x in ends) > 0
+    assert peak_bytes(ends) <= int(info["ram_budget"]), (peak_bytes(ends) >> 20, int(info["ram_budget"]) >> 20)
