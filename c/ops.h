@@ -14,7 +14,8 @@ float silu(float x);
  * ~2 us with spinning threads, ~60 us with sleeping ones); only speed depends on it. */
 int par_worth(double block_dots);
 /* Thread-local scratch that grows on demand; valid until the next call with the same slot.
- * Slots in use: 0 matmul (dequantized rows), 1 attention scores, 2 matmul (quantized activations). */
+ * Slots in use: 0 matmul (dequantized rows), 1 attention scores, 2 matmul (quantized activations),
+ * 3 latent attention's gathered rows of a DSA selection. */
 float *scratch(int slot, size_t n);
 
 #endif
