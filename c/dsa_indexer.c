@@ -2,6 +2,7 @@
 #include "dsa_indexer.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,23 +57,51 @@ void dsa_store_keys(const DsaIndexer *d, const BlockRun *r, const float *x, int 
     free(k);
 }
 
-/* Marks the k best of s[0..n) in keep (ties: the lower index). */
-static void mark_top(const float *s, int n, int k, unsigned char *keep) {
-    if (n <= 0 || k <= 0) return;
-    int *idx = fwd_malloc(sizeof(int) * (size_t)k), m = 0;
-    float *best = fwd_malloc(sizeof(float) * (size_t)k);
-    if (!idx || !best) { free(idx); free(best); return; } /* fwd_oom() fails the pass */
-    for (int j = 0; j < n; j++) {
-        if (m == k && !(s[j] > best[k - 1])) continue; /* no better than the worst kept */
-        int i = m < k ? m++ : k - 1;                    /* append, or replace the worst */
-        while (i > 0 && s[j] > best[i - 1]) { best[i] = best[i - 1]; idx[i] = idx[i - 1]; i--; }
-        best[i] = s[j];
-        idx[i] = j;
+/* The k-th largest of c[0..n) (1 <= k <= n), reordering c: a three-way partition around the
+ * middle element's value, kept to the side that holds rank k; the run of values equal to the
+ * pivot ends a round at once, so the many ties of ReLU'd scores (zeros) cost one pass. */
+static float kth_largest(float *c, int n, int k) {
+    int lo = 0, hi = n, want = k - 1; /* rank want (0 = largest) within c[lo..hi) */
+    for (;;) {
+        const float p = c[lo + (hi - lo) / 2];
+        int gt = lo, i = lo, lt = hi; /* [lo,gt) > p, [gt,i) == p, [lt,hi) < p */
+        while (i < lt) {
+            const float x = c[i];
+            if (x > p) { c[i] = c[gt]; c[gt++] = x; i++; }
+            else if (x < p) { c[i] = c[--lt]; c[lt] = x; }
+            else i++;
+        }
+        if (want < gt) hi = gt;
+        else if (want < lt) return p;
+        else lo = lt;
     }
-    memset(keep, 0, (size_t)n);
-    for (int i = 0; i < m; i++) keep[idx[i]] = 1;
-    free(idx);
-    free(best);
+}
+
+/* Every score above the k-th largest, then the first ones equal to it. O(n): a top-k of 2048
+ * kept by insertion cost a few million moves per query at 4k positions. */
+void dsa_mark_top(const float *s, int n, int k, unsigned char *keep) {
+    if (n <= 0 || k <= 0) return;
+    if (k >= n) { memset(keep, 1, (size_t)n); return; }
+    float *c = fwd_malloc(sizeof(float) * (size_t)n);
+    if (!c) return; /* fwd_oom() fails the pass */
+    for (int j = 0; j < n; j++) c[j] = s[j] == s[j] ? s[j] : -INFINITY; /* a NaN ranks last */
+    const float v = kth_largest(c, n, k);
+    int kept = 0;
+    for (int j = 0; j < n; j++)
+        if (s[j] > v) keep[j] = 1, kept++;
+    for (int j = 0; j < n && kept < k; j++)
+        if (s[j] == v || (s[j] != s[j] && v == -INFINITY)) keep[j] = 1, kept++;
+    free(c);
+}
+
+/* Query t's index score of the key at kj: the heads' ReLU'd dots weighted, summed in head order. */
+static float index_score(const float *qt, const float *wt, int nh, int hd, const unsigned char *kj, float scale, float wscale) {
+    float acc = 0;
+    for (int h = 0; h < nh; h++) {
+        float dot = kern.dot(qt + (size_t)h * hd, (const float *)kj, hd) * scale;
+        acc += dot > 0 ? wt[h] * wscale * dot : 0.0f;
+    }
+    return acc;
 }
 
 unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x, const float *qa, int T,
@@ -88,6 +117,23 @@ unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++) rope_rotate(q + ((size_t)t * nh + h) * hd, r->a, d->dr, r->p0 + t, d->interleaved);
     const unsigned char *cache = r->state->pos + off;
+    if (T < omp_get_max_threads()) {
+        /* decode and short chunks: the positions of each query split across the threads (a
+         * query per task would leave them idle); the same score per position either way */
+        float *s = fwd_malloc(sizeof(float) * (size_t)n_all);
+        if (!s) goto out;
+        for (int t = 0; t < T; t++) {
+            const int n = r->p0 + t + 1;
+            unsigned char *kt = keep + (size_t)t * n_all;
+            memset(kt, 0, (size_t)n_all);
+            if (n <= d->topk) { memset(kt, 1, (size_t)n); continue; }
+#pragma omp parallel for schedule(static)
+            for (int j = 0; j < n; j++) s[j] = index_score(q + (size_t)t * nh * hd, w + (size_t)t * nh, nh, hd, cache + (size_t)j * stride, scale, wscale);
+            dsa_mark_top(s, n, d->topk, kt);
+        }
+        free(s);
+        goto out;
+    }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
         const int n = r->p0 + t + 1;
@@ -96,17 +142,8 @@ unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x
         if (n <= d->topk) { memset(kt, 1, (size_t)n); continue; }
         float *s = scratch(1, (size_t)n);
         if (!s) continue; /* out of memory: fwd_oom() fails the pass */
-        const float *qt = q + (size_t)t * nh * hd, *wt = w + (size_t)t * nh;
-        for (int j = 0; j < n; j++) {
-            const unsigned char *kj = cache + (size_t)j * stride;
-            float acc = 0;
-            for (int h = 0; h < nh; h++) {
-                float dot = kern.dot(qt + (size_t)h * hd, (const float *)kj, hd) * scale;
-                acc += dot > 0 ? wt[h] * wscale * dot : 0.0f;
-            }
-            s[j] = acc;
-        }
-        mark_top(s, n, d->topk, kt);
+        for (int j = 0; j < n; j++) s[j] = index_score(q + (size_t)t * nh * hd, w + (size_t)t * nh, nh, hd, cache + (size_t)j * stride, scale, wscale);
+        dsa_mark_top(s, n, d->topk, kt);
     }
 out:
     free(q); free(w);

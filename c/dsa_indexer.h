@@ -23,6 +23,9 @@ void dsa_store_keys(const DsaIndexer *d, const BlockRun *r, const float *x, int 
  * or NULL when every query keeps every causal key (or memory ran out: fwd_oom()). */
 unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x, const float *qa, int T,
                           size_t stride, size_t off);
+/* Marks the k best of s[0..n) in keep, which the caller has zeroed (ties: the lower index; a NaN
+ * ranks below every number). */
+void dsa_mark_top(const float *s, int n, int k, unsigned char *keep);
 void dsa_release(DsaIndexer *d);
 
 #endif

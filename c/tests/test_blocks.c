@@ -11,6 +11,7 @@
 
 #include "blocks.h"
 #include "check.h"
+#include "dsa_indexer.h"
 #include "engine_stream.h"
 #include "kv_kernels.h"
 #include "kv_persist.h"
@@ -332,10 +333,37 @@ static void test_kv_kernels(void) {
     test_attend_scratch_budget();
 }
 
+/* The indexer's top-k is the k largest scores with ties going to the lower index, against a
+ * plain reference (rank each score by how many others beat it), over inputs with many ties
+ * (the ReLU'd scores are often exactly 0), single values, k at and past n. */
+static void test_dsa_mark_top(void) {
+    unsigned seed = 5;
+    int ok = 1;
+    const int ns[] = {1, 2, 7, 64, 300, 1000}, ks[] = {1, 3, 16, 64, 299, 2048};
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+            for (int levels = 1; levels <= 1000; levels *= 10) {
+                const int n = ns[ni], k = ks[ki];
+                float *s = malloc(sizeof(float) * n);
+                unsigned char *got = calloc(n, 1);
+                for (int j = 0; j < n; j++) s[j] = (float)((int)(rnd01(&seed) * levels) % levels) - 0.5f * levels;
+                dsa_mark_top(s, n, k, got);
+                for (int j = 0; j < n; j++) { /* j is kept iff fewer than k scores rank above it */
+                    int above = 0;
+                    for (int i = 0; i < n; i++) above += s[i] > s[j] || (s[i] == s[j] && i < j);
+                    ok &= got[j] == (above < k);
+                }
+                free(s);
+                free(got);
+            }
+    CHECK(ok, "dsa_mark_top keeps the k best, ties to the lower index");
+}
+
 void test_kv_kernel_sets(void) { test_kv_kernels(); }
 
 void test_blocks(void) {
     test_kv_kernel_sets();
+    test_dsa_mark_top();
     test_reuse_rule_without_model();
     char dir[] = "/tmp/coli_blocks_XXXXXX", err[512];
     if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
