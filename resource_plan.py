@@ -54,13 +54,14 @@ def attend_scratch_floats(heads, hd, ctx):
     return min(full, bound) + hd * (R + 15 + KV_ATT_KT + KV_ATT_PT) + 4 * (R + 15)
 
 
-def _indexer_topk_max(layers):
-    """c/engine_stream.c indexer_topk_max: the largest DSA indexer top-k over the layers."""
+def _indexer_max(layers, key):
+    """c/engine_stream.c indexer_max: the largest value of key in the layers' DSA indexer objects."""
     best = 0
     for layer in layers or []:
         ix = (layer.get("attn") or {}).get("indexer") if isinstance(layer, dict) else None
-        if isinstance(ix, dict) and isinstance(ix.get("topk"), int):
-            best = max(best, ix["topk"])
+        v = ix.get(key) if isinstance(ix, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool):
+            best = max(best, v)
     return best
 
 
@@ -76,7 +77,9 @@ def mla_chunk_bytes(layers, batch, ctx):
     absorbed = 2 * max(nh * hd, 1 << 20) + nh * ((kl + 31) // 32 * 32) + batch * (kl + dv)
     ql = _spec_max(layers, "attn", "q_lora_rank")
     chunk = 4 * batch * (nh * (dn + dr) + nh * dv + hd + ql) + 2 * batch * nh * dv
-    keep = batch * ctx if _indexer_topk_max(layers) else 0
+    ih, ihd = _indexer_max(layers, "heads"), _indexer_max(layers, "head_dim")
+    # the selection, the indexer's queries, weights and keys of a chunk, a decode query's scores
+    keep = batch * ctx + 4 * (batch * (ih * ihd + ih + ihd) + ctx) if _indexer_max(layers, "topk") else 0
     return chunk + 4 * max(expanded, absorbed) + keep
 
 
@@ -94,7 +97,8 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     heads = _spec_max(layers, "attn", "heads")
     mla_hd = _spec_max(layers, "attn", "kv_lora_rank") + _spec_max(layers, "attn", "qk_rope_head_dim")
     hd = max(_spec_max(layers, "attn", "head_dim"), mla_hd)  # MLA: one shared head of kl + dr
-    gathered = 4 * mla_hd * min(_indexer_topk_max(layers), ctx)
+    topk = _indexer_max(layers, "topk")  # a DSA selection's gathered rows, the copy its top-k selects on
+    gathered = 4 * mla_hd * min(topk, ctx) + 4 * ctx if topk else 0
     r += threads * (4 * attend_scratch_floats(heads, hd, ctx) + 4 * 8 * max(qd, W) + gathered)
     r += mla_chunk_bytes(layers, max(batch, 1), ctx)
     streams = max(streams, 1)

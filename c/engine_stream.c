@@ -37,12 +37,12 @@ uint64_t attend_scratch_floats(uint64_t heads, uint64_t hd, uint64_t ctx) {
     return (full < bound ? full : bound) + hd * (R + 15 + KV_ATT_KT + KV_ATT_PT) + 4 * (R + 15);
 }
 
-/* The largest DSA indexer top-k over the layers (0: none). */
-static long long indexer_topk_max(const JsonValue *layers) {
+/* The largest value of key in the layers' DSA indexer objects (attn.indexer; 0: none). */
+static long long indexer_max(const JsonValue *layers, const char *key) {
     long long m = 0;
     for (size_t l = 0; layers && layers->type == JSON_ARR && l < layers->len; l++) {
         const JsonValue *a = json_get(&layers->items[l], "attn"), *ix = a ? json_get(a, "indexer") : NULL;
-        long long v = ix && ix->type == JSON_OBJ ? json_get_int(ix, "topk", 0) : 0;
+        long long v = ix && ix->type == JSON_OBJ ? json_get_int(ix, key, 0) : 0;
         if (v > m) m = v;
     }
     return m;
@@ -65,7 +65,9 @@ static uint64_t mla_chunk_bytes(const JsonValue *layers, uint64_t batch, uint64_
     const uint64_t absorbed = 2 * absorbed_rows + nh * ((kl + 31) / 32 * 32) + batch * (kl + dv);
     const uint64_t ql = (uint64_t)spec_max(layers, "attn", "q_lora_rank");
     const uint64_t chunk = 4 * batch * (nh * (dn + dr) + nh * dv + hd + ql) + 2 * batch * nh * dv;
-    const uint64_t keep = indexer_topk_max(layers) ? batch * ctx : 0;
+    const uint64_t ih = (uint64_t)indexer_max(layers, "heads"), ihd = (uint64_t)indexer_max(layers, "head_dim");
+    /* the selection, the indexer's queries, weights and keys of a chunk, a decode query's scores */
+    const uint64_t keep = indexer_max(layers, "topk") ? batch * ctx + 4 * (batch * (ih * ihd + ih + ihd) + ctx) : 0;
     return chunk + 4 * (expanded > absorbed ? expanded : absorbed) + keep;
 }
 
@@ -87,7 +89,9 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     const uint64_t mla_hd = (uint64_t)(spec_max(layers, "attn", "kv_lora_rank") + spec_max(layers, "attn", "qk_rope_head_dim"));
     uint64_t hd = (uint64_t)spec_max(layers, "attn", "head_dim");
     if (hd < mla_hd) hd = mla_hd; /* MLA attends with one shared head of kl + dr dimensions */
-    const uint64_t topk = (uint64_t)indexer_topk_max(layers), gathered = 4 * mla_hd * (topk < (uint64_t)ctx ? topk : (uint64_t)ctx);
+    /* a DSA selection's gathered rows, and the copy its top-k selects on */
+    const uint64_t topk = (uint64_t)indexer_max(layers, "topk");
+    const uint64_t gathered = topk ? 4 * mla_hd * (topk < (uint64_t)ctx ? topk : (uint64_t)ctx) + 4 * (uint64_t)ctx : 0;
     r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W) + gathered); /* per-thread scores, rows */
     r += mla_chunk_bytes(layers, b, (uint64_t)ctx);
     const uint64_t st = (uint64_t)(streams > 1 ? streams : 1);
