@@ -10,7 +10,6 @@
  * RoPE: "interleaved" (pairs (x0,x1), (x2,x3)... as DeepSeek lays them out), "neox" (halves), or "none"
  * (Kimi-Linear: no position encoding at all). */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,7 +160,7 @@ static inline void axpy(float *restrict o, const float *restrict x, float w, int
  * its heads. Chunks of at most 64 heads (the block kernel's rows), halved while a decode step
  * would leave a thread without a chunk, down to 16 (one AVX-512 vector of rows). */
 static int head_chunk(int nh, int T) {
-    const int threads = omp_get_max_threads();
+    const int threads = par_threads();
     int chunks = (nh + 63) / 64;
     while ((long)chunks * T < threads && (nh + chunks - 1) / chunks > 16) chunks *= 2;
     return (nh + chunks - 1) / chunks;

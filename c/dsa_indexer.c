@@ -2,7 +2,6 @@
 #include "dsa_indexer.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,7 +116,7 @@ unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++) rope_rotate(q + ((size_t)t * nh + h) * hd, r->a, d->dr, r->p0 + t, d->interleaved);
     const unsigned char *cache = r->state->pos + off;
-    if (T < omp_get_max_threads()) {
+    if (T < par_threads()) {
         /* decode and short chunks: the positions of each query split across the threads (a
          * query per task would leave them idle); the same score per position either way */
         float *s = fwd_malloc(sizeof(float) * (size_t)n_all);

@@ -50,6 +50,8 @@ static double par_min_blocks(void) {
 
 int par_worth(double block_dots) { return block_dots >= par_min_blocks(); }
 
+int par_threads(void) { return omp_get_max_threads(); }
+
 /* q8/q4 weights: each activation row is quantized once to int16 blocks, then every weight row
  * takes integer block dots against it. A tile of weight rows meets the activations
  * QDOT_MAX_ROWS rows at a time, so during prefill both stay in L1 and each unpacked weight

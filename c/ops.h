@@ -13,6 +13,8 @@ float silu(float x);
 /* Whether a parallel region pays for work of this many 32-element dots (starting one costs
  * ~2 us with spinning threads, ~60 us with sleeping ones); only speed depends on it. */
 int par_worth(double block_dots);
+/* Threads a parallel region here runs on (for code built without OpenMP's header: the fuzzers). */
+int par_threads(void);
 /* Thread-local scratch that grows on demand; valid until the next call with the same slot.
  * Slots in use: 0 matmul (dequantized rows), 1 attention scores, 2 matmul (quantized activations),
  * 3 latent attention's gathered rows of a DSA selection. */
