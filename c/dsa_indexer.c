@@ -120,7 +120,7 @@ unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x
         /* decode and short chunks: the positions of each query split across the threads (a
          * query per task would leave them idle); the same score per position either way */
         float *s = fwd_malloc(sizeof(float) * (size_t)n_all);
-        if (!s) goto out;
+        if (!s) { free(keep); keep = NULL; goto out; } /* fwd_oom() fails the pass */
         for (int t = 0; t < T; t++) {
             const int n = r->p0 + t + 1;
             unsigned char *kt = keep + (size_t)t * n_all;

@@ -29,7 +29,7 @@ def convert(oracle_root, name, out):
 @pytest.fixture(scope="module")
 def models(oracle_root, tmp_path_factory):
     base = tmp_path_factory.mktemp("hardening")
-    return {name: convert(oracle_root, name, base / name) for name in ("llama", "qwen3_moe", "qwen3_5_moe")}
+    return {name: convert(oracle_root, name, base / name) for name in ("llama", "qwen3_moe", "qwen3_5_moe", "glm_moe_dsa")}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +151,28 @@ def test_forward_allocation_failure_fails_one_request(models, name, after, monke
         assert e.value.kind == "out_of_memory" and "forward pass" in e.value.message
         assert tokens(run(eng, PROMPT, max_tokens=8)) == want
         assert tokens(run(eng, PROMPT, max_tokens=8)) == want  # and its cache was left consistent
+    assert_clean_exit(eng)
+
+
+# long enough that the DSA indexer (top-16) selects, and that a prompt's later chunks attend
+# through the latent rather than expanding keys and values (--batch 8)
+LONG_PROMPT = [(7 * i) % 300 + 1 for i in range(40)]
+
+
+@pytest.mark.parametrize("after", [0, 5, 20, 60, 150, 400])
+def test_latent_attention_allocation_failure_fails_one_request(models, after, monkeypatch):
+    """The same for latent attention with a DSA indexer (glm_moe_dsa): an allocation that fails in
+    the indexer's selection, the gathered rows or the absorbed attention fails that request
+    alone, leaks nothing (the ASan build's leak check at exit), and the conversation then
+    answers as a fresh engine does."""
+    model = models["glm_moe_dsa"]
+    want = reference(model, prompt=LONG_PROMPT, max_tokens=8, batch=8)
+    monkeypatch.setenv("COLI_FAIL_ALLOC_AFTER", str(after))
+    with engine_client.Engine(model, ctx=64, batch=8) as eng:
+        with pytest.raises(engine_client.EngineError) as e:
+            run(eng, LONG_PROMPT, max_tokens=8)
+        assert e.value.kind == "out_of_memory" and "forward pass" in e.value.message
+        assert tokens(run(eng, LONG_PROMPT, max_tokens=8)) == want
     assert_clean_exit(eng)
 
 
