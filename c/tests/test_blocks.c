@@ -221,6 +221,19 @@ static void test_attend_scratch_budget(void) {
                 }
             }
     CHECK(ok, "the budget's attention share covers every block's scratch");
+    /* latent attention: chunks of g <= 64 of the nh heads share one head of kl + dr dimensions,
+     * and the budget counts it as nh heads of that size */
+    const int mla_heads[] = {4, 16, 64, 128}, mla_hds[] = {48, 576}, mla_ctxs[] = {1, 100, 4096, 163840};
+    int mla_ok = 1;
+    for (size_t hi = 0; hi < sizeof mla_heads / sizeof *mla_heads; hi++)
+        for (size_t di = 0; di < sizeof mla_hds / sizeof *mla_hds; di++)
+            for (size_t ci = 0; ci < sizeof mla_ctxs / sizeof *mla_ctxs; ci++)
+                for (int g = 1; g <= 64 && g <= mla_heads[hi]; g++) {
+                    const int nh = mla_heads[hi], hd = mla_hds[di], ctx = mla_ctxs[ci];
+                    const size_t need = kv_attend_scratch(kv_attend_block_positions(g, ctx), g, hd, ctx);
+                    mla_ok &= need <= attend_scratch_floats((uint64_t)nh, (uint64_t)hd, (uint64_t)ctx);
+                }
+    CHECK(mla_ok, "the budget's attention share covers latent attention's head chunks");
 }
 
 static void test_kv_attend_block(void) {
