@@ -46,14 +46,14 @@ def pytest_runtest_logreport(report):
     if not report.failed or len(_early_reported) >= _EARLY_REPORTS:
         return
     _early_reported.append(report.nodeid)
-    text = report.longreprtext.splitlines()[-40:]
-    writer = _terminal_writer()
-    if writer is not None:
-        writer.line("")
-        writer.line(f"--- first failures ({len(_early_reported)} of at most {_EARLY_REPORTS}): "
-                    f"{report.nodeid} ({report.when})")
-        for line in text:
-            writer.line(line)
+    reporter = _config.pluginmanager.get_plugin("terminalreporter") if _config else None
+    if reporter is None:
+        return
+    reporter.write_line("")
+    reporter.write_line(f"--- first failures ({len(_early_reported)} of at most {_EARLY_REPORTS}): "
+                        f"{report.nodeid} ({report.when})")
+    for line in report.longreprtext.splitlines()[-40:]:
+        reporter.write_line(line)
 
 
 _config = None
@@ -62,8 +62,3 @@ _config = None
 def pytest_configure(config):
     global _config
     _config = config
-
-
-def _terminal_writer():
-    reporter = _config.pluginmanager.get_plugin("terminalreporter") if _config else None
-    return reporter._tw if reporter is not None else None
