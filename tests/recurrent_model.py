@@ -2,12 +2,6 @@
 heads of 128 x 128) and whose routed experts are several times a small RAM budget: the sizes at
 which a slot's turn-boundary checkpoints of that state matter to the budget. Random weights
 (transformers' own init, no oracle reference), converted once and cached under .cache/."""
-import hashlib
-import json
-import shutil
-import subprocess
-import sys
-
 import streaming_model
 
 ROOT = streaming_model.ROOT
@@ -22,23 +16,8 @@ SEED = 5
 
 
 def container():
-    key = hashlib.sha256(json.dumps([CONFIG, SEED, 1], sort_keys=True).encode()).hexdigest()[:16]
-    root = ROOT / ".cache" / "recurrent" / key
-    if (root / "container" / "colibri.json").exists():
-        return root / "container"
-    if root.exists():
-        shutil.rmtree(root)
-    import torch
-    import transformers as tf
-    torch.manual_seed(SEED)
-    model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**CONFIG)).eval()
-    model.to(torch.bfloat16).save_pretrained(root / "hf")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, root / "hf" / name)
-    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(root / "hf"), str(root / "container"),
-                    "--experts", "q4"], check=True, capture_output=True)
-    shutil.rmtree(root / "hf")
-    return root / "container"
+    return streaming_model.cached_container("recurrent", [CONFIG, SEED, 1], streaming_model.random_hf_model(
+        "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", CONFIG, SEED, TOKENIZER), convert_args=("--experts", "q4"))
 
 
 if __name__ == "__main__":

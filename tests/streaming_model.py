@@ -73,20 +73,40 @@ def write_checkpoint(out, c):
         shutil.copy(TINY / name, out / name)
 
 
-def container():
-    """The converted container (built once, then reused while the recipe is unchanged)."""
-    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:16]
-    root = ROOT / ".cache" / "streaming" / key
-    done = root / "container" / "colibri.json"
-    if done.exists():
+def cached_container(kind, recipe, write_hf, convert_args=("--experts", "q4")):
+    """.cache/<kind>/<checksum of recipe>/container: write_hf(dir) writes the checkpoint once,
+    `coli convert` turns it into the container and the checkpoint goes (the container is what
+    the tests read); reused while the recipe is unchanged."""
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    root = ROOT / ".cache" / kind / key
+    if (root / "container" / "colibri.json").exists():
         return root / "container"
     if root.exists():
         shutil.rmtree(root)
-    write_checkpoint(root / "hf", RECIPE)
+    write_hf(root / "hf")
     subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(root / "hf"), str(root / "container"),
-                    "--experts", "q4"], check=True, capture_output=True)
-    shutil.rmtree(root / "hf")  # 1 GB of bf16; the container is what the tests read
+                    *convert_args], check=True, capture_output=True)
+    shutil.rmtree(root / "hf")
     return root / "container"
+
+
+def random_hf_model(model_class, config_class, config, seed, tokenizer_dir):
+    """A write_hf for cached_container: transformers' own random init of model_class, bf16, with
+    the tokenizer files of tokenizer_dir."""
+    def write(out):
+        import torch
+        import transformers as tf
+        torch.manual_seed(seed)
+        model = getattr(tf, model_class)(getattr(tf, config_class)(**config)).eval()
+        model.to(torch.bfloat16).save_pretrained(out)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(Path(tokenizer_dir) / name, out / name)
+    return write
+
+
+def container():
+    """The converted container (built once, then reused while the recipe is unchanged)."""
+    return cached_container("streaming", RECIPE, lambda out: write_checkpoint(out, RECIPE))
 
 
 if __name__ == "__main__":

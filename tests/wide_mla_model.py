@@ -4,12 +4,6 @@ attention's working memory (a prompt's expanded keys and values, the absorbed qu
 gathered rows of a selection) is most of what the engine holds: the sizes at which the RAM budget's
 latent-attention terms matter. Random weights (transformers' own init, no oracle reference),
 converted once and cached under .cache/."""
-import hashlib
-import json
-import shutil
-import subprocess
-import sys
-
 import streaming_model
 
 ROOT = streaming_model.ROOT
@@ -26,23 +20,8 @@ SEED = 7
 
 
 def container():
-    key = hashlib.sha256(json.dumps([CONFIG, SEED, 1], sort_keys=True).encode()).hexdigest()[:16]
-    root = ROOT / ".cache" / "wide_mla" / key
-    if (root / "container" / "colibri.json").exists():
-        return root / "container"
-    if root.exists():
-        shutil.rmtree(root)
-    import torch
-    import transformers as tf
-    torch.manual_seed(SEED)
-    model = tf.GlmMoeDsaForCausalLM(tf.GlmMoeDsaConfig(**CONFIG)).eval()
-    model.to(torch.bfloat16).save_pretrained(root / "hf")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, root / "hf" / name)
-    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(root / "hf"), str(root / "container")],
-                   check=True, capture_output=True)
-    shutil.rmtree(root / "hf")
-    return root / "container"
+    return streaming_model.cached_container("wide_mla", [CONFIG, SEED, 1], streaming_model.random_hf_model(
+        "GlmMoeDsaForCausalLM", "GlmMoeDsaConfig", CONFIG, SEED, TOKENIZER), convert_args=())
 
 
 if __name__ == "__main__":
