@@ -116,24 +116,10 @@ unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++) rope_rotate(q + ((size_t)t * nh + h) * hd, r->a, d->dr, r->p0 + t, d->interleaved);
     const unsigned char *cache = r->state->pos + off;
-    if (T < par_threads()) {
-        /* decode and short chunks: the positions of each query split across the threads (a
-         * query per task would leave them idle); the same score per position either way */
-        float *s = fwd_malloc(sizeof(float) * (size_t)n_all);
-        if (!s) { free(keep); keep = NULL; goto out; } /* fwd_oom() fails the pass */
-        for (int t = 0; t < T; t++) {
-            const int n = r->p0 + t + 1;
-            unsigned char *kt = keep + (size_t)t * n_all;
-            memset(kt, 0, (size_t)n_all);
-            if (n <= d->topk) { memset(kt, 1, (size_t)n); continue; }
-#pragma omp parallel for schedule(static)
-            for (int j = 0; j < n; j++) s[j] = index_score(q + (size_t)t * nh * hd, w + (size_t)t * nh, nh, hd, cache + (size_t)j * stride, scale, wscale);
-            dsa_mark_top(s, n, d->topk, kt);
-        }
-        free(s);
-        goto out;
-    }
-#pragma omp parallel for schedule(dynamic, 1)
+    /* A query per task; at decode (fewer queries than threads) the positions of each query
+     * split across the threads instead. The same score per position either way. */
+    const int split = T < par_threads();
+#pragma omp parallel for schedule(dynamic, 1) if (!split)
     for (int t = 0; t < T; t++) {
         const int n = r->p0 + t + 1;
         unsigned char *kt = keep + (size_t)t * n_all;
@@ -141,7 +127,9 @@ unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x
         if (n <= d->topk) { memset(kt, 1, (size_t)n); continue; }
         float *s = scratch(1, (size_t)n);
         if (!s) continue; /* out of memory: fwd_oom() fails the pass */
-        for (int j = 0; j < n; j++) s[j] = index_score(q + (size_t)t * nh * hd, w + (size_t)t * nh, nh, hd, cache + (size_t)j * stride, scale, wscale);
+        const float *qt = q + (size_t)t * nh * hd, *wt = w + (size_t)t * nh;
+#pragma omp parallel for schedule(static) if (split)
+        for (int j = 0; j < n; j++) s[j] = index_score(qt, wt, nh, hd, cache + (size_t)j * stride, scale, wscale);
         dsa_mark_top(s, n, d->topk, kt);
     }
 out:
