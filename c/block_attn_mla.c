@@ -325,7 +325,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         const size_t off = (size_t)(kl + dr) * es;
         dsa_store_keys(&y->idx, r, x, T, stride, off);
         if (!fwd_oom()) keep = dsa_select(&y->idx, r, x, qa, T, stride, off);
-        if (fwd_oom()) goto out;
+        if (fwd_oom()) { free(keep); goto out; } /* a selection cut short is nobody's */
         keep_selection(r->state - r->layer, keep, r->p0, T); /* owned there now, for the shared layers that follow */
     }
     if (y->shared_idx) {
