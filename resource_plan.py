@@ -73,7 +73,8 @@ def mla_chunk_bytes(layers, batch, ctx):
         return 0
     dn, dr = _spec_max(layers, "attn", "qk_nope_head_dim"), _spec_max(layers, "attn", "qk_rope_head_dim")
     dv, hd, n_all = _spec_max(layers, "attn", "v_head_dim"), kl + dr, 2 * batch
-    expanded = n_all * (nh * (dn + dv) + 2 * kl + dr)
+    xd = max(dn + dr, dv)  # an expanded head's K and V rows, zero-padded
+    expanded = n_all * nh * 2 * xd + 128 * (2 * kl + dr + nh * (dn + dv)) + batch * nh * xd + batch // 4 + 1
     absorbed = 2 * max(nh * hd, 1 << 20) + nh * ((kl + 31) // 32 * 32) + batch * (kl + dv)
     ql = _spec_max(layers, "attn", "q_lora_rank")
     chunk = 4 * batch * (nh * (dn + dr) + nh * dv + hd + ql) + 2 * batch * nh * dv

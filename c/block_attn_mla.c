@@ -250,47 +250,107 @@ out:
     free(qa); free(oa); free(rowbuf); free(olat); free(ov);
 }
 
-/* Prefill: expand keys and values of positions 0..p0+T-1 from the cached latent, then attend. */
+/* Positions whose latents are expanded per matmul: the expansion is a matrix product (the
+ * quantized kernels' tiles), and its row buffer stays small beside the expanded rows. */
+#define EXPAND_ROWS 128
+
+/* Whether position p0 + t attends over every one of its causal keys (no selection, or one that
+ * kept them all: a selection keeps top-k of them, all while the context is at most k). */
+static int keeps_all(const unsigned char *keep, size_t n_all, int t, int n) {
+    if (!keep) return 1;
+    const unsigned char *kt = keep + (size_t)t * n_all;
+    for (int j = 0; j < n; j++)
+        if (!kt[j]) return 0;
+    return 1;
+}
+
+/* Prefill: expand every cached position's per-head keys [W_uk c | k_rope] and values W_uv c
+ * once, as f32 rows of xd = max(dn + dr, dv) floats (zero-padded: zeros add nothing to a dot and
+ * the padded output dimensions are dropped), then attend head by head with the block kernel,
+ * tq consecutive positions per K/V row read. A position whose selection dropped keys attends
+ * over its kept ones with a row loop. */
 static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q, int T, const unsigned char *keep,
                             float *att) {
-    const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr, nh = y->nh, w = dn + dv;
-    const int n_all = r->p0 + T;
-    const size_t stride = row_stride(y, r->kv_type);
-    const KvKernels *kk = kv_kernels(r->kv_type);
+    const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr, nh = y->nh, w = dn + dv, p0 = r->p0;
+    const int xd = qkd > dv ? qkd : dv, n_all = p0 + T;
+    const size_t stride = row_stride(y, r->kv_type), estride = (size_t)nh * 2 * xd * sizeof(float);
+    const KvKernels *kk = kv_kernels(r->kv_type), *kf = kv_kernels(QT_F32);
     const unsigned char *cache = r->state->pos;
-    float *lat = fwd_malloc(sizeof(float) * (size_t)n_all * (kl + dr));
-    float *kv = fwd_malloc(sizeof(float) * (size_t)n_all * nh * w), *c = fwd_malloc(sizeof(float) * (size_t)n_all * kl);
-    if (!lat || !kv || !c) goto out;
-    for (int j = 0; j < n_all; j++) {
-        load_row(kk, cache + (size_t)j * stride, kl + dr, lat + (size_t)j * (kl + dr));
-        memcpy(c + (size_t)j * kl, lat + (size_t)j * (kl + dr), sizeof(float) * kl);
-    }
-    matmul(kv, c, n_all, &y->wkvb, NULL);
-    if (fwd_oom()) goto out;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int t = 0; t < T; t++) {
-        for (int h = 0; h < nh; h++) {
-            const int n = r->p0 + t + 1;
-            const float *qh = q + ((size_t)t * nh + h) * qkd;
-            const unsigned char *kt = keep ? keep + (size_t)t * n_all : NULL;
-            float *sc = scratch(1, (size_t)n);
-            if (!sc) continue;
-            for (int j = 0; j < n; j++) {
-                const float *kj = kv + ((size_t)j * nh + h) * w, *rj = lat + (size_t)j * (kl + dr) + kl;
-                sc[j] = kt && !kt[j] ? -INFINITY : (kern.dot(qh, kj, dn) + kern.dot(qh + dn, rj, dr)) * y->scale;
+    float *e = fwd_malloc(estride * (size_t)n_all); /* [position][head][K xd | V xd] */
+    float *lat = fwd_malloc(sizeof(float) * EXPAND_ROWS * (kl + dr)), *c = fwd_malloc(sizeof(float) * EXPAND_ROWS * kl);
+    float *kv = fwd_malloc(sizeof(float) * EXPAND_ROWS * nh * w);
+    float *qp = qkd < xd ? fwd_malloc(sizeof(float) * (size_t)T * nh * xd) : NULL; /* queries padded to xd */
+    float *op = dv < xd ? fwd_malloc(sizeof(float) * (size_t)T * nh * xd) : NULL; /* outputs before the drop */
+    unsigned char *full = fwd_malloc((size_t)T);
+    if (!e || !lat || !c || !kv || (qkd < xd && !qp) || (dv < xd && !op) || !full) goto out;
+    for (int j0 = 0; j0 < n_all && !fwd_oom(); j0 += EXPAND_ROWS) {
+        const int jn = n_all - j0 < EXPAND_ROWS ? n_all - j0 : EXPAND_ROWS;
+        for (int j = 0; j < jn; j++) {
+            load_row(kk, cache + (size_t)(j0 + j) * stride, kl + dr, lat + (size_t)j * (kl + dr));
+            memcpy(c + (size_t)j * kl, lat + (size_t)j * (kl + dr), sizeof(float) * kl);
+        }
+        matmul(kv, c, jn, &y->wkvb, NULL);
+        for (int j = 0; j < jn; j++)
+            for (int h = 0; h < nh; h++) {
+                float *k = e + ((size_t)(j0 + j) * nh + h) * 2 * xd, *v = k + xd;
+                const float *src = kv + ((size_t)j * nh + h) * w;
+                memcpy(k, src, sizeof(float) * dn);
+                memcpy(k + dn, lat + (size_t)j * (kl + dr) + kl, sizeof(float) * dr);
+                memset(k + qkd, 0, sizeof(float) * (xd - qkd));
+                memcpy(v, src + dn, sizeof(float) * dv);
+                memset(v + dv, 0, sizeof(float) * (xd - dv));
             }
-            softmax(sc, n);
-            float *o = att + ((size_t)t * nh + h) * dv;
-            memset(o, 0, sizeof(float) * dv);
-            for (int j = 0; j < n; j++) {
-                if (kt && !kt[j]) continue; /* not among the indexer's top-k */
-                const float *vj = kv + ((size_t)j * nh + h) * w + dn, pj = sc[j];
-                for (int d = 0; d < dv; d++) o[d] += pj * vj[d];
+    }
+    if (fwd_oom()) goto out;
+    const float *qx = q;
+    if (qp) {
+        for (size_t i = 0; i < (size_t)T * nh; i++) {
+            memcpy(qp + i * xd, q + i * qkd, sizeof(float) * qkd);
+            memset(qp + i * xd + qkd, 0, sizeof(float) * (xd - qkd));
+        }
+        qx = qp;
+    }
+    float *ox = op ? op : att;
+    for (int t = 0; t < T; t++) full[t] = (unsigned char)keeps_all(keep, (size_t)n_all, t, p0 + t + 1);
+    const int tq = kv_attend_block_positions(1, n_all), nblk = (T + tq - 1) / tq;
+    const size_t qstep = (size_t)nh * xd;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < nblk; b++) {
+        for (int h = 0; h < nh; h++) {
+            const int t0 = b * tq, tn = T - t0 < tq ? T - t0 : tq;
+            const float *eh = e + (size_t)h * 2 * xd;
+            for (int t = t0; t < t0 + tn;) { /* runs of positions that keep all their keys go together */
+                int run = 0;
+                while (t + run < t0 + tn && full[t + run] == full[t]) run++;
+                if (full[t]) {
+                    const int n = p0 + t + 1;
+                    float *sc = scratch(1, kv_attend_scratch(run, 1, xd, n));
+                    if (sc)
+                        kf->attend_block(qx + (size_t)t * qstep + (size_t)h * xd, qstep, run, 1, xd, eh, eh + xd, estride, n, 0,
+                                         y->scale, NULL, sc, ox + (size_t)t * qstep + (size_t)h * xd, qstep);
+                } else {
+                    for (int u = t; u < t + run; u++) {
+                        const int n = p0 + u + 1;
+                        const float *qh = qx + (size_t)u * qstep + (size_t)h * xd;
+                        const unsigned char *kt = keep + (size_t)u * n_all;
+                        float *sc = scratch(1, (size_t)n), *o = ox + (size_t)u * qstep + (size_t)h * xd;
+                        if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
+                        for (int j = 0; j < n; j++)
+                            sc[j] = kt[j] ? kern.dot(qh, eh + (size_t)j * nh * 2 * xd, xd) * y->scale : -INFINITY;
+                        softmax(sc, n);
+                        memset(o, 0, sizeof(float) * xd);
+                        for (int j = 0; j < n; j++)
+                            if (kt[j]) axpy(o, eh + (size_t)j * nh * 2 * xd + xd, sc[j], xd);
+                    }
+                }
+                t += run;
             }
         }
     }
+    if (op)
+        for (size_t i = 0; i < (size_t)T * nh; i++) memcpy(att + i * dv, op + i * xd, sizeof(float) * dv);
 out:
-    free(lat); free(kv); free(c);
+    free(e); free(lat); free(c); free(kv); free(qp); free(op); free(full);
 }
 
 static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {

@@ -51,16 +51,18 @@ static long long indexer_max(const JsonValue *layers, const char *key) {
 /* Latent attention's (c/block_attn_mla.c) working memory, which the per-position terms (heads x
  * head_dim) miss: a chunk's queries, latents, q_a rows and attention outputs (and the outputs
  * quantized for o); a prompt's first chunks expand every position's keys and values (at most two
- * chunks of positions), later chunks and decode hold ~1M floats of absorbed queries and outputs;
- * the indexer's selection is a byte per query and position. The per-thread share (the block
- * kernel's scratch over kl + dr dimensions, a selection's gathered rows) is added with the other
- * threads' terms. */
+ * chunks of positions; 128 positions' latents at a time; queries or outputs zero-padded to the
+ * expanded rows), later chunks and decode hold ~1M floats of absorbed queries and outputs; the
+ * indexer's selection is a byte per query and position. The per-thread share (the block kernel's
+ * scratch over kl + dr dimensions, a selection's gathered rows) is added with the other threads'
+ * terms. */
 static uint64_t mla_chunk_bytes(const JsonValue *layers, uint64_t batch, uint64_t ctx) {
     const uint64_t nh = (uint64_t)spec_max(layers, "attn", "heads"), kl = (uint64_t)spec_max(layers, "attn", "kv_lora_rank");
     if (!kl) return 0;
     const uint64_t dn = (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim"), dr = (uint64_t)spec_max(layers, "attn", "qk_rope_head_dim");
     const uint64_t dv = (uint64_t)spec_max(layers, "attn", "v_head_dim"), hd = kl + dr, n_all = 2 * batch;
-    const uint64_t expanded = n_all * (nh * (dn + dv) + 2 * kl + dr);
+    const uint64_t xd = dn + dr > dv ? dn + dr : dv; /* an expanded head's K and V rows, zero-padded */
+    const uint64_t expanded = n_all * nh * 2 * xd + 128 * (2 * kl + dr + nh * (dn + dv)) + batch * nh * xd + batch / 4 + 1;
     const uint64_t absorbed_rows = nh * hd > (1u << 20) ? nh * hd : (1u << 20);
     const uint64_t absorbed = 2 * absorbed_rows + nh * ((kl + 31) / 32 * 32) + batch * (kl + dv);
     const uint64_t ql = (uint64_t)spec_max(layers, "attn", "q_lora_rank");
