@@ -75,7 +75,7 @@ def mla_chunk_bytes(layers, batch, ctx):
     dv, hd, n_all = _spec_max(layers, "attn", "v_head_dim"), kl + dr, 2 * batch
     xd = max(dn + dr, dv)  # an expanded head's K and V rows, zero-padded
     expanded = n_all * nh * 2 * xd + 128 * (2 * kl + dr + nh * (dn + dv)) + batch * nh * xd + batch // 4 + 1
-    absorbed = 2 * max(nh * hd, 1 << 20) + nh * ((kl + 31) // 32 * 32) + batch * (kl + dv)
+    absorbed = 2 * max(nh * hd, 1 << 20) + batch * (kl + dv)
     ql = _spec_max(layers, "attn", "q_lora_rank")
     chunk = 4 * batch * (nh * (dn + dr) + nh * dv + hd + ql) + 2 * batch * nh * dv
     ih, ihd = _indexer_max(layers, "heads"), _indexer_max(layers, "head_dim")
@@ -100,7 +100,10 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     hd = max(_spec_max(layers, "attn", "head_dim"), mla_hd)  # MLA: one shared head of kl + dr
     topk = _indexer_max(layers, "topk")  # a DSA selection's gathered rows, the copy its top-k selects on
     gathered = 4 * mla_hd * min(topk, ctx) + 4 * ctx if topk else 0
-    r += threads * (4 * attend_scratch_floats(heads, hd, ctx) + 4 * 8 * max(qd, W) + gathered)
+    # MLA's absorption: a head's W_uk rows, dequantized
+    kl_pad = (_spec_max(layers, "attn", "kv_lora_rank") + 31) // 32 * 32
+    absorb = 4 * _spec_max(layers, "attn", "qk_nope_head_dim") * kl_pad
+    r += threads * (4 * attend_scratch_floats(heads, hd, ctx) + 4 * 8 * max(qd, W) + gathered + absorb)
     r += mla_chunk_bytes(layers, max(batch, 1), ctx)
     streams = max(streams, 1)
     r += streams * 7 * V * 4  # each stream's logits and sampler buffers (c/sampler.h)

@@ -18,6 +18,7 @@
 #include "dsa_indexer.h"
 #include "fwd_alloc.h"
 #include "kv_kernels.h"
+#include "mla_absorb.h"
 #include "ops.h"
 #include "rope.h"
 
@@ -188,25 +189,20 @@ static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q,
     const unsigned char *cache = r->state->pos;
     const int tb = absorbed_positions(nh, hd, T), hc = head_chunk(nh, tb), nchunk = (nh + hc - 1) / hc;
     float *qa = fwd_malloc(sizeof(float) * (size_t)tb * nh * hd), *oa = fwd_malloc(sizeof(float) * (size_t)tb * nh * hd);
-    float *rowbuf = fwd_malloc(sizeof(float) * (size_t)nh * pad);
     float *olat = fwd_malloc(sizeof(float) * (size_t)tb * kl), *ov = fwd_malloc(sizeof(float) * (size_t)tb * dv);
-    if (!qa || !oa || !rowbuf || !olat || !ov) goto out;
+    if (!qa || !oa || !olat || !ov) goto out;
     for (int t0 = 0; t0 < T && !fwd_oom(); t0 += tb) {
         const int tn = T - t0 < tb ? T - t0 : tb;
 #pragma omp parallel for schedule(dynamic, 1)
-        for (int h = 0; h < nh; h++) { /* W_uk^T q_nope: each row dequantized once for the tn positions */
-            float *rb = rowbuf + (size_t)h * pad;
+        for (int h = 0; h < nh; h++) { /* W_uk^T q_nope: the head's rows dequantized once for the tn positions */
+            float *wh = scratch(4, (size_t)dn * pad);
+            if (!wh) continue; /* out of memory: fwd_oom() fails the pass */
             const int r0 = h * (dn + dv);
-            for (int t = 0; t < tn; t++) {
-                float *qt = qa + ((size_t)t * nh + h) * hd;
-                memset(qt, 0, sizeof(float) * kl);
-                memcpy(qt + kl, q + ((size_t)(t0 + t) * nh + h) * qkd + dn, sizeof(float) * dr);
-            }
-            for (int d = 0; d < dn; d++) {
-                kern.dequant_row(y->wkvb.qt, y->wkvb.data + (size_t)(r0 + d) * y->wkvb.row_bytes, kl, rb);
-                for (int t = 0; t < tn; t++)
-                    axpy(qa + ((size_t)t * nh + h) * hd, rb, q[((size_t)(t0 + t) * nh + h) * qkd + d], kl);
-            }
+            for (int d = 0; d < dn; d++)
+                kern.dequant_row(y->wkvb.qt, y->wkvb.data + (size_t)(r0 + d) * y->wkvb.row_bytes, kl, wh + (size_t)d * pad);
+            for (int t = 0; t < tn; t++)
+                memcpy(qa + ((size_t)t * nh + h) * hd + kl, q + ((size_t)(t0 + t) * nh + h) * qkd + dn, sizeof(float) * dr);
+            mla_absorb(qa + (size_t)h * hd, (size_t)nh * hd, q + ((size_t)t0 * nh + h) * qkd, (size_t)nh * qkd, tn, wh, pad, dn, kl);
         }
         /* Without a selection, tq consecutive positions share each row read too (causal). */
         const int tq = keep ? 1 : kv_attend_block_positions(hc, p0 + t0 + tn), nblk = (tn + tq - 1) / tq;
@@ -247,7 +243,7 @@ static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q,
         }
     }
 out:
-    free(qa); free(oa); free(rowbuf); free(olat); free(ov);
+    free(qa); free(oa); free(olat); free(ov);
 }
 
 /* Positions whose latents are expanded per matmul: the expansion is a matrix product (the

@@ -54,8 +54,8 @@ static long long indexer_max(const JsonValue *layers, const char *key) {
  * chunks of positions; 128 positions' latents at a time; queries or outputs zero-padded to the
  * expanded rows), later chunks and decode hold ~1M floats of absorbed queries and outputs; the
  * indexer's selection is a byte per query and position. The per-thread share (the block kernel's
- * scratch over kl + dr dimensions, a selection's gathered rows) is added with the other threads'
- * terms. */
+ * scratch over kl + dr dimensions, a selection's gathered rows, a head's dequantized W_uk rows)
+ * is added with the other threads' terms. */
 static uint64_t mla_chunk_bytes(const JsonValue *layers, uint64_t batch, uint64_t ctx) {
     const uint64_t nh = (uint64_t)spec_max(layers, "attn", "heads"), kl = (uint64_t)spec_max(layers, "attn", "kv_lora_rank");
     if (!kl) return 0;
@@ -64,7 +64,7 @@ static uint64_t mla_chunk_bytes(const JsonValue *layers, uint64_t batch, uint64_
     const uint64_t xd = dn + dr > dv ? dn + dr : dv; /* an expanded head's K and V rows, zero-padded */
     const uint64_t expanded = n_all * nh * 2 * xd + 128 * (2 * kl + dr + nh * (dn + dv)) + batch * nh * xd + batch / 4 + 1;
     const uint64_t absorbed_rows = nh * hd > (1u << 20) ? nh * hd : (1u << 20);
-    const uint64_t absorbed = 2 * absorbed_rows + nh * ((kl + 31) / 32 * 32) + batch * (kl + dv);
+    const uint64_t absorbed = 2 * absorbed_rows + batch * (kl + dv);
     const uint64_t ql = (uint64_t)spec_max(layers, "attn", "q_lora_rank");
     const uint64_t chunk = 4 * batch * (nh * (dn + dr) + nh * dv + hd + ql) + 2 * batch * nh * dv;
     const uint64_t ih = (uint64_t)indexer_max(layers, "heads"), ihd = (uint64_t)indexer_max(layers, "head_dim");
@@ -94,7 +94,11 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     /* a DSA selection's gathered rows, and the copy its top-k selects on */
     const uint64_t topk = (uint64_t)indexer_max(layers, "topk");
     const uint64_t gathered = topk ? 4 * mla_hd * (topk < (uint64_t)ctx ? topk : (uint64_t)ctx) + 4 * (uint64_t)ctx : 0;
-    r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W) + gathered); /* per-thread scores, rows */
+    /* MLA's absorption: a head's W_uk rows, dequantized */
+    const uint64_t absorb = 4 * (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim") *
+                            (((uint64_t)spec_max(layers, "attn", "kv_lora_rank") + 31) / 32 * 32);
+    r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W) + gathered +
+                              absorb); /* per-thread scores, rows */
     r += mla_chunk_bytes(layers, b, (uint64_t)ctx);
     const uint64_t st = (uint64_t)(streams > 1 ? streams : 1);
     r += st * 7 * V * 4;                        /* each stream's logits and sampler buffers (sampler.h) */

@@ -8,7 +8,7 @@
 #include "fwd_alloc.h"
 
 #define ROW_TILE 8
-#define N_SCRATCH 4
+#define N_SCRATCH 5
 
 static _Thread_local float *tl_buf[N_SCRATCH];
 static _Thread_local size_t tl_cap[N_SCRATCH];

@@ -15,6 +15,7 @@
 #include "engine_stream.h"
 #include "kv_kernels.h"
 #include "kv_persist.h"
+#include "mla_absorb.h"
 #include "ops.h"
 
 enum { V = 16, H = 8, HD = 4, SEQ = 6 };
@@ -372,7 +373,36 @@ static void test_dsa_mark_top(void) {
     CHECK(ok, "dsa_mark_top keeps the k best, ties to the lower index");
 }
 
-void test_kv_kernel_sets(void) { test_kv_kernels(); }
+/* Latent attention's absorption gives the one-row scalar loop's bits (zeros, then a multiply and
+ * an add per term in d order) in every kernel set, for position counts around its register block
+ * and a kl with a scalar tail; rows are strided as in the engine. */
+static void test_mla_absorb(void) {
+    enum { DN = 7, KL = 40, WS = 48, QS = 11, OS = 45, TMAX = 9 };
+    unsigned seed = 9;
+    float w[DN * WS], q[TMAX * QS], want[TMAX * OS], got[TMAX * OS];
+    for (int i = 0; i < DN * WS; i++) w[i] = rnd01(&seed) * 2 - 1;
+    for (int i = 0; i < TMAX * QS; i++) q[i] = rnd01(&seed) * 2 - 1;
+    for (int t = 0; t < TMAX; t++)
+        for (int c = 0; c < KL; c++) {
+            float a = 0;
+            for (int d = 0; d < DN; d++) a += q[t * QS + d] * w[d * WS + c];
+            want[t * OS + c] = a;
+        }
+    for (int isa = 0; isa < KI_COUNT; isa++) {
+        MlaAbsorbFn f = kernels_supported((KernIsa)isa) ? mla_absorb_for((KernIsa)isa) : NULL;
+        if (!f) continue;
+        for (int tn = 1; tn <= TMAX; tn++) {
+            memset(got, 0xff, sizeof got);
+            f(got, OS, q, QS, tn, w, WS, DN, KL);
+            int ok = 1;
+            for (int t = 0; t < tn; t++) ok &= !memcmp(got + t * OS, want + t * OS, sizeof(float) * KL);
+            ok &= got[OS - 1] != got[OS - 1] || tn == 0; /* a row's padding past kl is not written (NaN fill kept) */
+            CHECK(ok, "mla absorb %s, %d positions: the scalar loop's bits", kernels_isa_name((KernIsa)isa), tn);
+        }
+    }
+}
+
+void test_kv_kernel_sets(void) { test_kv_kernels(); test_mla_absorb(); }
 
 void test_blocks(void) {
     test_kv_kernel_sets();
