@@ -49,3 +49,33 @@ def test_unknown_or_missing_sets_are_refused(tiny):
             with engine_client.Engine(tiny, threads=1, extra=["--kernels", name]):
                 pass
         assert "cannot run" in e.value.message
+
+
+def test_launcher_commands_pass_the_set_to_the_engine(tiny, tmp_path):
+    """`--kernels` on coli logits, run and serve reaches the engine: a set this CPU lacks is
+    refused by the engine with its reason, a set it has computes the same model."""
+    import numpy as np
+
+    from launcher_helpers import coli
+    avail = version_words()["available"].split(",")
+    lacking = next(k for k in ("neon", "avx2") if k not in avail)  # x86 has no neon, aarch64 no avx2
+    ids = "1,5,9,13,2,7"
+    r = coli("logits", "--model", tiny, "--ids", ids, "--out", tmp_path / "x.f32", "--kernels", lacking)
+    assert r.returncode != 0 and f"--kernels {lacking}" in r.stderr and "cannot run" in r.stderr
+    r = coli("run", "--model", tiny, "--ids", ids, "--max-tokens", "2", "--kernels", lacking)
+    assert r.returncode != 0 and "cannot run" in r.stderr
+    r = coli("run", "--model", tiny, "--ids", ids, "--max-tokens", "2", "--kernels", "sse9")
+    assert r.returncode == 2 and "invalid choice: 'sse9'" in r.stderr  # argparse names the choices
+    outs = {}
+    for name in (avail[0], avail[-1]):  # portable and the best set
+        r = coli("logits", "--model", tiny, "--ids", ids, "--out", tmp_path / f"{name}.f32", "--kernels", name)
+        assert r.returncode == 0, r.stderr
+        outs[name] = np.fromfile(tmp_path / f"{name}.f32", dtype="<f4")
+    a, b = outs[avail[0]], outs[avail[-1]]
+    assert a.size and a.size == b.size and np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
+    from colibri.server import config
+    import argparse
+    p = argparse.ArgumentParser()
+    config.add_arguments(p)
+    args = p.parse_args(["--model", str(tiny), "--kernels", avail[0], "--no-kv-persist"])
+    assert ["--kernels", avail[0]] == config.resolve(args).stream_args[-2:]

@@ -33,10 +33,9 @@ def add_arguments(p):
                    help="temperature of the sampled-decode leg (top-p 0.95), which shows the sampler's cost next to "
                         "greedy decode; 0 leaves the leg out (default 1.0)")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
-    launch_opts.add_engine_flags(p, ("threads",) + launch_opts.STREAM_FLAGS, group=None, threads={
-        "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"})
-    p.add_argument("--kernels", help="colibri's kernel set (portable, avx2, avx512, amx, neon; default: the best this CPU "
-                   "runs), to compare sets in one alternating run")
+    launch_opts.add_engine_flags(p, ("threads",) + launch_opts.STREAM_FLAGS + ("kernels",), group=None, threads={
+        "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
+        kernels={"help": "colibri's kernel set (default: the best this CPU runs), to compare sets in one alternating run"})
     p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
                    help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")
     p.add_argument("--gguf", help="GGUF file the peer runs (default: the file a pulled model came from)")
@@ -76,7 +75,7 @@ def colibri_run(model, args, first_token, vocab):
         return stats
 
     try:
-        extra = args.stream_args + (["--kernels", args.kernels] if args.kernels else [])
+        extra = args.stream_args  # --kernels among them
         with engine_client.Engine(model, threads=args.threads, ctx=ctx, kv_slots=1, extra=extra) as eng:
             if depth:
                 request(eng, depth, 1, temp=0)

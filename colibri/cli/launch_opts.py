@@ -14,6 +14,7 @@ from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, defau
 
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kv_kernels.c
+KERNEL_SETS = ("portable", "avx2", "avx512", "amx", "neon")  # c/quant.c kernels_isa_name
 
 
 # The engine flags, declared once. Each command that starts (or plans) an engine names the ones
@@ -37,11 +38,13 @@ ENGINE_FLAGS = {
     "readahead": dict(choices=("on", "off"), help="prefetch the next layer's likely experts while this one computes"),
     "pin": dict(choices=("auto", "off"), help="pin the experts this model used most (.coli_usage) at start-up "
                 "(default auto)"),
+    "kernels": dict(choices=KERNEL_SETS, help="the engine's kernel set (default: the best this CPU runs; "
+                    "`coli info` names it); the engine refuses one this CPU or build cannot run"),
     "no-profile": dict(action="store_true", dest="no_profile",
                        help="ignore the profile saved by `coli tune` (also COLI_NO_PROFILE=1)"),
 }
 STREAM_FLAGS = ("ram", "cap", "no-direct", "readahead", "pin")  # the expert store's knobs
-LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv") + STREAM_FLAGS + ("no-profile",)  # run, chat
+LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv") + STREAM_FLAGS + ("kernels", "no-profile")  # run, chat
 
 
 def add_engine_flags(p, names=LAUNCH_FLAGS, group="engine", **overrides):
@@ -66,14 +69,15 @@ def engine_args(args):
 
 
 def stream_args(args):
-    """The expert store's engine arguments (STREAM_FLAGS) for args."""
+    """The engine arguments passed through as given: the expert store's (STREAM_FLAGS) and the
+    kernel set."""
     ram = ram_budget_gb(args)
     out = ["--ram", f"{ram:.6g}"] if ram is not None else []
     if getattr(args, "cap", None) is not None:
         out += ["--cap", str(args.cap)]
     if getattr(args, "no_direct", None):
         out.append("--no-direct")
-    for name in ("readahead", "pin"):
+    for name in ("readahead", "pin", "kernels"):
         if getattr(args, name, None) is not None:
             out += [f"--{name}", getattr(args, name)]
     return out

@@ -31,7 +31,7 @@ def add_arguments(p):
     p.add_argument("--ref-logits", dest="ref_logits", help="reference logits, float32 [chunks*ctx, vocab]")
     p.add_argument("--save-logits", dest="save_logits", help="write this model's logits in the --ref-logits layout")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
-    launch_opts.add_engine_flags(p, ("ctx", "threads", "kv") + launch_opts.STREAM_FLAGS, group=None,
+    launch_opts.add_engine_flags(p, ("ctx", "threads", "kv") + launch_opts.STREAM_FLAGS + ("kernels",), group=None,
                                  ctx={"help": f"tokens per chunk (default {DEFAULT_CTX}, at most the model's)"},
                                  threads={"help": "compute threads (default: all cores)"})
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
