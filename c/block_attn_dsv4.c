@@ -282,18 +282,21 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
                               p0 + t, iq ? iq + (size_t)t * iqd : NULL, iw ? iw + (size_t)t * y->inh : NULL,
                               att + (size_t)t * qd);
         }
-    else {
+    else { /* tq consecutive positions per task share each window row read (the block kernel gives
+            * every row the bits it gets alone) */
         const int chunks = (nh + HEADS_PER_TASK - 1) / HEADS_PER_TASK;
+        const int tq = kv_attend_block_positions(HEADS_PER_TASK, y->window), nblk = (T + tq - 1) / tq;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (par_worth(2.0 * T * y->window * nh * hd / 32))
-        for (int t = 0; t < T; t++)
+        for (int b = 0; b < nblk; b++)
             for (int c = 0; c < chunks; c++) { /* each head's result is its own: the split changes no bit */
+                const int t = b * tq, tn = T - t < tq ? T - t : tq;
                 const int end = p0 + t + 1, start = end > y->window ? end - y->window : 0, n = end - start;
                 const int h0 = c * HEADS_PER_TASK, g = nh - h0 < HEADS_PER_TASK ? nh - h0 : HEADS_PER_TASK;
-                float *sc = scratch(1, kv_attend_scratch(1, g, hd, n));
+                float *sc = scratch(1, kv_attend_scratch(tn, g, hd, n));
                 if (!sc) continue; /* out of memory: fwd_oom() fails the pass */
-                kk->attend(q + (size_t)t * qd + (size_t)h0 * hd, g, hd, view + (size_t)(start - base) * stride,
-                           view + (size_t)(start - base) * stride, stride, n, scale, y->sinks + h0, sc,
-                           att + (size_t)t * qd + (size_t)h0 * hd);
+                kk->attend_block(q + (size_t)t * qd + (size_t)h0 * hd, (size_t)qd, tn, g, hd,
+                                 view + (size_t)(start - base) * stride, view + (size_t)(start - base) * stride, stride, n,
+                                 y->window, scale, y->sinks + h0, sc, att + (size_t)t * qd + (size_t)h0 * hd, (size_t)qd);
             }
     }
     for (int t = 0; t < T; t++)
