@@ -100,9 +100,10 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     hd = max(_spec_max(layers, "attn", "head_dim"), mla_hd)  # MLA: one shared head of kl + dr
     topk = _indexer_max(layers, "topk")  # a DSA selection's gathered rows, the copy its top-k selects on
     gathered = 4 * mla_hd * min(topk, ctx) + 4 * ctx if topk else 0
-    # MLA's absorption: a head's W_uk rows, dequantized
+    # scratch slot 4: MLA's absorption (a head's W_uk rows, dequantized) or the DSA indexer's transposed query
     kl_pad = (_spec_max(layers, "attn", "kv_lora_rank") + 31) // 32 * 32
-    absorb = 4 * _spec_max(layers, "attn", "qk_nope_head_dim") * kl_pad
+    idx_q = 4 * _indexer_max(layers, "head_dim") * ((_indexer_max(layers, "heads") + 15) // 16 * 16)
+    absorb = max(4 * _spec_max(layers, "attn", "qk_nope_head_dim") * kl_pad, idx_q)
     r += threads * (4 * attend_scratch_floats(heads, hd, ctx) + 4 * 8 * max(qd, W) + gathered + absorb)
     r += mla_chunk_bytes(layers, max(batch, 1), ctx)
     streams = max(streams, 1)

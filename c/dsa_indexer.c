@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsa_score.h"
 #include "fwd_alloc.h"
 #include "ops.h"
 #include "rope.h"
@@ -93,14 +94,24 @@ void dsa_mark_top(const float *s, int n, int k, unsigned char *keep) {
     free(c);
 }
 
-/* Query t's index score of the key at kj: the heads' ReLU'd dots weighted, summed in head order. */
-static float index_score(const float *qt, const float *wt, int nh, int hd, const unsigned char *kj, float scale, float wscale) {
-    float acc = 0;
-    for (int h = 0; h < nh; h++) {
-        float dot = kern.dot(qt + (size_t)h * hd, (const float *)kj, hd) * scale;
-        acc += dot > 0 ? wt[h] * wscale * dot : 0.0f;
+/* Query t's row of keep: its top-k keys by index score; the scores in parts (> 1: across the
+ * threads). */
+static void select_query(const DsaIndexer *d, const BlockRun *r, int t, const float *q, const float *w,
+                         const unsigned char *cache, size_t stride, int n_all, float scale, float wscale, int parts,
+                         unsigned char *keep) {
+    const int n = r->p0 + t + 1, nh = d->nh, hd = d->hd;
+    unsigned char *kt = keep + (size_t)t * n_all;
+    memset(kt, 0, (size_t)n_all);
+    if (n <= d->topk) { memset(kt, 1, (size_t)n); return; }
+    float *s = scratch(1, (size_t)n);
+    if (!s) return; /* out of memory: fwd_oom() fails the pass */
+    const float *qt = q + (size_t)t * nh * hd, *wt = w + (size_t)t * nh;
+#pragma omp parallel for schedule(static) if (parts > 1)
+    for (int c = 0; c < parts; c++) {
+        const int j0 = (int)((long)n * c / parts), j1 = (int)((long)n * (c + 1) / parts);
+        dsa_scores(qt, wt, nh, hd, cache + (size_t)j0 * stride, stride, j1 - j0, scale, wscale, s + j0);
     }
-    return acc;
+    dsa_mark_top(s, n, d->topk, kt);
 }
 
 unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x, const float *qa, int T,
@@ -116,21 +127,16 @@ unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++) rope_rotate(q + ((size_t)t * nh + h) * hd, r->a, d->dr, r->p0 + t, d->interleaved);
     const unsigned char *cache = r->state->pos + off;
-    /* A query per task; at decode (fewer queries than threads) the positions of each query
-     * split across the threads instead. The same score per position either way. */
+    /* A query per task; at decode (fewer queries than threads) the keys of each query split
+     * across the threads instead, in a region of its own: one nested in the query loop's, even
+     * an inactive one, would start fresh threads every time. A key's score does not depend on
+     * the split. */
     const int split = T < par_threads();
-#pragma omp parallel for schedule(dynamic, 1) if (!split)
-    for (int t = 0; t < T; t++) {
-        const int n = r->p0 + t + 1;
-        unsigned char *kt = keep + (size_t)t * n_all;
-        memset(kt, 0, (size_t)n_all);
-        if (n <= d->topk) { memset(kt, 1, (size_t)n); continue; }
-        float *s = scratch(1, (size_t)n);
-        if (!s) continue; /* out of memory: fwd_oom() fails the pass */
-        const float *qt = q + (size_t)t * nh * hd, *wt = w + (size_t)t * nh;
-#pragma omp parallel for schedule(static) if (split)
-        for (int j = 0; j < n; j++) s[j] = index_score(qt, wt, nh, hd, cache + (size_t)j * stride, scale, wscale);
-        dsa_mark_top(s, n, d->topk, kt);
+    if (split)
+        for (int t = 0; t < T; t++) select_query(d, r, t, q, w, cache, stride, n_all, scale, wscale, par_threads(), keep);
+    else {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int t = 0; t < T; t++) select_query(d, r, t, q, w, cache, stride, n_all, scale, wscale, 1, keep);
     }
 out:
     free(q); free(w);

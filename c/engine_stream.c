@@ -94,9 +94,13 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
     /* a DSA selection's gathered rows, and the copy its top-k selects on */
     const uint64_t topk = (uint64_t)indexer_max(layers, "topk");
     const uint64_t gathered = topk ? 4 * mla_hd * (topk < (uint64_t)ctx ? topk : (uint64_t)ctx) + 4 * (uint64_t)ctx : 0;
-    /* MLA's absorption: a head's W_uk rows, dequantized */
-    const uint64_t absorb = 4 * (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim") *
-                            (((uint64_t)spec_max(layers, "attn", "kv_lora_rank") + 31) / 32 * 32);
+    /* scratch slot 4: MLA's absorption (a head's W_uk rows, dequantized) or the DSA indexer's
+     * transposed query */
+    uint64_t absorb = 4 * (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim") *
+                      (((uint64_t)spec_max(layers, "attn", "kv_lora_rank") + 31) / 32 * 32);
+    const uint64_t idx_q = 4 * (uint64_t)indexer_max(layers, "head_dim") *
+                           (((uint64_t)indexer_max(layers, "heads") + 15) / 16 * 16);
+    if (absorb < idx_q) absorb = idx_q;
     r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W) + gathered +
                               absorb); /* per-thread scores, rows */
     r += mla_chunk_bytes(layers, b, (uint64_t)ctx);

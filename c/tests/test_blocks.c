@@ -12,6 +12,7 @@
 #include "blocks.h"
 #include "check.h"
 #include "dsa_indexer.h"
+#include "dsa_score.h"
 #include "engine_stream.h"
 #include "kv_kernels.h"
 #include "kv_persist.h"
@@ -402,7 +403,52 @@ static void test_mla_absorb(void) {
     }
 }
 
-void test_kv_kernel_sets(void) { test_kv_kernels(); test_mla_absorb(); }
+/* The DSA indexer's scores in every kernel set against the definition in double precision: head
+ * counts below, at and past a vector of lanes, key runs around the four-key step, keys strided
+ * as in the state rows (after the latent), negative dots (the ReLU) included. A key's score
+ * must not depend on the run it is scored in (decode splits the keys across threads). */
+static void test_dsa_scores(void) {
+    enum { HD = 24, STRIDE = 136, NMAX = 11 };
+    unsigned seed = 21;
+    const int heads[] = {1, 7, 16, 33};
+    for (size_t hi = 0; hi < sizeof heads / sizeof *heads; hi++) {
+        const int nh = heads[hi];
+        float q[33 * HD], w[33], want[NMAX], got[NMAX], part[NMAX];
+        unsigned char keys[NMAX * STRIDE];
+        for (int i = 0; i < nh * HD; i++) q[i] = rnd01(&seed) * 2 - 1;
+        for (int h = 0; h < nh; h++) w[h] = rnd01(&seed) * 2 - 1;
+        for (int j = 0; j < NMAX; j++)
+            for (int i = 0; i < HD; i++) ((float *)(keys + (size_t)j * STRIDE))[i] = rnd01(&seed) * 2 - 1;
+        const float scale = 0.2f, wscale = 0.5f;
+        double mag = 0;
+        for (int j = 0; j < NMAX; j++) {
+            double acc = 0;
+            for (int h = 0; h < nh; h++) {
+                double d = 0;
+                for (int i = 0; i < HD; i++) d += (double)q[h * HD + i] * ((float *)(keys + (size_t)j * STRIDE))[i];
+                d *= scale;
+                acc += d > 0 ? (double)w[h] * wscale * d : 0;
+                mag += d > 0 ? fabs(w[h] * wscale * d) : 0;
+            }
+            want[j] = (float)acc;
+        }
+        for (int isa = 0; isa < KI_COUNT; isa++) {
+            if (!kernels_supported((KernIsa)isa) || kernels_use((KernIsa)isa)) continue;
+            DsaScoreFn f = dsa_scores_for((KernIsa)isa);
+            for (int n = 1; n <= NMAX; n++) {
+                f(q, w, nh, HD, keys, STRIDE, n, scale, wscale, got);
+                int ok = 1;
+                for (int j = 0; j < n; j++) ok &= fabs(got[j] - want[j]) <= 1e-5 * (mag / NMAX + 1e-3);
+                f(q, w, nh, HD, keys + 3 * STRIDE, STRIDE, n > 3 ? n - 3 : 0, scale, wscale, part);
+                for (int j = 3; j < n; j++) ok &= !memcmp(&part[j - 3], &got[j], sizeof(float));
+                CHECK(ok, "dsa scores %s, %d heads, %d keys", kernels_isa_name((KernIsa)isa), nh, n);
+            }
+        }
+        kernels_init(0);
+    }
+}
+
+void test_kv_kernel_sets(void) { test_kv_kernels(); test_mla_absorb(); test_dsa_scores(); }
 
 void test_blocks(void) {
     test_kv_kernel_sets();
