@@ -101,6 +101,7 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     topk = _indexer_max(layers, "topk")  # a DSA selection's gathered rows, the copy its top-k selects on
     gathered = 4 * mla_hd * min(topk, ctx) + 4 * ctx if topk else 0
     # scratch slot 4: MLA's absorption (a head's W_uk rows, dequantized) or the DSA indexer's transposed query
+    # (c/dsa_score.c dsa_score_scratch)
     kl_pad = (_spec_max(layers, "attn", "kv_lora_rank") + 31) // 32 * 32
     idx_q = 4 * _indexer_max(layers, "head_dim") * ((_indexer_max(layers, "heads") + 15) // 16 * 16)
     absorb = max(4 * _spec_max(layers, "attn", "qk_nope_head_dim") * kl_pad, idx_q)

@@ -9,15 +9,18 @@
 
 size_t dsa_score_scratch(int nh, int hd) { return (size_t)hd * ((nh + LANES_MAX - 1) / LANES_MAX * LANES_MAX); }
 
+/* One head's term of a score, from its raw dot: the ReLU'd, scaled dot times the head's weight. */
+static inline float score_term(float dot, float w, float scale, float wscale) {
+    const float d = dot * scale;
+    return d > 0 ? w * wscale * d : 0.0f;
+}
+
 static void scores_portable(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride,
                             int n, float scale, float wscale, float *s) {
     for (int j = 0; j < n; j++) {
         const float *k = (const float *)(keys + (size_t)j * stride);
         float acc = 0;
-        for (int h = 0; h < nh; h++) {
-            const float d = kern.dot(q + (size_t)h * hd, k, hd) * scale;
-            acc += d > 0 ? w[h] * wscale * d : 0.0f;
-        }
+        for (int h = 0; h < nh; h++) acc += score_term(kern.dot(q + (size_t)h * hd, k, hd), w[h], scale, wscale);
         s[j] = acc;
     }
 }
@@ -33,10 +36,7 @@ static void transpose_q(const float *q, int nh, int hd, int nhp, float *qt) {
 
 /* Heads h0..end-1's dots (dots[0..end-h0)) added to a score as its terms, in head order. */
 static inline float add_terms(float acc, const float *dots, int h0, int end, const float *w, float scale, float wscale) {
-    for (int i = 0; h0 + i < end; i++) {
-        const float d = dots[i] * scale;
-        acc += d > 0 ? w[h0 + i] * wscale * d : 0.0f;
-    }
+    for (int i = 0; h0 + i < end; i++) acc += score_term(dots[i], w[h0 + i], scale, wscale);
     return acc;
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "container.h"
+#include "dsa_score.h"
 #include "grammar.h"
 #include "kv_kernels.h"
 #include "kv_writer.h"
@@ -98,8 +99,8 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
      * transposed query */
     uint64_t absorb = 4 * (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim") *
                       (((uint64_t)spec_max(layers, "attn", "kv_lora_rank") + 31) / 32 * 32);
-    const uint64_t idx_q = 4 * (uint64_t)indexer_max(layers, "head_dim") *
-                           (((uint64_t)indexer_max(layers, "heads") + 15) / 16 * 16);
+    const uint64_t idx_q = 4 * (uint64_t)dsa_score_scratch((int)indexer_max(layers, "heads"),
+                                                           (int)indexer_max(layers, "head_dim"));
     if (absorb < idx_q) absorb = idx_q;
     r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W) + gathered +
                               absorb); /* per-thread scores, rows */
