@@ -25,6 +25,7 @@ static void scores_portable(const float *q, const float *w, int nh, int hd, cons
     }
 }
 
+#if defined(__x86_64__) || defined(__i386__)
 /* qt[i][h] = q[h][i], heads padded with zeros to a multiple of lanes. */
 static void transpose_q(const float *q, int nh, int hd, int nhp, float *qt) {
     for (int i = 0; i < hd; i++) {
@@ -40,7 +41,6 @@ static inline float add_terms(float acc, const float *dots, int h0, int end, con
     return acc;
 }
 
-#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
 /* One body per vector type: V the vector, L its lanes, SET1/LOAD/FMA/STORE its operations. */

@@ -1,11 +1,11 @@
-/* AMX-INT8 q8/q4 matmul: the portable kernels' arithmetic (exact int32 block dot, then
+/* AMX-INT8 q8/q4/q6 matmul: the portable kernels' arithmetic (exact int32 block dot, then
  * acc += (dw*dx) * isum block by block, mins apart for q4), so every result is bit-identical to
  * the portable reference whatever the batch, with the block dots done by tile multiplies.
  *
  * The int16 activations are split into a signed high byte and an unsigned low byte
  * (x = 256*hi + lo), so two tile dots per block give the int16 x int8 sum exactly (no int8
  * activation rounding: the oracle tests pass unchanged). Weights are the A tile, read in place
- * (16 rows, one 32-element block; q4 nibbles unpacked first); activations are the B tile,
+ * (16 rows, one 32-element block; q4 nibbles and q6 bits unpacked first); activations are the B tile,
  * packed once per matmul by amx_pack_act into the VNNI layout the tiles want. Each weight
  * block is loaded once per 16 positions; C comes back as 16 rows x N positions of int32.
  * Decode steps and tails of at most AMX_SMALL_T positions run on the VNNI kernel of
@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kernels_amx_small.h"
+#include "q6_unpack_x86.h"
 #include "quant.h"
 
 #define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -120,8 +121,22 @@ static int strip_reserve(int nb) {
     return 0;
 }
 
-AMX_INLINE void strip_prepare(const int q4, const unsigned char *w, size_t row_bytes, int nb, Strip *st) {
-    const size_t bb = q4 ? 20 : 34;
+/* 16 q6 rows' block b unpacked to int8 q = u - 32, 32 bytes a row. */
+AMX_INLINE void q6_unpack16(const unsigned char *w, size_t row_bytes, int8_t *out) {
+    for (int r = 0; r < 16; r++) {
+        __m128i lo, hi;
+        q6_unpack_avx2(w + r * row_bytes, &lo, &hi);
+        _mm_storeu_si128((__m128i *)(out + r * 32), lo);
+        _mm_storeu_si128((__m128i *)(out + r * 32 + 16), hi);
+    }
+}
+
+/* Weights the strip holds unpacked (q4 nibbles, q6 bits); q8 tiles load the rows in place. */
+#define UNPACKED(qt) ((qt) != QT_Q8)
+
+AMX_INLINE void strip_prepare(const QType qt, const unsigned char *w, size_t row_bytes, int nb, Strip *st) {
+    const int q4 = qt == QT_Q4;
+    const size_t bb = q4 ? 20 : qt == QT_Q6 ? 26 : 34;
     const __m512i rowoff = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32((int)row_bytes));
     for (int b = 0; b < nb; b++) {
@@ -131,15 +146,15 @@ AMX_INLINE void strip_prepare(const int q4, const unsigned char *w, size_t row_b
         if (q4) {
             _mm512_store_ps(st->mw + 16 * b, f16_hi(heads));
             q4_unpack16(wb + 4, row_bytes, st->wq + (size_t)b * 512);
-        }
+        } else if (qt == QT_Q6) q6_unpack16(wb, row_bytes, st->wq + (size_t)b * 512);
     }
 }
 
 /* 16 weight rows (w: row 0, made ready in st) x positions t0..t0+n-1 (group g of the packed
  * activations), the whole row. q4 adds the min term. Results to y[(t0+i)*ldy + r]. */
-AMX_INLINE void tile16(const int q4, const unsigned char *w, size_t row_bytes, const Strip *st, const QAct *a,
+AMX_INLINE void tile16(const QType qt, const unsigned char *w, size_t row_bytes, const Strip *st, const QAct *a,
                        const int8_t *packed, int g, int n, float *y, size_t ldy) {
-    const int nb = a->nb, t0 = g * AMX_TILE_T;
+    const int nb = a->nb, t0 = g * AMX_TILE_T, q4 = qt == QT_Q4;
     int32_t chi[256] __attribute__((aligned(64))), clo[256] __attribute__((aligned(64)));
     const int8_t *pk = packed + (size_t)g * nb * 1024;
     /* prefill: acc[r] holds row r against the n positions, one lane each */
@@ -147,7 +162,7 @@ AMX_INLINE void tile16(const int q4, const unsigned char *w, size_t row_bytes, c
     __m512 acc[16], mins[16];
     for (int r = 0; r < 16; r++) acc[r] = mins[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++, pk += 1024) {
-        if (q4) _tile_loadd(0, st->wq + (size_t)b * 512, 32);
+        if (UNPACKED(qt)) _tile_loadd(0, st->wq + (size_t)b * 512, 32);
         else _tile_loadd(0, w + b * 34 + 2, row_bytes);
         _tile_loadd(1, pk, 64);
         _tile_loadd(2, pk + 512, 64);
@@ -176,8 +191,9 @@ AMX_INLINE void tile16(const int q4, const unsigned char *w, size_t row_bytes, c
 
 void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
+void qdot_q6_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 
-AMX_INLINE void gemm(const int q4, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
+AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
                      float *y, size_t ldy) {
     const int T = a->rows, groups = (T + AMX_TILE_T - 1) / AMX_TILE_T;
     int full = nr / 16 * 16;
@@ -192,9 +208,9 @@ AMX_INLINE void gemm(const int q4, const unsigned char *w, size_t row_bytes, int
         const int g1 = g0 + CHUNK < full_groups ? g0 + CHUNK : full_groups;
         tiles_config(AMX_TILE_T);
         for (int r = 0; r < full; r += 16) {
-            strip_prepare(q4, w + (size_t)r * row_bytes, row_bytes, a->nb, &tl_strip);
+            strip_prepare(qt, w + (size_t)r * row_bytes, row_bytes, a->nb, &tl_strip);
             for (int g = g0; g < g1; g++)
-                tile16(q4, w + (size_t)r * row_bytes, row_bytes, &tl_strip, a, packed, g, AMX_TILE_T, y + r, ldy);
+                tile16(qt, w + (size_t)r * row_bytes, row_bytes, &tl_strip, a, packed, g, AMX_TILE_T, y + r, ldy);
         }
     }
     if (groups > full_groups) {
@@ -202,29 +218,34 @@ AMX_INLINE void gemm(const int q4, const unsigned char *w, size_t row_bytes, int
         if (n > AMX_SMALL_T) {
             if (full) tiles_config(n);
             for (int r = 0; r < full; r += 16) {
-                strip_prepare(q4, w + (size_t)r * row_bytes, row_bytes, a->nb, &tl_strip);
-                tile16(q4, w + (size_t)r * row_bytes, row_bytes, &tl_strip, a, packed, full_groups, n, y + r, ldy);
+                strip_prepare(qt, w + (size_t)r * row_bytes, row_bytes, a->nb, &tl_strip);
+                tile16(qt, w + (size_t)r * row_bytes, row_bytes, &tl_strip, a, packed, full_groups, n, y + r, ldy);
             }
         } else if (full) /* decode and short tails: each weight block once for all n positions */
-            (q4 ? amx_small_q4 : amx_small_q8)(w, row_bytes, full, a, t0, n, packed + (size_t)full_groups * a->nb * 1024,
+            (qt == QT_Q4 ? amx_small_q4 : qt == QT_Q6 ? amx_small_q6 : amx_small_q8)(w, row_bytes, full, a, t0, n, packed + (size_t)full_groups * a->nb * 1024,
                                                y + (size_t)t0 * ldy, ldy);
     }
     /* rows past the last whole tile: the portable kernel, which computes the same bits */
     if (full < nr)
         for (int t0 = 0; t0 < T; t0 += QDOT_MAX_ROWS)
-            (q4 ? qdot_q4_portable : qdot_q8_portable)(w + (size_t)full * row_bytes, row_bytes, nr - full, a, t0,
+            (qt == QT_Q4 ? qdot_q4_portable : qt == QT_Q6 ? qdot_q6_portable : qdot_q8_portable)(w + (size_t)full * row_bytes, row_bytes, nr - full, a, t0,
                                                        T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS,
                                                        y + (size_t)t0 * ldy + full, ldy);
 }
 
 AMX void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
                       float *y, size_t ldy) {
-    gemm(0, w, row_bytes, nr, a, packed, y, ldy);
+    gemm(QT_Q8, w, row_bytes, nr, a, packed, y, ldy);
 }
 
 AMX void qgemm_q4_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
                       float *y, size_t ldy) {
-    gemm(1, w, row_bytes, nr, a, packed, y, ldy);
+    gemm(QT_Q4, w, row_bytes, nr, a, packed, y, ldy);
+}
+
+AMX void qgemm_q6_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
+                      float *y, size_t ldy) {
+    gemm(QT_Q6, w, row_bytes, nr, a, packed, y, ldy);
 }
 
 #endif

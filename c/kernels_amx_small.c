@@ -1,4 +1,4 @@
-/* The amx set's small-batch q8/q4 kernel (decode: 1 to AMX_SMALL_T positions, as many rows as
+/* The amx set's small-batch q8/q4/q6 kernel (decode: 1 to AMX_SMALL_T positions, as many rows as
  * a continuous-batching step has streams), AVX-512 VNNI with weight rows in the lanes.
  *
  * Each 16-row x 32-element weight block is loaded and transposed once (lane = row, dword k =
@@ -11,6 +11,7 @@
  * Compiled with target attributes; reached only through the amx set (kernels_amx.c). */
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <string.h>
 
 #include "kernels_amx_small.h"
 
@@ -18,8 +19,10 @@
 #define VNNI_INLINE VNNI __attribute__((always_inline)) static inline
 
 /* Bytes per position and block in the small layout: signed high bytes, the same biased by 128
- * (unsigned, for q8's signed weights), unsigned low bytes. */
-#define SMALL_BLOCK 96
+ * (unsigned, for q8's signed weights), unsigned low bytes, then the block's int32 sum of the
+ * activations (q6 takes its weights' offset of 32 off with it), padded to two cache lines. */
+#define SMALL_BLOCK 128
+#define SMALL_SUM 96
 
 size_t amx_small_pack_bytes(int n, int nb) { return (size_t)n * nb * SMALL_BLOCK; }
 
@@ -33,6 +36,8 @@ VNNI void amx_small_pack(const QAct *a, int t0, int n, int8_t *dst) {
             _mm256_storeu_si256((__m256i *)o, hi);
             _mm256_storeu_si256((__m256i *)(o + 32), _mm256_xor_si256(hi, _mm256_set1_epi8((char)0x80)));
             _mm256_storeu_si256((__m256i *)(o + 64), _mm512_cvtepi16_epi8(x));
+            const int32_t sum = _mm512_reduce_add_epi32(_mm512_madd_epi16(x, _mm512_set1_epi16(1)));
+            memcpy(o + SMALL_SUM, &sum, sizeof sum);
         }
 }
 
@@ -59,6 +64,21 @@ VNNI_INLINE void transpose16x4(const unsigned char *p, size_t row_bytes, __m512i
     v[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
+/* The same for 8 bytes a row: vector k lane L = dword k (k < 2) of row 4*(L%4) + L/4. */
+VNNI_INLINE void transpose16x2(const unsigned char *p, size_t row_bytes, __m512i *v) {
+    __m512i z[4];
+    for (int g = 0; g < 4; g++) {
+        const unsigned char *r = p + (size_t)4 * g * row_bytes;
+        __m512i t = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)r));
+        t = _mm512_inserti32x4(t, _mm_loadl_epi64((const __m128i *)(r + row_bytes)), 1);
+        t = _mm512_inserti32x4(t, _mm_loadl_epi64((const __m128i *)(r + 2 * row_bytes)), 2);
+        z[g] = _mm512_inserti32x4(t, _mm_loadl_epi64((const __m128i *)(r + 3 * row_bytes)), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2);
+    v[1] = _mm512_unpackhi_epi64(t0, t2);
+}
+
 VNNI_INLINE __m512i bcast(const int8_t *p) { return _mm512_set1_epi32(*(const int32_t *)(const void *)p); }
 
 VNNI_INLINE __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
@@ -66,10 +86,10 @@ VNNI_INLINE __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_ep
 
 /* 16 weight rows (w: row 0) x n positions (packed by amx_small_pack; scales from position t0
  * of a), the whole row; results to y[i*ldy + r]. n is a constant in each instance. */
-VNNI_INLINE void small16(const int q4, const unsigned char *w, size_t row_bytes, const QAct *a, int t0,
+VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_bytes, const QAct *a, int t0,
                          const int8_t *packed, const int n, const unsigned char *next, float *y, size_t ldy) {
-    const int nb = a->nb;
-    const size_t bb = q4 ? 20 : 34, ds = (size_t)a->rows;
+    const int nb = a->nb, q4 = qt == QT_Q4;
+    const size_t bb = q4 ? 20 : qt == QT_Q6 ? 26 : 34, ds = (size_t)a->rows;
     const __m512i perm = lane_rows();
     const __m512i rowoff = _mm512_mullo_epi32(perm, _mm512_set1_epi32((int)row_bytes));
     const __m512i m4 = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1);
@@ -84,7 +104,23 @@ VNNI_INLINE void small16(const int q4, const unsigned char *w, size_t row_bytes,
         const __m512i heads = _mm512_i32gather_epi32(rowoff, wb, 1);
         const __m512 dw = f16_lo(heads), mw = q4 ? f16_hi(heads) : dw;
         __m512i v[8], sw = _mm512_setzero_si512();
-        if (q4) { /* byte j: element j (low nibble), element j+16 (high nibble) */
+        if (qt == QT_Q6) { /* u of elements 4k..4k+3: nibble dword k (k < 4) or the high nibbles
+                              of dword k - 4, and bits 4-5 from high-bit dword k % 2, whose pair
+                              k / 2 a shift by 4 - 2 * (k / 2) moves there */
+            __m512i p[4], hb[2];
+            transpose16x4(wb + 2, row_bytes, p);
+            hb[0] = _mm512_i32gather_epi32(rowoff, wb + 18, 1);
+            hb[1] = _mm512_i32gather_epi32(rowoff, wb + 22, 1);
+            const __m512i m30 = _mm512_set1_epi8(0x30);
+            for (int k = 0; k < 8; k++) {
+                const __m512i lo = k < 4 ? p[k] : _mm512_srli_epi16(p[k - 4], 4);
+                const int j = k >> 1;
+                const __m512i h = j == 0 ? _mm512_slli_epi16(hb[k & 1], 4) : j == 1 ? _mm512_slli_epi16(hb[k & 1], 2)
+                                : j == 2 ? hb[k & 1] : _mm512_srli_epi16(hb[k & 1], 2);
+                /* (lo & 0x0f) | (h & 0x30): 0xf8 is A | (B & C) with A = lo & 0x0f */
+                v[k] = _mm512_ternarylogic_epi32(_mm512_and_si512(lo, m4), h, m30, 0xf8);
+            }
+        } else if (q4) { /* byte j: element j (low nibble), element j+16 (high nibble) */
             __m512i p[4];
             transpose16x4(wb + 4, row_bytes, p);
             for (int k = 0; k < 4; k++) {
@@ -102,16 +138,19 @@ VNNI_INLINE void small16(const int q4, const unsigned char *w, size_t row_bytes,
 #pragma GCC unroll 8
         for (int i = 0; i < n; i++, pk += (size_t)nb * SMALL_BLOCK) {
             __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512(), isum;
-            if (q4) {
-                /* nibbles unsigned, high bytes signed; low bytes unsigned, nibbles as signed */
+            if (q4 || qt == QT_Q6) {
+                /* nibbles (q6: u <= 63) unsigned, high bytes signed; low bytes unsigned, the
+                 * weights as signed */
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     h = _mm512_dpbusd_epi32(h, v[k], bcast(pk + 4 * k));
                     l = _mm512_dpbusd_epi32(l, bcast(pk + 64 + 4 * k), v[k]);
                 }
                 isum = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
+                if (qt == QT_Q6) /* q = u - 32: the exact signed sum */
+                    isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(bcast(pk + SMALL_SUM), 5));
             } else {
-                /* signed weights: the high bytes go in biased by 128, the rows' sums take it off */
+                /* signed weights (q8, q6 unpacked): the high bytes go in biased by 128, the rows' sums take it off */
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     h = _mm512_dpbusd_epi32(h, bcast(pk + 32 + 4 * k), v[k]);
@@ -128,33 +167,38 @@ VNNI_INLINE void small16(const int q4, const unsigned char *w, size_t row_bytes,
         _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_permutexvar_ps(perm, q4 ? _mm512_add_ps(acc[i], mins[i]) : acc[i]));
 }
 
-VNNI_INLINE void small_rows(const int q4, const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0,
+VNNI_INLINE void small_rows(const QType qt, const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0,
                             const int8_t *packed, const int n, float *y, size_t ldy) {
     for (int r = 0; r < nr16; r += 16)
-        small16(q4, w + (size_t)r * row_bytes, row_bytes, a, t0, packed, n, r + 16 < nr16 ? w + (size_t)(r + 16) * row_bytes : NULL,
+        small16(qt, w + (size_t)r * row_bytes, row_bytes, a, t0, packed, n, r + 16 < nr16 ? w + (size_t)(r + 16) * row_bytes : NULL,
                 y + r, ldy);
 }
 
-#define SMALL_CASES(q4)                                                                  \
+#define SMALL_CASES(qt)                                                                  \
     switch (n) {                                                                         \
-    case 1: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 1, y, ldy); return;       \
-    case 2: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 2, y, ldy); return;       \
-    case 3: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 3, y, ldy); return;       \
-    case 4: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 4, y, ldy); return;       \
-    case 5: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 5, y, ldy); return;       \
-    case 6: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 6, y, ldy); return;       \
-    case 7: small_rows(q4, w, row_bytes, nr16, a, t0, packed, 7, y, ldy); return;       \
-    default: small_rows(q4, w, row_bytes, nr16, a, t0, packed, AMX_SMALL_T, y, ldy); return; \
+    case 1: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 1, y, ldy); return;       \
+    case 2: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 2, y, ldy); return;       \
+    case 3: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 3, y, ldy); return;       \
+    case 4: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 4, y, ldy); return;       \
+    case 5: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 5, y, ldy); return;       \
+    case 6: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 6, y, ldy); return;       \
+    case 7: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 7, y, ldy); return;       \
+    default: small_rows(qt, w, row_bytes, nr16, a, t0, packed, AMX_SMALL_T, y, ldy); return; \
     }
 
 VNNI void amx_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
                        const int8_t *packed, float *y, size_t ldy) {
-    SMALL_CASES(1)
+    SMALL_CASES(QT_Q4)
 }
 
 VNNI void amx_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
                        const int8_t *packed, float *y, size_t ldy) {
-    SMALL_CASES(0)
+    SMALL_CASES(QT_Q8)
+}
+
+VNNI void amx_small_q6(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
+                       const int8_t *packed, float *y, size_t ldy) {
+    SMALL_CASES(QT_Q6)
 }
 
 #endif

@@ -17,5 +17,7 @@ void amx_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct
                   const int8_t *packed, float *y, size_t ldy);
 void amx_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
                   const int8_t *packed, float *y, size_t ldy);
+void amx_small_q6(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
+                  const int8_t *packed, float *y, size_t ldy);
 
 #endif

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "q6_unpack_x86.h"
 #include "quant.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -57,6 +58,17 @@ AVX2 void dequant_row_avx2(QType q, const void *src, int cols, float *dst) {
         }
         return;
     }
+    case QT_Q6:
+        for (int b = 0; b < blocks; b++, s += 26) {
+            __m256 d = _mm256_set1_ps(f16s(s));
+            __m128i q[2];
+            q6_unpack_avx2(s, &q[0], &q[1]);
+            for (int k = 0; k < 4; k++) {
+                __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(k & 1 ? _mm_srli_si128(q[k / 2], 8) : q[k / 2]));
+                _mm256_storeu_ps(dst + b * QBLOCK + 8 * k, _mm256_mul_ps(d, v));
+            }
+        }
+        return;
     default: dequant_row(q, src, cols, dst); return; /* the portable codec (mxfp4) */
     }
 }
@@ -186,12 +198,15 @@ AVX2_INLINE __m256 lane(__m128 v, const int r) {
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(r));
 }
 
-/* One weight block against one block of nt activation rows (x: row 0's block, later rows
- * xrow int16 apart; d: their scales): acc[r] += (dw*d[r]) * dot_r, the scales as one vector. */
-AVX2_INLINE void q8_block(const unsigned char *w, const int16_t *x, size_t xrow, const float *d, const int nt,
-                          __m256 *acc) {
-    const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 2)));
-    const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 18)));
+/* One weight block (q8, or q6 when q6) against one block of nt activation rows (x: row 0's
+ * block, later rows xrow int16 apart; d: their scales): acc[r] += (dw*d[r]) * dot_r, the
+ * scales as one vector. */
+AVX2_INLINE void q8_block(const int q6, const unsigned char *w, const int16_t *x, size_t xrow, const float *d,
+                          const int nt, __m256 *acc) {
+    __m128i q_lo, q_hi;
+    if (q6) q6_unpack_avx2(w, &q_lo, &q_hi);
+    else q_lo = _mm_loadu_si128((const __m128i *)(w + 2)), q_hi = _mm_loadu_si128((const __m128i *)(w + 18));
+    const __m256i lo = _mm256_cvtepi8_epi16(q_lo), hi = _mm256_cvtepi8_epi16(q_hi);
     const __m128 sc = times_n(f16_one(w), d, nt);
 #pragma GCC unroll 4
     for (int r = 0; r < nt; r++) acc[r] = _mm256_fmadd_ps(lane(sc, r), block_dot(lo, hi, x + r * xrow), acc[r]);
@@ -214,14 +229,15 @@ AVX2_INLINE void q4_block(const unsigned char *w, const int16_t *x, size_t xrow,
  * s), passed separately so that decode (one row) gets it as the constant 1. Every operation on
  * a row pair is the same whatever nt is (lanes of one vector instead of scalars change
  * nothing), so batched prefill equals token by token bit for bit. */
-AVX2_INLINE void qdot_q8_row(const unsigned char *w, const QAct *a, int t0, const int nt, const size_t ds, float *out) {
-    const size_t xrow = (size_t)a->nb * QBLOCK;
+AVX2_INLINE void qdot_q8_row(const int q6, const unsigned char *w, const QAct *a, int t0, const int nt, const size_t ds,
+                             float *out) {
+    const size_t xrow = (size_t)a->nb * QBLOCK, bb = q6 ? 26 : 34;
     const int16_t *x = a->q + t0 * xrow;
     const float *d = a->d + t0;
     __m256 acc[QDOT_MAX_ROWS];
     for (int r = 0; r < nt; r++) acc[r] = _mm256_setzero_ps();
 #pragma GCC unroll 2
-    for (int b = 0; b < a->nb; b++, w += 34, x += QBLOCK) q8_block(w, x, xrow, d + b * ds, nt, acc);
+    for (int b = 0; b < a->nb; b++, w += bb, x += QBLOCK) q8_block(q6, w, x, xrow, d + b * ds, nt, acc);
     for (int r = 0; r < nt; r++) out[r] = hsum_ps(acc[r]);
 }
 
@@ -241,11 +257,11 @@ AVX2_INLINE void qdot_q4_row(const unsigned char *w, const QAct *a, int t0, cons
 
 /* Weight rows one after another; nt (and ds for decode) are constants in each instance, so the
  * accumulators live in registers. */
-AVX2_INLINE void q8_rows(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, const int nt,
-                         const size_t ds, float *y, size_t ldy) {
+AVX2_INLINE void q8_rows(const int q6, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0,
+                         const int nt, const size_t ds, float *y, size_t ldy) {
     for (int r = 0; r < nr; r++, w += row_bytes) {
         float out[QDOT_MAX_ROWS];
-        qdot_q8_row(w, a, t0, nt, ds, out);
+        qdot_q8_row(q6, w, a, t0, nt, ds, out);
         for (int i = 0; i < nt; i++) y[i * ldy + r] = out[i];
     }
 }
@@ -259,18 +275,26 @@ AVX2_INLINE void q4_rows(const unsigned char *w, size_t row_bytes, int nr, const
     }
 }
 
+#define SIGNED_CASES(q6)                                                                  \
+    const size_t ds = (size_t)a->rows;                                                    \
+    switch (nt) {                                                                         \
+    case 1:                                                                               \
+        if (ds == 1) q8_rows(q6, w, row_bytes, nr, a, t0, 1, 1, y, ldy);                  \
+        else q8_rows(q6, w, row_bytes, nr, a, t0, 1, ds, y, ldy);                         \
+        return;                                                                           \
+    case 2: q8_rows(q6, w, row_bytes, nr, a, t0, 2, ds, y, ldy); return;                  \
+    case 3: q8_rows(q6, w, row_bytes, nr, a, t0, 3, ds, y, ldy); return;                  \
+    default: q8_rows(q6, w, row_bytes, nr, a, t0, 4, ds, y, ldy); return;                 \
+    }
+
 AVX2 void qdot_q8_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
                        size_t ldy) {
-    const size_t ds = (size_t)a->rows;
-    switch (nt) {
-    case 1:
-        if (ds == 1) q8_rows(w, row_bytes, nr, a, t0, 1, 1, y, ldy);
-        else q8_rows(w, row_bytes, nr, a, t0, 1, ds, y, ldy);
-        return;
-    case 2: q8_rows(w, row_bytes, nr, a, t0, 2, ds, y, ldy); return;
-    case 3: q8_rows(w, row_bytes, nr, a, t0, 3, ds, y, ldy); return;
-    default: q8_rows(w, row_bytes, nr, a, t0, 4, ds, y, ldy); return;
-    }
+    SIGNED_CASES(0)
+}
+
+AVX2 void qdot_q6_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
+                       size_t ldy) {
+    SIGNED_CASES(1)
 }
 
 AVX2 void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,

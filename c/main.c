@@ -112,9 +112,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */
-        printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\nmxfp4_block_bytes %zu\ndefault_batch %d\n"
-               "default_batch_amx %d\nruntime_base %llu\n", MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK),
-               qtype_row_bytes(QT_MXFP4, QBLOCK), FORWARD_DEFAULT_BATCH, FORWARD_DEFAULT_BATCH_AMX,
+        printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\nmxfp4_block_bytes %zu\nq6_block_bytes %zu\n"
+               "default_batch %d\ndefault_batch_amx %d\nruntime_base %llu\n", MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK),
+               qtype_row_bytes(QT_Q4, QBLOCK), qtype_row_bytes(QT_MXFP4, QBLOCK), qtype_row_bytes(QT_Q6, QBLOCK), FORWARD_DEFAULT_BATCH, FORWARD_DEFAULT_BATCH_AMX,
                (unsigned long long)RUNTIME_BASE_BYTES);
         return 0;
     }

@@ -5,7 +5,7 @@
 
 Kernels kern;
 
-static const char *QT_NAMES[QT_COUNT] = {"f32", "bf16", "f16", "q8", "q4", "mxfp4"};
+static const char *QT_NAMES[QT_COUNT] = {"f32", "bf16", "f16", "q8", "q4", "mxfp4", "q6"};
 
 const char *qtype_name(QType q) { return (unsigned)q < QT_COUNT ? QT_NAMES[q] : "?"; }
 
@@ -24,6 +24,7 @@ size_t qtype_row_bytes(QType q, int cols) {
     case QT_Q8: return blocks * 34;
     case QT_Q4: return blocks * 20;
     case QT_MXFP4: return blocks * 17;
+    case QT_Q6: return blocks * 26;
     default: return 0;
     }
 }
@@ -91,6 +92,12 @@ static void load_block(const float *x, int cols, int b, float out[QBLOCK]) {
     }
 }
 
+static float block_amax(const float v[QBLOCK]) {
+    float amax = 0;
+    for (int j = 0; j < QBLOCK; j++) amax = fmaxf(amax, fabsf(v[j]));
+    return amax;
+}
+
 void quantize_row(QType q, const float *x, int cols, void *dst) {
     unsigned char *o = dst;
     int blocks = (cols + QBLOCK - 1) / QBLOCK;
@@ -106,9 +113,7 @@ void quantize_row(QType q, const float *x, int cols, void *dst) {
     case QT_Q8:
         for (int b = 0; b < blocks; b++, o += 34) {
             load_block(x, cols, b, v);
-            float amax = 0;
-            for (int j = 0; j < QBLOCK; j++) amax = fmaxf(amax, fabsf(v[j]));
-            store_f16(o, amax / 127.0f);
+            store_f16(o, block_amax(v) / 127.0f);
             float d = load_f16(o), id = d != 0 ? 1.0f / d : 0.0f;
             for (int j = 0; j < QBLOCK; j++) {
                 float r = roundf(v[j] * id);
@@ -136,7 +141,30 @@ void quantize_row(QType q, const float *x, int cols, void *dst) {
         }
         return;
     case QT_MXFP4: mxfp4_quantize_row(x, cols, dst); return;
+    case QT_Q6:
+        for (int b = 0; b < blocks; b++, o += 26) {
+            load_block(x, cols, b, v);
+            store_f16(o, block_amax(v) / 31.0f);
+            float d = load_f16(o), id = d != 0 ? 1.0f / d : 0.0f;
+            unsigned char u[QBLOCK];
+            for (int j = 0; j < QBLOCK; j++) {
+                float r = roundf(v[j] * id);
+                u[j] = (unsigned char)((r > 31 ? 31 : (r < -32 ? -32 : r)) + 32);
+            }
+            for (int j = 0; j < 16; j++) o[2 + j] = (unsigned char)((u[j] & 15) | (u[j + 16] & 15) << 4);
+            for (int j = 0; j < 8; j++)
+                o[18 + j] = (unsigned char)(u[j] >> 4 | (u[j + 8] >> 4) << 2 | (u[j + 16] >> 4) << 4 | (u[j + 24] >> 4) << 6);
+        }
+        return;
     default: return;
+    }
+}
+
+void q6_unpack_block(const unsigned char *blk, int8_t q[QBLOCK]) {
+    const unsigned char *nib = blk + 2, *hb = blk + 18;
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)(((nib[j] & 15) | ((hb[j % 8] >> (2 * (j / 8))) & 3) << 4) - 32);
+        q[j + 16] = (int8_t)(((nib[j] >> 4) | ((hb[j % 8] >> (2 * (j / 8) + 4)) & 3) << 4) - 32);
     }
 }
 
@@ -167,6 +195,14 @@ static void dequant_row_portable(QType q, const void *src, int cols, float *dst)
         }
         return;
     case QT_MXFP4: mxfp4_dequant_block_row(src, cols, dst); return; /* whole blocks, as q8 */
+    case QT_Q6: /* whole blocks, as q8 */
+        for (int b = 0; b < blocks; b++, s += 26) {
+            float d = load_f16(s);
+            int8_t q[QBLOCK];
+            q6_unpack_block(s, q);
+            for (int j = 0; j < QBLOCK; j++) dst[b * QBLOCK + j] = d * (float)q[j];
+        }
+        return;
     default: return;
     }
 }
@@ -209,18 +245,31 @@ static void quantize_act_portable(const float *x, int cols, const QAct *a, int t
 }
 
 /* The portable integer dots walk a weight row once and use each decoded block for all nt
- * activation rows; per row: acc += (dw*dx) * (integer block dot). */
+ * activation rows; per row: acc += (dw*dx) * (integer block dot). signed_block does it for
+ * block b of signed weights q (q8, q6 unpacked) with scale dw. */
+static void signed_block(const int8_t *q, float dw, const QAct *a, int b, int t0, int nt, float *acc) {
+    for (int r = 0; r < nt; r++) {
+        const int16_t *xq = a->q + ((size_t)(t0 + r) * a->nb + b) * QBLOCK;
+        size_t k = (size_t)b * a->rows + t0 + r;
+        int32_t isum = 0;
+        for (int j = 0; j < QBLOCK; j++) isum += q[j] * xq[j];
+        acc[r] += (dw * a->d[k]) * (float)isum;
+    }
+}
+
 static void qdot_q8_row(const unsigned char *s, const QAct *a, int t0, int nt, float *out) {
     float acc[QDOT_MAX_ROWS] = {0};
-    for (int b = 0; b < a->nb; b++, s += 34) {
-        float dw = load_f16(s);
-        for (int r = 0; r < nt; r++) {
-            const int16_t *xq = a->q + ((size_t)(t0 + r) * a->nb + b) * QBLOCK;
-            size_t k = (size_t)b * a->rows + t0 + r;
-            int32_t isum = 0;
-            for (int j = 0; j < QBLOCK; j++) isum += (int8_t)s[2 + j] * xq[j];
-            acc[r] += (dw * a->d[k]) * (float)isum;
-        }
+    for (int b = 0; b < a->nb; b++, s += 34) signed_block((const int8_t *)(s + 2), load_f16(s), a, b, t0, nt, acc);
+    for (int r = 0; r < nt; r++) out[r] = acc[r];
+}
+
+/* q6: q8's arithmetic on the unpacked block. */
+static void qdot_q6_row(const unsigned char *s, const QAct *a, int t0, int nt, float *out) {
+    float acc[QDOT_MAX_ROWS] = {0};
+    for (int b = 0; b < a->nb; b++, s += 26) {
+        int8_t q[QBLOCK];
+        q6_unpack_block(s, q);
+        signed_block(q, load_f16(s), a, b, t0, nt, acc);
     }
     for (int r = 0; r < nt; r++) out[r] = acc[r];
 }
@@ -263,12 +312,18 @@ void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QA
     qdot_rows(qdot_q4_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 
+void qdot_q6_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
+                      float *y, size_t ldy) {
+    qdot_rows(qdot_q6_row, w, row_bytes, nr, a, t0, nt, y, ldy);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 void dequant_row_avx2(QType q, const void *src, int cols, float *dst);
 float dot_avx2(const float *a, const float *b, int n);
 void quantize_act_avx2(const float *x, int cols, const QAct *a, int t);
 void qdot_q8_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
+void qdot_q6_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 float dot_avx512(const float *a, const float *b, int n);
 void qdot_mxfp4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 #endif
@@ -279,6 +334,7 @@ size_t amx_pack_bytes(int T, int nb);
 void amx_pack_act(const QAct *a, int8_t *dst);
 void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
 void qgemm_q4_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
+void qgemm_q6_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
 #endif
 
 static const char *const ISA_NAMES[KI_COUNT] = {"portable", "avx2", "avx512", "neon", "amx"};
@@ -334,6 +390,7 @@ int kernels_supported(KernIsa isa) {
 float dot_neon(const float *a, const float *b, int n);
 void qdot_q8_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 void qdot_q4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
+void qdot_q6_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 void qdot_mxfp4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 #endif
 
@@ -348,6 +405,7 @@ int kernels_use(KernIsa isa) {
     kern.qdot[QT_Q8] = qdot_q8_portable;
     kern.qdot[QT_Q4] = qdot_q4_portable;
     kern.qdot[QT_MXFP4] = qdot_mxfp4_portable;
+    kern.qdot[QT_Q6] = qdot_q6_portable;
 #if defined(__x86_64__) || defined(__i386__)
     if (isa == KI_AVX2 || isa == KI_AVX512 || isa == KI_AMX) {
         kern.dequant_row = dequant_row_avx2;
@@ -356,6 +414,7 @@ int kernels_use(KernIsa isa) {
         kern.qdot[QT_Q8] = qdot_q8_avx2;
         kern.qdot[QT_Q4] = qdot_q4_avx2;
         kern.qdot[QT_MXFP4] = qdot_mxfp4_avx2;
+        kern.qdot[QT_Q6] = qdot_q6_avx2;
     }
     if (isa == KI_AVX512 || isa == KI_AMX) {
         kern.dot = dot_avx512; /* q8/q4 keep the AVX2 dots: see kernels_avx512.c */
@@ -365,8 +424,10 @@ int kernels_use(KernIsa isa) {
     if (isa == KI_AMX) { /* the portable arithmetic for any batch: the dots stay portable's */
         kern.qdot[QT_Q8] = qdot_q8_portable;
         kern.qdot[QT_Q4] = qdot_q4_portable;
+        kern.qdot[QT_Q6] = qdot_q6_portable;
         kern.qgemm[QT_Q8] = qgemm_q8_amx;
         kern.qgemm[QT_Q4] = qgemm_q4_amx;
+        kern.qgemm[QT_Q6] = qgemm_q6_amx;
         kern.pack_bytes = amx_pack_bytes;
         kern.pack_act = amx_pack_act;
     }
@@ -376,6 +437,7 @@ int kernels_use(KernIsa isa) {
         kern.dot = dot_neon;
         kern.qdot[QT_Q8] = qdot_q8_neon;
         kern.qdot[QT_Q4] = qdot_q4_neon;
+        kern.qdot[QT_Q6] = qdot_q6_neon;
         kern.qdot[QT_MXFP4] = qdot_mxfp4_neon;
     }
 #endif

@@ -4,13 +4,18 @@
  *   q4 : [f16 scale d][f16 min m][16 bytes, 2 nibbles]   x = d*q + m    (20 bytes / 32)
  *        byte j holds element j (low nibble) and element j+16 (high nibble).
  *   mxfp4: [e8m0 E][16 bytes, 2 e2m1 nibbles, as q4]   x = e2m1 * 2^(E-127) (17 bytes / 32;
- *          gpt-oss releases' experts kept as they ship, c/kernels_mxfp4.c) */
+ *          gpt-oss releases' experts kept as they ship, c/kernels_mxfp4.c)
+ *   q6 : [f16 scale d][16 bytes, low 4 bits as q4][8 bytes, high 2 bits]   x = d*(u - 32)
+ *        (26 bytes / 32): u = element's 6 bits; byte j of the last 8 holds the high bits of
+ *        elements j, j+8, j+16, j+24 at bits 0, 2, 4, 6. Every kernel unpacks q = u - 32
+ *        (-31..31) to int8 and then runs q8's arithmetic, so q6 computes what a q8 block
+ *        holding the same q would. */
 #ifndef COLI_QUANT_H
 #define COLI_QUANT_H
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { QT_F32 = 0, QT_BF16, QT_F16, QT_Q8, QT_Q4, QT_MXFP4, QT_COUNT } QType;
+typedef enum { QT_F32 = 0, QT_BF16, QT_F16, QT_Q8, QT_Q4, QT_MXFP4, QT_Q6, QT_COUNT } QType;
 
 #define QBLOCK 32
 
@@ -21,6 +26,8 @@ size_t qtype_row_bytes(QType q, int cols);
 /* Row codecs (portable reference; quantize is used by the converter). */
 void quantize_row(QType q, const float *x, int cols, void *dst);
 void dequant_row(QType q, const void *src, int cols, float *dst);
+/* A q6 block's 32 elements as int8 q = u - 32 (the values q8 would hold with the same scale). */
+void q6_unpack_block(const unsigned char *blk, int8_t q[QBLOCK]);
 
 /* MXFP4 codecs (c/kernels_mxfp4.c): the container row from floats (the smallest power-of-two
  * scale that fits each block), back to floats, and from a release row (blocks with byte j =
@@ -79,7 +86,7 @@ typedef struct {
     float (*dot)(const float *a, const float *b, int n);
     /* Quantizes activation row t of x (cols floats) into a. Bit-identical across kernels. */
     void (*quantize_act)(const float *x, int cols, const QAct *a, int t);
-    QDotFn qdot[QT_COUNT]; /* QT_Q8, QT_Q4 and QT_MXFP4; NULL for the float types */
+    QDotFn qdot[QT_COUNT]; /* QT_Q8, QT_Q4, QT_MXFP4 and QT_Q6; NULL for the float types */
     QGemmFn qgemm[QT_COUNT]; /* NULL where the set has none (matmul then uses qdot) */
     size_t (*pack_bytes)(int T, int nb);
     void (*pack_act)(const QAct *a, int8_t *dst);

@@ -13,14 +13,15 @@ def default_batch(kernels):
     return DEFAULT_BATCH_AMX if kernels == "amx" else DEFAULT_BATCH
 RUNTIME_BASE = 16 << 20  # engine working memory before any scratch, c/engine_stream.h RUNTIME_BASE_BYTES
 QBLOCK = 32  # values per quantized block, c/quant.h QBLOCK
-BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble bytes;
-# e8m0 scale + 16 bytes of e2m1 nibbles (gpt-oss releases' format, c/kernels_mxfp4.c)
+BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17, "q6": 26}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble
+# bytes; e8m0 scale + 16 bytes of e2m1 nibbles (gpt-oss releases' format, c/kernels_mxfp4.c); f16 scale + 16 nibble
+# bytes + 8 bytes of high bit pairs (c/quant.h)
 
-EXPERT_STORAGE = ("q4", "q8", "bf16", "f32", "mxfp4")  # what a container may hold routed experts as
-DENSE_STORAGE = ("q8", "q4", "bf16", "f32")  # and the dense trunk
+EXPERT_STORAGE = ("q4", "q6", "q8", "bf16", "f32", "mxfp4")  # what a container may hold routed experts as
+DENSE_STORAGE = ("q8", "q6", "q4", "bf16", "f32")  # and the dense trunk
 
 # storage type -> safetensors dtype of its tensors (the quantized ones are raw bytes)
-STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8", "mxfp4": "U8"}
+STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8", "mxfp4": "U8", "q6": "U8"}
 _VALUE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 

@@ -9,7 +9,7 @@ def test_python_limits_equal_the_engine_report(engine_bin):  # noqa: F811
     assert limits.engine_report(engine_bin) == {
         "max_kv_slots": limits.MAX_KV_SLOTS, "qblock": limits.QBLOCK,
         "q8_block_bytes": limits.BLOCK_BYTES["q8"], "q4_block_bytes": limits.BLOCK_BYTES["q4"],
-        "mxfp4_block_bytes": limits.BLOCK_BYTES["mxfp4"],
+        "mxfp4_block_bytes": limits.BLOCK_BYTES["mxfp4"], "q6_block_bytes": limits.BLOCK_BYTES["q6"],
         "default_batch": limits.DEFAULT_BATCH, "default_batch_amx": limits.DEFAULT_BATCH_AMX, "runtime_base": limits.RUNTIME_BASE}
 
 

@@ -2,7 +2,7 @@
  * repeated calls over about a second each. A dev tool, not part of the engine:
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -fopenmp -Ic -o build/kernel_bench tools/kernel_bench.c \
  *       $(ls c/[a-z]*.c | grep -v c/main.c) -lm
- *   OMP_NUM_THREADS=1 build/kernel_bench ROWS COLS T q8|q4 SET [SET...]   e.g. 2048 2048 512 q4 avx512 amx */
+ *   OMP_NUM_THREADS=1 build/kernel_bench ROWS COLS T q8|q6|q4 SET [SET...]   e.g. 2048 2048 512 q4 avx512 amx */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,12 +14,12 @@
 static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
 
 int main(int argc, char **argv) {
-    if (argc < 6 || (strcmp(argv[4], "q8") && strcmp(argv[4], "q4"))) {
-        fprintf(stderr, "usage: %s ROWS COLS T q8|q4 SET [SET...]\n", argv[0]);
+    QType qt;
+    if (argc < 6 || qtype_from_name(argv[4], &qt) || (qt != QT_Q8 && qt != QT_Q6 && qt != QT_Q4)) {
+        fprintf(stderr, "usage: %s ROWS COLS T q8|q6|q4 SET [SET...]\n", argv[0]);
         return 2;
     }
     const int rows = atoi(argv[1]), cols = atoi(argv[2]), T = atoi(argv[3]);
-    const QType qt = argv[4][1] == '8' ? QT_Q8 : QT_Q4;
     if (rows < 1 || cols < 1 || T < 1) { fprintf(stderr, "ROWS, COLS and T must be positive\n"); return 2; }
     unsigned seed = 1;
     const size_t rb = qtype_row_bytes(qt, cols);

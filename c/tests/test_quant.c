@@ -36,7 +36,7 @@ static void test_quant_kernels(void) {
         /* worst-case error per element, relative to the row's absolute max */
         /* mxfp4: the scale 2^e puts amax in (3, 6]; the widest code step there is 2 (4 to 6), so
          * the error is at most one scale unit, under amax / 3 */
-        const float tol[QT_COUNT] = {0, 1.0f / 128, 1.0f / 1024, 1.0f / 127, 1.0f / 15 + 1e-3f, 1.0f / 3};
+        const float tol[QT_COUNT] = {0, 1.0f / 128, 1.0f / 1024, 1.0f / 127, 1.0f / 15 + 1e-3f, 1.0f / 3, 1.0f / 62 + 1e-3f};
         float amax = 0;
         for (int i = 0; i < cols; i++) amax = fmaxf(amax, fabsf(x[i]));
         for (int q = 0; q < QT_COUNT; q++) {
@@ -157,8 +157,8 @@ static void check_qdot_random(QType qt, int cols, const Kernels *port, const Ker
 
 /* Integer inputs whose every product and partial sum is exact in float: each kernel must give
  * the integer dot exactly (the per-block integer arithmetic has no rounding). Activation blocks
- * are pinned to amax 32767 (scale 1), q8 weights to amax 127 (scale 1), q4 weights to -8..7
- * (scale 1, min -8). */
+ * are pinned to amax 32767 (scale 1), q8 weights to amax 127 (scale 1), q6 to amax 31 (scale 1),
+ * q4 weights to -8..7 (scale 1, min -8). */
 static void check_qdot_exact(QType qt, int cols, const Kernels *k, unsigned *seed) {
     const int nb = (cols + QBLOCK - 1) / QBLOCK;
     const size_t rb = qtype_row_bytes(qt, cols);
@@ -170,6 +170,7 @@ static void check_qdot_exact(QType qt, int cols, const Kernels *k, unsigned *see
         int j = i % QBLOCK;
         x[i] = j == 5 ? 32767 : (float)((int)(rnd(seed) * 100));
         if (qt == QT_Q8) wf[i] = j == 0 ? 127 : (j == 5 ? 1 : (float)(int)(rnd(seed) * 127));
+        else if (qt == QT_Q6) wf[i] = j == 0 ? -31 : (j == 9 ? 31 : (float)(int)(rnd(seed) * 31)); /* amax 31: scale 1 */
         else if (qt == QT_MXFP4) /* amax 6: scale 1, every value an e2m1 code (halves: exact sums) */
             wf[i] = j == 0 ? 6 : e2m1[(int)((rnd(seed) + 1) * 3.99f)] * (rnd(seed) < 0 ? -1 : 1);
         else wf[i] = j == 0 ? -8 : (j == 1 ? 7 : (float)((int)((rnd(seed) + 1) * 7.5f) - 8));
@@ -262,7 +263,7 @@ static void test_qdot(void) {
     const int cols_list[] = {32, 64, 96, 45, 7, 1, 1000};
     for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++) {
         int cols = cols_list[c];
-        for (QType qt = QT_Q8; qt <= QT_MXFP4; qt++) {
+        for (QType qt = QT_Q8; qt < QT_COUNT; qt++) {
             check_qdot_random(qt, cols, &port, &fast, &seed);
             check_qdot_exact(qt, cols, &port, &seed);
             check_qdot_exact(qt, cols, &fast, &seed);

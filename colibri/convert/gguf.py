@@ -9,10 +9,10 @@ that HF `tokenizers` and the engine both read; the chat template goes to tokeniz
 Storage choice per tensor: a GGUF block that colibri can hold without float re-quantization
 is kept (Q8_0 -> q8 and Q4_1 -> q4 are byte copies, Q4_0 -> q4 and Q5_0 -> q8 exact
 re-encodings, Q4_K -> q4 keeps the nibbles with f16 sub-block scales), so a 4-bit source is
-never widened to q8 (that would double its size and add error). Q5_1, Q5_K and Q6_K are
-dequantized and re-quantized to the requested type: colibri has no 5/6-bit blocks, Q6_K scales
-16-element sub-blocks (a q8 block of 32 has one scale) and Q5_1/Q5_K add a minimum that q8
-cannot hold. --experts/--dense bf16 or f32 always dequantize.
+never widened to q8 or q6 (that would add size and error). Q5_1, Q5_K and Q6_K are
+dequantized and re-quantized to the requested type: colibri has no 5-bit blocks, Q6_K scales
+16-element sub-blocks (a q8 or q6 block of 32 has one scale) and Q5_1/Q5_K add a minimum that
+q8 cannot hold. --experts/--dense bf16 or f32 always dequantize.
 
 One GGUF file becomes shards of about 2 GiB cut between layers (a layer and its experts stay
 in one shard), so an interrupted conversion resumes shard by shard.
@@ -41,7 +41,7 @@ ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM"}
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
-FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")   # kept as q4 when q4 or q8 is asked for
+FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")   # kept as q4 when q4, q6 or q8 is asked for
 EXACT_Q8 = ("Q8_0", "Q5_0")           # kept as q8 when q8 is asked for
 
 # token types (llama.cpp's llama_token_type)
@@ -227,7 +227,7 @@ def _row_perm(rows, n_head):
 
 def storage_for(gtype, qtype):
     """The colibri storage for a tensor of GGUF type gtype whose class asks for qtype."""
-    if qtype in ("q8", "q4") and gtype in FOUR_BIT:
+    if qtype in ("q8", "q6", "q4") and gtype in FOUR_BIT:
         return "q4"
     if qtype == "q8" and gtype in EXACT_Q8:
         return "q8"
