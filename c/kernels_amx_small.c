@@ -150,7 +150,7 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
                 if (qt == QT_Q6) /* q = u - 32: the exact signed sum */
                     isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(bcast(pk + SMALL_SUM), 5));
             } else {
-                /* signed weights (q8, q6 unpacked): the high bytes go in biased by 128, the rows' sums take it off */
+                /* q8's signed weights: the high bytes go in biased by 128, the rows' sums take it off */
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     h = _mm512_dpbusd_epi32(h, bcast(pk + 32 + 4 * k), v[k]);
