@@ -17,6 +17,7 @@ int convert_jobs_main(int argc, char **argv);
 int tokenize_cli_main(int argc, char **argv);
 int detokenize_cli_main(int argc, char **argv);
 int grammar_cli_main(int argc, char **argv);
+int membw_main(int argc, char **argv);
 
 static const char *USAGE =
     "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
@@ -103,6 +104,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return tokenize_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "grammar-check") || !strcmp(cmd, "grammar-bench")) return grammar_cli_main(argc, argv);
+    if (!strcmp(cmd, "membw")) return membw_main(argc, argv);
     if (!strcmp(cmd, "version")) {
         kernels_init(0);
         printf("colibri %s kernels=%s available=", COLI_VERSION, kern.name);

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_binaries import engine_bin  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,3 +98,26 @@ def test_bench_at_depth_with_a_sampled_leg(moe_model, tmp_path):
     assert r.returncode == 2 and "context_exceeded" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run(base + ["--depth", "-1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--depth must be 0 or more" in r.stderr
+
+
+def test_bench_measures_memory_with_the_decode_thread_count(moe_model):
+    """Without --mem-bw the achieved bandwidth is set against `colibri membw` run with decode's
+    thread count, and the one-thread scan (a floor) is reported beside it."""
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--repeat", "1",
+                        "--prompt-tokens", "8", "--gen-tokens", "4", "--temp", "0", "--threads", "2", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["memory_read_source"] == "measured (2 threads)"
+    assert res["memory_read_gb_s"] > 0 and res["memory_read_one_thread_gb_s"] > 0
+
+
+def test_membw_reads_with_the_threads_asked_and_refuses_bad_arguments(engine_bin):  # noqa: F811
+    r = subprocess.run([str(engine_bin), "membw", "--threads", "2", "--mib", "16"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    fields = dict(f.split("=") for f in r.stdout.split()[1:])
+    assert fields["threads"] == "2" and fields["mib"] == "16" and float(fields["gb_s"]) > 0
+    for bad in (["--threads", "0"], ["--mib", "x"], ["--mib"], ["--bogus", "1"]):
+        r = subprocess.run([str(engine_bin), "membw", *bad], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "usage: colibri membw" in r.stderr
