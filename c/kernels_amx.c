@@ -221,16 +221,18 @@ AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, i
                 strip_prepare(qt, w + (size_t)r * row_bytes, row_bytes, a->nb, &tl_strip);
                 tile16(qt, w + (size_t)r * row_bytes, row_bytes, &tl_strip, a, packed, full_groups, n, y + r, ldy);
             }
-        } else if (full) /* decode and short tails: each weight block once for all n positions */
-            (qt == QT_Q4 ? amx_small_q4 : qt == QT_Q6 ? amx_small_q6 : amx_small_q8)(w, row_bytes, full, a, t0, n, packed + (size_t)full_groups * a->nb * 1024,
-                                               y + (size_t)t0 * ldy, ldy);
+        } else if (full) { /* decode and short tails: each weight block once for all n positions */
+            void (*small)(const unsigned char *, size_t, int, const QAct *, int, int, const int8_t *, float *, size_t) =
+                qt == QT_Q4 ? amx_small_q4 : qt == QT_Q6 ? amx_small_q6 : amx_small_q8;
+            small(w, row_bytes, full, a, t0, n, packed + (size_t)full_groups * a->nb * 1024, y + (size_t)t0 * ldy, ldy);
+        }
     }
     /* rows past the last whole tile: the portable kernel, which computes the same bits */
+    const QDotFn rest = qt == QT_Q4 ? qdot_q4_portable : qt == QT_Q6 ? qdot_q6_portable : qdot_q8_portable;
     if (full < nr)
         for (int t0 = 0; t0 < T; t0 += QDOT_MAX_ROWS)
-            (qt == QT_Q4 ? qdot_q4_portable : qt == QT_Q6 ? qdot_q6_portable : qdot_q8_portable)(w + (size_t)full * row_bytes, row_bytes, nr - full, a, t0,
-                                                       T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS,
-                                                       y + (size_t)t0 * ldy + full, ldy);
+            rest(w + (size_t)full * row_bytes, row_bytes, nr - full, a, t0, T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS,
+                 y + (size_t)t0 * ldy + full, ldy);
 }
 
 AMX void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
