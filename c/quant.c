@@ -245,9 +245,9 @@ static void quantize_act_portable(const float *x, int cols, const QAct *a, int t
 }
 
 /* The portable integer dots walk a weight row once and use each decoded block for all nt
- * activation rows; per row: acc += (dw*dx) * (integer block dot). signed_block does it for
- * block b of signed weights q (q8, q6 unpacked) with scale dw. */
-static void signed_block(const int8_t *q, float dw, const QAct *a, int b, int t0, int nt, float *acc) {
+ * activation rows; per row: acc += (dw*dx) * (integer block dot). int_block does it for
+ * block b of integer weights q (q8, q6 and q4 unpacked) with scale dw. */
+static void int_block(const int8_t *q, float dw, const QAct *a, int b, int t0, int nt, float *acc) {
     for (int r = 0; r < nt; r++) {
         const int16_t *xq = a->q + ((size_t)(t0 + r) * a->nb + b) * QBLOCK;
         size_t k = (size_t)b * a->rows + t0 + r;
@@ -259,7 +259,7 @@ static void signed_block(const int8_t *q, float dw, const QAct *a, int b, int t0
 
 static void qdot_q8_row(const unsigned char *s, const QAct *a, int t0, int nt, float *out) {
     float acc[QDOT_MAX_ROWS] = {0};
-    for (int b = 0; b < a->nb; b++, s += 34) signed_block((const int8_t *)(s + 2), load_f16(s), a, b, t0, nt, acc);
+    for (int b = 0; b < a->nb; b++, s += 34) int_block((const int8_t *)(s + 2), load_f16(s), a, b, t0, nt, acc);
     for (int r = 0; r < nt; r++) out[r] = acc[r];
 }
 
@@ -269,7 +269,7 @@ static void qdot_q6_row(const unsigned char *s, const QAct *a, int t0, int nt, f
     for (int b = 0; b < a->nb; b++, s += 26) {
         int8_t q[QBLOCK];
         q6_unpack_block(s, q);
-        signed_block(q, load_f16(s), a, b, t0, nt, acc);
+        int_block(q, load_f16(s), a, b, t0, nt, acc);
     }
     for (int r = 0; r < nt; r++) out[r] = acc[r];
 }
@@ -278,17 +278,11 @@ static void qdot_q6_row(const unsigned char *s, const QAct *a, int t0, int nt, f
 static void qdot_q4_row(const unsigned char *s, const QAct *a, int t0, int nt, float *out) {
     float acc[QDOT_MAX_ROWS] = {0}, mins[QDOT_MAX_ROWS] = {0};
     for (int b = 0; b < a->nb; b++, s += 20) {
-        float dw = load_f16(s), mw = load_f16(s + 2);
-        int16_t q[QBLOCK];
-        for (int j = 0; j < 16; j++) { q[j] = s[4 + j] & 15; q[j + 16] = s[4 + j] >> 4; }
-        for (int r = 0; r < nt; r++) {
-            const int16_t *xq = a->q + ((size_t)(t0 + r) * a->nb + b) * QBLOCK;
-            size_t k = (size_t)b * a->rows + t0 + r;
-            int32_t isum = 0;
-            for (int j = 0; j < QBLOCK; j++) isum += q[j] * xq[j];
-            acc[r] += (dw * a->d[k]) * (float)isum;
-            mins[r] += mw * a->s[k];
-        }
+        float mw = load_f16(s + 2);
+        int8_t q[QBLOCK];
+        for (int j = 0; j < 16; j++) { q[j] = (int8_t)(s[4 + j] & 15); q[j + 16] = (int8_t)(s[4 + j] >> 4); }
+        int_block(q, load_f16(s), a, b, t0, nt, acc);
+        for (int r = 0; r < nt; r++) mins[r] += mw * a->s[(size_t)b * a->rows + t0 + r];
     }
     for (int r = 0; r < nt; r++) out[r] = acc[r] + mins[r];
 }
