@@ -13,6 +13,24 @@ static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >>
 static void test_qdot(void);
 static void test_quant_kernels(void);
 
+/* f32_to_f16 over a spread of all float bit patterns below the f16 range: its result is the
+ * nearest f16 (neither neighbour is closer) and a tie goes to the even one. */
+static void check_f16_nearest_even(void) {
+    int bad = 0;
+    for (uint64_t i = 0; i < (1ull << 31); i += 2053) {
+        uint32_t u = (uint32_t)i;
+        float f;
+        memcpy(&f, &u, 4);
+        if (!(f < 65504.0f)) break; /* the bit patterns grow with the value */
+        const uint16_t h = f32_to_f16(f);
+        const double e = fabs((double)f - f16_to_f32(h));
+        const double up = fabs((double)f - f16_to_f32((uint16_t)(h + 1)));
+        const double down = h ? fabs((double)f - f16_to_f32((uint16_t)(h - 1))) : 1e30;
+        bad += e > up || e > down || ((e == up || e == down) && (h & 1));
+    }
+    CHECK(bad == 0, "f16 conversion: %d values not rounded to the nearest even f16", bad);
+}
+
 void test_quant(void) {
     for (int isa = KI_COUNT - 1; isa >= 0; isa--) {
         if (!kernels_supported((KernIsa)isa)) continue;
@@ -63,6 +81,10 @@ static void test_quant_kernels(void) {
     CHECK(f16_to_f32(f32_to_f16(65504.0f)) == 65504.0f, "f16 max");
     CHECK(isinf(f16_to_f32(f32_to_f16(1e6f))), "f16 overflow is inf");
     CHECK(f16_to_f32(f32_to_f16(5.960464477539063e-08f)) == 5.960464477539063e-08f, "f16 smallest subnormal");
+    CHECK(f32_to_f16(65519.0f) == 0x7bff && f32_to_f16(65520.0f) == 0x7c00, "f16 rounds to max, ties to inf");
+    CHECK(f32_to_f16(2.98023223876953125e-08f) == 0 && f32_to_f16(2.99e-08f) == 1, "f16 half the smallest subnormal ties to 0");
+    CHECK(f32_to_f16(-0.0f) == 0x8000 && f32_to_f16(NAN) == 0x7e00 && f32_to_f16(-INFINITY) == 0xfc00, "f16 signs, NaN, inf");
+    check_f16_nearest_even();
     CHECK(bf16_to_f32(f32_to_bf16(1.00390625f)) == 1.0f, "bf16 ties to even (down)");
     CHECK(bf16_to_f32(f32_to_bf16(1.01171875f)) == 1.015625f, "bf16 ties to even (up)");
     CHECK(isnan(bf16_to_f32(f32_to_bf16(NAN))), "bf16 NaN stays NaN");
