@@ -20,11 +20,13 @@
 /* The short constant loops below carry "#pragma GCC unroll": at -O2 GCC leaves some of them
  * rolled and then keeps the block's vectors on the stack, a fifth of the q4 kernel's time. */
 
-/* Bytes per position and block in the small layout: signed high bytes, the same biased by 128
- * (unsigned, for q8's signed weights), unsigned low bytes, then the block's int32 sum of the
- * activations (q6 takes its weights' offset of 32 off with it), padded to two cache lines. */
+/* Bytes per position and block in the small layout: signed high bytes, the low bytes less 128
+ * (signed, for q8), unsigned low bytes, then the block's int32 sum of the activations (q6
+ * takes its weights' offset of 32 off with it) and q8's int32 correction (below), padded to
+ * two cache lines. */
 #define SMALL_BLOCK 128
 #define SMALL_SUM 96
+#define SMALL_Q8C 100
 
 size_t amx_small_pack_bytes(int n, int nb) { return (size_t)n * nb * SMALL_BLOCK; }
 
@@ -36,10 +38,17 @@ VNNI void amx_small_pack(const QAct *a, int t0, int n, int8_t *dst) {
             const __m256i hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16(x, 8));
             int8_t *o = dst + ((size_t)t * nb + b) * SMALL_BLOCK;
             _mm256_storeu_si256((__m256i *)o, hi);
-            _mm256_storeu_si256((__m256i *)(o + 32), _mm256_xor_si256(hi, _mm256_set1_epi8((char)0x80)));
-            _mm256_storeu_si256((__m256i *)(o + 64), _mm512_cvtepi16_epi8(x));
-            const int32_t sum = _mm512_reduce_add_epi32(_mm512_madd_epi16(x, _mm512_set1_epi16(1)));
+            const __m256i lo = _mm512_cvtepi16_epi8(x);
+            _mm256_storeu_si256((__m256i *)(o + 32), _mm256_xor_si256(lo, _mm256_set1_epi8((char)0x80)));
+            _mm256_storeu_si256((__m256i *)(o + 64), lo);
+            const __m512i one = _mm512_set1_epi16(1);
+            const int32_t sum = _mm512_reduce_add_epi32(_mm512_madd_epi16(x, one));
+            const int32_t shi = _mm512_reduce_add_epi32(_mm512_madd_epi16(_mm512_srai_epi16(x, 8), one));
+            const int32_t slo = _mm512_reduce_add_epi32(_mm512_madd_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0xff)), one));
+            /* q8 (see small16): 2^15 sum(hi) + 2^7 sum(lo) - 2^19, taken off; wraps like the dots */
+            const int32_t q8c = (int32_t)(0u - ((uint32_t)shi << 15) - ((uint32_t)slo << 7) + (1u << 19));
             memcpy(o + SMALL_SUM, &sum, sizeof sum);
+            memcpy(o + SMALL_Q8C, &q8c, sizeof q8c);
         }
 }
 
@@ -132,6 +141,10 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) sw = _mm512_dpbusd_epi32(sw, ones, v[k]); /* the rows' sums */
             sw = _mm512_slli_epi32(sw, 7);
+            /* the weights biased by 128 go in as the unsigned operand, so the activations can
+             * be the broadcast one */
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) v[k] = _mm512_xor_si512(v[k], _mm512_set1_epi8((char)0x80));
         }
         const int8_t *pk = packed + (size_t)b * SMALL_BLOCK;
         const size_t kd = (size_t)b * ds + t0;
@@ -150,13 +163,15 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
                 if (qt == QT_Q6) /* q = u - 32: the exact signed sum */
                     isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(bcast(pk + SMALL_SUM), 5));
             } else {
-                /* q8's signed weights: the high bytes go in biased by 128, the rows' sums take it off */
+                /* q8: with u = w + 128, hi signed and lo' = lo - 128,
+                 *   sum w*x = 256 sum u*hi + sum u*lo' + 128 sum w - 2^15 sum hi - 2^7 sum lo + 2^19,
+                 * the last three terms the pack's correction; exact modulo 2^32, as the result is */
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
-                    h = _mm512_dpbusd_epi32(h, bcast(pk + 32 + 4 * k), v[k]);
-                    l = _mm512_dpbusd_epi32(l, bcast(pk + 64 + 4 * k), v[k]);
+                    h = dpbusd_bcast(h, v[k], pk + 4 * k);
+                    l = dpbusd_bcast(l, v[k], pk + 32 + 4 * k);
                 }
-                isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(h, sw), 8), l);
+                isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), _mm512_add_epi32(sw, bcast(pk + SMALL_Q8C)));
             }
             const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[kd + i]));
             acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(isum)));
