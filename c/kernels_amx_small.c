@@ -42,9 +42,9 @@ VNNI void amx_small_pack(const QAct *a, int t0, int n, int8_t *dst) {
             _mm256_storeu_si256((__m256i *)(o + 32), _mm256_xor_si256(lo, _mm256_set1_epi8((char)0x80)));
             _mm256_storeu_si256((__m256i *)(o + 64), lo);
             const __m512i one = _mm512_set1_epi16(1);
-            const int32_t sum = _mm512_reduce_add_epi32(_mm512_madd_epi16(x, one));
             const int32_t shi = _mm512_reduce_add_epi32(_mm512_madd_epi16(_mm512_srai_epi16(x, 8), one));
             const int32_t slo = _mm512_reduce_add_epi32(_mm512_madd_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0xff)), one));
+            const int32_t sum = 256 * shi + slo; /* x = 256*hi + lo */
             /* q8 (see small16): 2^15 sum(hi) + 2^7 sum(lo) - 2^19, taken off; wraps like the dots */
             const int32_t q8c = (int32_t)(0u - ((uint32_t)shi << 15) - ((uint32_t)slo << 7) + (1u << 19));
             memcpy(o + SMALL_SUM, &sum, sizeof sum);
