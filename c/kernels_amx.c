@@ -8,8 +8,8 @@
  * (16 rows, one 32-element block; q4 nibbles and q6 bits unpacked first); activations are the B tile,
  * packed once per matmul by amx_pack_act into the VNNI layout the tiles want. Each weight
  * block is loaded once per 16 positions; C comes back as 16 rows x N positions of int32.
- * Decode steps and tails of at most AMX_SMALL_T positions run on the VNNI kernel of
- * kernels_amx_small.c instead.
+ * Decode steps and tails of at most VNNI_SMALL_T positions run on the VNNI kernel of
+ * kernels_vnni_small.c instead.
  *
  * Compiled with target attributes (this file alone uses AMX); kernels_use picks it at run time
  * after the kernel granted this process the tile state (quant.c). */
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels_amx_small.h"
+#include "kernels_vnni_small.h"
 #include "q6_unpack_x86.h"
 #include "quant.h"
 
@@ -48,14 +48,14 @@ AMX static void tiles_config(int n) {
     tl_cfg_n = n;
 }
 
-/* Whole 16-position tile groups (a last group of more than AMX_SMALL_T positions too) are
+/* Whole 16-position tile groups (a last group of more than VNNI_SMALL_T positions too) are
  * packed for the tiles; a shorter last group goes to the small-batch kernel, in its layout
  * after the tile groups. */
-static int tile_groups(int T) { return T / AMX_TILE_T + (T % AMX_TILE_T > AMX_SMALL_T); }
+static int tile_groups(int T) { return T / AMX_TILE_T + (T % AMX_TILE_T > VNNI_SMALL_T); }
 static int small_tail(int T) { return T - tile_groups(T) * AMX_TILE_T > 0 ? T - tile_groups(T) * AMX_TILE_T : 0; }
 
 size_t amx_pack_bytes(int T, int nb) {
-    return (size_t)tile_groups(T) * nb * 1024 + amx_small_pack_bytes(small_tail(T), nb);
+    return (size_t)tile_groups(T) * nb * 1024 + vnni_small_pack_bytes(small_tail(T), nb);
 }
 
 /* Position group g (16 positions, zero past T), block b: a 512-byte tile of high bytes, then
@@ -74,7 +74,7 @@ AMX void amx_pack_act(const QAct *a, int8_t *dst) {
             _mm256_i32scatter_epi32(hi + 512, rows, _mm512_cvtepi16_epi8(x), 1);
         }
     }
-    if (small_tail(T)) amx_small_pack(a, groups * AMX_TILE_T, small_tail(T), dst + (size_t)groups * nb * 1024);
+    if (small_tail(T)) vnni_small_pack(a, groups * AMX_TILE_T, small_tail(T), dst + (size_t)groups * nb * 1024);
 }
 
 /* 16 q4 rows' block b unpacked to int8 elements 0..31, 32 bytes a row. */
@@ -202,7 +202,7 @@ AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, i
     enum { CHUNK = 8 };
     const int full_groups = T / AMX_TILE_T;
     const int n_tail = T - full_groups * AMX_TILE_T;
-    if ((full_groups || n_tail > AMX_SMALL_T) && full && strip_reserve(a->nb))
+    if ((full_groups || n_tail > VNNI_SMALL_T) && full && strip_reserve(a->nb))
         full = 0; /* no memory for the strip: the portable kernel below, the same bits */
     for (int g0 = 0; g0 < full_groups && full; g0 += CHUNK) {
         const int g1 = g0 + CHUNK < full_groups ? g0 + CHUNK : full_groups;
@@ -215,7 +215,7 @@ AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, i
     }
     if (groups > full_groups) {
         const int n = n_tail, t0 = full_groups * AMX_TILE_T;
-        if (n > AMX_SMALL_T) {
+        if (n > VNNI_SMALL_T) {
             if (full) tiles_config(n);
             for (int r = 0; r < full; r += 16) {
                 strip_prepare(qt, w + (size_t)r * row_bytes, row_bytes, a->nb, &tl_strip);
@@ -223,7 +223,7 @@ AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, i
             }
         } else if (full) { /* decode and short tails: each weight block once for all n positions */
             void (*small)(const unsigned char *, size_t, int, const QAct *, int, int, const int8_t *, float *, size_t) =
-                qt == QT_Q4 ? amx_small_q4 : qt == QT_Q6 ? amx_small_q6 : amx_small_q8;
+                qt == QT_Q4 ? vnni_small_q4 : qt == QT_Q6 ? vnni_small_q6 : vnni_small_q8;
             small(w, row_bytes, full, a, t0, n, packed + (size_t)full_groups * a->nb * 1024, y + (size_t)t0 * ldy, ldy);
         }
     }

@@ -192,7 +192,7 @@ const KvKernels *kv_kernels_for(KernIsa isa, QType t) {
     const int ti = t == QT_F32 ? 0 : (t == QT_F16 ? 1 : 2);
     if (t != QT_F32 && t != QT_F16 && t != QT_BF16) return NULL;
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == KI_AVX512 || isa == KI_AMX) return &avx512_kv[ti]; /* AMX sets run on AVX-512 */
+    if (KI_HAS_AVX512(isa)) return &avx512_kv[ti]; /* the VNNI and AMX sets run on AVX-512 */
     if (isa == KI_AVX2) return &avx2_kv[ti];
 #endif
 #if defined(__aarch64__)

@@ -92,7 +92,7 @@ ABSORB_ENTRY(absorb_avx512, __attribute__((target("avx512f"))))
 
 MlaAbsorbFn mla_absorb_for(KernIsa isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == KI_AVX512 || isa == KI_AMX) return absorb_avx512;
+    if (KI_HAS_AVX512(isa)) return absorb_avx512;
     if (isa == KI_AVX2) return absorb_avx2;
 #endif
     if (isa == KI_PORTABLE || isa == KI_NEON) return absorb_portable; /* NEON: the portable vector code */

@@ -331,9 +331,14 @@ void amx_pack_act(const QAct *a, int8_t *dst);
 void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
 void qgemm_q4_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
 void qgemm_q6_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
+size_t vnni_pack_bytes(int T, int nb);
+void vnni_pack_act(const QAct *a, int8_t *dst);
+void qgemm_q8_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
+void qgemm_q4_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
+void qgemm_q6_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
 #endif
 
-static const char *const ISA_NAMES[KI_COUNT] = {"portable", "avx2", "avx512", "neon", "amx"};
+static const char *const ISA_NAMES[KI_COUNT] = {"portable", "avx2", "avx512", "neon", "vnni", "amx"};
 
 const char *kernels_isa_name(KernIsa isa) { return (unsigned)isa < KI_COUNT ? ISA_NAMES[isa] : "?"; }
 
@@ -377,7 +382,8 @@ int kernels_supported(KernIsa isa) {
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #endif
 #if defined(__x86_64__)
-    if (isa == KI_AMX) return kernels_supported(KI_AVX512) && __builtin_cpu_supports("avx512vnni") && amx_granted();
+    if (isa == KI_VNNI) return kernels_supported(KI_AVX512) && __builtin_cpu_supports("avx512vnni");
+    if (isa == KI_AMX) return kernels_supported(KI_VNNI) && amx_granted();
 #endif
     return 0;
 }
@@ -403,7 +409,7 @@ int kernels_use(KernIsa isa) {
     kern.qdot[QT_MXFP4] = qdot_mxfp4_portable;
     kern.qdot[QT_Q6] = qdot_q6_portable;
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == KI_AVX2 || isa == KI_AVX512 || isa == KI_AMX) {
+    if (isa == KI_AVX2 || KI_HAS_AVX512(isa)) {
         kern.dequant_row = dequant_row_avx2;
         kern.dot = dot_avx2;
         kern.quantize_act = quantize_act_avx2;
@@ -412,11 +418,18 @@ int kernels_use(KernIsa isa) {
         kern.qdot[QT_MXFP4] = qdot_mxfp4_avx2;
         kern.qdot[QT_Q6] = qdot_q6_avx2;
     }
-    if (isa == KI_AVX512 || isa == KI_AMX) {
+    if (KI_HAS_AVX512(isa)) {
         kern.dot = dot_avx512; /* q8/q4 keep the AVX2 dots: see kernels_avx512.c */
     }
 #endif
 #if defined(__x86_64__)
+    if (isa == KI_VNNI) { /* every batch through the small-batch kernel, the same bits */
+        kern.qgemm[QT_Q8] = qgemm_q8_vnni;
+        kern.qgemm[QT_Q4] = qgemm_q4_vnni;
+        kern.qgemm[QT_Q6] = qgemm_q6_vnni;
+        kern.pack_bytes = vnni_pack_bytes;
+        kern.pack_act = vnni_pack_act;
+    }
     if (isa == KI_AMX) { /* the portable arithmetic for any batch: the dots stay portable's */
         kern.qdot[QT_Q8] = qdot_q8_portable;
         kern.qdot[QT_Q4] = qdot_q4_portable;

@@ -75,10 +75,12 @@ typedef void (*QGemmFn)(const unsigned char *w, size_t row_bytes, int nr, const 
 
 /* Kernel sets, best last among those a CPU runs: on x86 one that has a set has every x86 set
  * before it; neon is the AArch64 set. */
-typedef enum { KI_PORTABLE = 0, KI_AVX2, KI_AVX512, KI_NEON, KI_AMX, KI_COUNT } KernIsa;
+typedef enum { KI_PORTABLE = 0, KI_AVX2, KI_AVX512, KI_NEON, KI_VNNI, KI_AMX, KI_COUNT } KernIsa;
+/* The x86 sets whose float dots and attention kernels are AVX-512's. */
+#define KI_HAS_AVX512(isa) ((isa) == KI_AVX512 || (isa) == KI_VNNI || (isa) == KI_AMX)
 
-/* Run-time selected kernels (portable, AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ, NEON, or AMX-INT8 tiles
- * on AVX-512). */
+/* Run-time selected kernels (portable, AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ, NEON, AVX-512 VNNI, or
+ * AMX-INT8 tiles on AVX-512 VNNI). */
 typedef struct {
     const char *name;
     KernIsa isa;

@@ -25,7 +25,7 @@ def test_version_lists_the_sets_this_cpu_runs():
     w = version_words()
     avail = w["available"].split(",")
     assert avail[0] == "portable" and w["kernels"] == avail[-1]
-    assert set(avail) <= {"portable", "avx2", "avx512", "amx", "neon"}
+    assert set(avail) <= {"portable", "avx2", "avx512", "vnni", "amx", "neon"}
 
 
 def test_each_set_is_forced_and_reported(tiny):
@@ -43,7 +43,7 @@ def test_unknown_or_missing_sets_are_refused(tiny):
         with engine_client.Engine(tiny, threads=1, extra=["--kernels", "sse9"]):
             pass
     assert "--kernels" in e.value.message and "portable" in e.value.message
-    missing = [k for k in ("avx2", "avx512", "amx", "neon") if k not in version_words()["available"].split(",")]
+    missing = [k for k in ("avx2", "avx512", "vnni", "amx", "neon") if k not in version_words()["available"].split(",")]
     for name in missing:  # only on a CPU without them; the sets it has are checked above
         with pytest.raises(engine_client.EngineError) as e:
             with engine_client.Engine(tiny, threads=1, extra=["--kernels", name]):

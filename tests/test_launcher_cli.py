@@ -211,7 +211,7 @@ def test_engine_status_reports_version_and_kernels():
     st = build_cli.engine_status()
     assert st["built"], "run make first"
     assert st["version"] == st["expected_version"]
-    assert st["kernels"].split()[0] in ("amx", "avx512", "avx2", "portable")
+    assert st["kernels"].split()[0] in ("amx", "vnni", "avx512", "avx2", "portable")
     out = subprocess.run([str(ROOT / "build" / "colibri"), "version"], capture_output=True, text=True).stdout
     assert out.split()[1] == st["version"]
 

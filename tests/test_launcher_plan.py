@@ -224,7 +224,7 @@ def test_this_machine_is_discovered():
     assert m["cpu"]["logical"] >= 1 and 1 <= m["cpu"]["physical_cores"] <= m["cpu"]["logical"]
     assert m["memory"]["total"] > m["memory"]["usable"] > 0
     assert m["disk"]["free"] > 0
-    assert m["cpu"]["engine_kernels"] in ("amx", "avx512", "avx2", "portable")
+    assert m["cpu"]["engine_kernels"] in ("amx", "vnni", "avx512", "avx2", "portable")
 
 
 def test_memory_bandwidth_measurement_gives_a_rate():

@@ -40,7 +40,7 @@ def events(eng, payload, **opts):
 
 def test_ready_line_describes_the_engine(engine):
     assert engine.info["family"] == "llama" and engine.info["ctx"] == "64" and engine.info["slots"] == "2"
-    assert int(engine.info["vocab"]) > 0 and engine.info["kernels"] in ("amx", "avx512", "avx2", "portable")
+    assert int(engine.info["vocab"]) > 0 and engine.info["kernels"] in ("amx", "vnni", "avx512", "avx2", "portable")
 
 
 def test_accept_comes_before_data_and_end_has_stats(engine):

@@ -1,4 +1,4 @@
-/* Round trips of every storage type, every kernel set this CPU runs (AVX2, AVX-512, AMX) against the
+/* Round trips of every storage type, every kernel set this CPU runs (AVX2, AVX-512, VNNI, AMX) against the
  * portable reference, and the integer (quantized-activation) dots of q8/q4 weights. */
 #include <math.h>
 #include <stdlib.h>
@@ -242,18 +242,20 @@ static void check_matmul_batch(QType qt, int cols, unsigned *seed) {
 }
 
 /* A set's matrix x matrix kernel (AMX tiles, and the small-batch kernel for decode steps of 1 to
- * 8 rows and tails past whole tiles) against the portable dots, bit for bit: row counts on and
- * off the 16-row tile, every small batch, position counts around the 16-position tile and the
- * small-batch limit and past the L2 chunk (128), outliers in the activations so high bytes use
- * their full range. */
+ * 8 rows, tails past whole tiles and the vnni set's every batch) against the portable dots, bit
+ * for bit: row counts on and off the 16-row tile and, at the widest rows, past the vnni set's
+ * 256 KB strip (520 rows of 1000 columns: 1-3 strips in every format); every small batch,
+ * position counts around the 16-position tile and the small-batch limit and past the AMX L2
+ * chunk (128), outliers in the activations so high bytes use their full range. */
 static void check_qgemm(QType qt, int cols, const Kernels *port, const Kernels *fast, unsigned *seed) {
-    const int nb = (cols + QBLOCK - 1) / QBLOCK, rows_list[] = {16, 35},
+    const int nb = (cols + QBLOCK - 1) / QBLOCK, rows_list[] = {16, 35, 520},
               T_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 21, 24, 25, 150};
     const int n_T = (int)(sizeof T_list / sizeof *T_list);
     const size_t rb = qtype_row_bytes(qt, cols);
-    for (int ri = 0; ri < 2; ri++)
+    for (int ri = 0; ri < 3; ri++)
         for (int ti = 0; ti < n_T; ti++) {
             const int R = rows_list[ri], T = T_list[ti];
+            if (R > 35 && (cols < 1000 || (T != 1 && T != 9 && T != 150))) continue; /* the strips: a few cases */
             unsigned char *w = malloc(rb * R);
             float *x = malloc(sizeof(float) * T * cols), *wf = malloc(sizeof(float) * cols);
             float *yp = malloc(sizeof(float) * T * R), *yf = malloc(sizeof(float) * T * R);

@@ -40,6 +40,8 @@ def cpu_kernels():
     avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags
     if avx512 and {"amx_tile", "amx_int8", "avx512_vnni"} <= flags:  # if the kernel grants the tiles
         return "amx", "AMX-INT8 tiles + AVX-512 VNNI"
+    if avx512 and "avx512_vnni" in flags:
+        return "vnni", "AVX-512 VNNI"
     if avx512:
         return "avx512", "AVX-512 F/BW/VL/DQ"
     if {"avx2", "fma", "f16c"} <= flags:

@@ -59,8 +59,10 @@ def cpu_info():
     # what c/quant.c kernels_init picks
     kernels = ("avx512" if simd == "avx512" and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags
                else "avx2" if {"avx2", "fma", "f16c"} <= flags else "portable")
-    if kernels == "avx512" and {"amx_tile", "amx_int8", "avx512_vnni"} <= flags:
-        kernels = "amx"  # unless the OS refuses the tile state; the engine then runs avx512
+    if kernels == "avx512" and "avx512_vnni" in flags:
+        kernels = "vnni"
+    if kernels == "vnni" and {"amx_tile", "amx_int8"} <= flags:
+        kernels = "amx"  # unless the OS refuses the tile state; the engine then runs vnni
     return {"model": model or "unknown", "logical": logical, "physical_cores": min(physical, logical),
             "usable": usable, "quota_cpus": quota, "mhz": mhz, "simd": simd, "engine_kernels": kernels}
 

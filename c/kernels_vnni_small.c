@@ -1,5 +1,5 @@
-/* The amx set's small-batch q8/q4/q6 kernel (decode: 1 to AMX_SMALL_T positions, as many rows as
- * a continuous-batching step has streams), AVX-512 VNNI with weight rows in the lanes.
+/* The small-batch q8/q4/q6 kernel (1 to VNNI_SMALL_T positions: a decode step has as many as a
+ * continuous-batching step has streams), AVX-512 VNNI with weight rows in the lanes.
  *
  * Each 16-row x 32-element weight block is loaded and transposed once (lane = row, dword k =
  * elements 4k..4k+3) and then serves every position; a position's four activation bytes are
@@ -8,12 +8,13 @@
  * block dot is exact in int32, and the float steps are the portable kernel's, in its order:
  * every result is bit-identical to qdot_*_portable whatever the number of positions.
  *
- * Compiled with target attributes; reached only through the amx set (kernels_amx.c). */
+ * Compiled with target attributes; reached through the vnni set (kernels_vnni.c: every batch,
+ * 8 positions at a time) and the amx set (kernels_amx.c: decode steps and tails past its tiles). */
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <string.h>
 
-#include "kernels_amx_small.h"
+#include "kernels_vnni_small.h"
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define VNNI_INLINE VNNI __attribute__((always_inline)) static inline
@@ -28,9 +29,9 @@
 #define SMALL_SUM 96
 #define SMALL_Q8C 100
 
-size_t amx_small_pack_bytes(int n, int nb) { return (size_t)n * nb * SMALL_BLOCK; }
+size_t vnni_small_pack_bytes(int n, int nb) { return (size_t)n * nb * SMALL_BLOCK; }
 
-VNNI void amx_small_pack(const QAct *a, int t0, int n, int8_t *dst) {
+VNNI void vnni_small_pack(const QAct *a, int t0, int n, int8_t *dst) {
     const int nb = a->nb;
     for (int t = 0; t < n; t++)
         for (int b = 0; b < nb; b++) {
@@ -88,7 +89,7 @@ VNNI_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i u, const int8_t *p) {
 VNNI_INLINE __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 VNNI_INLINE __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))); }
 
-/* 16 weight rows (w: row 0) x n positions (packed by amx_small_pack; scales from position t0
+/* 16 weight rows (w: row 0) x n positions (packed by vnni_small_pack; scales from position t0
  * of a), the whole row; results to y[i*ldy + r]. n is a constant in each instance. */
 VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_bytes, const QAct *a, int t0,
                          const int8_t *packed, const int n, const unsigned char *next, float *y, size_t ldy) {
@@ -97,7 +98,7 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
     const __m512i perm = lane_rows();
     const __m512i rowoff = _mm512_mullo_epi32(perm, _mm512_set1_epi32((int)row_bytes));
     const __m512i m4 = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1);
-    __m512 acc[AMX_SMALL_T], mins[AMX_SMALL_T];
+    __m512 acc[VNNI_SMALL_T], mins[VNNI_SMALL_T];
 #pragma GCC unroll 8
     for (int i = 0; i < n; i++) acc[i] = mins[i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -199,20 +200,20 @@ VNNI_INLINE void small_rows(const QType qt, const unsigned char *w, size_t row_b
     case 5: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 5, y, ldy); return;       \
     case 6: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 6, y, ldy); return;       \
     case 7: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 7, y, ldy); return;       \
-    default: small_rows(qt, w, row_bytes, nr16, a, t0, packed, AMX_SMALL_T, y, ldy); return; \
+    default: small_rows(qt, w, row_bytes, nr16, a, t0, packed, VNNI_SMALL_T, y, ldy); return; \
     }
 
-VNNI void amx_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
+VNNI void vnni_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
                        const int8_t *packed, float *y, size_t ldy) {
     SMALL_CASES(QT_Q4)
 }
 
-VNNI void amx_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
+VNNI void vnni_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
                        const int8_t *packed, float *y, size_t ldy) {
     SMALL_CASES(QT_Q8)
 }
 
-VNNI void amx_small_q6(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
+VNNI void vnni_small_q6(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
                        const int8_t *packed, float *y, size_t ldy) {
     SMALL_CASES(QT_Q6)
 }
