@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from engine_binaries import engine_bin  # noqa: F401  (fixture)
 
+from colibri import limits
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -69,9 +71,12 @@ def test_bench_fits_a_small_vocabulary_and_refuses_an_oversized_prompt(moe_model
             "2", "--mem-bw", "20", "--json"]
     r = subprocess.run(base, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert json.loads(r.stdout)["colibri"]["kernels"]  # the set the engine chose
-    r = subprocess.run(base + ["--kernels", "portable"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and json.loads(r.stdout)["colibri"]["kernels"] == "portable", r.stderr
+    res = json.loads(r.stdout)["colibri"]
+    assert res["kernels"] and res["batch"] == limits.default_batch(res["kernels"])  # what the engine chose
+    r = subprocess.run(base + ["--kernels", "portable", "--batch", "16"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["colibri"]
+    assert res["kernels"] == "portable" and res["batch"] == 16  # both reach the engine
     r = subprocess.run(base + ["--prompt-tokens", "600"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "context_exceeded" in r.stderr and "512" in r.stderr

@@ -33,7 +33,7 @@ def add_arguments(p):
                    help="temperature of the sampled-decode leg (top-p 0.95), which shows the sampler's cost next to "
                         "greedy decode; 0 leaves the leg out (default 1.0)")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
-    launch_opts.add_engine_flags(p, ("threads",) + launch_opts.STREAM_FLAGS + ("kernels",), group=None, threads={
+    launch_opts.add_engine_flags(p, ("threads", "batch") + launch_opts.STREAM_FLAGS + ("kernels",), group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
         kernels={"help": "colibri's kernel set (default: the best this CPU runs), to compare sets in one alternating run"})
     p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
@@ -76,10 +76,10 @@ def engine_read_rate(threads, mib=1024):
 
 
 def colibri_run(model, args, first_token, vocab):
-    """One engine, one KV slot, three or four requests: the depth (if any) fills the slot; the
-    prefill leg adds the prompt behind it (the depth is reused, so only the prompt's positions
-    are timed); the decode legs reuse the depth and decode from there, greedy and then sampled,
-    as llama-bench's tg runs decode behind -d positions."""
+    """One engine, one KV slot, four requests: the depth fills the slot (without one a prompt of
+    other ids warms the experts); the prefill leg adds the prompt behind it (the depth is reused,
+    so only the prompt's positions are timed); the decode legs reuse the depth and decode from
+    there, greedy and then sampled, as llama-bench's tg runs decode behind -d positions."""
     from colibri import engine_client
     span = max(min(vocab, 1001) - 1, 1)  # ids 1..1000, inside the vocabulary of a small model too
     ids = lambda start, n: [(start + i * 7) % span + 1 for i in range(n)]  # noqa: E731
@@ -96,9 +96,11 @@ def colibri_run(model, args, first_token, vocab):
 
     try:
         extra = args.stream_args  # --kernels among them
-        with engine_client.Engine(model, threads=args.threads, ctx=ctx, kv_slots=1, extra=extra) as eng:
-            if depth:
-                request(eng, depth, 1, temp=0)
+        with engine_client.Engine(model, threads=args.threads, ctx=ctx, batch=args.batch, kv_slots=1, extra=extra) as eng:
+            # Warm: the experts reach RAM on first use (O_DIRECT reads, no page cache kept between
+            # engine runs), so the depth, or without one a prompt of other ids, routes the timed
+            # legs' experts in first, as llama-bench warms up over its page-cached weights.
+            request(eng, depth or ids(first_token + 250, args.prompt_tokens), 1, temp=0)
             pp = request(eng, depth + prompt, 1, temp=0)
             if int(pp["reused_tokens"]) < len(depth) - 1:
                 raise UserError(f"the engine reused {pp['reused_tokens']} of the {len(depth)} depth positions; "
@@ -109,6 +111,7 @@ def colibri_run(model, args, first_token, vocab):
                               seed=first_token + 1) if args.temp > 0 else None
             threads = eng.info.get("threads")
             args.kernels_used = eng.info.get("kernels")
+            args.batch_used = int(eng.info["batch"]) if eng.info.get("batch", "").isdigit() else None
     except engine_client.EngineError as e:
         raise UserError(f"the engine refused the benchmark run ({e.kind}: {e.message})") from None
     if int(tg["completion_tokens"]) < args.gen_tokens:
@@ -189,6 +192,7 @@ def run(args):
         "model": str(model), "threads": threads, "repeat": args.repeat,
         "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "depth": args.depth,
         "colibri": {"prefill_tok_s": med(ours, 0), "decode_tok_s": med(ours, 1), "kernels": args.kernels_used,
+                    "batch": args.batch_used,
                     "sampled_decode_tok_s": med(ours, 2), "sampled_temp": args.temp or None},
         "bytes_per_decoded_token": per_token,
         "memory_read_gb_s": mem_bw,
@@ -211,7 +215,7 @@ def run(args):
         return 0
     c = result["colibri"]
     at = f"  depth {args.depth}" if args.depth else ""
-    print(f"model {model}  threads {threads}  {c['kernels']} kernels{at}  medians of {args.repeat} alternating runs")
+    print(f"model {model}  threads {threads}  {c['kernels']} kernels  batch {c['batch']}{at}  medians of {args.repeat} alternating runs")
     print(f"{'':24s}{'colibri':>12s}" + (f"{'llama.cpp':>12s}{'ratio':>9s}" if peer else ""))
     for label, k in ((f"prefill tok/s (pp{args.prompt_tokens})", "prefill_tok_s"),
                      (f"decode tok/s (tg{args.gen_tokens})", "decode_tok_s")):
