@@ -84,7 +84,7 @@ FUZZ_FLAGS = -O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wno-unknown-pragmas -fno-sanit
 # Not parsers: kernels and the OpenMP ops (clang 14 rejects quant.c's CPU check, and has no
 # libomp here), built by $(CC) without instrumentation. Everything else is instrumented, so a new
 # engine file is fuzzed with its parsers' callers without editing this list.
-FUZZ_PLAIN_SRC := c/quant.c c/mla_absorb.c c/dsa_score.c c/kernels_avx2.c c/kernels_avx512.c c/kernels_amx.c c/kernels_neon.c c/kernels_mxfp4.c c/kv_kernels.c c/kv_attend_x86.c c/kv_attend_neon.c c/ops.c c/moe_exec.c
+FUZZ_PLAIN_SRC := c/quant.c c/mla_absorb.c c/dsa_score.c c/kernels_avx2.c c/kernels_avx512.c c/kernels_vnni.c c/kernels_vnni_small.c c/kernels_amx.c c/kernels_neon.c c/kernels_mxfp4.c c/kv_kernels.c c/kv_attend_x86.c c/kv_attend_neon.c c/ops.c c/moe_exec.c
 FUZZ_LIB_SRC := $(filter-out c/main.c c/membw.c c/engine.c $(FUZZ_PLAIN_SRC),$(ENGINE_SRC))
 FUZZ_C_TARGETS := json safetensors container manifest tokenizer_load tokenizer_encode protocol kv grammar
 FUZZ_PY_TARGETS := gguf chat_template
