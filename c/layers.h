@@ -16,7 +16,7 @@ typedef struct {
 /* out[T][hidden] = down(act(gate(x), up(x))) for x[T][hidden]; inter is the MLP width.
  * ACT_SILU: silu(g) * u. ACT_SWIGLU_CLAMP (gpt-oss): g clamped above at limit, u to
  * [-limit, limit], then (u + 1) * g * sigmoid(alpha * g). ACT_SILU_CLAMP (DeepSeek-V4): the same
- * clamps, then silu(g) * u. */
+ * clamps, then silu(g) * u. out may be x: x is read only before out is written. */
 void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out);
 /* Loads gate/up/down (and their biases when bias) from names in tensors, or from the "{e}"
  * templates in tensors with e substituted when e >= 0. */
