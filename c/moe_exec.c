@@ -8,7 +8,7 @@
 
 /* Past this many rows each expert has enough for a split matmul. Below it, one expert per thread
  * beats splitting each expert's matmuls: a 128-position prefill chunk of a top-8 model (1024
- * rows, ~8 per expert) ran 1.2-1.4x faster so on two threads. The per-choice outputs it holds
+ * rows, ~8 per expert) ran 1.03-1.33x faster so on two threads. The per-choice outputs it holds
  * at once are the ones the split path holds too (the runtime share counts them). */
 #define PAR_EXPERT_ROWS 1024
 
