@@ -251,6 +251,12 @@ int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t
         }
     }
     if (unmap_experts(s, err, errlen)) return -1;
+    /* Every expert has a slot: buffered reads leave them in the page cache as well, so the next
+     * engine on this model (a one-shot run, a restart) reads them from memory, not the disk.
+     * The copies there are reclaimable, and the budget counts only the slots. */
+    int all_fit = 1;
+    for (int k = 0; k < s->n; k++) all_fit &= s->layers[k]->cache->cap >= s->layers[k]->E;
+    if (all_fit) s->direct = 0;
     /* Pinned experts load now; the first read also tells whether O_DIRECT works here. */
     for (int k = 0; k < s->n; k++) {
         ExpertLayer *xl = s->layers[k];
