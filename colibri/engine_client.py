@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -110,6 +111,19 @@ class Engine:
     def _drain_stderr(self):
         for raw in self.proc.stderr:
             self.stderr_tail.append(raw.decode(errors="replace").rstrip())
+
+    def stderr_seen(self, needle, timeout=5.0):
+        """Whether a stderr line containing needle (a string), or for which needle(line) holds,
+        arrives within timeout seconds. The lines come through their own thread, which may still
+        be behind the frames the caller has read."""
+        match = needle if callable(needle) else (lambda line: needle in line)
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(match(line) for line in list(self.stderr_tail)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     def _died(self):
         self.proc.wait()

@@ -149,7 +149,7 @@ def test_resumed_slot_is_byte_identical_to_an_uninterrupted_conversation(variant
         turn(eng, prompt)
     with engine_client.Engine(out, ctx=128, kv_dir=resumed, batch=16) as eng:
         accept, got, got_lp = turn(eng, turn2)
-        assert any("restored KV slot 0" in line for line in eng.stderr_tail)
+        assert eng.stderr_seen("restored KV slot 0")
     assert_clean_exit(eng)
     assert accept == ("accept", len(turn2), len(prompt) + len(first) - 1)  # warm: only the new tokens run
     assert got == want and got_lp == want_lp
@@ -170,10 +170,10 @@ def test_prefix_reuse_restores_a_checkpoint_instead_of_truncating(variant, model
         # diverges inside the generated answer: the state at the end of the prompt is restored
         accept, got, got_lp = turn(eng, prompt + first[:2] + other)
         assert accept[2] == len(prompt), accept
-        assert any(f"reusing {len(prompt)} of {len(prompt) + 2} common positions" in line for line in eng.stderr_tail)
+        assert eng.stderr_seen(f"reusing {len(prompt)} of {len(prompt) + 2} common positions")
         # diverges inside the prompt, before any checkpoint: recomputed from the start, and said so
         accept, short, _ = turn(eng, prompt[:20] + other)
-        assert accept[2] == 0 and any("full recompute" in line for line in eng.stderr_tail)
+        assert accept[2] == 0 and eng.stderr_seen("full recompute")
     assert_clean_exit(eng)
     _, check, check_lp = turn_fresh(out, prompt + first[:2] + other)
     assert got == check and short == want_short
