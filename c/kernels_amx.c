@@ -189,10 +189,6 @@ AMX_INLINE void tile16(const QType qt, const unsigned char *w, size_t row_bytes,
         for (int r = 0; r < 16; r++) y[(size_t)(t0 + i) * ldy + r] = out[r][i];
 }
 
-void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_q6_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-
 AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
                      float *y, size_t ldy) {
     const int T = a->rows, groups = (T + AMX_TILE_T - 1) / AMX_TILE_T;
@@ -228,11 +224,7 @@ AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, i
         }
     }
     /* rows past the last whole tile: the portable kernel, which computes the same bits */
-    const QDotFn rest = qt == QT_Q4 ? qdot_q4_portable : qt == QT_Q6 ? qdot_q6_portable : qdot_q8_portable;
-    if (full < nr)
-        for (int t0 = 0; t0 < T; t0 += QDOT_MAX_ROWS)
-            rest(w + (size_t)full * row_bytes, row_bytes, nr - full, a, t0, T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS,
-                 y + (size_t)t0 * ldy + full, ldy);
+    if (full < nr) qdot_all_portable(qt, w + (size_t)full * row_bytes, row_bytes, nr - full, a, y + full, ldy);
 }
 
 AMX void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,

@@ -10,10 +10,6 @@
 #include "kernels_vnni_small.h"
 #include "quant.h"
 
-void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_q6_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-
 /* Weight bytes per strip: a quarter of a 1 MB L2, so the strip and the positions' packed
  * activations it meets stay there while every position group passes over it. */
 #define STRIP_BYTES (256 * 1024)
@@ -24,7 +20,7 @@ void vnni_pack_act(const QAct *a, int8_t *dst) { vnni_small_pack(a, 0, a->rows, 
 
 typedef void (*SmallFn)(const unsigned char *, size_t, int, const QAct *, int, int, const int8_t *, float *, size_t);
 
-static void gemm(SmallFn small, QDotFn rest, const unsigned char *w, size_t row_bytes, int nr, const QAct *a,
+static void gemm(SmallFn small, QType qt, const unsigned char *w, size_t row_bytes, int nr, const QAct *a,
                  const int8_t *packed, float *y, size_t ldy) {
     const int T = a->rows, full = nr / 16 * 16;
     int strip = (int)(STRIP_BYTES / row_bytes) / 16 * 16;
@@ -39,22 +35,19 @@ static void gemm(SmallFn small, QDotFn rest, const unsigned char *w, size_t row_
         }
     }
     /* rows past the last whole 16: the portable kernel, which computes the same bits */
-    if (full < nr)
-        for (int t0 = 0; t0 < T; t0 += QDOT_MAX_ROWS)
-            rest(w + (size_t)full * row_bytes, row_bytes, nr - full, a, t0, T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS,
-                 y + (size_t)t0 * ldy + full, ldy);
+    if (full < nr) qdot_all_portable(qt, w + (size_t)full * row_bytes, row_bytes, nr - full, a, y + full, ldy);
 }
 
 void qgemm_q8_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy) {
-    gemm(vnni_small_q8, qdot_q8_portable, w, row_bytes, nr, a, packed, y, ldy);
+    gemm(vnni_small_q8, QT_Q8, w, row_bytes, nr, a, packed, y, ldy);
 }
 
 void qgemm_q4_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy) {
-    gemm(vnni_small_q4, qdot_q4_portable, w, row_bytes, nr, a, packed, y, ldy);
+    gemm(vnni_small_q4, QT_Q4, w, row_bytes, nr, a, packed, y, ldy);
 }
 
 void qgemm_q6_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy) {
-    gemm(vnni_small_q6, qdot_q6_portable, w, row_bytes, nr, a, packed, y, ldy);
+    gemm(vnni_small_q6, QT_Q6, w, row_bytes, nr, a, packed, y, ldy);
 }
 
 #endif

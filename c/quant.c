@@ -313,6 +313,12 @@ void qdot_q6_portable(const unsigned char *w, size_t row_bytes, int nr, const QA
     qdot_rows(qdot_q6_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 
+void qdot_all_portable(QType qt, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, float *y, size_t ldy) {
+    const QDotFn f = qt == QT_Q4 ? qdot_q4_portable : qt == QT_Q6 ? qdot_q6_portable : qdot_q8_portable;
+    for (int t0 = 0; t0 < a->rows; t0 += QDOT_MAX_ROWS)
+        f(w, row_bytes, nr, a, t0, a->rows - t0 < QDOT_MAX_ROWS ? a->rows - t0 : QDOT_MAX_ROWS, y + (size_t)t0 * ldy, ldy);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 void dequant_row_avx2(QType q, const void *src, int cols, float *dst);
 float dot_avx2(const float *a, const float *b, int n);

@@ -65,6 +65,10 @@ typedef struct {
 typedef void (*QDotFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
                        float *y, size_t ldy);
 
+/* The portable q8/q4/q6 dots (qt) over every activation row of a: the rows a matrix kernel's
+ * tiles leave over, with the same bits. */
+void qdot_all_portable(QType qt, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, float *y, size_t ldy);
+
 /* Matrix x matrix over every activation row of a (a->rows positions): y[t*ldy + r] for r < nr,
  * from the activations also packed once per matmul by pack_act (pack_bytes(T, nb) bytes).
  * Same bits as qdot, so a set may use either for any batch. */
