@@ -41,6 +41,8 @@
 #define ATT_QK ATT_CAT(ATT_NAME, _qk)
 #define ATT_VACC ATT_CAT(ATT_NAME, _vacc)
 #define ATT_SOFTMAX ATT_CAT(ATT_NAME, _softmax)
+#define ATT_VROWS ATT_CAT(ATT_NAME, _vrows)
+#define ATT_V_AHEAD 16
 
 /* Scores of rb row vectors at np positions: s[p*Rp + i*W + lane] = scale * (q_row . K_p), the
  * dot an FMA chain over d = 0..hd-1. qt: Q transposed (qt[d*Rp + row]); kt: K rows as floats. */
@@ -104,23 +106,32 @@ TGT_INLINE void ATT_SOFTMAX(float *s, int Rp, int j0, int ja, int jb, int N, con
 }
 
 /* o[i*hd + d0 ..] += for hc rows and nvc vectors of dimensions, positions j0..j1-1 of the tile
- * vt (its row 0 is position t0): w[j*Rp + i] * V_j, each an FMA chain in position order; first:
- * start from 0 instead of o. */
-TGT_INLINE void ATT_VACC(const float *w, int Rp, const float *vt, int hd, int t0, int j0, int j1, int d0, const int hc,
-                         const int nvc, int first, float *o) {
+ * vt (its row 0 is position t0): w[j*ps + i*rs] * V_j, each an FMA chain in position order;
+ * first: start from 0 instead of o. */
+TGT_INLINE void ATT_VACC(const float *w, size_t ps, size_t rs, const float *vt, const unsigned char *vb, size_t stride,
+                         int hd, int t0, int j0, int j1, int d0, const int hc, const int nvc, int first, float *o) {
     VT acc[HCMAX][4];
 #pragma GCC unroll 4
     for (int i = 0; i < hc; i++)
 #pragma GCC unroll 4
         for (int c = 0; c < nvc; c++) acc[i][c] = first ? VZERO() : VLOADF(o + (size_t)i * hd + d0 + c * W);
     for (int j = j0; j < j1; j++) {
-        const float *r = vt + (size_t)(j - t0) * hd + d0;
         VT x[4];
+        if (vt) {
+            const float *r = vt + (size_t)(j - t0) * hd + d0;
 #pragma GCC unroll 4
-        for (int c = 0; c < nvc; c++) x[c] = VLOADF(r + c * W);
+            for (int c = 0; c < nvc; c++) x[c] = VLOADF(r + c * W);
+        } else { /* rows straight from the cache, asked for ATT_V_AHEAD rows ahead */
+            const unsigned char *r = vb + (size_t)j * stride;
+#pragma GCC unroll 4
+            for (int c = 0; c < nvc; c++) x[c] = LOADE(r, d0 + c * W);
+#pragma GCC unroll 4
+            for (int c = 0; c < nvc; c += 64 / (W * (int)sizeof(LOADE_T)) > 0 ? 64 / (W * (int)sizeof(LOADE_T)) : 1)
+                __builtin_prefetch(r + ATT_V_AHEAD * stride + (size_t)(d0 + c * W) * sizeof(LOADE_T));
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < hc; i++) {
-            const VT wv = VSET1(w[(size_t)j * Rp + i]);
+            const VT wv = VSET1(w[(size_t)j * ps + (size_t)i * rs]);
 #pragma GCC unroll 4
             for (int c = 0; c < nvc; c++) acc[i][c] = VFMA(wv, x[c], acc[i][c]);
         }
@@ -129,6 +140,36 @@ TGT_INLINE void ATT_VACC(const float *w, int Rp, const float *vt, int hd, int t0
     for (int i = 0; i < hc; i++)
 #pragma GCC unroll 4
         for (int c = 0; c < nvc; c++) VSTORE(o + (size_t)i * hd + d0 + c * W, acc[i][c]);
+}
+
+/* Every row i < g: o[i*hd ..] += positions js..je-1 of the V tile vt (row 0 is position t0)
+ * weighted by w[j*ps + i*rs], in register tiles of HCMAX rows and 4 vectors (ATT_VACC). */
+TGT_INLINE void ATT_VROWS(const float *w, size_t ps, size_t rs, const float *vt, const unsigned char *vb, size_t stride,
+                          int hd, int t0, int js, int je, int g, int first, float *o) {
+    const int nv = hd / W;
+    for (int i0 = 0; i0 < g; i0 += HCMAX) {
+        const int hc = g - i0 < HCMAX ? g - i0 : HCMAX;
+        const float *wi = w + (size_t)i0 * rs;
+        float *oi = o + (size_t)i0 * hd;
+        for (int c0 = 0; c0 < nv; c0 += 4) {
+            const int nvc = nv - c0 < 4 ? nv - c0 : 4, d0 = c0 * W;
+#define ATT_CASE(H, C) case (H) * 8 + (C): ATT_VACC(wi, ps, rs, vt, vb, stride, hd, t0, js, je, d0, H, C, first, oi); break;
+            switch (hc * 8 + nvc) {
+                ATT_CASE(1, 1) ATT_CASE(1, 2) ATT_CASE(1, 3) ATT_CASE(1, 4)
+#if HCMAX >= 2
+                ATT_CASE(2, 1) ATT_CASE(2, 2) ATT_CASE(2, 3) ATT_CASE(2, 4)
+#endif
+#if HCMAX >= 3
+                ATT_CASE(3, 1) ATT_CASE(3, 2) ATT_CASE(3, 3) ATT_CASE(3, 4)
+#endif
+#if HCMAX >= 4
+                ATT_CASE(4, 1) ATT_CASE(4, 2) ATT_CASE(4, 3) ATT_CASE(4, 4)
+#endif
+            default: break;
+            }
+#undef ATT_CASE
+        }
+    }
 }
 
 /* Rows of cache positions j0..j0+cnt-1 as floats (dst[(j-j0)*hd ..]); rows past N are zeros. */
@@ -145,6 +186,118 @@ TGT_INLINE void ATT_CAT(ATT_NAME, _prefetch)(const unsigned char *b, size_t stri
         for (size_t c = 0; c < bytes; c += 64) __builtin_prefetch(b + (size_t)j * stride + c);
 }
 
+#ifdef VTRANSPOSE
+/* Decode steps (one position) with few query rows, g <= ATT_POS_ROWS heads per KV head: with the
+ * rows in the lanes most of every score vector would be empty, so here the positions lie in the
+ * lanes. W cache rows are read W elements at a time and transposed in registers (VTRANSPOSE), one
+ * FMA then serving W positions of one row; the value rows are read straight from the cache, each
+ * widened once as it is used (no tile to fill: few rows share it). Every score, weight, sum and
+ * output is the arithmetic the rows-in-lanes path does for that row (below), in the same order, so
+ * the bits are the same: a decode step still equals its position in a batched prefill. */
+
+/* Blocks of W positions one pass scores at once: independent FMA chains for the few rows. */
+#define ATT_POS_NB(R) ((R) <= 2 ? 4 : (R) <= 4 ? 2 : 1)
+
+/* Scores of rows r < R at positions p0 .. p0 + nb*W - 1: s[r*rs + p] = scale * (q_r . K_p), the
+ * FMA chain over d = 0..hd-1 of ATT_QK. Rows past N-1 are read as row N-1 (their scores are not
+ * used); vectors that start at or past N are not stored. */
+TGT_INLINE void ATT_CAT(ATT_NAME, _qk_pos)(const float *q, int hd, const unsigned char *kb, size_t stride, int p0, int N,
+                                            float *s, size_t rs, float scale, const int R, const int nb) {
+    VT acc[4][ATT_POS_ROWS];
+#pragma GCC unroll 4
+    for (int b = 0; b < nb; b++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[b][r] = VZERO();
+    const unsigned char *row[4][W];
+#pragma GCC unroll 4
+    for (int b = 0; b < nb; b++)
+#pragma GCC unroll 16
+        for (int l = 0; l < W; l++) {
+            const int p = p0 + b * W + l;
+            row[b][l] = kb + (size_t)(p < N ? p : N - 1) * stride;
+        }
+    for (int d0 = 0; d0 < hd; d0 += W) {
+#pragma GCC unroll 4
+        for (int b = 0; b < nb; b++) {
+            VT t[W];
+#pragma GCC unroll 16
+            for (int l = 0; l < W; l++) t[l] = LOADE(row[b][l], d0);
+            VTRANSPOSE(t);
+#pragma GCC unroll 16
+            for (int dd = 0; dd < W; dd++)
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) acc[b][r] = VFMA(VSET1(q[(size_t)r * hd + d0 + dd]), t[dd], acc[b][r]);
+        }
+    }
+    const VT vs = VSET1(scale);
+#pragma GCC unroll 4
+    for (int b = 0; b < nb; b++)
+        if (p0 + b * W < N)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) VSTORE(s + (size_t)r * rs + p0 + b * W, VMUL(acc[b][r], vs));
+}
+
+/* Row r's scores at lo..N-1 become exp(s - max) in place and sum[r] their sum in position
+ * order, plus exp(sink - max) for a sink: what ATT_SOFTMAX gives a row in a lane (the max is
+ * exact in any order; the exps run over whole vectors from lo rounded down, inside the row). */
+TGT_INLINE void ATT_CAT(ATT_NAME, _softmax_pos)(float *s, size_t rs, int R, int lo, int N, const float *sinks, float *sum) {
+    const int a0 = lo / W * W;
+    for (int r = 0; r < R; r++) {
+        float *sr = s + (size_t)r * rs;
+        VT mv = VSET1(sinks ? sinks[r] : -INFINITY);
+        int j = lo;
+        for (; j < N && j % W; j++) mv = VMAX(mv, VSET1(sr[j]));
+        for (; j + W <= N; j += W) mv = VMAX(mv, VLOADF(sr + j));
+        for (; j < N; j++) mv = VMAX(mv, VSET1(sr[j]));
+        float lanes[W], m = -INFINITY;
+        VSTORE(lanes, mv);
+        for (int l = 0; l < W; l++) m = lanes[l] > m ? lanes[l] : m;
+        const VT vm = VSET1(m);
+        for (j = a0; j < N; j += W) VSTORE(sr + j, VEXP(VSUB(VLOADF(sr + j), vm)));
+        float a = 0.0f;
+        for (j = lo; j < N; j++) a += sr[j];
+        if (sinks) {
+            VSTORE(lanes, VEXP(VSUB(VSET1(sinks[r]), vm)));
+            a += lanes[0];
+        }
+        sum[r] = a;
+    }
+}
+
+TGT void ATT_CAT(ATT_NAME, _decode_pos)(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n,
+                                         int lo, float scale, const float *sinks, float *sc, float *o) {
+    const size_t rs = (size_t)(n + W - 1) / W * W;
+    float *s = sc, *sum = s + (size_t)g * rs;
+    const unsigned char *kb = k, *vb = v;
+    const size_t rowb = (size_t)hd * sizeof(LOADE_T);
+    const int nb = ATT_POS_NB(g);
+    /* K rows two passes ahead (one pass takes too little time to hide a read from memory); the
+     * first value rows during the softmax */
+    ATT_CAT(ATT_NAME, _prefetch)(kb, stride, lo / W * W, 2 * nb * W, n, rowb);
+    for (int p0 = lo / W * W; p0 < n; p0 += nb * W) {
+        ATT_CAT(ATT_NAME, _prefetch)(kb, stride, p0 + 2 * nb * W, nb * W, n, rowb);
+        switch (g) {
+#define ATT_CASE(R) case R: ATT_CAT(ATT_NAME, _qk_pos)(q, hd, kb, stride, p0, n, s, rs, scale, R, ATT_POS_NB(R)); break;
+            ATT_CASE(1) ATT_CASE(2) ATT_CASE(3)
+#if ATT_POS_ROWS >= 8
+            ATT_CASE(4) ATT_CASE(5) ATT_CASE(6) ATT_CASE(7) ATT_CASE(8)
+#endif
+#undef ATT_CASE
+        default: break;
+        }
+    }
+    ATT_CAT(ATT_NAME, _prefetch)(vb, stride, lo, ATT_V_AHEAD, n, rowb);
+    ATT_CAT(ATT_NAME, _softmax_pos)(s, rs, g, lo, n, sinks, sum);
+    ATT_VROWS(s, 1, rs, NULL, vb, stride, hd, 0, lo, n, g, 1, o);
+    for (int i = 0; i < g; i++) {
+        const VT inv = VSET1(1.0f / sum[i]);
+        float *oi = o + (size_t)i * hd;
+        for (int c = 0; c < hd; c += W) VSTORE(oi + c, VMUL(VLOADF(oi + c), inv));
+    }
+}
+#undef ATT_POS_NB
+#endif
+
 TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride,
                         int n, int window, float scale, const float *sinks, float *sc, float *o, size_t ostep) {
 #define ATT_LO(t) (window > 0 && n + (t) > window ? n + (t) - window : 0) /* position t's first */
@@ -155,6 +308,12 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
                     o + t * ostep);
         return;
     }
+#ifdef VTRANSPOSE
+    if (tq == 1 && g <= ATT_POS_ROWS) {
+        ATT_CAT(ATT_NAME, _decode_pos)(q, g, hd, k, v, stride, n, ATT_LO(0), scale, sinks, sc, o);
+        return;
+    }
+#endif
     const int R = tq * g, Rp = (R + W - 1) / W * W, nrv = Rp / W, N = n + tq - 1;
     const int Np = (N + KV_ATT_KT - 1) / KV_ATT_KT * KV_ATT_KT;
     float *qt = sc, *kt = qt + (size_t)hd * Rp, *vt = kt + (size_t)KV_ATT_KT * hd, *s = vt + (size_t)KV_ATT_PT * hd;
@@ -196,7 +355,6 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
         ATT_SOFTMAX(s + v0 * W, Rp, ATT_LO(first / g), ATT_LO(last / g), n, N, lo + v0 * W, lim + v0 * W, sk + v0 * W, sinks != NULL,
                     sum + v0 * W);
     }
-    const int nv = hd / W;
     for (int j0 = ATT_LO(0) / KV_ATT_PT * KV_ATT_PT; j0 < N; j0 += KV_ATT_PT) {
         const int cnt = N - j0 < KV_ATT_PT ? N - j0 : KV_ATT_PT;
         ATT_CAT(ATT_NAME, _widen)(vb, stride, j0, cnt, N, hd, vt);
@@ -204,29 +362,7 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
         for (int t = 0; t < tq; t++) {
             const int je = j0 + cnt < n + t ? j0 + cnt : n + t, js = ATT_LO(t) > j0 ? ATT_LO(t) : j0;
             if (je <= js) continue;
-            for (int i0 = 0; i0 < g; i0 += HCMAX) {
-                const int hc = g - i0 < HCMAX ? g - i0 : HCMAX;
-                const float *w = s + t * g + i0;
-                float *oi = o + t * ostep + (size_t)i0 * hd;
-                for (int c0 = 0; c0 < nv; c0 += 4) {
-                    const int nvc = nv - c0 < 4 ? nv - c0 : 4, d0 = c0 * W;
-#define ATT_CASE(H, C) case (H) * 8 + (C): ATT_VACC(w, Rp, vt, hd, j0, js, je, d0, H, C, js == ATT_LO(t), oi); break;
-                    switch (hc * 8 + nvc) {
-                        ATT_CASE(1, 1) ATT_CASE(1, 2) ATT_CASE(1, 3) ATT_CASE(1, 4)
-#if HCMAX >= 2
-                        ATT_CASE(2, 1) ATT_CASE(2, 2) ATT_CASE(2, 3) ATT_CASE(2, 4)
-#endif
-#if HCMAX >= 3
-                        ATT_CASE(3, 1) ATT_CASE(3, 2) ATT_CASE(3, 3) ATT_CASE(3, 4)
-#endif
-#if HCMAX >= 4
-                        ATT_CASE(4, 1) ATT_CASE(4, 2) ATT_CASE(4, 3) ATT_CASE(4, 4)
-#endif
-                    default: break;
-                    }
-#undef ATT_CASE
-                }
-            }
+            ATT_VROWS(s + t * g, (size_t)Rp, 1, vt, NULL, 0, hd, j0, js, je, g, js == ATT_LO(t), o + t * ostep);
         }
     }
     for (int t = 0; t < tq; t++)
@@ -246,4 +382,6 @@ TGT void ATT_NAME(const float *q, int g, int hd, const void *k, const void *v, s
 #undef ATT_QK
 #undef ATT_VACC
 #undef ATT_SOFTMAX
+#undef ATT_VROWS
+#undef ATT_V_AHEAD
 #endif /* ATT_EXP_ONLY */

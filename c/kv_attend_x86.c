@@ -30,6 +30,27 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i))), 16));
 }
 
+A2I void a2_transpose8(__m256 r[8]) { /* r[i][j] -> r[j][i] */
+    __m256 t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i += 4) { /* u[i + c], 128-bit lane k: rows i..i+3, column 4k + c */
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20);
+        r[c + 4] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
+    }
+}
+
 #define VT __m256
 #define W 8
 #define TGT A2
@@ -47,6 +68,8 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 #define VSELLT a2_sellt
 #define HCMAX 2
 #define RBMAX 2
+#define VTRANSPOSE a2_transpose8
+#define ATT_POS_ROWS 3 /* 4 rows spill the 16 registers: measured slower */
 #define LOADE a2_f32
 #define LOADE_T float
 #define ATT_NAME kv_attend_avx2_f32
@@ -97,6 +120,8 @@ A2I __m256 a2_bf16(const unsigned char *r, int i) {
 #undef VSELLT
 #undef HCMAX
 #undef RBMAX
+#undef VTRANSPOSE
+#undef ATT_POS_ROWS
 
 /* ---------------- AVX-512 ---------------- */
 #define A5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
@@ -109,6 +134,31 @@ A5I __m512 a5_f32(const unsigned char *r, int i) { return _mm512_loadu_ps((const
 A5I __m512 a5_f16(const unsigned char *r, int i) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i))); }
 A5I __m512 a5_bf16(const unsigned char *r, int i) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i))), 16));
+}
+
+A5I void a5_transpose16(__m512 r[16]) { /* r[i][j] -> r[j][i] */
+    __m512 t[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 4) { /* u[i + c], 128-bit lane k: rows i..i+3, column 4k + c */
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < 4; c++) {
+        const __m512 a = _mm512_shuffle_f32x4(u[c], u[c + 4], 0x88), b = _mm512_shuffle_f32x4(u[c], u[c + 4], 0xDD);
+        const __m512 e = _mm512_shuffle_f32x4(u[c + 8], u[c + 12], 0x88), f = _mm512_shuffle_f32x4(u[c + 8], u[c + 12], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(a, e, 0x88);
+        r[c + 8] = _mm512_shuffle_f32x4(a, e, 0xDD);
+        r[c + 4] = _mm512_shuffle_f32x4(b, f, 0x88);
+        r[c + 12] = _mm512_shuffle_f32x4(b, f, 0xDD);
+    }
 }
 
 #define VT __m512
@@ -128,6 +178,8 @@ A5I __m512 a5_bf16(const unsigned char *r, int i) {
 #define VSELLT a5_sellt
 #define HCMAX 4
 #define RBMAX 4
+#define VTRANSPOSE a5_transpose16
+#define ATT_POS_ROWS 8 /* decode groups up to this many heads take the positions-in-lanes path */
 #define LOADE a5_f32
 #define LOADE_T float
 #define ATT_NAME kv_attend_avx512_f32
