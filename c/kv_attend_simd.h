@@ -105,6 +105,22 @@ TGT_INLINE void ATT_SOFTMAX(float *s, int Rp, int j0, int ja, int jb, int N, con
     VSTORE(sum, a);
 }
 
+/* Asks for cache rows j0..j0+cnt-1 (hd elements of es bytes each) ahead of their tile: rows
+ * lie a whole position apart, too far for the hardware prefetcher to run ahead. */
+TGT_INLINE void ATT_CAT(ATT_NAME, _prefetch)(const unsigned char *b, size_t stride, int j0, int cnt, int N, size_t bytes) {
+    for (int j = j0; j < j0 + cnt && j < N; j++)
+        for (size_t c = 0; c < bytes; c += 64) __builtin_prefetch(b + (size_t)j * stride + c);
+}
+
+/* o[i*hd ..] /= sum[i] for the g rows: each output's FMA chain times 1/sum. */
+TGT_INLINE void ATT_CAT(ATT_NAME, _normalize)(float *o, int g, int hd, const float *sum) {
+    for (int i = 0; i < g; i++) {
+        const VT inv = VSET1(1.0f / sum[i]);
+        float *oi = o + (size_t)i * hd;
+        for (int c = 0; c < hd; c += W) VSTORE(oi + c, VMUL(VLOADF(oi + c), inv));
+    }
+}
+
 /* o[i*hd + d0 ..] += for hc rows and nvc vectors of dimensions, positions j0..j1-1 of the tile
  * vt (its row 0 is position t0): w[j*ps + i*rs] * V_j, each an FMA chain in position order;
  * first: start from 0 instead of o. */
@@ -122,12 +138,10 @@ TGT_INLINE void ATT_VACC(const float *w, size_t ps, size_t rs, const float *vt, 
 #pragma GCC unroll 4
             for (int c = 0; c < nvc; c++) x[c] = VLOADF(r + c * W);
         } else { /* rows straight from the cache, asked for ATT_V_AHEAD rows ahead */
-            const unsigned char *r = vb + (size_t)j * stride;
 #pragma GCC unroll 4
-            for (int c = 0; c < nvc; c++) x[c] = LOADE(r, d0 + c * W);
-#pragma GCC unroll 4
-            for (int c = 0; c < nvc; c += 64 / (W * (int)sizeof(LOADE_T)) > 0 ? 64 / (W * (int)sizeof(LOADE_T)) : 1)
-                __builtin_prefetch(r + ATT_V_AHEAD * stride + (size_t)(d0 + c * W) * sizeof(LOADE_T));
+            for (int c = 0; c < nvc; c++) x[c] = LOADE(vb + (size_t)j * stride, d0 + c * W);
+            ATT_CAT(ATT_NAME, _prefetch)(vb + (size_t)d0 * sizeof(LOADE_T), stride, j + ATT_V_AHEAD, 1, j1,
+                                         (size_t)nvc * W * sizeof(LOADE_T));
         }
 #pragma GCC unroll 4
         for (int i = 0; i < hc; i++) {
@@ -179,12 +193,6 @@ TGT_INLINE void ATT_CAT(ATT_NAME, _widen)(const unsigned char *b, size_t stride,
             VSTORE(dst + (size_t)(j - j0) * hd + c, j < N ? LOADE(b + (size_t)j * stride, c) : VZERO());
 }
 
-/* Asks for cache rows j0..j0+cnt-1 (hd elements of es bytes each) ahead of their tile: rows
- * lie a whole position apart, too far for the hardware prefetcher to run ahead. */
-TGT_INLINE void ATT_CAT(ATT_NAME, _prefetch)(const unsigned char *b, size_t stride, int j0, int cnt, int N, size_t bytes) {
-    for (int j = j0; j < j0 + cnt && j < N; j++)
-        for (size_t c = 0; c < bytes; c += 64) __builtin_prefetch(b + (size_t)j * stride + c);
-}
 
 #ifdef VTRANSPOSE
 /* Decode steps (one position) with few query rows, g <= ATT_POS_ROWS heads per KV head: with the
@@ -289,11 +297,7 @@ TGT void ATT_CAT(ATT_NAME, _decode_pos)(const float *q, int g, int hd, const voi
     ATT_CAT(ATT_NAME, _prefetch)(vb, stride, lo, ATT_V_AHEAD, n, rowb);
     ATT_CAT(ATT_NAME, _softmax_pos)(s, rs, g, lo, n, sinks, sum);
     ATT_VROWS(s, 1, rs, NULL, vb, stride, hd, 0, lo, n, g, 1, o);
-    for (int i = 0; i < g; i++) {
-        const VT inv = VSET1(1.0f / sum[i]);
-        float *oi = o + (size_t)i * hd;
-        for (int c = 0; c < hd; c += W) VSTORE(oi + c, VMUL(VLOADF(oi + c), inv));
-    }
+    ATT_CAT(ATT_NAME, _normalize)(o, g, hd, sum);
 }
 #undef ATT_POS_NB
 #endif
@@ -365,12 +369,7 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
             ATT_VROWS(s + t * g, (size_t)Rp, 1, vt, NULL, 0, hd, j0, js, je, g, js == ATT_LO(t), o + t * ostep);
         }
     }
-    for (int t = 0; t < tq; t++)
-        for (int i = 0; i < g; i++) {
-            const VT inv = VSET1(1.0f / sum[t * g + i]);
-            float *oi = o + t * ostep + (size_t)i * hd;
-            for (int c = 0; c < hd; c += W) VSTORE(oi + c, VMUL(VLOADF(oi + c), inv));
-        }
+    for (int t = 0; t < tq; t++) ATT_CAT(ATT_NAME, _normalize)(o + t * ostep, g, hd, sum + t * g);
 }
 
 TGT void ATT_NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale,
