@@ -10,33 +10,53 @@ CFLAGS ?= -O2
 CFLAGS += -std=c11 -ffp-contract=off -D_GNU_SOURCE -fopenmp -Wall -Wextra -DCOLI_VERSION='"$(VERSION)"'
 LDLIBS = -lm
 SANITIZE = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all
-ENGINE_SRC := $(wildcard c/*.c)
-LIB_SRC := $(filter-out c/main.c,$(ENGINE_SRC))
-HEADERS := $(wildcard c/*.h)
+# Sources by folder (docs/architecture.md): c/<band>/*.c; c/tests/*.c are the C unit tests.
+ENGINE_SRC := $(sort $(wildcard c/*/*.c))
+ENGINE_SRC := $(filter-out c/tests/%,$(ENGINE_SRC))
+LIB_SRC := $(filter-out c/engine/main.c,$(ENGINE_SRC))
 CTEST_SRC := $(wildcard c/tests/*.c)
 VENV := .venv
 STAMP := $(VENV)/.installed
+# One object per source and build kind, each with its dependency file (-MMD): a touched file
+# rebuilds itself and what includes it, and `make` compiles in parallel over the cores.
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+DEPFLAGS = -MMD -MP
+obj = $(patsubst c/%.c,build/obj/$(1)/%.o,$(2))
+REL_OBJ := $(call obj,rel,$(ENGINE_SRC))
+ASAN_OBJ := $(call obj,asan,$(ENGINE_SRC))
+REL_LIB_OBJ := $(call obj,rel,$(LIB_SRC))
+ASAN_LIB_OBJ := $(call obj,asan,$(LIB_SRC))
+CTEST_REL_OBJ := $(call obj,rel,$(CTEST_SRC))
+CTEST_ASAN_OBJ := $(call obj,asan,$(CTEST_SRC))
 
 .PHONY: all test ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv
 all: build/colibri
 
-# The recipes echo c/*.c for the sixty-odd sources, so that a CI log shows more than the builds.
-build/colibri: $(ENGINE_SRC) $(HEADERS) | build
-	@echo '$(CC) $(CFLAGS) -o $@ c/*.c $(LDLIBS)'
-	@$(CC) $(CFLAGS) -o $@ $(ENGINE_SRC) $(LDLIBS)
+# version.py: the version string is compiled in (COLI_VERSION).
+build/obj/rel/%.o: c/%.c version.py
+	@mkdir -p $(@D)
+	@echo 'cc $<'
+	@$(CC) $(CFLAGS) $(DEPFLAGS) -Ic -c -o $@ $<
+
+build/obj/asan/%.o: c/%.c version.py
+	@mkdir -p $(@D)
+	@echo 'cc (asan) $<'
+	@$(CC) $(CFLAGS) $(SANITIZE) $(DEPFLAGS) -Ic -c -o $@ $<
+
+build/colibri: $(REL_OBJ) | build
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # The engine itself under ASan+UBSan: the protocol tests drive it too (COLI_ENGINE, see tests/).
-build/colibri_asan: $(ENGINE_SRC) $(HEADERS) | build
-	@echo '$(CC) $(CFLAGS) $(SANITIZE) -o $@ c/*.c $(LDLIBS)'
-	@$(CC) $(CFLAGS) $(SANITIZE) -o $@ $(ENGINE_SRC) $(LDLIBS)
+build/colibri_asan: $(ASAN_OBJ) | build
+	$(CC) $(CFLAGS) $(SANITIZE) -o $@ $^ $(LDLIBS)
 
-build/c_tests: $(LIB_SRC) $(CTEST_SRC) $(HEADERS) | build
-	@echo '$(CC) $(CFLAGS) -Ic -o $@ c/*.c (less main.c) c/tests/*.c $(LDLIBS)'
-	@$(CC) $(CFLAGS) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
+build/c_tests: $(REL_LIB_OBJ) $(CTEST_REL_OBJ) | build
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-build/c_tests_asan: $(LIB_SRC) $(CTEST_SRC) $(HEADERS) | build
-	@echo '$(CC) $(CFLAGS) $(SANITIZE) -Ic -o $@ c/*.c (less main.c) c/tests/*.c $(LDLIBS)'
-	@$(CC) $(CFLAGS) $(SANITIZE) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
+build/c_tests_asan: $(ASAN_LIB_OBJ) $(CTEST_ASAN_OBJ) | build
+	$(CC) $(CFLAGS) $(SANITIZE) -o $@ $^ $(LDLIBS)
+
+-include $(REL_OBJ:.o=.d) $(ASAN_OBJ:.o=.d) $(CTEST_REL_OBJ:.o=.d) $(CTEST_ASAN_OBJ:.o=.d)
 
 build:
 	mkdir -p build
@@ -58,7 +78,7 @@ ctest: build/c_tests build/c_tests_asan
 AARCH64_CC ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
 AARCH64_SYSROOT ?= /usr/aarch64-linux-gnu
-build/c_tests_aarch64: $(LIB_SRC) $(CTEST_SRC) $(HEADERS) | build
+build/c_tests_aarch64: $(LIB_SRC) $(CTEST_SRC) $(wildcard c/*/*.h) | build
 	@command -v $(AARCH64_CC) >/dev/null || { echo "$(AARCH64_CC) not found: install gcc-aarch64-linux-gnu (or set AARCH64_CC)"; exit 1; }
 	$(AARCH64_CC) $(CFLAGS) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
 
@@ -84,13 +104,13 @@ FUZZ_FLAGS = -O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wno-unknown-pragmas -fno-sanit
 # Not parsers: kernels and the OpenMP ops (clang 14 rejects quant.c's CPU check, and has no
 # libomp here), built by $(CC) without instrumentation. Everything else is instrumented, so a new
 # engine file is fuzzed with its parsers' callers without editing this list.
-FUZZ_PLAIN_SRC := c/quant.c c/mla_absorb.c c/dsa_score.c c/kernels_avx2.c c/kernels_avx512.c c/kernels_vnni.c c/kernels_vnni_small.c c/kernels_amx.c c/kernels_neon.c c/kernels_mxfp4.c c/kv_kernels.c c/kv_attend_x86.c c/kv_attend_neon.c c/ops.c c/moe_exec.c
-FUZZ_LIB_SRC := $(filter-out c/main.c c/membw.c c/engine.c $(FUZZ_PLAIN_SRC),$(ENGINE_SRC))
+FUZZ_PLAIN_SRC := $(filter-out c/kernels/membw.c c/kernels/gguf_quants.c,$(wildcard c/kernels/*.c)) c/experts/moe_exec.c
+FUZZ_LIB_SRC := $(filter-out c/engine/main.c c/kernels/membw.c c/engine/engine.c $(FUZZ_PLAIN_SRC),$(ENGINE_SRC))
 FUZZ_C_TARGETS := json safetensors container manifest tokenizer_load tokenizer_encode protocol kv grammar
 FUZZ_PY_TARGETS := gguf chat_template
 FUZZ_VENV := build/fuzz-venv
 
-build/fuzz/libcoli.a: $(FUZZ_LIB_SRC) $(FUZZ_PLAIN_SRC) $(HEADERS)
+build/fuzz/libcoli.a: $(FUZZ_LIB_SRC) $(FUZZ_PLAIN_SRC) $(wildcard c/*/*.h)
 	mkdir -p build/fuzz/obj
 	cd build/fuzz/obj && $(FUZZ_CC) $(subst -Ic,-I$(CURDIR)/c,$(FUZZ_FLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
 		-c $(addprefix $(CURDIR)/,$(FUZZ_LIB_SRC))

@@ -435,7 +435,7 @@ def manifest_layers(man):
 
 
 def layer_state(spec, kv=KV_DEFAULT):
-    """One layer's state descriptor as the engine allocates it (c/model.h StateDesc): (bytes per
+    """One layer's state descriptor as the engine allocates it (c/model/model.h StateDesc): (bytes per
     position, fixed bytes per slot, truncatable, window: positions kept, 0 = all). Only blocks
     that keep state (the attention kinds) declare one."""
     st = (spec.get("attn") or {}).get("state") or {}
@@ -446,7 +446,7 @@ def layer_state(spec, kv=KV_DEFAULT):
 
 
 def kv_slot_bytes(layers, ctx, kv=KV_DEFAULT):
-    """Bytes one KV slot of ctx positions allocates (c/kv.c kv_bytes, which READY reports as
+    """Bytes one KV slot of ctx positions allocates (c/model/kv.c kv_bytes, which READY reports as
     kv_slot_bytes): the token id of every position (kept for prefix reuse), and each layer's
     state: a windowed layer holds min(ctx, window) positions, a recurrent one its fixed state."""
     total = 4 * ctx
@@ -458,7 +458,7 @@ def kv_slot_bytes(layers, ctx, kv=KV_DEFAULT):
 
 def kv_bytes_per_token(arch, family=None, kv=KV_DEFAULT, layers=None):
     """Bytes one token takes in one KV slot: the sum over the layers' state descriptors
-    (c/kv.c allocates the same). `layers` defaults to the specs the arch implies."""
+    (c/model/kv.c allocates the same). `layers` defaults to the specs the arch implies."""
     layout = FAMILIES.get(family, {}).get("kv", "gqa")
     if layout not in ("gqa", "mla"):
         raise ValueError(f"unknown KV layout {layout}")

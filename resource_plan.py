@@ -27,7 +27,7 @@ GB = 1e9
 
 
 # ---------------------------------------------------------------- the engine's budget split
-# These mirror c/engine_stream.c (engine_runtime_bytes) and c/ram_budget.c (ram_budget_split)
+# These mirror c/engine/engine_stream.c (engine_runtime_bytes) and c/experts/ram_budget.c (ram_budget_split)
 # so that `coli plan` prints the split the engine will use; tests/test_budget_agreement.py
 # holds them equal to the engine's READY fields.
 
@@ -42,11 +42,11 @@ def _spec_max(layers, block, key):
     return best
 
 
-KV_ATT_KT, KV_ATT_PT = 24, 32  # c/kv_kernels.h: the attention kernels' position and prefetch tiles
+KV_ATT_KT, KV_ATT_PT = 24, 32  # c/kernels/kv_kernels.h: the attention kernels' position and prefetch tiles
 
 
 def attend_scratch_floats(heads, hd, ctx):
-    """c/engine_stream.c attend_scratch_floats: one thread's attention scratch at most (blocks of
+    """c/engine/engine_stream.c attend_scratch_floats: one thread's attention scratch at most (blocks of
     up to 64 query rows, a group's heads at least, fewer past 4M floats of scores)."""
     R = max(heads, 64)
     full = (R + 15) * (ctx + R + KV_ATT_KT)
@@ -55,7 +55,7 @@ def attend_scratch_floats(heads, hd, ctx):
 
 
 def _indexer_max(layers, key):
-    """c/engine_stream.c indexer_max: the largest value of key in the layers' DSA indexer objects."""
+    """c/engine/engine_stream.c indexer_max: the largest value of key in the layers' DSA indexer objects."""
     best = 0
     for layer in layers or []:
         ix = (layer.get("attn") or {}).get("indexer") if isinstance(layer, dict) else None
@@ -66,7 +66,7 @@ def _indexer_max(layers, key):
 
 
 def mla_chunk_bytes(layers, batch, ctx):
-    """c/engine_stream.c mla_chunk_bytes: latent attention's chunk buffers, the expanded keys and
+    """c/engine/engine_stream.c mla_chunk_bytes: latent attention's chunk buffers, the expanded keys and
     values of a prompt's first chunks or the absorbed queries and outputs, the indexer's selection."""
     nh, kl = _spec_max(layers, "attn", "heads"), _spec_max(layers, "attn", "kv_lora_rank")
     if not kl:
@@ -101,34 +101,34 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     topk = _indexer_max(layers, "topk")  # a DSA selection's gathered rows, the copy its top-k selects on
     gathered = 4 * mla_hd * min(topk, ctx) + 4 * ctx if topk else 0
     # scratch slot 4: MLA's absorption (a head's W_uk rows, dequantized) or the DSA indexer's transposed query
-    # (c/dsa_score.c dsa_score_scratch)
+    # (c/kernels/dsa_score.c dsa_score_scratch)
     kl_pad = (_spec_max(layers, "attn", "kv_lora_rank") + 31) // 32 * 32
     idx_q = 4 * _indexer_max(layers, "head_dim") * ((_indexer_max(layers, "heads") + 15) // 16 * 16)
     absorb = max(4 * _spec_max(layers, "attn", "qk_nope_head_dim") * kl_pad, idx_q)
     r += threads * (4 * attend_scratch_floats(heads, hd, ctx) + 4 * 8 * max(qd, W) + gathered + absorb)
     r += mla_chunk_bytes(layers, max(batch, 1), ctx)
     streams = max(streams, 1)
-    r += streams * 7 * V * 4  # each stream's logits and sampler buffers (c/sampler.h)
+    r += streams * 7 * V * 4  # each stream's logits and sampler buffers (c/engine/sampler.h)
     if streams > 1:
         r += streams * 4 * V  # one batched decode step's logits
     r += 4 * V * min(logits_rows, max(batch, 1))  # one chunk of teacher-forced logits
     return r + tokenizer_bytes * 8  # the tokenizer parse peak
 
 
-MASK_CACHE_MAX = 64 << 20  # c/ram_budget.h GRAMMAR_MASK_CACHE_MAX
+MASK_CACHE_MAX = 64 << 20  # c/experts/ram_budget.h GRAMMAR_MASK_CACHE_MAX
 MASK_CACHE_SHARE = 16      # the mask cache takes 1/16 of what the budget has beyond its minimum
-KV_MAX_CHECKPOINTS = 4     # c/model.h: turn-boundary checkpoints a slot keeps
+KV_MAX_CHECKPOINTS = 4     # c/model/model.h: turn-boundary checkpoints a slot keeps
 
 
 def grammar_reserve(vocab, runs):
-    """c/grammar_mask.c grammar_reserve_bytes: the grammar's vocabulary trie (150 bytes a token,
+    """c/grammar/grammar_mask.c grammar_reserve_bytes: the grammar's vocabulary trie (150 bytes a token,
     at 8 bytes of text a token) and, per run in flight, two masks and 1 MiB of DFA transitions."""
     mask = (vocab + 31) // 32 * 4
     return vocab * 150 + 65536 * 4 + max(runs, 1) * (2 * mask + (1 << 20))
 
 
 def checkpoint_bytes(scan, ctx, kv=None):
-    """c/kv.c kv_checkpoint_bytes: one turn-boundary checkpoint of a slot (every layer's fixed
+    """c/model/kv.c kv_checkpoint_bytes: one turn-boundary checkpoint of a slot (every layer's fixed
     recurrent state and every ring of a windowed layer), or 0 when the slot needs none."""
     import family_registry
     kv = kv or family_registry.KV_DEFAULT
@@ -144,7 +144,7 @@ def checkpoint_bytes(scan, ctx, kv=None):
 
 
 def kv_writer_reserve(slot_bytes, checkpoint):
-    """c/kv_writer.c kv_writer_reserve, with --kv-dir: the records queued for the writer or being
+    """c/kv/kv_writer.c kv_writer_reserve, with --kv-dir: the records queued for the writer or being
     written (at most 2 whole ones: a slot of ctx positions, 4 checkpoints) plus one image of a slot."""
     record = 24 + slot_bytes + KV_MAX_CHECKPOINTS * (4 + checkpoint)
     return 2 * record + slot_bytes + KV_MAX_CHECKPOINTS * checkpoint
@@ -248,7 +248,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     split_at = lambda r: budget_split(scan, budget, kv, r, cap, ckpt, grammar, writer)  # noqa: E731
     split = split_at(runtime)
     if budget and not split["fits"] and not batch_given:
-        # the engine takes a smaller prefill batch before it refuses (c/engine_stream.c)
+        # the engine takes a smaller prefill batch before it refuses (c/engine/engine_stream.c)
         at1 = split_at(runtime_at(1))
         if not at1["fits"]:
             split = at1  # the engine refuses with the numbers at batch 1

@@ -1,9 +1,9 @@
 """The engine's fixed numbers as the launcher uses them: how many KV slots it has and how a
 quantized row is laid out. Defined here once for Python; `colibri limits` prints the engine's
-own values (c/engine.h, c/quant.h, c/forward.c) and tests/test_limits.py checks that the two agree."""
+own values (c/engine/engine.h, c/kernels/quant.h, c/model/forward.c) and tests/test_limits.py checks that the two agree."""
 
-MAX_KV_SLOTS = 16  # c/engine.h MAX_KV_SLOTS
-DEFAULT_BATCH = 128  # positions per prefill forward pass without --batch, c/model.h FORWARD_DEFAULT_BATCH
+MAX_KV_SLOTS = 16  # c/engine/engine.h MAX_KV_SLOTS
+DEFAULT_BATCH = 128  # positions per prefill forward pass without --batch, c/model/model.h FORWARD_DEFAULT_BATCH
 DEFAULT_BATCH_AMX = 512  # the same where the engine runs its amx kernel set, FORWARD_DEFAULT_BATCH_AMX
 
 
@@ -11,11 +11,11 @@ def default_batch(kernels):
     """The engine's prefill batch without --batch when it runs the kernel set `kernels`
     (machine probe's engine_kernels): AMX tiles want more positions per expert."""
     return DEFAULT_BATCH_AMX if kernels == "amx" else DEFAULT_BATCH
-RUNTIME_BASE = 16 << 20  # engine working memory before any scratch, c/engine_stream.h RUNTIME_BASE_BYTES
-QBLOCK = 32  # values per quantized block, c/quant.h QBLOCK
+RUNTIME_BASE = 16 << 20  # engine working memory before any scratch, c/engine/engine_stream.h RUNTIME_BASE_BYTES
+QBLOCK = 32  # values per quantized block, c/kernels/quant.h QBLOCK
 BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17, "q6": 26}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble
-# bytes; e8m0 scale + 16 bytes of e2m1 nibbles (gpt-oss releases' format, c/kernels_mxfp4.c); f16 scale + 16 nibble
-# bytes + 8 bytes of high bit pairs (c/quant.h)
+# bytes; e8m0 scale + 16 bytes of e2m1 nibbles (gpt-oss releases' format, c/kernels/mxfp4.c); f16 scale + 16 nibble
+# bytes + 8 bytes of high bit pairs (c/kernels/quant.h)
 
 EXPERT_STORAGE = ("q4", "q6", "q8", "bf16", "f32", "mxfp4")  # what a container may hold routed experts as
 DENSE_STORAGE = ("q8", "q6", "q4", "bf16", "f32")  # and the dense trunk

@@ -1,7 +1,7 @@
 /* model_load with the fixture's real colibri.json and an arbitrary shard: the safetensors
  * header, the "colibri.tensors" storage table and every shape check see the input. */
 #include "harness.h"
-#include "model.h"
+#include "model/model.h"
 
 #define SHARD "model-00001-of-00001.safetensors"
 

@@ -1,7 +1,7 @@
 /* grammar_parse on arbitrary bytes (the `grammar=` text of a SUBMIT); a grammar that parses is
  * then driven: the bytes after the first NUL are fed through the matcher, and token masks over
  * a small byte-level vocabulary are taken along the way, checked against token-by-token checks. */
-#include "grammar.h"
+#include "grammar/grammar.h"
 #include "harness.h"
 
 static const char *pieces[] = {"\"", "{\"", "\":", "true", "null", ", ", "ab", "\xc3\xa9", "\xce", "\xce\xb1"};

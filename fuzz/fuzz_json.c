@@ -1,7 +1,7 @@
 /* json_parse on arbitrary bytes, then a walk over every value, so each length and pointer the
  * parser hands out is touched under ASan. */
 #include "harness.h"
-#include "json.h"
+#include "io/json.h"
 
 static size_t walk(const JsonValue *v, int depth) {
     size_t h = (size_t)v->type;

@@ -1,9 +1,9 @@
 /* kv_restore on an arbitrary KV state file, into a cache sized for the fixture model as the
- * engine sizes it (kv_init in c/kv.c, from the layers' state descriptors), with the fixture's fingerprint so the fuzzer can
+ * engine sizes it (kv_init in c/model/kv.c, from the layers' state descriptors), with the fixture's fingerprint so the fuzzer can
  * get past the header into the token and tensor reads. */
 #include "harness.h"
-#include "kv_persist.h"
-#include "model.h"
+#include "kv/kv_persist.h"
+#include "model/model.h"
 
 #define CTX 64
 static Model model;

@@ -1,7 +1,7 @@
 /* model_load with an arbitrary colibri.json beside the fixture's real shard: the container
- * manifest (c/container.c) and the architecture reader (c/model_load.c) both see the input. */
+ * manifest (c/io/container.c) and the architecture reader (c/model/model_load.c) both see the input. */
 #include "harness.h"
-#include "model.h"
+#include "model/model.h"
 
 #define SHARD "model-00001-of-00001.safetensors"
 

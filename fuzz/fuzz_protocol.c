@@ -3,7 +3,7 @@
 #include <fcntl.h>
 
 #include "harness.h"
-#include "protocol.h"
+#include "engine/protocol.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Frame f;

@@ -1,7 +1,7 @@
 /* st_open on an arbitrary file: a refusal with a message or a table whose every tensor lies
  * inside the mapping. */
 #include "harness.h"
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_write(fuzz_tmpdir(), "x.safetensors", data, size);

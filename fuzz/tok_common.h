@@ -3,7 +3,7 @@
 #ifndef COLI_FUZZ_TOK_COMMON_H
 #define COLI_FUZZ_TOK_COMMON_H
 #include "harness.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 /* Encodes text and decodes it back; returns the decoded bytes (malloc'd, *out_len) or NULL when
  * the encoder refused the text. */

@@ -6,7 +6,7 @@ from pathlib import Path
 import family_registry  # noqa: E402
 
 MAGIC = b"COLIKV02"
-QTYPE = {"f32": 0, "bf16": 1, "f16": 2}  # c/quant.h QType
+QTYPE = {"f32": 0, "bf16": 1, "f16": 2}  # c/kernels/quant.h QType
 FNV_OFFSET, FNV_PRIME = 1469598103934665603, 1099511628211
 
 

@@ -106,7 +106,7 @@ def test_engine_state_is_what_the_planner_counts(moe_container):
 
 def test_planner_counts_windows_and_fixed_state():
     """State descriptors as the planner reads them: a windowed layer holds only its window, a
-    recurrent layer a fixed state whatever the context (c/kv.c kv_bytes allocates the same)."""
+    recurrent layer a fixed state whatever the context (c/model/kv.c kv_bytes allocates the same)."""
     full = {"attn": {"state": {"kv_values_per_pos": 64, "fixed_bytes": 0, "truncatable": True}}}
     window = {"attn": {"state": {"kv_values_per_pos": 64, "fixed_bytes": 0, "truncatable": True, "window": 128}}}
     recurrent = {"attn": {"state": {"kv_values_per_pos": 0, "fixed_bytes": 4096, "truncatable": False}}}

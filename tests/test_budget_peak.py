@@ -102,7 +102,7 @@ def test_kv_persistence_stays_within_the_budget(tmp_path):
     info, ends = workload(model, 0.16, grammar=False, kv_dir=tmp_path / "kv", then=lambda eng, h: hist.append(h))
     assert peak_bytes(ends) <= int(info["ram_budget"])
     slot, ck = int(info["kv_slot_bytes"]), int(info["checkpoint_bytes"]) // (4 * 4)
-    record_max = 24 + slot + 4 * (4 + ck)  # c/kv_log.c kv_record_max: a whole slot with its checkpoints
+    record_max = 24 + slot + 4 * (4 + ck)  # c/kv/kv_log.c kv_record_max: a whole slot with its checkpoints
     assert int(info["kv_writer_bytes"]) == 2 * record_max + slot + 4 * ck  # the records' bound + one image
     assert max(int(e["kv_queue_peak_bytes"]) for e in ends) <= 2 * record_max
     def restored():

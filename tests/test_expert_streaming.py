@@ -114,7 +114,7 @@ class Raw:
 
 
 # MLA attention expands a prefill chunk's keys only while the chunk is most of the context
-# (c/block_attn_mla.c); the expanded and the absorbed form quantize different activations for
+# (c/model/block_attn_mla.c); the expanded and the absorbed form quantize different activations for
 # the 8-bit matmuls (the latent vs the query), so results depend on how a prompt is chunked
 # (--batch) at ~1e-4 of the largest logit, never on where experts live. For these families
 # --batch is checked to a tolerance, and the same chunking streamed must be byte-identical.

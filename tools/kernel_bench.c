@@ -1,7 +1,7 @@
 /* One quantized matmul timed under each kernel set named, on random weights: the fastest of
  * repeated calls over about a second each. A dev tool, not part of the engine:
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -fopenmp -Ic -o build/kernel_bench tools/kernel_bench.c \
- *       $(ls c/[a-z]*.c | grep -v c/main.c) -lm
+ *       $(ls c/*/*.c | grep -v c/engine/main.c) -lm
  *   OMP_NUM_THREADS=1 build/kernel_bench ROWS COLS T q8|q6|q4 SET [SET...]   e.g. 2048 2048 512 q4 avx512 amx */
 #include <omp.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
  * of TQ positions (attend_block). The fastest of repeated runs over about a second. A dev
  * tool, not part of the engine:
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -fopenmp -Ic -o build/kv_attend_bench tools/kv_attend_bench.c \
- *       $(ls c/[a-z]*.c | grep -v c/main.c) -lm
+ *       $(ls c/*/*.c | grep -v c/engine/main.c) -lm
  *   OMP_NUM_THREADS=1 build/kv_attend_bench DEPTH T G HD KVHEADS TQ SET [SET...]
  *   e.g. 4096 512 8 128 4 8 portable avx2 avx512
  * KVB_COLD=1 reads the cache from memory (T = 1: one decode step of one layer's KV head). */

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "kv_attend_split.h"
+#include "model/kv_attend_split.h"
 
 static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
 

@@ -9,15 +9,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "blocks.h"
+#include "model/blocks.h"
 #include "check.h"
-#include "dsa_indexer.h"
-#include "dsa_score.h"
-#include "engine_stream.h"
-#include "kv_kernels.h"
-#include "kv_persist.h"
-#include "mla_absorb.h"
-#include "ops.h"
+#include "model/dsa_indexer.h"
+#include "kernels/dsa_score.h"
+#include "engine/engine_stream.h"
+#include "kernels/kv_kernels.h"
+#include "kv/kv_persist.h"
+#include "kernels/mla_absorb.h"
+#include "kernels/ops.h"
 
 enum { V = 16, H = 8, HD = 4, SEQ = 6 };
 

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "io_pool.h"
-#include "ram_budget.h"
-#include "usage.h"
+#include "experts/io_pool.h"
+#include "experts/ram_budget.h"
+#include "experts/usage.h"
 
 static void test_budget(void) {
     char err[512];

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "grammar.h"
+#include "grammar/grammar.h"
 
 static Grammar *parse(const char *s, char *err) { return grammar_parse(s, strlen(s), err, 256); }
 

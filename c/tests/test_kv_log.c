@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "kv_log.h"
-#include "kv_persist.h"
-#include "kv_writer.h"
-#include "model.h"
+#include "kv/kv_log.h"
+#include "kv/kv_persist.h"
+#include "kv/kv_writer.h"
+#include "model/model.h"
 
 #define FP 0x5eedull
 #define CTX 24

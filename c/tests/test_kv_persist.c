@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "kv_dir.h"
-#include "kv_persist.h"
-#include "model.h"
+#include "kv/kv_dir.h"
+#include "kv/kv_persist.h"
+#include "model/model.h"
 
 #define FP 0x1234567890abcdefull
 #define CTX 8

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "logprob.h"
+#include "engine/logprob.h"
 
 /* Parses every logprob field of a line; returns how many parsed, -1 on a malformed field. */
 static int parse_fields(const char *line) {

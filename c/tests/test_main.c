@@ -1,7 +1,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "quant.h"
+#include "kernels/quant.h"
 
 int checks_passed, checks_failed;
 

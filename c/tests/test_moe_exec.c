@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "fwd_alloc.h"
-#include "moe_exec.h"
-#include "ops.h"
+#include "util/fwd_alloc.h"
+#include "experts/moe_exec.h"
+#include "kernels/ops.h"
 
 enum { E = 6, K = 2, H = 40, WIDTH = 24, T = 5 };
 

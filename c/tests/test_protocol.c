@@ -4,8 +4,8 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "json.h"
-#include "protocol.h"
+#include "io/json.h"
+#include "engine/protocol.h"
 
 static int parse(const char *s, Frame *f, char *err) { return frame_parse(s, strlen(s), f, err, 256); }
 

@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "ops.h"
-#include "quant.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
 
 static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
 

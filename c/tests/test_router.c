@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "blocks.h"
+#include "model/blocks.h"
 #include "check.h"
 
 enum { E = 8, HID = 8 };

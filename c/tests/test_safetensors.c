@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "container.h"
-#include "safetensors.h"
+#include "io/container.h"
+#include "io/safetensors.h"
 
 static char tmpdir[256];
 

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "sampler.h"
+#include "engine/sampler.h"
 
 void test_sampler(void) {
     float logits[6] = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f, 0.0f};

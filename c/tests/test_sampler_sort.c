@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "sampler.h"
+#include "engine/sampler.h"
 
 /* ---- the reference: softmax, sort every token, then top-k -> top-p -> min-p ---- */
 typedef struct {

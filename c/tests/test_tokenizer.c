@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "tok_internal.h"
-#include "tok_regex.h"
-#include "tokenizer.h"
+#include "tokenizer/tok_internal.h"
+#include "tokenizer/tok_regex.h"
+#include "tokenizer/tokenizer.h"
 
 /* A byte-level vocab: ids 0..255 are the single bytes, then the given multi-char tokens
  * (written in byte-level form, e.g. "Ġ" for a space). */

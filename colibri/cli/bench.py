@@ -16,7 +16,7 @@ from pathlib import Path
 
 from colibri.cli.common import UserError, model_arg, require_model
 
-ENGINE_DEFAULT_CTX = 4096  # the engine's --ctx when none is given (c/engine.c)
+ENGINE_DEFAULT_CTX = 4096  # the engine's --ctx when none is given (c/engine/engine.c)
 HELP = "prefill/decode speed and achieved bandwidth, side by side with llama.cpp when given"
 DESCRIPTION = __doc__
 

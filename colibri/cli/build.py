@@ -27,7 +27,7 @@ def _expected_version():
 
 
 def cpu_kernels():
-    """The kernels c/quant.c kernels_init will choose on this CPU, from /proc/cpuinfo flags."""
+    """The kernels c/kernels/quant.c kernels_init will choose on this CPU, from /proc/cpuinfo flags."""
     flags = set()
     try:
         with open("/proc/cpuinfo") as f:

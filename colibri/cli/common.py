@@ -59,7 +59,7 @@ def require_model(args, fetch=True):
     return d
 
 
-# the geometry every command reads before the engine does (c/model_load.c checks the rest)
+# the geometry every command reads before the engine does (c/model/model_load.c checks the rest)
 ARCH_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
              "max_position_embeddings")
 

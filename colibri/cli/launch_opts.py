@@ -13,8 +13,8 @@ from colibri.cli.common import UserError
 from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, default_batch
 
 GB = 1e9
-KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kv_kernels.c
-KERNEL_SETS = ("portable", "avx2", "avx512", "vnni", "amx", "neon")  # c/quant.c kernels_isa_name
+KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kernels/kv_kernels.c
+KERNEL_SETS = ("portable", "avx2", "avx512", "vnni", "amx", "neon")  # c/kernels/quant.c kernels_isa_name
 
 
 # The engine flags, declared once. Each command that starts (or plans) an engine names the ones

@@ -3,7 +3,7 @@
 The GGUF metadata becomes an HF-style config.json (so family_registry.normalize_arch applies as
 for any checkpoint), the GGUF tensors are mapped to HF names and handed to convert_hf's planner
 and shard writer, and the engine's convert-jobs moves the bytes with GGUF block types as
-sources (c/gguf_quants.c). The tokenizer is rebuilt from tokenizer.ggml.* as a tokenizer.json
+sources (c/kernels/gguf_quants.c). The tokenizer is rebuilt from tokenizer.ggml.* as a tokenizer.json
 that HF `tokenizers` and the engine both read; the chat template goes to tokenizer_config.json.
 
 Storage choice per tensor: a GGUF block that colibri can hold without float re-quantization

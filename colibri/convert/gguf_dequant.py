@@ -1,4 +1,4 @@
-"""GGUF tensors as float32 rows, dequantized by the engine's convert-jobs (c/gguf_quants.c reads
+"""GGUF tensors as float32 rows, dequantized by the engine's convert-jobs (c/kernels/gguf_quants.c reads
 every block type the GGUF importer accepts), for the tensors whose values the importer must
 change before the normal row copy: stdlib only, and as fast as the engine's row decoders."""
 import os

@@ -111,7 +111,7 @@ def mla_attn_spec(arch, p):
     elif arch.get("index_topk"):
         ix = f"{sa}.indexer"
         # its keys follow the latent in the layer's state, as f32 whatever --kv: the top-k is a hard
-        # threshold that f16 rounding of the keys would move (c/block_attn_mla.c)
+        # threshold that f16 rounding of the keys would move (c/model/block_attn_mla.c)
         spec["state"]["f32_values_per_pos"] = arch["index_head_dim"]
         spec["indexer"] = {"heads": arch["index_n_heads"], "head_dim": arch["index_head_dim"],
                            "topk": arch["index_topk"], "norm_eps": 1e-6,  # nn.LayerNorm(eps=1e-6)

@@ -193,7 +193,7 @@ def _compress(arch, a, kind):
 
 
 def _comp_floats(rate, width, overlap):
-    """f32 values of a compressor's open window (c/dsv4_compress.c dsv4c_state_floats)."""
+    """f32 values of a compressor's open window (c/model/dsv4_compress.c dsv4c_state_floats)."""
     C = (2 if overlap else 1) * width
     return rate * 2 * C + (rate * 2 * width if overlap else 0)
 

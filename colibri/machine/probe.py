@@ -56,7 +56,7 @@ def cpu_info():
     quota = cgroup_cpu_quota()
     simd = ("avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma", "f16c"} <= flags
             else "neon" if ("asimd" in flags or "neon" in flags) else "portable")
-    # what c/quant.c kernels_init picks
+    # what c/kernels/quant.c kernels_init picks
     kernels = ("avx512" if simd == "avx512" and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags
                else "avx2" if {"avx2", "fma", "f16c"} <= flags else "portable")
     if kernels == "avx512" and "avx512_vnni" in flags:

@@ -1,7 +1,7 @@
 """What a container holds, from its manifest and safetensors headers only (no weights read).
 
 Shared by `coli plan`, `coli doctor` and `coli info`. The rules mirror docs/container.md and
-the engine's loader (c/container.c, c/safetensors.c) so a problem is named before the engine
+the engine's loader (c/io/container.c, c/io/safetensors.c) so a problem is named before the engine
 trips over it. Stdlib only.
 """
 import json
@@ -144,7 +144,7 @@ def expert_slot_bytes(segs):
     """What one expert cache slot holds for an expert stored as segs [(shard, offset, bytes)]:
     one read of the whole range when its tensors sit together in one shard (what coli convert
     writes), else one read per tensor; each read lands as its enclosing O_DIRECT-aligned range
-    (c/expert_store.c, expert_geom and seg_room)."""
+    (c/experts/expert_store.c, expert_geom and seg_room)."""
     room = lambda n: (n + PAGE - 1) // PAGE * PAGE + PAGE  # noqa: E731
     lo, hi = min(o for _, o, _ in segs), max(o + n for _, o, n in segs)
     total = sum(n for _, _, n in segs)

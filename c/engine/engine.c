@@ -1,0 +1,390 @@
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "io/container.h"
+#include "engine/engine_grammar.h"
+#include "engine/engine_stream.h"
+#include "kernels/kv_kernels.h"
+#include "kv/kv_dir.h"
+#include "kv/kv_persist.h"
+#include "kv/kv_writer.h"
+#include "engine/logprob.h"
+#include "engine/protocol.h"
+#include "engine/sampler.h"
+#include "engine/serve_loop.h"
+#include "tokenizer/tokenizer.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Physical cores among the CPUs this process may run on: SMT siblings share one core's
+ * SIMD units, so more threads than cores only adds contention. 0 when unknown. */
+static int physical_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set)) return 0;
+    long seen[1024];
+    int n = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE && n < 1024; cpu++) {
+        if (!CPU_ISSET(cpu, &set)) continue;
+        char path[128];
+        long core = -1, pkg = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/core_id", cpu);
+        FILE *f = fopen(path, "r");
+        if (!f) return 0;
+        if (fscanf(f, "%ld", &core) != 1) core = -1;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu);
+        if ((f = fopen(path, "r"))) { if (fscanf(f, "%ld", &pkg) != 1) pkg = 0; fclose(f); }
+        if (core < 0) return 0;
+        long key = pkg * 100000 + core;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= seen[i] == key;
+        if (!dup) seen[n++] = key;
+    }
+    return n;
+}
+
+static int opt_int(const char *flag, const char *v, int lo, int hi, int *out, char *err, size_t errlen) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || end == v || *end || x < lo || x > hi) {
+        snprintf(err, errlen, "%s needs an integer between %d and %d", flag, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *err, size_t errlen) {
+    for (; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--model")) { if (!v) { snprintf(err, errlen, "--model needs a directory"); return -1; } o->model_dir = v; i++; }
+        else if (!strcmp(a, "--ctx")) { rc = opt_int(a, v, 1, 1 << 24, &o->ctx, err, errlen); i++; }
+        else if (!strcmp(a, "--kv-slots")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->kv_slots, err, errlen); i++; }
+        else if (!strcmp(a, "--parallel")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->parallel, err, errlen); i++; }
+        else if (!strcmp(a, "--threads")) { rc = opt_int(a, v, 1, 1024, &o->threads, err, errlen); i++; }
+        else if (!strcmp(a, "--batch")) { rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen); i++; }
+        else if (!strcmp(a, "--portable")) o->portable = 1;
+        else if (!strcmp(a, "--kernels")) {
+            KernIsa isa;
+            if (!v || kernels_isa_from_name(v, &isa)) { snprintf(err, errlen, "--kernels needs portable, avx2, avx512, amx or neon"); return -1; }
+            o->kernels = (int)isa + 1;
+            i++;
+        }
+        else if (!strcmp(a, "--kv")) {
+            if (!v || kv_type_from_name(v, &o->kv_type)) { snprintf(err, errlen, "--kv needs f16, bf16 or f32"); return -1; }
+            o->kv_set = 1;
+            i++;
+        }
+        else if (!strcmp(a, "--ram")) {
+            char *end;
+            double g = v ? strtod(v, &end) : 0;
+            if (!v || end == v || *end || !(g > 0 && g < 1e6)) { snprintf(err, errlen, "--ram needs a positive number of GB (e.g. 0.5)"); return -1; }
+            o->ram_gb = g;
+            i++;
+        }
+        else if (!strcmp(a, "--cap")) { rc = opt_int(a, v, 1, 1 << 20, &o->cap, err, errlen); i++; }
+        else if (!strcmp(a, "--io-threads")) { rc = opt_int(a, v, 1, 64, &o->io_threads, err, errlen); i++; }
+        else if (!strcmp(a, "--no-direct")) o->no_direct = 1;
+        else if (!strcmp(a, "--readahead") || !strcmp(a, "--pin")) {
+            const char *on = a[2] == 'r' ? "on" : "auto";
+            if (!v || (strcmp(v, on) && strcmp(v, "off"))) { snprintf(err, errlen, "%s needs %s or off", a, on); return -1; }
+            if (a[2] == 'r') o->readahead = !strcmp(v, "on") ? 1 : 2;
+            else o->pin_off = !strcmp(v, "off");
+            i++;
+        }
+        else if (!strcmp(a, "--kv-dir")) { if (!v) { snprintf(err, errlen, "--kv-dir needs a directory"); return -1; } o->kv_dir = v; i++; }
+        else return i;
+        if (rc) return -1;
+    }
+    return i;
+}
+
+static void restore_slots(Engine *e, const char *dir);
+
+int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
+    memset(e, 0, sizeof(*e));
+    e->kv_lock_fd = -1;
+    if (!o->model_dir) { snprintf(err, errlen, "no model directory given (--model DIR)"); return -1; }
+    /* Before the (long) model load: a second engine on the directory is refused at once. */
+    if (o->kv_dir) {
+        int fd = kv_dir_lock(o->kv_dir, err, errlen);
+        if (fd < 0) return fd == KV_DIR_BUSY ? ENGINE_BUSY : -1;
+        e->kv_lock_fd = fd;
+    }
+    kernels_init(o->portable);
+    if (o->kernels && kernels_use((KernIsa)(o->kernels - 1))) {
+        snprintf(err, errlen, "--kernels %s: this CPU (or build) cannot run them; `colibri version` lists the ones it can",
+                 kernels_isa_name((KernIsa)(o->kernels - 1)));
+        engine_close(e);
+        return -1;
+    }
+    if (o->threads) omp_set_num_threads(o->threads);
+    else if (!getenv("OMP_NUM_THREADS") && physical_cores() > 0) omp_set_num_threads(physical_cores());
+    forward_max_batch = o->batch ? o->batch : forward_default_batch(kern.isa);
+    if (model_load(&e->model, o->model_dir, err, errlen)) { engine_close(e); return -1; }
+    if (o->kv_set && model_set_kv_type(&e->model, o->kv_type, err, errlen)) { engine_close(e); return -1; }
+    const Arch *a = &e->model.a;
+    e->ctx = o->ctx ? o->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
+    if (e->ctx > a->max_pos) {
+        snprintf(err, errlen, "--ctx %d exceeds the model's max_position_embeddings %d", e->ctx, a->max_pos);
+        engine_close(e);
+        return -1;
+    }
+    e->n_slots = o->kv_slots ? o->kv_slots : 1;
+    e->parallel = o->parallel ? o->parallel : e->n_slots;
+    if (e->parallel > e->n_slots) {
+        snprintf(err, errlen, "--parallel %d exceeds --kv-slots %d: each running request needs a KV slot of its own; "
+                 "raise --kv-slots or lower --parallel", e->parallel, e->n_slots);
+        engine_close(e);
+        return -1;
+    }
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    if (!o->skip_tokenizer && stat(path, &st) == 0) {
+        e->tok = tok_load(path, err, errlen);
+        if (!e->tok) { engine_close(e); return -1; }
+    }
+    if (engine_stream_open(e, o, omp_get_max_threads(), err, errlen)) { engine_close(e); return -1; }
+    if (o->kv_dir) restore_slots(e, o->kv_dir);
+    return 0;
+}
+
+/* Warm start: every slot saved by an earlier run of this model comes back, its base file then
+ * the turns logged since; a file that cannot be trusted is refused (the reason goes to stderr)
+ * and only its slot starts cold. */
+static void restore_slots(Engine *e, const char *dir) {
+    e->kv_dir = dir;
+    e->fingerprint = kv_fingerprint(e->model.ct->dir);
+    kv_dir_clean(dir); /* we hold the lock: any temporary is a dead save's */
+    e->kv_writer = kv_writer_start(dir, e->n_slots, &e->model.a, e->ctx, e->fingerprint);
+    if (!e->kv_writer) fprintf(stderr, "colibri: no memory for the KV writer; slots are not saved in this run\n");
+    for (int i = 0; i < e->n_slots; i++) {
+        char path[4200], log[4200], err[512], note[256];
+        kv_slot_paths(dir, i, path, log, sizeof path);
+        if (access(path, R_OK) != 0) continue;
+        if (kv_init(&e->slots[i], &e->model.a, e->ctx)) { fprintf(stderr, "colibri: no memory to restore %s\n", path); continue; }
+        if (kv_restore(&e->slots[i], &e->model.a, e->fingerprint, path, err, sizeof err) < 0) {
+            fprintf(stderr, "colibri: %s\n", err);
+            continue;
+        }
+        uint64_t sum = 0;
+        off_t good = 0;
+        int turns = kv_file_sum(path, &sum) ? 0 : kv_log_replay(&e->slots[i], &e->model.a, e->fingerprint, sum, log,
+                                                                 &good, note, sizeof note);
+        if (note[0] && turns >= 0) fprintf(stderr, "colibri: %s: %s; the slot resumes from the record before\n", log, note);
+        fprintf(stderr, "colibri: restored KV slot %d (%d positions) from %s%s\n", i, e->slots[i].n, path,
+                turns > 0 ? " and its log" : "");
+        e->disk_n[i] = e->low_water[i] = e->slots[i].n;
+        if (e->kv_writer) kv_writer_known(e->kv_writer, i, turns >= 0 ? good : 0);
+    }
+}
+
+/* Hands the slot's turn to the writer: only the positions since the last record (or since the
+ * lowest point the slot was cut back to), copied, so the loop never waits for the disk while the
+ * writer keeps within its bound (kv_writer.h); the whole slot when the writer says the files need it. */
+void engine_persist_slot(Engine *e, int slot) {
+    if (!e->kv_writer) return;
+    KvCache *kv = &e->slots[slot];
+    int n0 = e->low_water[slot] < e->disk_n[slot] ? e->low_water[slot] : e->disk_n[slot];
+    if (n0 > kv->n) n0 = 0;
+    size_t len = kv_record_size(kv, n0);
+    if (n0 && kv_writer_next_full(e->kv_writer, slot, len)) len = kv_record_size(kv, n0 = 0);
+    KvRecord r;
+    if (len) kv_writer_admit(e->kv_writer, slot, n0 == 0, len);
+    if (!len || kv_record_build(kv, n0, &r)) {
+        if (len) kv_writer_release(e->kv_writer, len);
+        fprintf(stderr, "colibri: no memory to save KV slot %d\n", slot);
+        return;
+    }
+    kv_writer_submit(e->kv_writer, slot, r, kv_save_size(kv)); /* used when the record is whole */
+    e->disk_n[slot] = e->low_water[slot] = kv->n;
+}
+
+void engine_persist_fields(Engine *e, char *buf, size_t n) {
+    if (!e->kv_writer || !n) return;
+    size_t peak;
+    unsigned long waits;
+    kv_writer_stats(e->kv_writer, &peak, &waits);
+    size_t k = strlen(buf);
+    snprintf(buf + k, n - k, " kv_queue_peak_bytes=%zu kv_writer_waits=%lu", peak, waits);
+}
+
+void engine_close(Engine *e) {
+    kv_writer_stop(e->kv_writer); /* what is queued reaches the disk first */
+    e->kv_writer = NULL;
+    engine_stream_close(e); /* stops the I/O threads before the model goes */
+    engine_grammar_free(e);
+    for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].tokens) kv_free(&e->slots[i]);
+    if (e->tok) tok_free(e->tok);
+    e->tok = NULL;
+    model_free(&e->model);
+    if (e->kv_lock_fd >= 0) close(e->kv_lock_fd); /* releases the KV directory */
+    e->kv_lock_fd = -1;
+}
+
+int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t errlen) {
+    size_t cap = 1, cnt = 0;
+    for (const char *c = s; *c; c++) cap += *c == ',' || *c == '\n'; /* one allocation: no growth can fail half-way */
+    int32_t *out = malloc(cap * sizeof(int32_t));
+    const char *p = s;
+    while (out && *p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= vocab) {
+            snprintf(err, errlen, "token id list: '%.20s' is not an id in [0, %d)", p, vocab);
+            free(out);
+            return -1;
+        }
+        if (cnt == cap) { snprintf(err, errlen, "token id list: more ids than separators (internal error)"); free(out); return -1; }
+        out[cnt++] = (int32_t)v;
+        p = end;
+        if (*p == ',') p++;
+        else if (*p && *p != '\n') { snprintf(err, errlen, "token id list: expected ',' at '%.20s'", p); free(out); return -1; }
+        else if (*p) p++;
+    }
+    if (!out) { snprintf(err, errlen, "out of memory"); return -1; }
+    *ids = out;
+    *n = (int)cnt;
+    return 0;
+}
+
+/* A teacher-forced pass runs in a cache of its own: it must not disturb any slot's conversation. */
+void engine_run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
+    const int V = e->model.a.vocab;
+    float *logits = malloc(sizeof(float) * (size_t)n * V);
+    KvCache own;
+    if (!logits || kv_init(&own, &e->model.a, n)) {
+        free(logits);
+        emit_error(f->id, "out_of_memory", "cannot hold the requested logits");
+        return;
+    }
+    KvCache *kv = &own;
+    emit_line("ACCEPT %s %d 0", f->id, n);
+    TurnMark mark;
+    engine_stream_mark(e, &mark);
+    double t0 = now_ms();
+    if (forward(&e->model, kv, ids, n, logits, 1)) {
+        emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try fewer positions");
+        engine_stream_mark_free(&mark);
+        kv_free(&own);
+        free(logits);
+        return;
+    }
+    char head[128];
+    snprintf(head, sizeof head, "LOGITS %s %d %d %zu\n", f->id, n, V, sizeof(float) * (size_t)n * V);
+    emit_blob(head, logits, sizeof(float) * (size_t)n * V);
+    double ms = now_ms() - t0;
+    char stats[600];
+    engine_stream_end_since(e, &mark, ms, stats, sizeof stats);
+    if (f->routing) engine_stream_routing_since(e, &mark, f->id);
+    emit_line("END %s prompt_tokens=%d completion_tokens=0 reused_tokens=0 ttft_ms=%.1f prefill_tok_s=%.1f "
+              "decode_tok_s=0.0 finish=logits%s", f->id, n, ms, n / (ms / 1e3 + 1e-9), stats);
+    engine_stream_mark_free(&mark);
+    kv_free(&own);
+    free(logits);
+}
+
+/* 0, or -1 when no memory was left for the line. */
+int engine_emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k) {
+    size_t cap = logprob_line_cap(strlen(id), k, e->tok ? tok_max_token_bytes(e->tok) : 0);
+    char *line = malloc(cap);
+    if (!line) return -1;
+    if (logprob_format(line, cap, id, logits, e->model.a.vocab, tok, k, e->tok) >= 0) emit_line("%s", line);
+    else emit_line("LOGPROB %s %d nan - 0", id, tok); /* cannot happen: cap is the worst case */
+    free(line);
+    return 0;
+}
+
+int engine_is_eos(const Arch *a, int tok) {
+    for (int i = 0; i < a->n_eos; i++)
+        if (a->eos[i] == tok) return 1;
+    return 0;
+}
+
+int engine_prompt(Engine *e, const Frame *f, const char *payload, int32_t **out, int *out_n) {
+    const Arch *a = &e->model.a;
+    char err[512];
+    int32_t *ids = NULL;
+    int n = 0;
+    if (f->slot >= e->n_slots) {
+        snprintf(err, sizeof err, "slot %d out of range: the engine has %d KV slots", f->slot, e->n_slots);
+        emit_error(f->id, "bad_request", err);
+        return -1;
+    }
+    const char *body = payload + f->grammar; /* the grammar leads the payload (docs/protocol.md) */
+    size_t body_len = f->payload_len - f->grammar;
+    if (f->ids) {
+        if (parse_ids(body, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return -1; }
+    } else {
+        if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return -1; }
+        size_t nn = 0, *lit = NULL, nlit = 0;
+        int bad = f->literal && tok_literal_parse(body, f->literal, &lit, &nlit, err, sizeof err);
+        if (!bad)
+            bad = tok_encode_literal(e->tok, body + f->literal, body_len - f->literal, f->parse_special,
+                                     f->add_special, lit, nlit, &ids, &nn, err, sizeof err);
+        free(lit);
+        if (bad) { emit_error(f->id, "bad_request", err); return -1; }
+        n = (int)nn;
+        /* tokenizer.json comes with the model folder and is not trusted to match the embedding:
+         * an id past its rows would read outside the table. */
+        for (int i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= a->vocab) {
+                snprintf(err, sizeof err, "tokenizer.json gave token id %d, outside the model's vocabulary of %d; "
+                         "the model folder's tokenizer does not belong to its weights", ids[i], a->vocab);
+                emit_error(f->id, "bad_request", err);
+                free(ids);
+                return -1;
+            }
+    }
+    if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return -1; }
+    if (n >= e->ctx) {
+        snprintf(err, sizeof err, "prompt has %d tokens; the context holds %d (one must stay free for output)", n, e->ctx);
+        emit_error(f->id, "context_exceeded", err);
+        free(ids);
+        return -1;
+    }
+    if (f->fit && !f->logits && f->max_tokens > 0 && (long long)n + f->max_tokens > e->ctx) {
+        snprintf(err, sizeof err, "this model's maximum context length is %d tokens, but the request needs %lld "
+                 "(%d in the prompt, max_tokens %d): lower max_tokens to %d or less, or shorten the prompt",
+                 e->ctx, (long long)n + f->max_tokens, n, f->max_tokens, e->ctx - n);
+        emit_error(f->id, "context_exceeded", err);
+        free(ids);
+        return -1;
+    }
+    *out = ids;
+    *out_n = n;
+    return 0;
+}
+
+int engine_serve(Engine *e) {
+    FrameReader in;
+    reader_init(&in, 0);
+    const Arch *a = &e->model.a;
+    char stream[600];
+    engine_stream_ready(e, stream, sizeof stream);
+    emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s threads=%d tokenizer=%d kv=%s "
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d%s", a->family, a->vocab, e->ctx, e->n_slots,
+              a->n_layers, kern.name, omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
+              kv_bytes_per_token(a), kv_bytes(a, e->ctx), forward_max_batch, e->parallel, stream);
+    int rc = serve_loop(e, &in);
+    reader_free(&in);
+    return rc;
+}

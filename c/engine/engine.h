@@ -1,0 +1,63 @@
+/* The protocol loop: one loaded model, up to 16 KV slots, requests served in arrival order. */
+#ifndef COLI_ENGINE_H
+#define COLI_ENGINE_H
+#include "experts/expert_store.h"
+#include "model/model.h"
+#include "experts/ram_budget.h"
+#include "experts/usage.h"
+
+#define MAX_KV_SLOTS 16
+
+typedef struct Tokenizer Tokenizer;
+typedef struct EngineGrammar EngineGrammar;
+
+typedef struct {
+    Model model;
+    Tokenizer *tok; /* NULL when the container has no tokenizer.json */
+    int ctx, n_slots;
+    int parallel;                /* requests decoded together, at most n_slots (--parallel) */
+    KvCache slots[MAX_KV_SLOTS]; /* allocated on first use */
+    const char *kv_dir;          /* persist slots here when set */
+    struct KvWriter *kv_writer;  /* writes them off the request path (kv_writer.h) */
+    int disk_n[MAX_KV_SLOTS];    /* positions of each slot the records sent so far describe */
+    int low_water[MAX_KV_SLOTS]; /* lowest position each slot was cut back to since its last record */
+    int kv_lock_fd;              /* holds kv_dir's lock (kv_dir.h) while open; -1 without kv_dir */
+    uint64_t fingerprint;        /* of the model, stamped into persisted slots */
+    ExpertStore store;           /* routed experts: mapped, or streamed through a cache */
+    BudgetIn budget_in;          /* the RAM budget split (READY, the start-up line) */
+    BudgetOut budget;
+    Usage usage;                 /* .coli_usage: routing counts over turns */
+    int usage_warned;
+    EngineGrammar *grammar;      /* constrained decoding (engine_grammar.h); NULL until a request has one */
+} Engine;
+
+typedef struct {
+    const char *model_dir;
+    int ctx, kv_slots, threads, batch, portable;
+    int parallel;       /* --parallel; 0: every KV slot */
+    int kernels; /* KernIsa + 1 from --kernels; 0: the best this CPU runs */
+    const char *kv_dir;
+    int skip_tokenizer; /* logits needs none, and a broken one must not block it */
+    QType kv_type;      /* --kv: KV cache element type, when kv_set */
+    int kv_set;
+    double ram_gb;      /* --ram; 0: none */
+    int cap;            /* --cap; 0: none */
+    int no_direct;      /* --no-direct */
+    int readahead;      /* --readahead: 0 default, 1 on, 2 off */
+    int pin_off;        /* --pin off (default auto) */
+    int io_threads;     /* --io-threads; 0: default */
+    int logits_rows;    /* one-shot `colibri logits`: positions it holds (its KV and logits) */
+} EngineOptions;
+
+/* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */
+int engine_parse_options(int argc, char **argv, int start, EngineOptions *o, char *err, size_t errlen);
+/* 0, or err says why: ENGINE_BUSY when another engine holds --kv-dir (a retry may succeed once
+ * it exits), -1 for anything else. */
+#define ENGINE_BUSY (-2)
+int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen);
+void engine_close(Engine *e);
+int engine_serve(Engine *e); /* runs until EOF on stdin */
+/* Parses "1,2,3" into ids checked against vocab. 0 ok; -1 with err filled. */
+int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t errlen);
+
+#endif

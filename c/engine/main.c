@@ -1,0 +1,147 @@
+/* colibri engine entry point: the protocol loop by default, plus one-shot tools the launcher
+ * calls (logits, convert-jobs, tokenize, detokenize). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "engine/engine_stream.h"
+#include "model/model.h"
+#include "kernels/quant.h"
+#ifndef COLI_VERSION
+#define COLI_VERSION "unknown"
+#endif
+
+int convert_jobs_main(int argc, char **argv);
+int tokenize_cli_main(int argc, char **argv);
+int detokenize_cli_main(int argc, char **argv);
+int grammar_cli_main(int argc, char **argv);
+int membw_main(int argc, char **argv);
+
+static const char *USAGE =
+    "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
+    "                       [--kernels portable|avx2|avx512|vnni|amx|neon] [--ram GB] [--cap N] [--no-direct] [--readahead on|off]\n"
+    "                       [--pin auto|off] [--io-threads N]\n"
+    "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
+    "       colibri convert-jobs JOBFILE\n"
+    "       colibri tokenize --model DIR [--ids-only] TEXT\n"
+    "       colibri detokenize --model DIR 1,2,3\n"
+    "       colibri grammar-check GRAMMAR_FILE < NUL-separated texts   (complete, prefix MIN_BYTES_LEFT or reject BYTE, one a line)\n"
+    "       colibri grammar-bench --tokenizer tokenizer.json --grammar FILE [--steps N] [--runs N] [--seed S]\n"
+    "       colibri families   (the model families this engine implements)\n"
+    "       colibri limits     (KV slots, quantized block sizes, default --batch, runtime base bytes; one `name value` a line)\n"
+    "       colibri version\n";
+
+static int logits_main(int argc, char **argv) {
+    EngineOptions o = {0};
+    o.skip_tokenizer = 1;
+    const char *ids_arg = NULL, *out = NULL;
+    char err[1024];
+    for (int i = 2; i < argc;) {
+        if (!strcmp(argv[i], "--ids") && i + 1 < argc) { ids_arg = argv[i + 1]; i += 2; continue; }
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) { out = argv[i + 1]; i += 2; continue; }
+        int next = engine_parse_options(argc, argv, i, &o, err, sizeof err);
+        if (next < 0) { fprintf(stderr, "colibri logits: %s\n", err); return 2; }
+        if (next == i) { fprintf(stderr, "colibri logits: unknown argument '%s'\n%s", argv[i], USAGE); return 2; }
+        i = next;
+    }
+    if (!ids_arg || !out) { fprintf(stderr, "colibri logits: --ids and --out are required\n"); return 2; }
+    if (!o.kv_set) { /* a reference check wants K/V as computed: f16 rounding moves logits by ~1e-3 */
+        o.kv_set = 1;
+        o.kv_type = QT_F32;
+    }
+    o.logits_rows = 1; /* the budget holds this pass's KV and one chunk of its logits */
+    for (const char *c = ids_arg; *c; c++) o.logits_rows += *c == ',';
+    Engine e;
+    if (engine_open(&e, &o, err, sizeof err)) { fprintf(stderr, "colibri: %s\n", err); return 1; }
+    int32_t *ids = NULL;
+    int n = 0, bad = parse_ids(ids_arg, e.model.a.vocab, &ids, &n, err, sizeof err);
+    if (bad || n == 0) { /* an id out of range names itself, not an "empty" list */
+        fprintf(stderr, "colibri logits: %s\n", bad ? err : "--ids is empty");
+        free(ids);
+        engine_close(&e);
+        return 2;
+    }
+    if (n > e.model.a.max_pos) /* RoPE extends past it, as transformers does; quality may suffer */
+        fprintf(stderr, "colibri logits: warning: %d ids exceed the model's max_position_embeddings %d\n", n,
+                e.model.a.max_pos);
+    /* Chunk by chunk, as forward() would split the pass anyway: only one chunk's logits are
+     * held, so the RAM budget need not hold [n][vocab]. */
+    KvCache kv = {0};
+    const int V = e.model.a.vocab, step = forward_max_batch > 0 ? forward_max_batch : 1;
+    float *logits = malloc(sizeof(float) * (size_t)(n < step ? n : step) * V);
+    FILE *f = NULL;
+    int rc = 1;
+    if (!logits || kv_init(&kv, &e.model.a, n)) fprintf(stderr, "colibri logits: out of memory for %d positions\n", n);
+    else if (!(f = fopen(out, "wb"))) fprintf(stderr, "colibri logits: cannot write %s\n", out);
+    else {
+        rc = 0;
+        for (int s = 0; s < n && !rc; s += step) {
+            int m = n - s < step ? n - s : step;
+            if (forward(&e.model, &kv, ids + s, m, logits, 1)) {
+                fprintf(stderr, "colibri logits: out of memory for %d positions\n", n);
+                rc = 1;
+            } else if (fwrite(logits, sizeof(float) * V, (size_t)m, f) != (size_t)m) {
+                fprintf(stderr, "colibri logits: cannot write %s\n", out);
+                rc = 1;
+            }
+        }
+    }
+    if (f && fclose(f) && !rc) { fprintf(stderr, "colibri logits: cannot write %s\n", out); rc = 1; }
+    if (f && rc) unlink(out); /* no partial logits file */
+    kv_free(&kv);
+    free(logits);
+    free(ids);
+    engine_close(&e);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    const char *cmd = argc > 1 && argv[1][0] != '-' ? argv[1] : "serve";
+    if (!strcmp(cmd, "logits")) return logits_main(argc, argv);
+    if (!strcmp(cmd, "convert-jobs")) return convert_jobs_main(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return tokenize_cli_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "grammar-check") || !strcmp(cmd, "grammar-bench")) return grammar_cli_main(argc, argv);
+    if (!strcmp(cmd, "membw")) return membw_main(argc, argv);
+    if (!strcmp(cmd, "version")) {
+        kernels_init(0);
+        printf("colibri %s kernels=%s available=", COLI_VERSION, kern.name);
+        for (int i = 0, n = 0; i < KI_COUNT; i++)
+            if (kernels_supported((KernIsa)i)) printf("%s%s", n++ ? "," : "", kernels_isa_name((KernIsa)i));
+        putchar('\n');
+        return 0;
+    }
+    if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */
+        printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\nmxfp4_block_bytes %zu\nq6_block_bytes %zu\n"
+               "default_batch %d\ndefault_batch_amx %d\nruntime_base %llu\n", MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK),
+               qtype_row_bytes(QT_Q4, QBLOCK), qtype_row_bytes(QT_MXFP4, QBLOCK), qtype_row_bytes(QT_Q6, QBLOCK), FORWARD_DEFAULT_BATCH, FORWARD_DEFAULT_BATCH_AMX,
+               (unsigned long long)RUNTIME_BASE_BYTES);
+        return 0;
+    }
+    if (!strcmp(cmd, "families")) {
+        for (int i = 0; ENGINE_FAMILIES[i]; i++) puts(ENGINE_FAMILIES[i]);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))) {
+        fputs(USAGE, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "serve") != 0) { fprintf(stderr, "colibri: unknown command '%s'\n%s", cmd, USAGE); return 2; }
+    EngineOptions o = {0};
+    char err[1024];
+    int start = argc > 1 && !strcmp(argv[1], "serve") ? 2 : 1;
+    int next = engine_parse_options(argc, argv, start, &o, err, sizeof err);
+    if (next < 0) { fprintf(stderr, "colibri: %s\n", err); return 2; }
+    if (next < argc) { fprintf(stderr, "colibri: unknown argument '%s'\n%s", argv[next], USAGE); return 2; }
+    Engine e;
+    int open_rc = engine_open(&e, &o, err, sizeof err);
+    if (open_rc) { /* exit 3: busy, worth a retry (docs/protocol.md); 1: the load failed */
+        fprintf(stderr, "colibri: %s\n", err);
+        return open_rc == ENGINE_BUSY ? 3 : 1;
+    }
+    int rc = engine_serve(&e);
+    engine_close(&e);
+    return rc;
+}

@@ -1,0 +1,423 @@
+/* Continuous batching. Each iteration of the loop reads the frames that arrived, admits queued
+ * requests (oldest first; one whose KV slot is taken by a running request waits, later ones may
+ * pass it), runs ONE prefill chunk (--batch positions) of one request still prefilling (they
+ * take turns),
+ * then one decode step for every generating request in a single forward pass (forward_rows).
+ * So a long prompt holds a running stream back by one chunk per token at most, a short
+ * request's first token does not wait for a long prompt's whole prefill, and each row of the
+ * step computes what it would alone: a request's tokens do not depend on its company. */
+#include "engine/serve_loop.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine_grammar.h"
+#include "engine/engine_stream.h"
+#include "engine/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+typedef struct {
+    Frame f;
+    char *payload;
+} Pending;
+
+/* One running request. */
+typedef struct {
+    int on;              /* 0: this entry is free */
+    unsigned long seq;   /* admission order: prefill and frame order follow it */
+    Frame f;
+    int32_t *ids;
+    int n, reuse, done;  /* prompt tokens, reused from the slot, in the cache so far */
+    int decoding;        /* prefill finished: logits hold the next token's distribution */
+    unsigned long chunked_at; /* when its last prefill chunk ran (Loop.chunks), 0: none yet */
+    KvCache *kv;
+    Sampler smp;
+    float *logits;       /* [vocab] */
+    char *piece;
+    size_t piece_cap;
+    TokStream ts;
+    int produced, verdict, oom; /* verdict: 1 STOP, 2 CANCEL */
+    int32_t tok;         /* the token this step feeds back */
+    const char *finish;
+    double t0, t_prefill, t_first;
+    TurnMark mark;
+    GrammarRun *gr;      /* constrained decoding (SUBMIT grammar=), or NULL */
+    uint64_t masks_before;
+    double t_grammar;
+    int dead_end;        /* the grammar allowed no token while incomplete */
+} Stream;
+
+typedef struct {
+    Engine *e;
+    FrameReader *in;
+    Pending *q;
+    int nq, capq;
+    Stream *st;          /* [parallel] */
+    int n_active;
+    unsigned long seq;
+    unsigned long chunks; /* prefill chunks run so far */
+    int period;          /* a busy period is open: the store's turn counters run */
+    KvCache **rows;      /* [parallel] decode-step scratch */
+    int32_t *next;
+    int *who;
+    float *row_logits;   /* [parallel][vocab] */
+} Loop;
+
+static Stream *find_active(Loop *L, const char *id) {
+    for (int i = 0; i < L->e->parallel; i++)
+        if (L->st[i].on && !strcmp(L->st[i].f.id, id)) return &L->st[i];
+    return NULL;
+}
+
+static void queue_push(Loop *L, const Frame *f, char *payload) {
+    if (L->nq == L->capq) {
+        int cap = L->capq ? L->capq * 2 : 8;
+        Pending *q = realloc(L->q, sizeof(Pending) * (size_t)cap);
+        if (!q) { /* refuse this one request; the running ones and the queue go on */
+            emit_error(f->id, "out_of_memory", "no memory to queue the request");
+            free(payload);
+            return;
+        }
+        L->q = q;
+        L->capq = cap;
+    }
+    L->q[L->nq++] = (Pending){*f, payload};
+}
+
+static void admit_all(Loop *L);
+
+/* Takes every complete frame the reader holds. A SUBMIT joins the queue and is admitted at once
+ * when there is room, so a STOP right behind it finds it running; STOP/CANCEL reach the running
+ * request they name, or mark a queued one, which then ends with ERROR cancelled when its turn
+ * comes (the order of frames stays the order of requests). */
+static void drain(Loop *L) {
+    for (;;) {
+        Frame f;
+        char *payload, err[256];
+        int rc = reader_next(L->in, &f, &payload, err, sizeof err);
+        if (rc == 0) return;
+        if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
+        if (f.kind == FR_SUBMIT) { queue_push(L, &f, payload); admit_all(L); continue; }
+        free(payload);
+        Stream *s = find_active(L, f.id);
+        if (s) { s->verdict = f.kind == FR_STOP ? 1 : 2; continue; }
+        for (int i = 0; i < L->nq; i++)
+            if (!strcmp(L->q[i].f.id, f.id)) L->q[i].f.max_tokens = -2; /* cancelled before it started */
+        /* otherwise it already ended: nothing to stop */
+    }
+}
+
+static void period_begin(Loop *L) {
+    if (L->period) return;
+    engine_stream_turn_begin(L->e);
+    L->period = 1;
+}
+
+/* The engine is idle again: the busy period's routing is learned once (.coli_usage). */
+static void period_end(Loop *L) {
+    if (!L->period || L->n_active) return;
+    engine_stream_learn(L->e);
+    L->period = 0;
+}
+
+static void stream_release(Loop *L, Stream *s) {
+    engine_grammar_end(L->e, s->gr);
+    sampler_free(&s->smp);
+    engine_stream_mark_free(&s->mark);
+    free(s->piece);
+    free(s->logits);
+    free(s->ids);
+    memset(s, 0, sizeof *s);
+    L->n_active--;
+}
+
+/* Ends a request: held-back bytes, then END (or ERROR), then the slot goes to disk. */
+static void stream_finish(Loop *L, Stream *s) {
+    Engine *e = L->e;
+    const Frame *f = &s->f;
+    size_t rest = e->tok ? tok_stream_flush(&s->ts, s->piece, s->piece_cap) : 0;
+    if (rest) emit_data(f->id, -1, s->piece, rest);
+    if (s->dead_end)
+        emit_error(f->id, "bad_request", "grammar: no token of the vocabulary can continue the output here while the "
+                   "grammar is incomplete; check that the model's tokens can spell what the grammar asks for");
+    else if (s->oom && s->gr && grammar_run_failed(s->gr))
+        emit_error(f->id, "out_of_memory", "grammar: the matcher ran out of memory or past its work limit (a highly "
+                   "ambiguous grammar, e.g. nested repetitions of the same thing); simplify the grammar");
+    else if (s->oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
+    else if (s->verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
+    else {
+        const char *finish = s->verdict == 1 ? "stop" : s->finish;
+        double total = now_ms() - s->t0, decode = total - s->t_first;
+        if (!s->decoding) s->t_prefill = total; /* stopped during prefill */
+        char stats[700];
+        engine_stream_end_since(e, &s->mark, total, stats, sizeof stats);
+        if (s->gr) {
+            GrammarStats gs;
+            grammar_stats(s->gr, &gs);
+            size_t k = strlen(stats);
+            snprintf(stats + k, sizeof stats - k, " grammar_ms=%.2f grammar_masks=%llu", s->t_grammar,
+                     (unsigned long long)(gs.masks_built - s->masks_before));
+        }
+        engine_persist_fields(e, stats, sizeof stats);
+        if (f->routing) engine_stream_routing_since(e, &s->mark, f->id);
+        emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
+                  "decode_tok_s=%.1f finish=%s%s",
+                  f->id, s->n, s->produced, s->reuse, s->t_first, (s->done - s->reuse) / (s->t_prefill / 1e3 + 1e-9),
+                  s->produced > 1 ? (s->produced - 1) / (decode / 1e3 + 1e-9) : 0.0, finish, stats);
+    }
+    kv_checkpoint(s->kv);
+    engine_persist_slot(e, f->slot); /* after END: the client never waits for the disk */
+    stream_release(L, s);
+}
+
+static int slot_busy(const Loop *L, int slot) {
+    for (int i = 0; i < L->e->parallel; i++)
+        if (L->st[i].on && L->st[i].f.slot == slot) return 1;
+    return 0;
+}
+
+/* Starts queued request p in a free entry: validation, ACCEPT (before any prefill), sampler. A
+ * request that ends here (refused, or logits=1, answered at once) leaves the entry free. */
+static void admit(Loop *L, Pending *p) {
+    Engine *e = L->e;
+    const Arch *a = &e->model.a;
+    Frame *f = &p->f;
+    int32_t *ids;
+    int n;
+    if (f->max_tokens == -2) { emit_error(f->id, "cancelled", "cancelled before it started"); return; }
+    if (engine_prompt(e, f, p->payload, &ids, &n)) return;
+    if (f->logits) {
+        period_begin(L);
+        engine_run_logits(e, f, ids, n);
+        free(ids);
+        return;
+    }
+    char err[512];
+    GrammarRun *gr = NULL;
+    if (f->grammar && !(gr = engine_grammar_begin(e, p->payload, f->grammar, err, sizeof err))) {
+        emit_error(f->id, strstr(err, "out of memory") ? "out_of_memory" : "bad_request", err);
+        free(ids);
+        return;
+    }
+    KvCache *kv = &e->slots[f->slot];
+    if (!kv->tokens && kv_init(kv, a, e->ctx)) {
+        emit_error(f->id, "out_of_memory", "cannot allocate the KV cache");
+        engine_grammar_end(e, gr);
+        free(ids);
+        return;
+    }
+    Stream *s = NULL;
+    for (int i = 0; i < e->parallel && !s; i++)
+        if (!L->st[i].on) s = &L->st[i];
+    /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
+     * one prompt token is recomputed to get fresh logits. */
+    int reuse = kv_reuse(kv, ids, n);
+    if (reuse < e->low_water[f->slot]) e->low_water[f->slot] = reuse; /* the next record starts there */
+    if (reuse < kv->last_common) /* the state cannot be cut back there: say why the prefix is recomputed */
+        fprintf(stderr, "colibri: slot %d: reusing %d of %d common positions: a recurrent (or wrapped sliding-window) "
+                "state cannot be cut back to any prefix; %s\n", f->slot, reuse, kv->last_common,
+                reuse ? "resumed from the turn-boundary checkpoint there" : "no checkpoint within it, full recompute");
+    emit_line("ACCEPT %s %d %d", f->id, n, reuse);
+    SamplerParams sp = f->sp;
+    if (!f->has_seed) sp.seed = sampler_entropy_seed();
+    memset(s, 0, sizeof *s);
+    s->logits = malloc(sizeof(float) * (size_t)a->vocab);
+    s->piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
+    s->piece = malloc(s->piece_cap);
+    if (!s->logits || !s->piece || sampler_init(&s->smp, &sp, a->vocab)) {
+        emit_error(f->id, "out_of_memory", "no memory for the sampler");
+        engine_grammar_end(e, gr);
+        sampler_free(&s->smp);
+        free(s->logits); free(s->piece); free(ids);
+        memset(s, 0, sizeof *s);
+        return;
+    }
+    period_begin(L);
+    s->on = 1;
+    s->seq = L->seq++;
+    s->f = *f;
+    s->ids = ids;
+    s->n = n;
+    s->reuse = s->done = reuse;
+    s->kv = kv;
+    s->finish = "length";
+    s->gr = gr;
+    if (gr) {
+        GrammarStats gs;
+        grammar_stats(gr, &gs);
+        s->masks_before = gs.masks_built;
+    }
+    tok_stream_init(&s->ts);
+    engine_stream_mark(e, &s->mark);
+    s->t0 = now_ms();
+    L->n_active++;
+}
+
+/* Admits queued requests in order while entries are free; one whose slot is busy waits. */
+static void admit_all(Loop *L) {
+    for (int i = 0; i < L->nq;) {
+        Pending *p = &L->q[i];
+        int ready = p->f.logits || p->f.slot >= L->e->n_slots || !slot_busy(L, p->f.slot);
+        if (!ready || (L->n_active >= L->e->parallel && !p->f.logits)) { i++; continue; }
+        Pending taken = *p;
+        memmove(L->q + i, L->q + i + 1, sizeof(Pending) * (size_t)(L->nq - i - 1));
+        L->nq--;
+        admit(L, &taken);
+        free(taken.payload);
+    }
+}
+
+/* The prefilling request whose last chunk ran longest ago (never: the oldest first), so
+ * prompts take turns and a short one is not held behind a long one's whole prefill. */
+static Stream *next_prefill(Loop *L) {
+    Stream *best = NULL;
+    for (int i = 0; i < L->e->parallel; i++) {
+        Stream *s = &L->st[i];
+        if (!s->on || s->decoding) continue;
+        if (!best || s->chunked_at < best->chunked_at || (s->chunked_at == best->chunked_at && s->seq < best->seq))
+            best = s;
+    }
+    return best;
+}
+
+/* One prefill chunk of one request still prefilling. */
+static void prefill_one(Loop *L) {
+    Stream *s = next_prefill(L);
+    if (!s) return;
+    s->chunked_at = ++L->chunks;
+    const int step = forward_max_batch > 0 ? forward_max_batch : 1;
+    const int m = s->n - s->done < step ? s->n - s->done : step;
+    const int last = s->done + m == s->n;
+    s->oom = forward(&L->e->model, s->kv, s->ids + s->done, m, last ? s->logits : NULL, 0) != 0;
+    if (s->oom) { stream_finish(L, s); return; }
+    s->done += m;
+    if (!last) {
+        if (s->verdict) stream_finish(L, s); /* read between chunks: ends within one chunk */
+        return;
+    }
+    kv_checkpoint(s->kv); /* a turn boundary: the next turn may resume here */
+    s->t_prefill = now_ms() - s->t0;
+    s->decoding = 1;
+}
+
+/* Samples s's next token and sends it; 1 when the token is to be fed back, 0 when the request
+ * ends here (the caller finishes it). */
+static int stream_sample(Loop *L, Stream *s) {
+    Engine *e = L->e;
+    const Frame *f = &s->f;
+    if (s->verdict && s->produced) return 0; /* the first token follows prefill unchecked, as STOP is read after it */
+    if (f->max_tokens >= 0 && s->produced >= f->max_tokens) return 0;
+    if (s->kv->n >= e->ctx) return 0; /* prompt + output never exceed the context */
+    int tok;
+    if (s->gr && grammar_finished(s->gr)) { s->finish = "stop"; return 0; } /* e.g. a grammar of the empty string */
+    if (s->gr) { /* budget: bytes the grammar may still need after this token, one per token left */
+        int left = e->ctx - s->kv->n;
+        if (f->max_tokens >= 0 && f->max_tokens - s->produced < left) left = f->max_tokens - s->produced;
+        tok = engine_grammar_pick(e, s->gr, &s->smp, s->logits, left - 1, &s->t_grammar);
+        double tg = now_ms();
+        if (tok >= 0 && grammar_accept(s->gr, tok)) tok = -2;
+        s->t_grammar += now_ms() - tg;
+        if (tok == -1) { s->dead_end = 1; return 0; }
+        if (tok < 0) { s->oom = 1; return 0; }
+    } else tok = sampler_sample(&s->smp, s->logits);
+    if (!s->produced) s->t_first = now_ms() - s->t0;
+    if (!f->ignore_eos && engine_is_eos(&e->model.a, tok)) { s->finish = "stop"; return 0; }
+    /* a grammar lets an added token through only where it spells the grammar's text */
+    size_t len = e->tok ? tok_stream_push(e->tok, &s->ts, tok, f->render_special || s->gr, s->piece, s->piece_cap) : 0;
+    emit_data(f->id, tok, s->piece, len);
+    if (f->logprobs && engine_emit_logprob(e, f->id, s->logits, tok, f->top_logprobs)) { s->oom = 1; return 0; }
+    s->produced++;
+    if (s->gr && grammar_finished(s->gr)) { s->finish = "stop"; return 0; } /* nothing may follow */
+    if (f->max_tokens >= 0 && s->produced >= f->max_tokens) return 0;
+    s->tok = tok;
+    return 1;
+}
+
+/* One token for every generating request, then one forward pass over all of them. */
+static void decode_step(Loop *L) {
+    Engine *e = L->e;
+    const int V = e->model.a.vocab;
+    int R = 0;
+    for (;;) { /* in admission order, so frames come out in a fixed order */
+        Stream *s = NULL;
+        for (int i = 0; i < e->parallel; i++) {
+            Stream *c = &L->st[i];
+            int taken = 0;
+            for (int r = 0; r < R; r++) taken |= L->who[r] == i;
+            if (c->on && c->decoding && !taken && (!s || c->seq < s->seq)) s = c;
+        }
+        if (!s) break;
+        int i = (int)(s - L->st);
+        if (stream_sample(L, s)) L->who[R++] = i;
+        else { stream_finish(L, s); }
+    }
+    if (!R) return;
+    drain(L); /* a STOP or CANCEL that came with this token: it is not fed back */
+    int kept = 0;
+    for (int r = 0; r < R; r++) {
+        Stream *s = &L->st[L->who[r]];
+        if (s->verdict) { stream_finish(L, s); continue; }
+        L->who[kept] = L->who[r];
+        L->rows[kept] = s->kv;
+        L->next[kept++] = s->tok;
+    }
+    R = kept;
+    if (!R) return;
+    int oom;
+    if (R == 1) oom = forward(&e->model, L->rows[0], L->next, 1, L->st[L->who[0]].logits, 0) != 0;
+    else {
+        oom = forward_rows(&e->model, L->rows, L->next, R, L->row_logits) != 0;
+        for (int r = 0; r < R && !oom; r++)
+            memcpy(L->st[L->who[r]].logits, L->row_logits + (size_t)r * V, sizeof(float) * (size_t)V);
+    }
+    if (oom)
+        for (int r = 0; r < R; r++) {
+            Stream *s = &L->st[L->who[r]];
+            s->oom = 1;
+            stream_finish(L, s);
+        }
+}
+
+int serve_loop(Engine *e, FrameReader *in) {
+    const int P = e->parallel;
+    Loop L = {.e = e, .in = in};
+    L.st = calloc((size_t)P, sizeof(Stream));
+    L.rows = calloc((size_t)P, sizeof(KvCache *));
+    L.next = calloc((size_t)P, sizeof(int32_t));
+    L.who = calloc((size_t)P, sizeof(int));
+    L.row_logits = P > 1 ? malloc(sizeof(float) * (size_t)P * e->model.a.vocab) : NULL;
+    int rc = 0;
+    if (!L.st || !L.rows || !L.next || !L.who || (P > 1 && !L.row_logits)) {
+        fprintf(stderr, "colibri: no memory for %d parallel requests; lower --parallel\n", P);
+        rc = -1;
+        goto out;
+    }
+    for (;;) {
+        if (!L.n_active && !L.nq) {
+            if (in->eof) break;
+            reader_fill(in, -1); /* idle: wait for input */
+        } else reader_fill(in, 0);
+        drain(&L);
+        admit_all(&L);
+        if (L.n_active) {
+            prefill_one(&L);
+            drain(&L);
+            decode_step(&L);
+        }
+        period_end(&L);
+    }
+out:
+    for (int i = 0; i < P && L.st; i++)
+        if (L.st[i].on) stream_release(&L, &L.st[i]);
+    for (int i = 0; i < L.nq; i++) free(L.q[i].payload);
+    free(L.q); free(L.st); free(L.rows); free(L.next); free(L.who); free(L.row_logits);
+    return rc;
+}

@@ -1,0 +1,143 @@
+#include "kernels/ops.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/fwd_alloc.h"
+
+#define ROW_TILE 8
+#define N_SCRATCH 5
+
+static _Thread_local float *tl_buf[N_SCRATCH];
+static _Thread_local size_t tl_cap[N_SCRATCH];
+
+float *scratch(int slot, size_t n) {
+    if (tl_cap[slot] < n) {
+        free(tl_buf[slot]);
+        tl_buf[slot] = fwd_aligned_alloc(64, (((n + 64) * sizeof(float)) + 63) & ~(size_t)63);
+        tl_cap[slot] = tl_buf[slot] ? n + 64 : 0; /* NULL: the caller skips its work, fwd_oom() fails the pass */
+    }
+    return tl_buf[slot];
+}
+
+/* Smallest matmul, in block dots, worth a parallel region. Starting a region costs ~2 us when
+ * idle threads spin but ~60 us when they sleep (OMP_WAIT_POLICY=PASSIVE on a 2-core VM), while
+ * n threads save (1 - 1/n) of the serial time at ~3 ns per block dot; with sleeping threads a
+ * small model's decode matmuls are faster on one thread. Measured once, as the fastest of a few
+ * tiny regions (a hiccup cannot inflate it); only speed depends on it, never results. */
+#define BLOCK_DOT_S 3e-9
+static double par_min_blocks(void) {
+    static double min_blocks = -1;
+    if (omp_in_parallel()) return 0; /* a nested region runs on this thread anyway (moe_exec.c) */
+    if (min_blocks < 0) {
+        int n = omp_get_max_threads(), hits = 0;
+        double fork = 1e9;
+        for (int i = 0; i < 6; i++) { /* the first also creates the team; each thread must run */
+            double t = omp_get_wtime();
+#pragma omp parallel for schedule(static)
+            for (int k = 0; k < n; k++) {
+#pragma omp atomic
+                hits++;
+            }
+            if (i) fork = fmin(fork, omp_get_wtime() - t);
+        }
+        min_blocks = n > 1 ? fork / BLOCK_DOT_S * n / (n - 1) : 0;
+    }
+    return min_blocks;
+}
+
+int par_worth(double block_dots) { return block_dots >= par_min_blocks(); }
+
+int par_threads(void) { return omp_get_max_threads(); }
+
+/* q8/q4 weights: each activation row is quantized once to int16 blocks, then every weight row
+ * takes integer block dots against it. A tile of weight rows meets the activations
+ * QDOT_MAX_ROWS rows at a time, so during prefill both stay in L1 and each unpacked weight
+ * block serves several positions. */
+static void matmul_quant(float *y, const float *x, int T, const QMat *w, const float *bias) {
+    const int rows = w->rows, cols = w->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
+    const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2; /* int16 blocks, in floats */
+    const QGemmFn qgemm = kern.qgemm[w->qt];
+    const size_t pfloats = qgemm ? (kern.pack_bytes(T, nb) + 3) / 4 : 0;
+    float *buf = scratch(2, qfloats + 2 * nblk + pfloats);
+    if (!buf) return;
+    const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
+    const QDotFn qdot = kern.qdot[w->qt];
+    const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;
+    /* Serial: quantizing is ~1% of the dots, far less than the extra barrier (a futex round
+     * trip with passive waiting) that a parallel loop here would add to every decode matmul. */
+    for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
+    if (qgemm) { /* one call per thread over its share of 16-row tiles and every position */
+        int8_t *packed = (int8_t *)(buf + qfloats + 2 * nblk);
+        kern.pack_act(&a, packed);
+#pragma omp parallel if ((double)rows * (double)nblk >= par_min_blocks())
+        {
+            const int nth = omp_get_num_threads(), id = omp_get_thread_num(), t16 = (rows + 15) / 16;
+            const int r0 = (int)((long)t16 * id / nth) * 16, r1e = (int)((long)t16 * (id + 1) / nth) * 16;
+            const int r1 = r1e < rows ? r1e : rows;
+            if (r1 > r0) {
+                qgemm(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, packed, y + r0, (size_t)rows);
+                if (bias)
+                    for (int t = 0; t < T; t++)
+                        for (int r = r0; r < r1; r++) y[(size_t)t * rows + r] += bias[r];
+            }
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static) if ((double)rows * (double)nblk >= par_min_blocks())
+    for (int tile = 0; tile < tiles; tile++) {
+        int r0 = tile * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
+        for (int t0 = 0; t0 < T; t0 += QDOT_MAX_ROWS) {
+            int nt = T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS;
+            float *yt = y + (size_t)t0 * rows + r0;
+            qdot(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, t0, nt, yt, (size_t)rows);
+            if (bias)
+                for (int i = 0; i < nt; i++)
+                    for (int r = r0; r < r1; r++) yt[(size_t)i * rows + r - r0] += bias[r];
+        }
+    }
+}
+
+void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
+    if (kern.qdot[w->qt]) { matmul_quant(y, x, T, w, bias); return; }
+    const int rows = w->rows, cols = w->cols;
+    const size_t padded = ((size_t)cols + 31) / 32 * 32;
+    const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;
+#pragma omp parallel for schedule(static)
+    for (int tile = 0; tile < tiles; tile++) {
+        float *buf = scratch(0, padded * ROW_TILE);
+        if (!buf) continue;
+        int r0 = tile * ROW_TILE, nr = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
+        for (int i = 0; i < nr; i++) kern.dequant_row(w->qt, w->data + (size_t)(r0 + i) * w->row_bytes, cols, buf + i * padded);
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (size_t)t * cols;
+            float *yt = y + (size_t)t * rows + r0;
+            for (int i = 0; i < nr; i++) yt[i] = kern.dot(buf + i * padded, xt, cols) + (bias ? bias[r0 + i] : 0.0f);
+        }
+    }
+}
+
+void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int cols) {
+#pragma omp parallel for collapse(2) schedule(static) if (par_worth((double)T * rows * cols / QBLOCK))
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) y[(size_t)t * rows + r] = kern.dot(w + (size_t)r * cols, x + (size_t)t * cols, cols);
+}
+
+void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    float ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float s = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * s);
+}
+
+void softmax(float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - mx); sum += x[i]; }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+float silu(float x) { return x / (1.0f + expf(-x)); }

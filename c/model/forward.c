@@ -1,0 +1,118 @@
+/* The forward pass, top to bottom: embed, then each layer's blocks as its spec names them
+ * (norm, attention, norm, MLP, each a block-table entry), final norm, head. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/blocks.h"
+#include "util/fwd_alloc.h"
+#include "model/hyper_conn.h"
+#include "model/model.h"
+#include "kernels/ops.h"
+
+int forward_max_batch = FORWARD_DEFAULT_BATCH;
+
+int forward_default_batch(KernIsa isa) { return isa == KI_AMX ? FORWARD_DEFAULT_BATCH_AMX : FORWARD_DEFAULT_BATCH; }
+
+static void run_block(const Block *b, const BlockRun *r, const float *x, int T, float *out) {
+    b->kind->run(b->self, r, x, T, out);
+}
+
+/* Batched decode: row t is the next token of cache rows[t]. Attention runs per row on its own
+ * slot, exactly as a one-row pass would; every other block sees all rows at once (one read of
+ * each weight and routed expert per step), and computes each row the same whatever rows
+ * surround it (the kernels' batch invariance), so a row's result never depends on the batch. */
+static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows, const int32_t *tokens, const float *x,
+                      int T, float *out) {
+    for (int t = 0; t < T && !fwd_oom(); t++) {
+        KvCache *kv = rows[t];
+        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens + t};
+        run_block(b, &r, x + (size_t)t * a->hidden, 1, out + (size_t)t * a->hidden);
+    }
+}
+
+/* 0, or -1 when an allocation failed (fwd_alloc.h); the cache then keeps only earlier chunks.
+ * rows: NULL (T positions of kv), or T caches for batched decode (kv is rows[0]). */
+static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, const int32_t *tokens, int T, float *logits,
+                         int all_logits) {
+    const Arch *a = &m->a;
+    const int H = a->hidden, hc = m->hc_head != NULL, S = hc ? m->hc_head->n : 1; /* S residual streams */
+    float *x = fwd_malloc(sizeof(float) * (size_t)T * S * H), *xn = fwd_malloc(sizeof(float) * (size_t)T * H);
+    float *o = fwd_malloc(sizeof(float) * (size_t)T * H);
+    size_t padded = ((size_t)H + 31) / 32 * 32;
+    float *row = fwd_malloc(sizeof(float) * padded);
+    /* hyper-connections: the collapsed block input, and the expand / mix weights */
+    float *c = hc ? fwd_malloc(sizeof(float) * (size_t)T * H) : NULL;
+    float *post = hc ? fwd_malloc(sizeof(float) * (size_t)T * S) : NULL;
+    float *comb = hc ? fwd_malloc(sizeof(float) * (size_t)T * S * S) : NULL;
+    if (!x || !xn || !o || !row || (hc && (!c || !post || !comb))) {
+        free(x); free(xn); free(o); free(row); free(c); free(post); free(comb);
+        return -1;
+    }
+    for (int t = 0; t < T; t++) {
+        kern.dequant_row(m->embed.qt, m->embed.data + (size_t)tokens[t] * m->embed.row_bytes, H, row);
+        for (int j = 0; j < S; j++) memcpy(x + ((size_t)t * S + j) * H, row, sizeof(float) * H);
+    }
+    free(row);
+    for (int l = 0; l < a->n_layers && !fwd_oom(); l++) {
+        const Layer *y = &m->layers[l];
+        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens};
+        const Block *halves[2][2] = {{&y->attn_norm, &y->attn}, {&y->mlp_norm, &y->mlp}};
+        for (int h = 0; h < 2; h++) {
+            if (!halves[h][1]->kind) continue;
+            if (hc) hc_pre(y->hc[h], x, T, H, c, post, comb);
+            run_block(halves[h][0], &r, hc ? c : x, T, xn);
+            if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, tokens, xn, T, o);
+            else run_block(halves[h][1], &r, xn, T, o);
+            if (fwd_oom()) break; /* o is incomplete; forward() fails the pass */
+            if (hc) hc_post(S, x, T, H, o, post, comb);
+            else for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
+        }
+    }
+    if (logits && !fwd_oom()) {
+        int first = all_logits ? 0 : T - 1;
+        BlockRun r = {a, -1, kv->n, kv->ctx, kv->type, NULL, tokens};
+        if (hc) hc_head(m->hc_head, x + (size_t)first * S * H, T - first, H, c + (size_t)first * H);
+        run_block(&m->final_norm, &r, (hc ? c : x) + (size_t)first * H, T - first, xn + (size_t)first * H);
+        matmul(logits, xn + (size_t)first * H, T - first, &m->lm_head, NULL);
+    }
+    int failed = fwd_oom();
+    if (!failed && rows) /* positions count only once every layer holds them */
+        for (int t = 0; t < T; t++) rows[t]->tokens[rows[t]->n++] = tokens[t];
+    else if (!failed) {
+        memcpy(kv->tokens + kv->n, tokens, sizeof(int32_t) * (size_t)T);
+        kv->n += T;
+    }
+    free(x); free(xn); free(o); free(c); free(post); free(comb);
+    return failed ? -1 : 0;
+}
+
+int forward(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *logits, int all_logits) {
+    int step = forward_max_batch > 0 ? forward_max_batch : 1;
+    fwd_oom_clear();
+    for (int s = 0; s < T; s += step) {
+        int n = T - s < step ? T - s : step, last = s + n == T;
+        float *dst = NULL;
+        if (logits && all_logits) dst = logits + (size_t)s * m->a.vocab;
+        else if (logits && last) dst = logits;
+        if (forward_chunk(m, kv, NULL, tokens + s, n, dst, all_logits)) {
+            /* a recurrent state may hold part of the failed chunk: no prefix of it is trustworthy */
+            if (!kv->truncatable) kv_restart(kv);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int forward_rows(const Model *m, KvCache *const *rows, const int32_t *tokens, int R, float *logits) {
+    int step = forward_max_batch > 0 ? forward_max_batch : 1;
+    fwd_oom_clear();
+    for (int s = 0; s < R; s += step) {
+        int n = R - s < step ? R - s : step;
+        if (forward_chunk(m, rows[s], rows + s, tokens + s, n, logits + (size_t)s * m->a.vocab, 1)) {
+            for (int r = 0; r < R; r++) /* as in forward: a half-updated recurrent state is dropped */
+                if (!rows[r]->truncatable) kv_restart(rows[r]);
+            return -1;
+        }
+    }
+    return 0;
+}
