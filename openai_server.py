@@ -25,6 +25,7 @@ import traceback
 import uuid
 from urllib.parse import unquote, urlsplit
 
+from colibri import sampling
 from colibri.server import config as server_config
 from colibri.cli.common import UserError
 from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
@@ -148,7 +149,8 @@ class App:
         st = self.sched.status()
         ctx = st["info"].get("ctx")
         return {"id": self.model.id, "object": "model", "created": self.model.created, "owned_by": "colibri",
-                "max_model_len": int(ctx) if ctx and ctx.isdigit() else None}
+                "max_model_len": int(ctx) if ctx and ctx.isdigit() else None,
+                "sampling_defaults": sampling.as_api(self.model.defaults, self.model.default_sources)}
 
 
 def _int(v):
