@@ -5,8 +5,9 @@ OpenAI's bare temperature 1. Keys are SUBMIT options (docs/protocol.md)."""
 import json
 from pathlib import Path
 
-# llama-server's defaults (common/common.h): temperature 0.8, top-k 40, top-p 0.95, min-p 0.05.
-LOCAL_DEFAULTS = {"temp": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+# llama-server's defaults (common/common.h): temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
+# no repetition penalty.
+LOCAL_DEFAULTS = {"temp": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
 LOCAL_SOURCE = "llama-server defaults"
 GEN_CONFIG = "generation_config.json"
 
@@ -16,10 +17,12 @@ _FIELDS = {
     "top_k": ("top_k", lambda v: float(v).is_integer() and 0 <= v <= 1 << 30),
     "top_p": ("top_p", lambda v: 0 < v <= 1),
     "min_p": ("min_p", lambda v: 0 <= v <= 1),
+    "repetition_penalty": ("repeat_penalty", lambda v: 0 < v <= 100),
 }
 
 # How the API and `coli info` name each option.
-API_NAMES = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
+API_NAMES = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+             "repeat_penalty": "repetition_penalty"}
 
 
 def read_generation_config(model_dir):
