@@ -54,6 +54,10 @@ class ModelInfo:
         self.harmony = (self.template is not None and self.template_origin != "chatml-fallback"
                         and harmony.uses_harmony(self.template, self.family_facts))
 
+    def serves(self, name):
+        """True when a request naming `name` is for this model."""
+        return name == self.id
+
     def _has_think_tags(self):
         if self.template and "<think>" in self.template:
             return True

@@ -33,7 +33,7 @@ def check_model(body, model):
         return
     if not isinstance(name, str):
         raise bad("'model' must be a string", param="model", code="invalid_type")
-    if name != model.id:
+    if not model.serves(name):
         raise ApiError(404, f"The model '{name}' does not exist; this server serves '{model.id}'",
                        code="model_not_found", param="model")
 

@@ -22,6 +22,8 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
     def body(self, dialect):
+        if dialect == "ollama":
+            return {"error": self.message}
         if dialect == "anthropic":
             return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(self.status, "api_error"),
                                                "message": self.message}}
