@@ -78,7 +78,8 @@ class App:
     def __init__(self, settings, log):
         self.settings, self.log = settings, log
         self.metrics = Metrics()
-        self.model = ModelInfo(settings.model_dir, settings.model_id, settings.chat_template, log)
+        self.model = ModelInfo(settings.model_dir, settings.model_id, settings.chat_template, log,
+                               aliases=settings.model_aliases, any_name=settings.any_model_name)
         slots_file = str(settings.kv_dir / "slots.json") if settings.kv_dir else None
         self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint)
         ServedEngine.log = log
@@ -150,10 +151,11 @@ class App:
         }
         return (200 if st["state"] == "ready" else 503), body
 
-    def models(self):
+    def models(self, name=None):
+        """The model object under `name` (default: its first name); /v1/models lists one per name."""
         st = self.sched.status()
         ctx = st["info"].get("ctx")
-        return {"id": self.model.id, "object": "model", "created": self.model.created, "owned_by": "colibri",
+        return {"id": name or self.model.id, "object": "model", "created": self.model.created, "owned_by": "colibri",
                 "max_model_len": int(ctx) if ctx and ctx.isdigit() else None,
                 "sampling_defaults": sampling.as_api(self.model.defaults, self.model.default_sources)}
 
@@ -301,13 +303,13 @@ class Handler(BaseHandler):
             text = app.metrics.prometheus(app.sched, app.model.id).encode()
             self.send_json(200, text, content_type="text/plain; version=0.0.4; charset=utf-8")
         elif path == "/v1/models":
-            self.send_json(200, {"object": "list", "data": [app.models()]})
+            self.send_json(200, {"object": "list", "data": [app.models(n) for n in app.model.names]})
         else:
             name = path[len("/v1/models/"):]
-            if name != app.model.id:
+            if not app.model.serves(name):
                 raise ApiError(404, f"The model '{name}' does not exist; this server serves '{app.model.id}'",
                                code="model_not_found", param="model")
-            self.send_json(200, app.models())
+            self.send_json(200, app.models(name))
 
     def ollama_info(self, app, method, path):
         want = OLLAMA_INFO[path]

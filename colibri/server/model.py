@@ -18,9 +18,11 @@ CHATML = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '
 
 
 class ModelInfo:
-    def __init__(self, model_dir, model_id, template_file=None, log=print):
+    def __init__(self, model_dir, model_id, template_file=None, log=print, aliases=(), any_name=False):
         self.dir = Path(model_dir)
         self.id = model_id
+        self.names = [model_id] + [a for a in aliases if a != model_id]  # every name requests may use
+        self.any_name = any_name
         raw = (self.dir / "colibri.json").read_bytes()
         self.manifest = json.loads(raw)
         self.fingerprint = hashlib.sha256(raw).hexdigest()
@@ -55,8 +57,9 @@ class ModelInfo:
                         and harmony.uses_harmony(self.template, self.family_facts))
 
     def serves(self, name):
-        """True when a request naming `name` is for this model."""
-        return name == self.id
+        """True when a request naming `name` is for this model: one of its names (--model-id), or any
+        name with --any-model-name."""
+        return self.any_name or name in self.names
 
     def _has_think_tags(self):
         if self.template and "<think>" in self.template:

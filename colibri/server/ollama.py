@@ -281,18 +281,18 @@ def _size(model):
     return sum(f.stat().st_size for f in model.dir.glob("*.safetensors"))
 
 
-def _entry(model):
+def _entry(model, name):
     mtime = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(model.created))
-    return {"name": model.id, "model": model.id, "modified_at": mtime, "size": _size(model),
+    return {"name": name, "model": name, "modified_at": mtime, "size": _size(model),
             "digest": model.fingerprint, "details": _details(model)}
 
 
 def tags(model):
-    return {"models": [_entry(model)]}
+    return {"models": [_entry(model, n) for n in model.names]}
 
 
 def ps(model):
-    return {"models": [{**_entry(model), "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0}]}
+    return {"models": [{**_entry(model, n), "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0} for n in model.names]}
 
 
 def version():
