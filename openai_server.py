@@ -25,10 +25,12 @@ import traceback
 import uuid
 from urllib.parse import unquote, urlsplit
 
+from colibri import sampling
 from colibri.server import config as server_config
 from colibri.cli.common import UserError
 from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
 from colibri.server import dashboard
+from colibri.server import ollama
 from colibri.server.conns import Server
 from colibri.server.scheduler import Scheduler, ServedEngine, SlotTable
 from colibri.server.telemetry import Telemetry
@@ -41,9 +43,10 @@ from colibri.server.params import ApiError, parse_json_object
 from colibri.server.tokens import TokenCounter
 from version import VERSION
 
-HELP = "serve the model over HTTP: OpenAI-compatible and Anthropic Messages APIs"
-DESCRIPTION = ("Serve one model over HTTP with the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) "
-               "and the Anthropic Messages API (/v1/messages), plus /health and /metrics. Binds 127.0.0.1 by default.")
+HELP = "serve the model over HTTP: OpenAI-compatible, Anthropic Messages and ollama APIs"
+DESCRIPTION = ("Serve one model over HTTP with the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models), "
+               "the Anthropic Messages API (/v1/messages) and the ollama API (/api/chat, /api/generate, /api/tags, "
+               "/api/show), plus /health and /metrics. Binds 127.0.0.1 by default.")
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -51,7 +54,10 @@ GENERATION = {  # path -> (dialect, parser, responder)
     "/v1/chat/completions": ("openai", parse_chat, ChatResponder),
     "/v1/completions": ("openai", parse_completion, CompletionResponder),
     "/v1/messages": ("anthropic", parse_messages, MessagesResponder),
+    "/api/chat": ("ollama", ollama.parse_chat_request, ollama.ChatResponder),
+    "/api/generate": ("ollama", ollama.parse_generate_request, ollama.GenerateResponder),
 }
+OLLAMA_INFO = {"/api/tags": "GET", "/api/ps": "GET", "/api/version": "GET", "/api/show": "POST"}
 COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
@@ -72,7 +78,8 @@ class App:
     def __init__(self, settings, log):
         self.settings, self.log = settings, log
         self.metrics = Metrics()
-        self.model = ModelInfo(settings.model_dir, settings.model_id, settings.chat_template, log)
+        self.model = ModelInfo(settings.model_dir, settings.model_id, settings.chat_template, log,
+                               aliases=settings.model_aliases, any_name=settings.any_model_name)
         slots_file = str(settings.kv_dir / "slots.json") if settings.kv_dir else None
         self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint)
         ServedEngine.log = log
@@ -144,11 +151,13 @@ class App:
         }
         return (200 if st["state"] == "ready" else 503), body
 
-    def models(self):
+    def models(self, name=None):
+        """The model object under `name` (default: its first name); /v1/models lists one per name."""
         st = self.sched.status()
         ctx = st["info"].get("ctx")
-        return {"id": self.model.id, "object": "model", "created": self.model.created, "owned_by": "colibri",
-                "max_model_len": int(ctx) if ctx and ctx.isdigit() else None}
+        return {"id": name or self.model.id, "object": "model", "created": self.model.created, "owned_by": "colibri",
+                "max_model_len": int(ctx) if ctx and ctx.isdigit() else None,
+                "sampling_defaults": sampling.as_api(self.model.defaults, self.model.default_sources)}
 
 
 def _int(v):
@@ -198,7 +207,8 @@ class Handler(BaseHandler):
         self.headers_done()
         app = self.server.app
         path = unquote(urlsplit(self.path).path).rstrip("/") or "/"
-        self.dialect = "anthropic" if path.startswith("/v1/messages") else "openai"
+        self.dialect = "anthropic" if path.startswith("/v1/messages") else "ollama" if path.startswith("/api/") \
+            else "openai"
         rid = self.headers.get("x-request-id", "")
         rid = rid if REQUEST_ID.match(rid) else uuid.uuid4().hex
         self.extra_headers["x-request-id"] = rid
@@ -225,6 +235,9 @@ class Handler(BaseHandler):
                 if not self.authorized():
                     raise self._unauthorized()
                 self.count_tokens(app)
+                return
+            if path in OLLAMA_INFO:
+                self.ollama_info(app, method, path)
                 return
             self.route(app, method, path)
         except ApiError as e:
@@ -290,13 +303,27 @@ class Handler(BaseHandler):
             text = app.metrics.prometheus(app.sched, app.model.id).encode()
             self.send_json(200, text, content_type="text/plain; version=0.0.4; charset=utf-8")
         elif path == "/v1/models":
-            self.send_json(200, {"object": "list", "data": [app.models()]})
+            self.send_json(200, {"object": "list", "data": [app.models(n) for n in app.model.names]})
         else:
             name = path[len("/v1/models/"):]
-            if name != app.model.id:
+            if not app.model.serves(name):
                 raise ApiError(404, f"The model '{name}' does not exist; this server serves '{app.model.id}'",
                                code="model_not_found", param="model")
-            self.send_json(200, app.models())
+            self.send_json(200, app.models(name))
+
+    def ollama_info(self, app, method, path):
+        want = OLLAMA_INFO[path]
+        if method != want and not (want == "GET" and method == "HEAD"):
+            raise ApiError(405, f"use {want} {path}", code="method_not_allowed")
+        if path != "/api/version" and not self.authorized():
+            raise self._unauthorized()
+        if path == "/api/show":
+            ctx = app.sched.status()["info"].get("ctx")
+            body = ollama.show(parse_json_object(self.read_body()), app.model, int(ctx) if ctx and ctx.isdigit() else None)
+        else:
+            body = ollama.tags(app.model) if path == "/api/tags" else ollama.ps(app.model) if path == "/api/ps" \
+                else ollama.version()
+        self.send_json(200, body)
 
     def count_tokens(self, app):
         """Anthropic's token counting: the prompt /v1/messages would render, counted by the
@@ -307,6 +334,16 @@ class Handler(BaseHandler):
     def generate(self, app, dialect, parser, responder_cls):
         body = parse_json_object(self.read_body())
         spec = parser(body, app.model, app.settings.kv_slots)
+        if isinstance(spec, ollama.OllamaLoad):  # nothing to generate: ollama's "load the model" request
+            answer = ollama.load_answer("chat" if responder_cls is ollama.ChatResponder else "generate",
+                                        body.get("model"))
+            if spec.stream:
+                self.begin_stream({}, ollama.ChatResponder.content_type)
+                self.send_events([ollama.line(answer)])
+                self.end_stream()
+            else:
+                self.send_json(200, answer)
+            return "completed"
         gen = Generation(self, app, spec, responder_cls(spec, app.model.id))
         with app.inflight_lock:
             app.inflight.add(gen)

@@ -187,8 +187,8 @@ def test_thinking_goes_to_reasoning_content(server):
 @pytest.mark.parametrize("kwargs,param", [
     (dict(n=2), "n"),
     (dict(tools=[{"type": "custom", "custom": {"name": "f"}}]), "tools[0]"),  # function tools only
-    (dict(presence_penalty=0.5), "presence_penalty"),
-    (dict(frequency_penalty=1.0), "frequency_penalty"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty="high"), "frequency_penalty"),
     (dict(logit_bias={"5": 10}), "logit_bias"),
     (dict(response_format={"type": "xml"}), "response_format.type"),
     (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {

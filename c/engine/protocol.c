@@ -60,6 +60,10 @@ static int submit_option(Frame *f, const char *key, const char *val, char *err, 
     else if (!strcmp(key, "temp")) bad = parse_float(val, 0, 100, &f->sp.temperature);
     else if (!strcmp(key, "top_p")) bad = parse_float(val, 0, 1, &f->sp.top_p);
     else if (!strcmp(key, "min_p")) bad = parse_float(val, 0, 1, &f->sp.min_p);
+    else if (!strcmp(key, "repeat_penalty")) bad = parse_float(val, 0, 100, &f->pen.repeat);
+    else if (!strcmp(key, "frequency_penalty")) bad = parse_float(val, -100, 100, &f->pen.frequency);
+    else if (!strcmp(key, "presence_penalty")) bad = parse_float(val, -100, 100, &f->pen.presence);
+    else if (!strcmp(key, "repeat_last_n")) { bad = parse_long(val, -1, 1 << 30, &n); f->pen.last_n = (int)n; }
     else if (!strcmp(key, "ids")) bad = parse_flag(val, &f->ids);
     else if (!strcmp(key, "logits")) bad = parse_flag(val, &f->logits);
     else if (!strcmp(key, "routing")) bad = parse_flag(val, &f->routing);
@@ -84,6 +88,8 @@ int frame_parse(const char *line, size_t len, Frame *f, char *err, size_t errlen
     f->max_tokens = -1;
     f->parse_special = 1;
     f->sp.top_p = 1.0f;
+    f->pen.repeat = 1.0f;
+    f->pen.last_n = 64; /* llama.cpp's window */
     if (len > PROTO_MAX_LINE) { snprintf(err, errlen, "frame header longer than %d bytes", PROTO_MAX_LINE); return -1; }
     if (memchr(line, 0, len)) { snprintf(err, errlen, "NUL byte in frame header"); return -1; }
     memcpy(buf, line, len);

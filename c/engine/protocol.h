@@ -34,6 +34,7 @@ typedef struct {
     int ignore_eos;    /* generate past end-of-sequence tokens (benchmarks, fixed-length runs) */
     int has_seed;
     SamplerParams sp;
+    SamplerPenalties pen;
 } Frame;
 
 /* Parses one header line (no trailing newline). 0 ok; -1 with err filled. On error *f->id is

@@ -49,7 +49,48 @@ int sampler_init(Sampler *s, const SamplerParams *p, int vocab) {
     s->tmp = malloc(sizeof(float) * (size_t)vocab);
     s->key = malloc(2 * sizeof(uint32_t) * (size_t)vocab);
     s->idx2 = malloc(sizeof(int) * (size_t)vocab);
+    memset(&s->pen, 0, sizeof s->pen);
+    s->recent = NULL;
+    s->recent_cap = s->recent_n = s->recent_at = 0;
     return s->prob && s->idx && s->tmp && s->key && s->idx2 ? 0 : -1;
+}
+
+int sampler_set_penalties(Sampler *s, const SamplerPenalties *pen) {
+    free(s->recent);
+    s->recent = NULL;
+    s->recent_cap = s->recent_n = s->recent_at = 0;
+    s->pen = *pen;
+    const int any = (pen->repeat > 0 && pen->repeat != 1) || pen->frequency != 0 || pen->presence != 0;
+    if (!any || pen->last_n <= 0) return 0;
+    if (!(s->recent = malloc(sizeof(int) * (size_t)pen->last_n))) return -1;
+    s->recent_cap = pen->last_n;
+    return 0;
+}
+
+void sampler_accept(Sampler *s, int tok) {
+    if (!s->recent || tok < 0 || tok >= s->n) return;
+    s->recent[s->recent_at] = tok;
+    s->recent_at = s->recent_at + 1 == s->recent_cap ? 0 : s->recent_at + 1;
+    if (s->recent_n < s->recent_cap) s->recent_n++;
+}
+
+const float *sampler_penalize(Sampler *s, const float *logits) {
+    if (!s->recent || !s->recent_n) return logits;
+    float *x = s->tmp; /* the top-k scratch: free until probabilities() has read x */
+    memcpy(x, logits, sizeof(float) * (size_t)s->n);
+    uint32_t *count = s->key; /* the radix sort's scratch, free until the sort */
+    for (int i = 0; i < s->recent_n; i++) count[s->recent[i]] = 0;
+    for (int i = 0; i < s->recent_n; i++) count[s->recent[i]]++;
+    const float r = s->pen.repeat > 0 ? s->pen.repeat : 1.0f;
+    for (int i = 0; i < s->recent_n; i++) {
+        const int t = s->recent[i];
+        const uint32_t c = count[t];
+        if (!c) continue; /* a repeat of a token already penalized */
+        count[t] = 0;
+        x[t] = x[t] <= 0 ? x[t] * r : x[t] / r;
+        x[t] -= (float)c * s->pen.frequency + s->pen.presence;
+    }
+    return x;
 }
 
 void sampler_free(Sampler *s) {
@@ -58,6 +99,8 @@ void sampler_free(Sampler *s) {
     free(s->tmp);
     free(s->key);
     free(s->idx2);
+    free(s->recent);
+    s->recent = NULL;
     s->prob = NULL;
     s->idx = NULL;
     s->tmp = NULL;

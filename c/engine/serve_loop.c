@@ -228,11 +228,13 @@ static void admit(Loop *L, Pending *p) {
     emit_line("ACCEPT %s %d %d", f->id, n, reuse);
     SamplerParams sp = f->sp;
     if (!f->has_seed) sp.seed = sampler_entropy_seed();
+    SamplerPenalties pen = f->pen;
+    if (pen.last_n < 0 || pen.last_n > e->ctx) pen.last_n = e->ctx; /* -1: the context; more holds nothing more */
     memset(s, 0, sizeof *s);
     s->logits = malloc(sizeof(float) * (size_t)a->vocab);
     s->piece_cap = e->tok ? tok_stream_cap(e->tok) : 16;
     s->piece = malloc(s->piece_cap);
-    if (!s->logits || !s->piece || sampler_init(&s->smp, &sp, a->vocab)) {
+    if (!s->logits || !s->piece || sampler_init(&s->smp, &sp, a->vocab) || sampler_set_penalties(&s->smp, &pen)) {
         emit_error(f->id, "out_of_memory", "no memory for the sampler");
         engine_grammar_end(e, gr);
         sampler_free(&s->smp);
@@ -240,6 +242,7 @@ static void admit(Loop *L, Pending *p) {
         memset(s, 0, sizeof *s);
         return;
     }
+    for (int i = 0; i < n; i++) sampler_accept(&s->smp, ids[i]); /* the prompt is in the window, as in llama-server */
     period_begin(L);
     s->on = 1;
     s->seq = L->seq++;
@@ -318,16 +321,18 @@ static int stream_sample(Loop *L, Stream *s) {
     if (s->kv->n >= e->ctx) return 0; /* prompt + output never exceed the context */
     int tok;
     if (s->gr && grammar_finished(s->gr)) { s->finish = "stop"; return 0; } /* e.g. a grammar of the empty string */
+    const float *lg = sampler_penalize(&s->smp, s->logits); /* s->logits itself without penalties */
     if (s->gr) { /* budget: bytes the grammar may still need after this token, one per token left */
         int left = e->ctx - s->kv->n;
         if (f->max_tokens >= 0 && f->max_tokens - s->produced < left) left = f->max_tokens - s->produced;
-        tok = engine_grammar_pick(e, s->gr, &s->smp, s->logits, left - 1, &s->t_grammar);
+        tok = engine_grammar_pick(e, s->gr, &s->smp, lg, left - 1, &s->t_grammar);
         double tg = now_ms();
         if (tok >= 0 && grammar_accept(s->gr, tok)) tok = -2;
         s->t_grammar += now_ms() - tg;
         if (tok == -1) { s->dead_end = 1; return 0; }
         if (tok < 0) { s->oom = 1; return 0; }
-    } else tok = sampler_sample(&s->smp, s->logits);
+    } else tok = sampler_sample(&s->smp, lg);
+    sampler_accept(&s->smp, tok);
     if (!s->produced) s->t_first = now_ms() - s->t0;
     if (!f->ignore_eos && engine_is_eos(&e->model.a, tok)) { s->finish = "stop"; return 0; }
     /* a grammar lets an added token through only where it spells the grammar's text */

@@ -15,7 +15,11 @@ void test_protocol(void) {
     CHECK(parse("SUBMIT r1 5 slot=2 temp=0.7 top_p=0.9 top_k=40 min_p=0.05 seed=42 max_tokens=16 ids=1", &f, err) == 0, "%s", err);
     CHECK(f.kind == FR_SUBMIT && !strcmp(f.id, "r1") && f.payload_len == 5 && f.slot == 2 && f.ids == 1, "fields");
     CHECK(f.sp.top_k == 40 && f.has_seed && f.sp.seed == 42 && f.max_tokens == 16 && f.sp.temperature > 0.69f, "sampling");
-    CHECK(parse("SUBMIT r2 0", &f, err) == 0 && f.max_tokens == -1 && f.sp.top_p == 1.0f && f.parse_special, "defaults");
+    CHECK(parse("SUBMIT r2 0", &f, err) == 0 && f.max_tokens == -1 && f.sp.top_p == 1.0f && f.parse_special &&
+          f.pen.repeat == 1.0f && f.pen.last_n == 64 && !f.pen.frequency, "defaults");
+    CHECK(parse("SUBMIT r2 0 repeat_penalty=1.3 frequency_penalty=-0.5 presence_penalty=2 repeat_last_n=-1", &f,
+                err) == 0 && f.pen.repeat > 1.29f && f.pen.frequency == -0.5f &&
+          f.pen.presence == 2.0f && f.pen.last_n == -1, "penalties: %s", err);
     CHECK(parse("SUBMIT r3 20 literal=4", &f, err) == 0 && f.literal == 4 && !f.ids, "literal: %s", err);
     CHECK(parse("SUBMIT r4 20 grammar=10 literal=4", &f, err) == 0 && f.grammar == 10 && f.literal == 4, "grammar: %s", err);
     CHECK(parse("SUBMIT r5 20 grammar=12 ids=1", &f, err) == 0 && f.grammar == 12 && f.ids, "grammar ids: %s", err);
@@ -28,6 +32,8 @@ void test_protocol(void) {
         {"SUBMIT r1 -5", "payload byte count"},
         {"SUBMIT r1 99999999999", "payload byte count"},
         {"SUBMIT r1 5 slot=16", "bad value"},
+        {"SUBMIT r1 5 repeat_penalty=-1", "bad value"},
+        {"SUBMIT r1 5 repeat_last_n=-2", "bad value"},
         {"SUBMIT r1 5 temp=abc", "bad value"},
         {"SUBMIT r1 5 top_p=1.5", "bad value"},
         {"SUBMIT r1 5 seed=-1", "bad value"},

@@ -4,7 +4,40 @@
 #include "check.h"
 #include "engine/sampler.h"
 
+/* Penalties as llama.cpp applies them, against values worked out by hand; the window slides. */
+static void test_penalties(void) {
+    const float logits[4] = {2.0f, 1.0f, -1.0f, 0.5f};
+    Sampler s;
+    SamplerParams greedy = {0, 1, 0, 0, 1};
+    sampler_init(&s, &greedy, 4);
+    SamplerPenalties off = {1.0f, 0, 0, 64};
+    CHECK(sampler_set_penalties(&s, &off) == 0, "no penalty");
+    sampler_accept(&s, 0);
+    CHECK(sampler_penalize(&s, logits) == logits && !s.recent, "no penalty: the logits themselves, no window");
+    SamplerPenalties rep = {2.5f, 0, 0, 3};
+    CHECK(sampler_set_penalties(&s, &rep) == 0 && s.recent, "a window");
+    CHECK(sampler_penalize(&s, logits) == logits, "an empty window changes nothing");
+    CHECK(sampler_sample(&s, logits) == 0, "greedy picks token 0 unpenalized");
+    sampler_accept(&s, 0); sampler_accept(&s, 2); sampler_accept(&s, 2);
+    const float *x = sampler_penalize(&s, logits);
+    CHECK(x != logits && x[0] == 2.0f / 2.5f && x[1] == 1.0f && x[2] == -1.0f * 2.5f && x[3] == 0.5f,
+          "repeat: positive logits divided, negative multiplied, once per distinct token (%g %g %g %g)",
+          x[0], x[1], x[2], x[3]);
+    CHECK(sampler_sample(&s, x) == 1 && logits[0] == 2.0f, "greedy on the penalized copy; the input untouched");
+    sampler_accept(&s, 3); /* the window holds 3: token 0 slides out */
+    x = sampler_penalize(&s, logits);
+    CHECK(x[0] == 2.0f && x[3] == 0.5f / 2.5f && x[2] == -2.5f, "the window slides (%g %g %g)", x[0], x[2], x[3]);
+    SamplerPenalties fp = {1.0f, 0.25f, 0.5f, 8};
+    sampler_set_penalties(&s, &fp);
+    sampler_accept(&s, 0); sampler_accept(&s, 0); sampler_accept(&s, 0); sampler_accept(&s, 1); sampler_accept(&s, 9);
+    x = sampler_penalize(&s, logits);
+    CHECK(x[0] == 2.0f - (3 * 0.25f + 0.5f) && x[1] == 1.0f - (0.25f + 0.5f) && x[2] == -1.0f && x[3] == 0.5f,
+          "frequency (count x f) and presence (once); an id outside the vocabulary is not kept (%g %g)", x[0], x[1]);
+    sampler_free(&s);
+}
+
 void test_sampler(void) {
+    test_penalties();
     float logits[6] = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f, 0.0f};
     CHECK(argmax(logits, 6) == 1, "argmax takes the first of equal maxima");
     Sampler s;

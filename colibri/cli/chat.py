@@ -191,13 +191,23 @@ class Chat:
         ctx = int(engine.info.get("ctx", 0)) or DEFAULT_ANSWER_CAP + 1
         self.ctx = int(engine.info.get("ctx", 0)) or None
         self.cap = args.max_tokens if args.max_tokens is not None else min(cap or DEFAULT_ANSWER_CAP, ctx - 1)
-        self.opts = launch_opts.sampling_opts(args)
+        from colibri import sampling
+        self.defaults, self.default_sources = sampling.model_defaults(model_dir)
+        self.opts = launch_opts.sampling_opts(args, defaults=self.defaults)
         self.opts.pop("max_tokens", None)
         # gpt-oss: the channel markup is special tokens, so the engine writes them out
         self.harmony = not args.raw and speaks_harmony(model_dir, fam)
         if self.harmony:
             self.opts["render_special"] = 1
         self.answer_content = ""  # the last answer without its reasoning (what the template gets back)
+
+    def sampling_line(self):
+        """What this chat samples with: the flags given, the model's defaults for the rest."""
+        from colibri import sampling
+        given = {k for k in sampling.API_NAMES if getattr(self.args, k, None) is not None}
+        values = {k: self.opts[k] for k in sampling.API_NAMES if k in self.opts}
+        sources = {k: "flag" if k in given else self.default_sources.get(k, "engine") for k in values}
+        return sampling.describe(values, sources)
 
     # -------------------------------------------------------------- prompt text
 
@@ -422,7 +432,8 @@ def add_arguments(p):
                    "that read reasoning_effort (gpt-oss); :effort changes it")
     launch_opts.add_engine_flags(p, tuple(n for n in launch_opts.LAUNCH_FLAGS if n != "kv-slots"))
     launch_opts.add_sampling_flags(p, max_tokens_help=f"cap per answer (default {DEFAULT_ANSWER_CAP}, or the "
-                                   "family's interactive cap); :more continues a capped answer")
+                                   "family's interactive cap); :more continues a capped answer",
+                                   model_defaults=True)
 
 
 def run(args):
@@ -471,6 +482,7 @@ def run(args):
         budget = launch_opts.budget_line(info, args.batch)
         if budget:
             print(chat.screen.dim(budget))
+        print(chat.screen.dim("sampling: " + chat.sampling_line()))
         if interactive:
             print(chat.screen.dim(":help lists commands; Ctrl-C stops an answer, Ctrl-D leaves"))
         sys.stdout.flush()

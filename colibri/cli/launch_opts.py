@@ -131,12 +131,26 @@ def ram_budget_gb(args):
     return budget / GB if budget else None
 
 
-def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (default: end of context)"):
+def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (default: end of context)",
+                       model_defaults=False):
+    """model_defaults: unset flags take the model's sampling defaults (colibri/sampling.py, shown by
+    `coli info`) instead of greedy decoding."""
     g = p.add_argument_group("sampling")
-    g.add_argument("--temp", type=float, help="temperature, 0-100 (default 0: greedy)")
-    g.add_argument("--top-p", type=float, dest="top_p", help="nucleus sampling, 0-1 (default 1: off)")
-    g.add_argument("--top-k", type=int, dest="top_k", help="keep the K most likely tokens (default 0: off)")
-    g.add_argument("--min-p", type=float, dest="min_p", help="drop tokens below P x the top probability, 0-1")
+    d = ("the model's, see coli info", ) * 4 if model_defaults else ("0: greedy", "1: off", "0: off", "0: off")
+    g.add_argument("--temp", type=float, help=f"temperature, 0-100, 0 is greedy (default {d[0]})")
+    g.add_argument("--top-p", type=float, dest="top_p", help=f"nucleus sampling, 0-1 (default {d[1]})")
+    g.add_argument("--top-k", type=int, dest="top_k", help=f"keep the K most likely tokens (default {d[2]})")
+    g.add_argument("--min-p", type=float, dest="min_p",
+                   help=f"drop tokens below P x the top probability, 0-1 (default {d[3]})")
+    g.add_argument("--repeat-penalty", type=float, dest="repeat_penalty",
+                   help="divide the logits of tokens in the last --repeat-last-n by this, above 0 (default "
+                        + ("the model's" if model_defaults else "1: off") + ")")
+    g.add_argument("--presence-penalty", type=float, dest="presence_penalty",
+                   help="subtract this from tokens in the window, -2 to 2 (default 0)")
+    g.add_argument("--frequency-penalty", type=float, dest="frequency_penalty",
+                   help="subtract this per occurrence in the window, -2 to 2 (default 0)")
+    g.add_argument("--repeat-last-n", type=int, dest="repeat_last_n",
+                   help="tokens (prompt and output) the penalties look back over; -1: the context (default 64)")
     g.add_argument("--seed", type=int, help="sampling seed; the same seed and prompt give the same tokens")
     g.add_argument("--max-tokens", type=int, dest="max_tokens", help=max_tokens_help)
     if think:
@@ -166,6 +180,16 @@ def check_sampling(args, ctx, max_ctx=None):
         bad("--top-k", top_k, "needs 0 (off) or a positive count")
     if min_p is not None and not 0 <= min_p <= 1:
         bad("--min-p", min_p, "needs a value from 0 to 1")
+    rp = getattr(args, "repeat_penalty", None)
+    if rp is not None and not 0 < rp <= 100:
+        bad("--repeat-penalty", rp, "needs a value above 0 and at most 100 (1: off)")
+    for flag in ("presence_penalty", "frequency_penalty"):
+        v = getattr(args, flag, None)
+        if v is not None and not -2 <= v <= 2:
+            bad("--" + flag.replace("_", "-"), v, "needs a value from -2 to 2 (0: off)")
+    rln = getattr(args, "repeat_last_n", None)
+    if rln is not None and rln < -1:
+        bad("--repeat-last-n", rln, "needs -1 (the context), 0 (off) or a count of tokens")
     seed = getattr(args, "seed", None)
     if seed is not None and not 0 <= seed < 1 << 64:
         bad("--seed", seed, "needs an unsigned 64-bit integer")
@@ -291,11 +315,13 @@ def check_memory(args, model_dir, man, ctx, slots, log):
         log(msg + "; long conversations may be killed for memory (lower --ctx)")
 
 
-def sampling_opts(args, default_max_tokens=None):
-    """SUBMIT options from the sampling flags (None values are left to the engine's defaults)."""
-    opts = {"temp": getattr(args, "temp", None), "top_p": getattr(args, "top_p", None),
-            "top_k": getattr(args, "top_k", None), "min_p": getattr(args, "min_p", None),
-            "seed": getattr(args, "seed", None)}
+def sampling_opts(args, default_max_tokens=None, defaults=None):
+    """SUBMIT options from the sampling flags; an unset one comes from `defaults` (the model's,
+    colibri/sampling.py), else is left to the engine (greedy)."""
+    defaults = defaults or {}
+    opts = {k: getattr(args, k, None) for k in ("temp", "top_p", "top_k", "min_p", "seed", "repeat_penalty",
+                                                "presence_penalty", "frequency_penalty", "repeat_last_n")}
+    opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}
     mt = getattr(args, "max_tokens", None)
     opts["max_tokens"] = mt if mt is not None else default_max_tokens
     return {k: v for k, v in opts.items() if v is not None}

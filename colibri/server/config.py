@@ -20,6 +20,8 @@ from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS
 class Settings:
     model_dir: Path
     model_id: str
+    model_aliases: list = field(default_factory=list)  # other names requests may use
+    any_model_name: bool = False    # accept whatever name a request gives
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str = None
@@ -67,7 +69,11 @@ def add_arguments(p):
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="accept this Host header name too (repeatable; IP literals and localhost always pass; "
                         "'*' turns the DNS-rebinding check off)")
-    p.add_argument("--model-id", help="model name clients use (default: the model directory's name)")
+    p.add_argument("--model-id", action="append", metavar="NAME[,NAME...]",
+                   help="model name clients use (default: the model directory's name); repeat it or separate names "
+                        "with commas to accept aliases: the first is the one answers carry")
+    p.add_argument("--any-model-name", action="store_true",
+                   help="accept any model name in requests (as llama-server does) instead of a 404 for unknown ones")
     p.add_argument("--chat-template", help="Jinja chat template file to use instead of the model's own")
     p.add_argument("--kv-dir", help="directory where KV slots persist across restarts (default: .coli_serve in the "
                                     "model directory if writable, else ~/.cache/colibri/serve/...)")
@@ -201,12 +207,25 @@ def default_kv_dir(model_dir):
     return d
 
 
+def model_names(values):
+    """--model-id values (repeated, or comma-separated) -> the names, first one first, no repeats."""
+    names = []
+    for v in values or []:
+        for name in v.split(","):
+            if not name.strip() or any(c.isspace() for c in name.strip()) or name != name.strip():
+                raise UserError(f"--model-id {v!r}: each name must be non-empty and without spaces "
+                                f"(separate aliases with commas, e.g. --model-id qwen3,gpt-4o-mini)")
+            if name not in names:
+                names.append(name)
+    return names
+
+
 def resolve(args):
     """argparse namespace -> Settings; raises UserError for anything the server cannot honour."""
     model_dir = require_model(args)
-    s = Settings(model_dir=model_dir, model_id=args.model_id or model_dir.resolve().name)
-    if not s.model_id or any(c.isspace() for c in s.model_id):
-        raise UserError(f"--model-id {s.model_id!r} must be a non-empty name without spaces")
+    names = model_names(getattr(args, "model_id", None)) or [model_dir.resolve().name]
+    s = Settings(model_dir=model_dir, model_id=names[0], model_aliases=names[1:],
+                 any_model_name=bool(getattr(args, "any_model_name", False)))
     s.host, s.port = args.host, args.port
     _check_range("--port", s.port, 0, 65535)
 

@@ -135,7 +135,7 @@ class Generation:
             self.h.extra_headers["x-colibri-prompt-tokens"] = str(ev[1])
             self.h.extra_headers["x-colibri-reused-tokens"] = str(ev[2])
             if self.spec.stream:
-                self._write(lambda: self.h.begin_stream({}))
+                self._write(lambda: self.h.begin_stream({}, getattr(self.resp, "content_type", None)))
                 self.streaming = True
                 self._send(self.resp.stream_start(self.usage))
         elif kind == "data":

@@ -248,9 +248,9 @@ class BaseHandler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
 
-    def begin_stream(self, headers):
+    def begin_stream(self, headers, content_type=None):
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Content-Type", content_type or "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("X-Accel-Buffering", "no")
         self._chunked = self.request_version == "HTTP/1.1"

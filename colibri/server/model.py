@@ -1,5 +1,5 @@
-"""What the server knows about the model it serves: identity, sampling defaults from
-generation_config.json, the chat template and whether the family thinks in <think> blocks."""
+"""What the server knows about the model it serves: identity, sampling defaults
+(colibri/sampling.py), the chat template and whether the family thinks in <think> blocks."""
 import hashlib
 import json
 import os
@@ -8,6 +8,7 @@ from pathlib import Path
 import family_registry
 from colibri.chat_template import render as chat_template
 from colibri.chat_template import literal as chat_template_literal
+from colibri import sampling
 from colibri.server import harmony
 
 # Used when a checkpoint ships no chat template (like the tiny test models), so chat endpoints
@@ -17,14 +18,16 @@ CHATML = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '
 
 
 class ModelInfo:
-    def __init__(self, model_dir, model_id, template_file=None, log=print):
+    def __init__(self, model_dir, model_id, template_file=None, log=print, aliases=(), any_name=False):
         self.dir = Path(model_dir)
         self.id = model_id
+        self.names = [model_id] + [a for a in aliases if a != model_id]  # every name requests may use
+        self.any_name = any_name
         raw = (self.dir / "colibri.json").read_bytes()
         self.manifest = json.loads(raw)
         self.fingerprint = hashlib.sha256(raw).hexdigest()
         self.created = int(os.path.getmtime(self.dir / "colibri.json"))
-        self.defaults = self._sampling_defaults()
+        self.defaults, self.default_sources = sampling.model_defaults(self.dir)
         fam = family_registry.FAMILIES.get(self.manifest.get("family"), {})
         self.family_display = fam.get("display") or self.manifest.get("family")
         self.tool_format = fam.get("tools") or None  # colibri/tools/formats.py; None: no tool calling
@@ -53,20 +56,10 @@ class ModelInfo:
         self.harmony = (self.template is not None and self.template_origin != "chatml-fallback"
                         and harmony.uses_harmony(self.template, self.family_facts))
 
-    def _sampling_defaults(self):
-        """The checkpoint's recommended sampling when it asks for sampling; else OpenAI's defaults."""
-        path = self.dir / "generation_config.json"
-        try:
-            gc = json.loads(path.read_text()) if path.is_file() else {}
-        except (OSError, ValueError):
-            gc = {}
-        if not gc.get("do_sample"):
-            return {"temp": 1.0}
-        out = {"temp": float(gc.get("temperature", 1.0))}
-        for src, dst in (("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p")):
-            if gc.get(src) is not None:
-                out[dst] = gc[src]
-        return out
+    def serves(self, name):
+        """True when a request naming `name` is for this model: one of its names (--model-id), or any
+        name with --any-model-name."""
+        return self.any_name or name in self.names
 
     def _has_think_tags(self):
         if self.template and "<think>" in self.template:

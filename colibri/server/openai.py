@@ -8,7 +8,7 @@ from colibri.chat_template import render as chat_template
 from colibri.chat_template import runtime as chat_template_runtime
 from colibri.server import harmony
 from colibri.server.params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
-                           message_text, refuse_nonzero, sampling_options, unsupported)
+                           message_text, sampling_options, unsupported)
 from colibri.server import structured
 from colibri.server.text import token_text
 from colibri.tools import fallback as tool_fallback
@@ -33,7 +33,7 @@ def check_model(body, model):
         return
     if not isinstance(name, str):
         raise bad("'model' must be a string", param="model", code="invalid_type")
-    if name != model.id:
+    if not model.serves(name):
         raise ApiError(404, f"The model '{name}' does not exist; this server serves '{model.id}'",
                        code="model_not_found", param="model")
 
@@ -44,8 +44,6 @@ def _common(body, model, n_slots):
     if n != 1:
         raise unsupported("'n' > 1 is not supported: colibri generates one choice per request", param="n",
                           code="n_unsupported")
-    refuse_nonzero(body, ("presence_penalty", "frequency_penalty"))
-    refuse_nonzero(body, ("repetition_penalty",), neutral=1.0)
     lb = body.get("logit_bias")
     if lb not in (None, {}):
         raise unsupported("'logit_bias' is not supported by colibri yet", param="logit_bias")

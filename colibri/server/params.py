@@ -22,6 +22,8 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
     def body(self, dialect):
+        if dialect == "ollama":
+            return {"error": self.message}
         if dialect == "anthropic":
             return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(self.status, "api_error"),
                                                "message": self.message}}
@@ -151,19 +153,6 @@ def get_stop(body, name, limit=4):
     return v
 
 
-def refuse_nonzero(body, names, neutral=0.0):
-    """Penalties and similar knobs the engine does not implement: the neutral value is fine."""
-    for name in names:
-        v = body.get(name)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise _type_error(name, "a number")
-        if float(v) != neutral:
-            raise unsupported(f"'{name}' is not supported by colibri yet; leave it out or set it to {neutral:g}",
-                              param=name)
-
-
 # The engine's largest count for max_tokens and top_k (docs/protocol.md).
 ENGINE_MAX_COUNT = 1 << 30
 
@@ -217,9 +206,32 @@ def sampling_options(body, defaults, temp_max=2.0):
         m = defaults.get("min_p")
     if m is not None:
         opts["min_p"] = m
+    opts.update(penalty_options(body, defaults))
     seed = seed_value(body)
     if seed is not None:
         opts["seed"] = seed
+    return opts
+
+
+def penalty_options(body, defaults):
+    """presence_penalty / frequency_penalty (OpenAI, -2 to 2), repetition_penalty (vLLM) or
+    repeat_penalty (llama-server, ollama) and repeat_last_n (the window, -1: the context) -> SUBMIT
+    options; unset ones from `defaults`."""
+    opts = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = get_float(body, name, -2.0, 2.0)
+        if v:
+            opts[name] = v
+    names = [n for n in ("repetition_penalty", "repeat_penalty") if body.get(n) is not None]
+    if len(names) == 2 and body[names[0]] != body[names[1]]:
+        raise bad("'repetition_penalty' and 'repeat_penalty' are two names for one knob; send one of them",
+                  param="repeat_penalty")
+    r = get_float(body, names[0], 0.0, 100.0, lo_open=True) if names else defaults.get("repeat_penalty")
+    if r is not None and r != 1:
+        opts["repeat_penalty"] = r
+    n = get_int(body, "repeat_last_n", -1, ENGINE_MAX_COUNT)
+    if n is not None:
+        opts["repeat_last_n"] = n
     return opts
 
 
