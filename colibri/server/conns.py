@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict, deque
 
 from colibri.server.params import ApiError
+from colibri.server.request_head import BadHead, parse_head
 
 MAX_HEAD = 64 * 1024           # request line and headers together
 HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -49,32 +50,22 @@ class Conn:
     """One client connection. state: head (reading a request head), body (reading a small body),
     idle (kept alive), busy (in a worker), closed."""
 
-    __slots__ = ("sock", "addr", "ip", "buf", "state", "deadline", "served", "need")
+    __slots__ = ("sock", "addr", "ip", "buf", "state", "deadline", "served", "need", "head")
 
     def __init__(self, sock, addr):
         self.sock, self.addr, self.ip = sock, addr, addr[0]
         self.buf = b""
         self.state, self.deadline, self.served = "head", 0.0, 0
         self.need = 0  # bytes of head + body to buffer before the request goes to a worker
+        self.head = None  # the parsed head of the request being read or served (request_head.Head)
 
 
 def body_to_buffer(head, limit):
     """The Content-Length of a small plain body the selector may read itself, else 0 (chunked,
-    Expect: 100-continue, odd or large lengths are left to the handler, which explains errors)."""
-    length = None
-    for line in head.split(b"\n")[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name in (b"transfer-encoding", b"expect"):
-            return 0
-        if name == b"content-length":
-            if length is not None:
-                return 0
-            length = value.strip()
-    if length is None or not length.isdigit():
+    Expect: 100-continue and large lengths are left to the handler)."""
+    if head.chunked or head.expect or head.content_length is None:
         return 0
-    n = int(length)
-    return n if n <= limit else 0
+    return head.content_length if head.content_length <= limit else 0
 
 
 class ConnReader:
@@ -479,7 +470,13 @@ class Server:
                                            "headers_too_large"))
                 return
             c.buf = head
-            body = body_to_buffer(head[:m.end()], min(BUFFERED_BODY, self.settings.max_body))
+            try:
+                c.head = parse_head(head[:m.end()])
+            except BadHead as e:  # nothing after a refused head is read: it could be a smuggled request
+                self.app.metrics.count("bad_requests")
+                self._answer(c, canned(e.status, e.reason, e.message, e.code))
+                return
+            body = body_to_buffer(c.head, min(BUFFERED_BODY, self.settings.max_body))
             if body and len(head) < m.end() + body:
                 c.state, c.need = "body", m.end() + body
                 c.deadline = time.monotonic() + self.settings.body_timeout
