@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 from colibri.server import config as server_config
 from colibri.cli.common import UserError
 from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
-from colibri.server import dashboard
+from colibri.server import dashboard, private_files
 from colibri.server.conns import Server
 from colibri.server.scheduler import Scheduler, ServedEngine, SlotTable
 from colibri.server.telemetry import Telemetry
@@ -73,8 +73,10 @@ class App:
         self.settings, self.log = settings, log
         self.metrics = Metrics()
         self.model = ModelInfo(settings.model_dir, settings.model_id, settings.chat_template, log)
+        if settings.kv_dir:
+            private_files.secure_dir(str(settings.kv_dir), log)
         slots_file = str(settings.kv_dir / "slots.json") if settings.kv_dir else None
-        self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint)
+        self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint, log)
         ServedEngine.log = log
         extra = (["--kv-dir", str(settings.kv_dir)] if settings.kv_dir else []) + settings.stream_args
         parallel = settings.parallel or settings.kv_slots
