@@ -69,6 +69,8 @@ class BaseHandler(BaseHTTPRequestHandler):
         """Called first by every do_*; the head was complete before the request reached a thread."""
 
     def handle_expect_100(self):
+        if self.conn.continued:  # the selector sent "100 Continue" and read the body already
+            return True
         length = self.conn.head.content_length
         if length is not None and length > self.server.app.settings.max_body:
             self.close_connection = True
