@@ -25,6 +25,7 @@ import traceback
 import uuid
 from urllib.parse import unquote, urlsplit
 
+from colibri import children
 from colibri.server import config as server_config
 from colibri.cli.common import UserError
 from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
@@ -346,10 +347,10 @@ def run(args, on_listen=None):
         if len(signals) > 1:  # the operator insists: no more waiting
             # os.write, not log(): this thread may be inside log() holding its lock
             os.write(2, f"{time.strftime('%H:%M:%S')} coli serve: second {signal.Signals(signum).name}: "
-                        f"exiting now\n".encode())
-            eng = app.sched.engine
-            if eng is not None:
-                eng.proc.kill()
+                        f"ending the engine and exiting now\n".encode())
+            left = children.end_all()  # every engine, also one still loading or restarting
+            if left:
+                os.write(2, f"coli serve: engine process(es) {left} did not exit after SIGKILL\n".encode())
             os._exit(128 + signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -361,9 +362,14 @@ def run(args, on_listen=None):
         on_listen(app, f"http://{shown}:{port}/")
     while not signals and acceptor.is_alive() and not startup_failed(app):
         time.sleep(0.2)
-    if startup_failed(app) and not signals:
-        refuse_at_start(app, server)
-    return drain(app, server, signals[0] if signals else None, log)
+    try:
+        if startup_failed(app) and not signals:
+            refuse_at_start(app, server)
+        return drain(app, server, signals[0] if signals else None, log)
+    finally:
+        left = children.end_all()  # what a graceful close left running (an engine still loading, say)
+        if left:
+            log(f"engine process(es) {left} did not exit after SIGKILL")
 
 
 def startup_failed(app):
