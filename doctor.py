@@ -2,7 +2,8 @@
 
 Exit code: 0 when everything passes, 1 when the worst result is a warning, 2 for a failure.
 --deep also walks every tensor of every shard (offsets, dtypes, shapes, overlaps, alignment,
-the colibri.tensors storage entries, the expert layout) and loads the model in the engine.
+the colibri.tensors storage entries, the expert layout), checks every shard's bytes against the
+checksums recorded at conversion and loads the model in the engine.
 """
 import json
 import os
@@ -18,8 +19,9 @@ HELP = "check that the engine, the machine and a model are ready (read-only)"
 DESCRIPTION = """Read-only readiness checks with a fix for each problem:
 engine built, model directory complete, shards consistent with colibri.json, tokenizer and chat
 template present, family supported, RAM and disk sufficient, O_DIRECT support, open-file limit.
---deep walks every tensor (offsets, dtypes, shapes, overlaps, storage entries, expert layout)
-and loads the model in the engine. Exit code: 0 all passed, 1 warnings, 2 failures."""
+--deep walks every tensor (offsets, dtypes, shapes, overlaps, storage entries, expert layout),
+checks the shards' bytes against the checksums recorded at conversion and loads the model in
+the engine. Exit code: 0 all passed, 1 warnings, 2 failures."""
 
 ROOT = Path(__file__).resolve().parent
 RANK = {"pass": 0, "warn": 1, "fail": 2}
@@ -180,7 +182,18 @@ def check_shards(rep, d, man, deep):
                 "they are ignored; delete them, or re-convert if they belong to this model")
     if deep:
         check_tensors(rep, man, opened)
+        if not missing:
+            check_checksums(rep, d, man)
     return opened
+
+
+def check_checksums(rep, d, man):
+    """--deep: every shard's bytes against the checksums the converter recorded."""
+    from colibri.model import shard_sums
+    status, lines = shard_sums.verify(d, man)
+    fix = {"fail": shard_sums.FIX,
+           "warn": "re-convert with this colibri (`coli convert SRC OUT`) to record checksums"}.get(status)
+    rep.add("checksums", status, "\n".join(lines), fix)
 
 
 def check_tensors(rep, man, opened):

@@ -25,12 +25,11 @@ import traceback
 import uuid
 from urllib.parse import unquote, urlsplit
 
-from colibri import sampling
+from colibri import children, sampling
 from colibri.server import config as server_config
 from colibri.cli.common import UserError
 from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
-from colibri.server import dashboard
-from colibri.server import ollama
+from colibri.server import dashboard, ollama, private_files
 from colibri.server.conns import Server
 from colibri.server.scheduler import Scheduler, ServedEngine, SlotTable
 from colibri.server.telemetry import Telemetry
@@ -80,8 +79,10 @@ class App:
         self.metrics = Metrics()
         self.model = ModelInfo(settings.model_dir, settings.model_id, settings.chat_template, log,
                                aliases=settings.model_aliases, any_name=settings.any_model_name)
+        if settings.kv_dir:
+            private_files.secure_dir(str(settings.kv_dir), log)
         slots_file = str(settings.kv_dir / "slots.json") if settings.kv_dir else None
-        self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint)
+        self.slots = SlotTable(settings.kv_slots, slots_file, self.model.fingerprint, log)
         ServedEngine.log = log
         extra = (["--kv-dir", str(settings.kv_dir)] if settings.kv_dir else []) + settings.stream_args
         parallel = settings.parallel or settings.kv_slots
@@ -381,10 +382,10 @@ def run(args, on_listen=None):
         if len(signals) > 1:  # the operator insists: no more waiting
             # os.write, not log(): this thread may be inside log() holding its lock
             os.write(2, f"{time.strftime('%H:%M:%S')} coli serve: second {signal.Signals(signum).name}: "
-                        f"exiting now\n".encode())
-            eng = app.sched.engine
-            if eng is not None:
-                eng.proc.kill()
+                        f"ending the engine and exiting now\n".encode())
+            left = children.end_all()  # every engine, also one still loading or restarting
+            if left:
+                os.write(2, f"coli serve: engine process(es) {left} did not exit after SIGKILL\n".encode())
             os._exit(128 + signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -396,9 +397,14 @@ def run(args, on_listen=None):
         on_listen(app, f"http://{shown}:{port}/")
     while not signals and acceptor.is_alive() and not startup_failed(app):
         time.sleep(0.2)
-    if startup_failed(app) and not signals:
-        refuse_at_start(app, server)
-    return drain(app, server, signals[0] if signals else None, log)
+    try:
+        if startup_failed(app) and not signals:
+            refuse_at_start(app, server)
+        return drain(app, server, signals[0] if signals else None, log)
+    finally:
+        left = children.end_all()  # what a graceful close left running (an engine still loading, say)
+        if left:
+            log(f"engine process(es) {left} did not exit after SIGKILL")
 
 
 def startup_failed(app):

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from colibri import ROOT
+from colibri import ROOT, children
 # COLI_ENGINE picks another engine binary (the tests run the sanitizer build this way).
 RELEASE = ROOT / "build" / "colibri"  # what `make` builds
 ENGINE = Path(os.environ["COLI_ENGINE"]).resolve() if os.environ.get("COLI_ENGINE") else RELEASE
@@ -91,8 +91,9 @@ class Engine:
         args += list(extra)
         # A session of its own: a terminal's Ctrl-C goes to the launcher, which decides whether
         # to STOP a generation, instead of killing the engine with it.
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, env=engine_env())
+        self.proc = children.register(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                       stderr=subprocess.PIPE, start_new_session=True,
+                                                       env=engine_env()))
         self.stderr_tail = deque(maxlen=20)
         self._err_thread = threading.Thread(target=self._drain_stderr, daemon=True)
         self._err_thread.start()

@@ -12,6 +12,7 @@ MODE:
   garbage    answer the first SUBMIT with a DATA frame whose size is not a number
   slow:S     wait S seconds before every DATA frame
   silent     accept, then never answer again (stays alive)
+  loading    never finish loading: no READY, ignore SIGTERM, sleep (a model that takes long to load)
   script     answer turn i with the i-th reply of the JSON list in COLI_FAKE_REPLIES (a list of
              DATA pieces each, cycling), END finish=stop; every SUBMIT's options and payload are
              appended as one JSON line to COLI_FAKE_LOG when set
@@ -143,6 +144,11 @@ def main():
     mode = sys.argv[1]
     if mode == "serve":
         mode = os.environ.get("COLI_FAKE_MODE", "ok")
+    if mode == "loading":
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(60)
     shape = moe_shape() if mode == "moe" else None
     if shape:
         layers, experts = shape

@@ -132,8 +132,5 @@ def test_a_second_signal_exits_at_once(model, template):  # noqa: F811
         finally:
             resume_engine(pid)
             conn.close()
-        assert "second SIGTERM: exiting now" in server.log()
-        deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{pid}") and not _is_zombie(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)
+        assert "second SIGTERM: ending the engine and exiting now" in server.log()
+        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)  # gone before the launcher exited

@@ -613,7 +613,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     convert_hf.write_manifest(
         out, family=fam, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
         bos=bos_id if bos_id is not None else -1, eos=eos_ids, shards=shards, quant_extra={"from_gguf": kept},
-        mtp_layers=planner.mtp,
+        mtp_layers=planner.mtp, log=log,
         source={"files": {src.name: sha256_file(src)}, "model_type": cfg["model_type"],
                 "gguf": {"version": g.version, "architecture": g.metadata.get("general.architecture"),
                          "name": g.metadata.get("general.name"), "file_type": g.metadata.get("general.file_type")}})

@@ -23,6 +23,7 @@ import family_registry
 from colibri.convert import default_chat_template, gpt_oss
 from colibri.family import deepseek, deepseek_v4, kimi, qwen35
 from colibri.checksum import sha256_file
+from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
@@ -459,13 +460,13 @@ def convert(src, out, experts=None, dense="q8", log=print):
     write_manifest(out, family=family, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
                    bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src, family), shards=shards,
                    source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")},
-                   mtp_layers=planner.mtp)
+                   mtp_layers=planner.mtp, log=log)
     log(f"wrote {out}")
     return out
 
 
 def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None,
-                   mtp_layers=None):
+                   mtp_layers=None, log=None):
     """colibri.json, for every converter: written last and renamed into place, so its presence
     means the container is complete (docs/container.md)."""
     manifest = {
@@ -485,6 +486,7 @@ def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos
         "eos_token_ids": eos,
         "shards": [fname for fname, _ in shards],
         "source": source,
+        shard_sums.KEY: shard_sums.record(str(out), [fname for fname, _ in shards], log),
     }
     if mtp_layers:  # kept, not run: no layer spec names their tensors
         manifest["mtp_layers"] = mtp_layers

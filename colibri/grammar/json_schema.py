@@ -8,7 +8,8 @@ import json
 import math
 import re
 
-from colibri.grammar import gbnf
+from colibri.grammar import gbnf, schema_limits
+from colibri.grammar.errors import SchemaError
 from colibri.grammar.ranges import int_range
 from colibri.grammar.regex import MAX_REPEAT, PatternError, pattern_to_gbnf
 
@@ -56,16 +57,6 @@ FORMATS["date-time"] = FORMATS["date"].replace('"3" [01])', '"3" [01]) [Tt ] ') 
     " " + FORMATS["time"]
 
 
-class SchemaError(ValueError):
-    """A schema outside the supported subset (or not a schema). `keyword` names the culprit,
-    `path` is a JSON pointer to the schema holding it."""
-
-    def __init__(self, keyword, path, why):
-        path = path if path.startswith("#") else "#" + path
-        super().__init__(f"JSON schema keyword '{keyword}' at '{path}': {why}")
-        self.keyword, self.path = keyword, path
-
-
 def _name_part(s):
     return re.sub(r"[^A-Za-z0-9-]+", "-", str(s)).strip("-") or "x"
 
@@ -77,6 +68,7 @@ class _Compiler:
         self.root, self.p = root, prefix
         self.rules = {}  # name -> body, in definition order
         self.refs = {}   # $ref -> rule name
+        self.level = 0   # nesting of value() calls (schema_limits.MAX_DEPTH)
 
     def prim(self, name):
         full = self.p + name
@@ -102,6 +94,15 @@ class _Compiler:
 
     # ---- the schema walk: each returns a GBNF expression for one JSON value, no surrounding whitespace
     def value(self, s, path, hint):
+        if self.level >= schema_limits.MAX_DEPTH:
+            raise schema_limits.too_deep()
+        self.level += 1
+        try:
+            return self._value(s, path, hint)
+        finally:
+            self.level -= 1
+
+    def _value(self, s, path, hint):
         if s is True or s == {}:
             return self.prim("value")
         if s is False:
@@ -445,7 +446,9 @@ def _is_type(v, t):
 def schema_to_gbnf(schema, prefix=""):
     """(rules_text, root_rule_name): GBNF rules for one JSON value valid under `schema`, every
     rule name starting with `prefix` (so several schemas can share one grammar). The value has
-    no surrounding whitespace. Raises SchemaError for keywords outside the subset."""
+    no surrounding whitespace. Raises SchemaError for keywords outside the subset, and
+    schema_limits.SchemaLimit for a schema too deep or too large."""
+    schema_limits.check(schema)
     c = _Compiler(schema, prefix)
     expr = c.value(schema, "", "root-value" if not prefix else "value")
     name = expr if expr in c.rules else c.new_rule("value", expr)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from colibri.cli.common import UserError, model_arg, require_model
 from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS
+from colibri.server import private_files
 
 
 
@@ -194,7 +195,7 @@ def default_kv_dir(model_dir):
     """A state directory under the model if writable, else under ~/.cache/colibri/serve."""
     d = model_dir / ".coli_serve"
     try:
-        d.mkdir(exist_ok=True)
+        d.mkdir(mode=private_files.DIR_MODE, exist_ok=True)
         probe = d / ".probe"
         probe.write_bytes(b"")
         probe.unlink()
@@ -203,7 +204,7 @@ def default_kv_dir(model_dir):
         pass
     tag = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:12]
     d = Path.home() / ".cache" / "colibri" / "serve" / f"{model_dir.resolve().name}-{tag}"
-    d.mkdir(parents=True, exist_ok=True)
+    private_files.make_dir(d)
     return d
 
 
@@ -287,7 +288,7 @@ def resolve(args):
     if args.kv_dir:
         s.kv_dir = Path(args.kv_dir)
         try:
-            s.kv_dir.mkdir(parents=True, exist_ok=True)
+            private_files.make_dir(s.kv_dir)
         except OSError as e:
             raise UserError(f"--kv-dir {s.kv_dir}: {e.strerror}") from None
         if not os.access(s.kv_dir, os.W_OK):

@@ -1,19 +1,20 @@
 """Connections of `coli serve`: accepting, reading request heads, caps and eviction.
 
 One selector thread owns every connection that is not inside a request: it accepts sockets,
-reads each request head (and a small body, up to BUFFERED_BODY bytes) into a buffer under the
-header (body) deadline and keeps idle keep-alive connections. Only a complete request reaches a
-worker thread. A slow or silent client therefore costs a buffer and a file descriptor, never a
-thread, and cannot starve the workers. Larger bodies are read by the worker, under the body
-deadline (http.py).
+reads each request head and its body (Content-Length or chunked, up to --max-body-mb) into a
+buffer under the header and body deadlines, and keeps idle keep-alive connections. Only a
+complete request reaches a worker thread. A slow or silent client therefore costs a buffer and
+a file descriptor, never a thread, and stays evictable until its request is complete; a body
+must also keep a minimum rate (bodies.py), so a dribbled upload is dropped within seconds.
 
 Caps (--max-connections in total, --max-connections-per-ip per address) count every open
 connection. When a new one would exceed a cap, the connection of that scope that has waited
-longest without sending a complete request (reading a head, or idle between requests; one
-that never completed a request goes before a kept-alive one) is closed to make room; a
-dribbling client is always older than a normal client's fresh connection, so it goes first,
-even when both share an address. Only when every connection of
-the scope is inside a request is the new one refused with a 503.
+longest without sending a complete request (reading a head or a body, or idle between
+requests; one that never completed a request goes before a kept-alive one; at the total cap,
+one of the address holding the most connections) is closed to make room. A dribbling client is
+always older than a normal client's fresh connection, so it goes first, even when both share an
+address. Only when every connection of the scope is inside a request is the new one refused
+with a 503.
 """
 import json
 import re
@@ -23,12 +24,13 @@ import threading
 import time
 from collections import OrderedDict, deque
 
+from colibri.server import bodies
 from colibri.server.params import ApiError
+from colibri.server.request_head import BadHead, parse_head
 
 MAX_HEAD = 64 * 1024           # request line and headers together
 HEAD_END = re.compile(rb"\r?\n\r?\n")
 ACCEPTS_PER_ROUND = 32         # bounded, so a flood of connects cannot delay reading heads
-BUFFERED_BODY = 64 * 1024      # bodies up to this size are read here; a chat request rarely needs more
 LINGER_S = 1.0                 # after a last answer, its request's bytes are read and dropped this long,
 MAX_LINGER = 256               # for at most this many sockets: closing with unread data would reset the
                                # connection, and the client could lose the answer
@@ -49,32 +51,16 @@ class Conn:
     """One client connection. state: head (reading a request head), body (reading a small body),
     idle (kept alive), busy (in a worker), closed."""
 
-    __slots__ = ("sock", "addr", "ip", "buf", "state", "deadline", "served", "need")
+    __slots__ = ("sock", "addr", "ip", "buf", "state", "deadline", "served", "head", "body_at", "body_t0",
+                 "body_until", "continued")
 
     def __init__(self, sock, addr):
         self.sock, self.addr, self.ip = sock, addr, addr[0]
         self.buf = b""
         self.state, self.deadline, self.served = "head", 0.0, 0
-        self.need = 0  # bytes of head + body to buffer before the request goes to a worker
-
-
-def body_to_buffer(head, limit):
-    """The Content-Length of a small plain body the selector may read itself, else 0 (chunked,
-    Expect: 100-continue, odd or large lengths are left to the handler, which explains errors)."""
-    length = None
-    for line in head.split(b"\n")[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name in (b"transfer-encoding", b"expect"):
-            return 0
-        if name == b"content-length":
-            if length is not None:
-                return 0
-            length = value.strip()
-    if length is None or not length.isdigit():
-        return 0
-    n = int(length)
-    return n if n <= limit else 0
+        self.head = None  # the parsed head of the request being read or served (request_head.Head)
+        self.body_at = self.body_t0 = self.body_until = 0  # where the body starts in buf; when it began, ends
+        self.continued = False  # "100 Continue" sent for this request
 
 
 class ConnReader:
@@ -389,8 +375,15 @@ class Server:
         if self.total >= s.max_connections:
             if not self.waiting:
                 return False
-            self._evict(self.waiting.oldest())
+            self._evict(self._fair_victim(ip))
         return True
+
+    def _fair_victim(self, new_ip):
+        """At the total cap, the address that would hold the most connections (the new one's
+        counted) gives up its oldest waiting one: a reconnect storm evicts its own connections,
+        not those of an address holding fewer, still sending its head."""
+        ip = max(self.waiting_ip, key=lambda a: self.per_ip.get(a, 0) + (a == new_ip))
+        return self.waiting_ip[ip].oldest()
 
     def _evict(self, c):
         self.app.metrics.count("connections_evicted")
@@ -462,12 +455,14 @@ class Server:
         if c.state == "idle":  # the next request begins: the header deadline applies from now
             c.state = "head"
             c.deadline = min(c.deadline, time.monotonic() + self.settings.header_timeout)
+        if not isinstance(c.buf, bytearray):  # appends in place: a large body arrives in many reads
+            c.buf = bytearray(c.buf)
         c.buf += data
         self._maybe_dispatch(c)
 
     def _maybe_dispatch(self, c):
         if c.state == "body":
-            if len(c.buf) < c.need:
+            if not self._body_complete(c):
                 return
         else:
             head = c.buf.lstrip(b"\r\n")  # RFC 9112 2.2: ignore empty lines before a request
@@ -479,17 +474,48 @@ class Server:
                                            "headers_too_large"))
                 return
             c.buf = head
-            body = body_to_buffer(head[:m.end()], min(BUFFERED_BODY, self.settings.max_body))
-            if body and len(head) < m.end() + body:
-                c.state, c.need = "body", m.end() + body
-                c.deadline = time.monotonic() + self.settings.body_timeout
+            try:
+                c.head = parse_head(head[:m.end()])
+            except BadHead as e:  # nothing after a refused head is read: it could be a smuggled request
+                self.app.metrics.count("bad_requests")
+                self._answer(c, canned(e.status, e.reason, e.message, e.code))
                 return
+            c.continued = False
+            if bodies.framing(c.head, self.settings.max_body) in ("length", "chunked"):
+                # Every body is read here, where a slow one stays evictable and under its rate
+                # deadline; a worker only ever gets a complete request.
+                now = time.monotonic()
+                c.state, c.body_at, c.body_t0 = "body", m.end(), now
+                c.body_until = now + self.settings.body_timeout
+                if c.head.expect and c.head.version >= (1, 1):
+                    try:
+                        c.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                        c.continued = True
+                    except OSError:
+                        pass
+                if not self._body_complete(c):
+                    return
         self._unwait(c)
         self.sel.unregister(c.sock)
-        c.state, c.need = "busy", 0
+        c.state = "busy"
         with self.lock:
             self.busy += 1
         threading.Thread(target=self._work, args=(c,), name="http-request", daemon=True).start()
+
+    def _body_complete(self, c):
+        """True once c's body is buffered; else moves its deadline by the progress made (or
+        answers a malformed or oversized chunked body and returns False)."""
+        if c.head.chunked:
+            try:
+                done = bodies.chunked_end(c.buf, c.body_at, self.settings.max_body) is not None
+            except bodies.BodyError as e:
+                self._answer(c, canned(e.status, e.reason, e.message, e.code))
+                return False
+        else:
+            done = len(c.buf) >= c.body_at + c.head.content_length
+        if not done:
+            c.deadline = bodies.deadline(c.body_t0, len(c.buf) - c.body_at, self.settings.body_timeout)
+        return done
 
     def _answer(self, c, response):
         """A last answer from the selector thread, then the connection closes."""
@@ -544,8 +570,8 @@ class Server:
         for c in late:
             if c.state == "body":
                 self.app.metrics.count("slow_clients")
-                self._answer(c, canned(408, "Request Timeout", f"the request body did not arrive within "
-                                       f"{self.settings.body_timeout:g} s (--body-timeout)", "request_timeout"))
+                self._answer(c, canned(408, "Request Timeout", bodies.late_message(now < c.body_until,
+                                       self.settings.body_timeout), "request_timeout"))
                 continue
             if c.state == "head" and (c.buf or c.served == 0):
                 self.app.metrics.count("slow_clients")

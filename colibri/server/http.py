@@ -69,8 +69,10 @@ class BaseHandler(BaseHTTPRequestHandler):
         """Called first by every do_*; the head was complete before the request reached a thread."""
 
     def handle_expect_100(self):
-        cl = self.headers.get("Content-Length", "")
-        if cl.strip().isdigit() and int(cl) > self.server.app.settings.max_body:
+        if self.conn.continued:  # the selector sent "100 Continue" and read the body already
+            return True
+        length = self.conn.head.content_length
+        if length is not None and length > self.server.app.settings.max_body:
             self.close_connection = True
             self.send_api_error(self._too_large())
             return False
@@ -82,26 +84,19 @@ class BaseHandler(BaseHTTPRequestHandler):
 
     def read_body(self):
         s = self.server.app.settings
-        te, cl = self.headers.get("Transfer-Encoding"), self.headers.get("Content-Length")
-        if te is not None:
-            if te.strip().lower() != "chunked" or cl is not None:
-                self.close_connection = True
-                raise ApiError(400, "unsupported Transfer-Encoding (only chunked, and not with Content-Length)",
-                               code="bad_transfer_encoding")
-        elif cl is None:
+        head = self.conn.head  # framing checked by request_head.py: no TE with CL, one length
+        chunked, length = head.chunked, head.content_length
+        if not chunked and length is None:
             self.close_connection = True
             raise ApiError(411, "a request body needs a Content-Length header", code="length_required")
-        elif not cl.strip().isdigit():
-            self.close_connection = True
-            raise ApiError(400, "Content-Length is not a number", code="bad_content_length")
-        elif int(cl) > s.max_body:
+        if not chunked and length > s.max_body:
             self.close_connection = True
             raise self._too_large()
         self.server.watchdog.arm(self.connection, s.body_timeout, socket.SHUT_RD)
         complete = False
         try:
-            data = self._read_chunked(s.max_body) if te is not None else self.rfile.read(int(cl))
-            complete = data is not None and (te is not None or len(data) == int(cl))
+            data = self._read_chunked(s.max_body) if chunked else self.rfile.read(length)
+            complete = data is not None and (chunked or len(data) == length)
         except OSError:
             data = None
         finally:
@@ -217,8 +212,8 @@ class BaseHandler(BaseHTTPRequestHandler):
     def has_unread_body(self):
         if self.body_consumed or not getattr(self, "headers", None):
             return False
-        cl = self.headers.get("Content-Length", "0").strip()
-        return self.headers.get("Transfer-Encoding") is not None or cl != "0"
+        head = self.conn.head
+        return head.chunked or bool(head.content_length)
 
     def send_api_error(self, err):
         headers = dict(err.headers)

@@ -55,6 +55,7 @@ class Metrics:
         self.connections_refused = 0
         self.connections_evicted = 0  # waited longest without a request when a connection cap was reached
         self.slow_clients = 0       # connections dropped by the header/body deadlines
+        self.bad_requests = 0       # request heads refused by the parser (request_head.py)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.decode = Histogram(TOKS_BUCKETS)
         self.queue_wait = Histogram(WAIT_BUCKETS)
@@ -168,6 +169,8 @@ class Metrics:
                    [({}, self.connections_evicted)])
             metric("colibri_slow_clients_total", "counter", "connections dropped by the header/body deadlines",
                    [({}, self.slow_clients)])
+            metric("colibri_bad_requests_total", "counter", "request heads refused as malformed or ambiguous",
+                   [({}, self.bad_requests)])
             st = sched.status()
             metric("colibri_queue_depth", "gauge", "requests waiting for the engine", [({}, st["queued"])])
             metric("colibri_active_requests", "gauge", "requests being generated", [({}, st["active"])])

@@ -20,7 +20,7 @@ import traceback
 from collections import deque
 
 from colibri import engine_client, limits
-from colibri.server import load_policy, telemetry
+from colibri.server import load_policy, private_files, telemetry
 
 
 class QueueFull(Exception):
@@ -112,20 +112,31 @@ class SlotTable:
     engine itself reuses the common token prefix, so a wrong guess costs speed, never
     correctness. Persisted next to the engine's KV files so a restart keeps the mapping."""
 
-    def __init__(self, n, path=None, fingerprint=""):
+    def __init__(self, n, path=None, fingerprint="", log=None):
         self.prompts = [""] * n
         self.used = [0.0] * n
         self.path, self.fingerprint = path, fingerprint
+        self.log = log or (lambda msg: None)
         self.lock = threading.Lock()
-        if path and os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    saved = json.load(f)
-                if saved.get("fingerprint") == fingerprint:
-                    for i, s in enumerate(saved.get("slots", [])[:n]):
-                        self.prompts[i], self.used[i] = str(s.get("prompt", "")), float(s.get("used", 0))
-            except (OSError, ValueError, AttributeError, TypeError):
-                pass  # a damaged table only costs one cold turn per conversation
+        if path and os.path.lexists(path):
+            self._load(n)
+
+    def _load(self, n):
+        """A damaged, foreign or refused table only costs one cold turn per conversation; the
+        log says which file is replaced and why."""
+        try:
+            saved = json.loads(private_files.read_private(self.path))
+            if saved.get("fingerprint") != self.fingerprint:
+                self.log(f"slot table {self.path} was written for another model; it will be replaced")
+                return
+            for i, s in enumerate(saved.get("slots", [])[:n]):
+                self.prompts[i], self.used[i] = str(s.get("prompt", "")), float(s.get("used", 0))
+        except OSError as e:
+            self.log(f"slot table {self.path} refused ({e.strerror or e}): only a regular file is read; "
+                     f"it will be replaced")
+        except (ValueError, AttributeError, TypeError) as e:
+            self.prompts, self.used = [""] * n, [0.0] * n
+            self.log(f"slot table {self.path} is damaged ({type(e).__name__}: {e}); it will be replaced")
 
     def pick(self, prompt, busy=frozenset()):
         """The slot for `prompt` among those not in `busy` (held by running requests)."""
@@ -147,13 +158,11 @@ class SlotTable:
                 return
             data = {"fingerprint": self.fingerprint,
                     "slots": [{"prompt": p, "used": u} for p, u in zip(self.prompts, self.used)]}
-            tmp = f"{self.path}.tmp"
             try:
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump(data, f)
-                os.replace(tmp, self.path)
-            except OSError:
-                pass
+                private_files.write_private(self.path, json.dumps(data).encode())
+            except OSError as e:
+                self.log(f"cannot save the slot table {self.path} ({e.strerror or e}); slots start cold "
+                         f"after a restart")
 
     def occupancy(self):
         with self.lock:

@@ -11,7 +11,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from colibri import engine_client
+from colibri import children, engine_client
 from colibri.server.params import ApiError
 
 TIMEOUT_S = 30.0
@@ -61,8 +61,8 @@ class TokenCounter:
         args = [str(engine_client.ensure_built()), "tokenize", "--model", str(self.model_dir), "--batch"]
         args += [] if special else ["--no-special"]
         args += ["--add-special"] if add_special else []
-        p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+        p = children.register(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                               stderr=subprocess.DEVNULL, start_new_session=True))
         self.procs[key] = p
         return p
 

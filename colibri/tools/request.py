@@ -6,6 +6,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from colibri.grammar import SchemaError, schema_limits
 from colibri.server.params import bad, unsupported
 from colibri.tools import formats
 from colibri.tools.stream import ToolCallFilter
@@ -55,6 +56,10 @@ def _definition(name, description, params, param):
         raise bad(f"'{param}' parameters must be a JSON schema object", param=param, code="invalid_type")
     if description is not None and not isinstance(description, str):
         raise bad(f"'{param}.description' must be a string", param=f"{param}.description", code="invalid_type")
+    try:
+        schema_limits.check(params)
+    except SchemaError as e:
+        raise bad(f"'{param}' parameters: {e}", param=param, code="unsupported_schema") from None
     fn = {"name": name, "parameters": params}
     if description:
         fn["description"] = description
