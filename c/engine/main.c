@@ -111,6 +111,13 @@ int main(int argc, char **argv) {
         for (int i = 0, n = 0; i < KI_COUNT; i++)
             if (kernels_supported((KernIsa)i)) printf("%s%s", n++ ? "," : "", kernels_isa_name((KernIsa)i));
         putchar('\n');
+        /* every set this build has: complete, or the entries it takes from the portable set */
+        for (int i = 0; i < KI_COUNT; i++) {
+            char fb[1024];
+            if (kernels_fallbacks((KernIsa)i, fb, sizeof fb) < 0) continue;
+            printf("set %s%s: %s%s\n", kernels_isa_name((KernIsa)i), kernels_supported((KernIsa)i) ? "" : " (not on this CPU)",
+                   fb[0] ? "portable " : "complete", fb);
+        }
         return 0;
     }
     if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */

@@ -6,7 +6,9 @@
  * So a long prompt holds a running stream back by one chunk per token at most, a short
  * request's first token does not wait for a long prompt's whole prefill, and each row of the
  * step computes what it would alone: a request's tokens do not depend on its company. */
+#include "util/clock.h"
 #include "engine/serve_loop.h"
+#include "engine/turn.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,11 +20,6 @@
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 typedef struct {
     Frame f;

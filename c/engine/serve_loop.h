@@ -1,6 +1,6 @@
 /* The protocol loop with continuous batching (docs/protocol.md, "Concurrency"): up to
  * --parallel requests run at once, each on its own KV slot, and every decode step runs them
- * in one forward pass. engine.c keeps the per-request pieces the loop calls. */
+ * in one forward pass. turn.c keeps the per-request pieces the loop calls. */
 #ifndef COLI_SERVE_LOOP_H
 #define COLI_SERVE_LOOP_H
 #include "engine/engine.h"
@@ -9,18 +9,5 @@
 /* Serves frames from `in` until EOF, then finishes what is running and queued. 0 ok; -1 when
  * the loop's own buffers could not be allocated. */
 int serve_loop(Engine *e, FrameReader *in);
-
-/* engine.c: validates and tokenizes a SUBMIT's prompt; 0 with *ids (malloc'd), or -1 after
- * sending the request's ERROR frame. */
-int engine_prompt(Engine *e, const Frame *f, const char *payload, int32_t **ids, int *n);
-/* engine.c: a teacher-forced logits=1 request, answered at once in a cache of its own. */
-void engine_run_logits(Engine *e, const Frame *f, const int32_t *ids, int n);
-/* engine.c: one LOGPROB line; -1 when no memory was left for it. */
-int engine_emit_logprob(const Engine *e, const char *id, const float *logits, int tok, int k);
-int engine_is_eos(const Arch *a, int tok);
-/* engine.c: writes the slot to --kv-dir (nothing without one). */
-void engine_persist_slot(Engine *e, int slot);
-/* Appends the KV writer's END fields (kv_queue_peak_bytes, kv_writer_waits) to buf; nothing without --kv-dir. */
-void engine_persist_fields(Engine *e, char *buf, size_t n);
 
 #endif

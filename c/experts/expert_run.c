@@ -4,15 +4,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
 #include "experts/expert_cache.h"
 #include "util/fwd_alloc.h"
 #include "experts/moe_exec.h"
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 typedef struct {
     const ExpertLayer *xl;
@@ -39,7 +35,7 @@ static void read_ahead(ExpertStore *s, const ExpertLayer *nx, const float *x, in
     float *wts = fwd_malloc(sizeof(float) * (size_t)T * nx->K);
     unsigned char *want = fwd_calloc((size_t)nx->E, 1);
     if (sel && wts && want) {
-        nx->router->route(nx->router_self, x, T, sel, wts);
+        nx->predict(nx->predict_self, x, T, sel, wts);
         if (!fwd_oom()) {
             for (int i = 0; i < T * nx->K; i++) want[sel[i]] = 1;
             for (int e = 0; e < nx->E; e++) {

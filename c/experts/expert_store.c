@@ -58,27 +58,25 @@ static int expert_geom(const Container *ct, const Mlp *m, ExpertGeom *g) {
 /* Room for a segment read as its enclosing aligned range. */
 static uint64_t seg_room(uint64_t len) { return ALIGN_UP(len) + PAGE; }
 
-int expert_store_init(ExpertStore *s, const Model *m, char *err, size_t errlen) {
+int expert_store_init(ExpertStore *s, const Container *ct, ExpertLayer *const *layers, int n, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
-    s->m = m;
-    for (int l = 0; l < m->a.n_layers; l++) s->n += moe_expert_layer(&m->layers[l].mlp) != NULL;
+    s->ct = ct;
+    s->n = n;
     if (!s->n) return 0;
     s->layers = calloc((size_t)s->n, sizeof *s->layers);
     if (!s->layers) { snprintf(err, errlen, "out of memory"); return -1; }
-    int k = 0;
-    for (int l = 0; l < m->a.n_layers; l++) {
-        ExpertLayer *xl = moe_expert_layer(&m->layers[l].mlp);
-        if (!xl) continue;
+    for (int k = 0; k < n; k++) {
+        ExpertLayer *xl = layers[k];
         xl->store = s;
         xl->index = k;
         xl->next = NULL;
         if (k) s->layers[k - 1]->next = xl;
-        s->layers[k++] = xl;
+        s->layers[k] = xl;
         if (xl->E > s->experts) s->experts = xl->E;
         for (int e = 0; e < xl->E; e++) {
             ExpertGeom g;
-            int r = expert_geom(m->ct, &xl->experts[e], &g);
-            if (r < 0) { snprintf(err, errlen, "layer %d expert %d: a tensor lies outside the shards", l, e); return -1; }
+            int r = expert_geom(ct, &xl->experts[e], &g);
+            if (r < 0) { snprintf(err, errlen, "layer %d expert %d: a tensor lies outside the shards", xl->layer, e); return -1; }
             s->split_reason |= r;
             uint64_t room = 0;
             for (int i = 0; i < g.nseg; i++) room += seg_room(g.len[i]);
@@ -96,7 +94,7 @@ int expert_store_init(ExpertStore *s, const Model *m, char *err, size_t errlen) 
 }
 
 uint64_t expert_store_dense_bytes(const ExpertStore *s) {
-    const Container *ct = s->m->ct;
+    const Container *ct = s->ct;
     uint64_t total = 0, f32 = 0, expert_f32 = 0;
     for (size_t i = 0; i < ct->n_shards; i++)
         for (size_t k = 0; k < ct->shards[i].n; k++) {
@@ -134,7 +132,7 @@ static int unmap_experts(ExpertStore *s, char *err, size_t errlen) {
             for (int i = 0; i < g->nseg; i++) r[n++] = (Range){g->file[i], g->off[i], g->off[i] + g->len[i]};
         }
     qsort(r, n, sizeof *r, by_range);
-    const Container *ct = s->m->ct;
+    const Container *ct = s->ct;
     for (size_t i = 0; i < n;) {
         Range u = r[i++];
         while (i < n && r[i].file == u.file && r[i].lo <= u.hi) { if (r[i].hi > u.hi) u.hi = r[i].hi; i++; }
@@ -179,7 +177,7 @@ void slot_assign(ExpertStore *s, ExpertCache *c, const ExpertLayer *xl, int si, 
 void read_failed(const ExpertStore *s, const ExpertLayer *xl, int e, int err) {
     const ExpertGeom *g = &xl->cache->geom[e];
     fprintf(stderr, "colibri: reading expert %d of layer %d from %s failed: %s; the model files are unreadable or "
-            "truncated (check the disk, or re-run coli convert)\n", e, xl->layer, s->m->ct->shards[g->file[0]].path,
+            "truncated (check the disk, or re-run coli convert)\n", e, xl->layer, s->ct->shards[g->file[0]].path,
             strerror(err));
     exit(1);
 }
@@ -199,7 +197,7 @@ int victim(const ExpertCache *c, const unsigned char *avoid) {
 
 int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t errlen) {
     if (!s->n) return 0;
-    const Container *ct = s->m->ct;
+    const Container *ct = s->ct;
     s->streaming = 1;
     s->cap = o->cap;
     s->readahead = o->readahead;

@@ -8,9 +8,9 @@
 #define COLI_EXPERT_STORE_H
 #include <stdint.h>
 
-#include "model/blocks.h"
 #include "experts/io_pool.h"
-#include "model/layers.h"
+#include "io/container.h"
+#include "kernels/ops.h"
 
 typedef struct ExpertCache ExpertCache;
 typedef struct ExpertStore ExpertStore;
@@ -19,17 +19,16 @@ typedef struct ExpertStore ExpertStore;
 typedef struct ExpertLayer {
     int layer, E, K, H, width;
     Mlp *experts;             /* [E]: QMats into the shard mappings (used when resident) */
-    const RouterKind *router; /* this layer's router: the previous MoE layer predicts with it */
-    const void *router_self;
+    /* this layer's router, with which the previous MoE layer predicts its experts (read-ahead):
+     * sel[T][K], wts[T][K] from x[T][H] */
+    void (*predict)(const void *self, const float *x, int T, int *sel, float *wts);
+    const void *predict_self;
     /* set by expert_store_init */
     ExpertStore *store;
     ExpertCache *cache;       /* NULL: resident */
     int index;                /* among the MoE layers */
     struct ExpertLayer *next; /* the next MoE layer, NULL for the last */
 } ExpertLayer;
-
-/* The MoE layer of an MLP block with routed experts, else NULL (block_moe.c). */
-ExpertLayer *moe_expert_layer(const Block *b);
 
 /* out[T][hidden] = sum over j of wts[t][j] * expert sel[t][j] (x[t]); each distinct expert runs
  * once over all the rows that chose it (batch-union). */
@@ -51,7 +50,7 @@ typedef struct {
 } StoreOptions;
 
 struct ExpertStore {
-    const Model *m;
+    const Container *ct;
     int n;                 /* MoE layers */
     ExpertLayer **layers;  /* [n] */
     int experts;           /* E of the widest MoE layer */
@@ -69,8 +68,9 @@ struct ExpertStore {
     uint64_t pool_bytes0;
 };
 
-/* Finds the MoE layers and measures their experts; no I/O. 0 ok, -1 out of memory. */
-int expert_store_init(ExpertStore *s, const Model *m, char *err, size_t errlen);
+/* Takes the model's n MoE layers (in order) and measures their experts; no I/O. 0 ok, -1 out
+ * of memory or a tensor outside the shards. */
+int expert_store_init(ExpertStore *s, const Container *ct, ExpertLayer *const *layers, int n, char *err, size_t errlen);
 /* Bytes of every tensor that is not a routed expert (f32 tensors twice: loaders copy them). */
 uint64_t expert_store_dense_bytes(const ExpertStore *s);
 /* Switches to streaming with o->cap slots per layer. 0 ok, -1 with err. */

@@ -3,7 +3,7 @@
  * well (a fork/join per matmul costs more than it saves). */
 #ifndef COLI_MOE_EXEC_H
 #define COLI_MOE_EXEC_H
-#include "model/layers.h"
+#include "experts/expert_store.h"
 
 /* Whether n_rows (positions x top_k) is few enough for the parallel path, on more than 1 thread. */
 int moe_parallel_ok(int n_rows);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
@@ -62,11 +63,6 @@ static int check_main(int argc, char **argv) {
     return 0;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);

@@ -20,7 +20,7 @@
 
 #include "kernels/vnni_small.h"
 #include "kernels/q6_unpack_x86.h"
-#include "kernels/quant.h"
+#include "kernels/isa.h"
 
 #define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define AMX_INLINE AMX __attribute__((always_inline)) static inline
@@ -242,4 +242,27 @@ AMX void qgemm_q6_amx(const unsigned char *w, size_t row_bytes, int nr, const QA
     gemm(QT_Q6, w, row_bytes, nr, a, packed, y, ldy);
 }
 
+/* The AMX set: tiles (and the small-batch kernel for 1-8 rows) for every q8/q4/q6 batch, whose
+ * bits are the portable arithmetic's, so the dots left over for other shapes are portable's too;
+ * mxfp4 and the float families are the AVX-512 set's. */
+const Kernels kernel_set_amx = {
+    .name = "amx",
+    .isa = KI_AMX,
+    .dequant_row = dequant_row_avx2,
+    .dot = dot_avx512,
+    .quantize_act = quantize_act_avx2,
+    .qdot = {[QT_Q8] = qdot_q8_portable, [QT_Q4] = qdot_q4_portable, [QT_MXFP4] = qdot_mxfp4_avx2, [QT_Q6] = qdot_q6_portable},
+    .qgemm = {[QT_Q8] = qgemm_q8_amx, [QT_Q4] = qgemm_q4_amx, [QT_Q6] = qgemm_q6_amx},
+    .pack_bytes = amx_pack_bytes,
+    .pack_act = amx_pack_act,
+    .kv = {{kv_dot_f32_portable, kv_axpy_f32_portable, kv_attend_avx512_f32, kv_attend_avx512_f32_block},
+           {kv_dot_f16_avx2, kv_axpy_f16_avx2, kv_attend_avx512_f16, kv_attend_avx512_f16_block},
+           {kv_dot_bf16_avx2, kv_axpy_bf16_avx2, kv_attend_avx512_bf16, kv_attend_avx512_bf16_block}},
+    .mla_absorb = mla_absorb_avx512,
+    .dsa_scores = dsa_scores_avx512,
+    .delta_recurrent = delta_rule_recurrent_avx512,
+    .delta_chunked = delta_rule_chunked_avx512,
+    .kda_recurrent = kda_recurrent_avx512,
+    .kda_chunked = kda_chunked_avx512,
+};
 #endif

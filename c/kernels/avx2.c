@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "kernels/q6_unpack_x86.h"
-#include "kernels/quant.h"
+#include "kernels/isa.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -310,4 +310,24 @@ AVX2 void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const Q
     default: q4_rows(w, row_bytes, nr, a, t0, 4, ds, y, ldy); return;
     }
 }
+
+/* The AVX2 set (AVX2 + FMA + F16C). f32 KV rows keep the portable row dot and axpy (the
+ * compiler vectorizes them as well). */
+const Kernels kernel_set_avx2 = {
+    .name = "avx2",
+    .isa = KI_AVX2,
+    .dequant_row = dequant_row_avx2,
+    .dot = dot_avx2,
+    .quantize_act = quantize_act_avx2,
+    .qdot = {[QT_Q8] = qdot_q8_avx2, [QT_Q4] = qdot_q4_avx2, [QT_MXFP4] = qdot_mxfp4_avx2, [QT_Q6] = qdot_q6_avx2},
+    .kv = {{kv_dot_f32_portable, kv_axpy_f32_portable, kv_attend_avx2_f32, kv_attend_avx2_f32_block},
+           {kv_dot_f16_avx2, kv_axpy_f16_avx2, kv_attend_avx2_f16, kv_attend_avx2_f16_block},
+           {kv_dot_bf16_avx2, kv_axpy_bf16_avx2, kv_attend_avx2_bf16, kv_attend_avx2_bf16_block}},
+    .mla_absorb = mla_absorb_avx2,
+    .dsa_scores = dsa_scores_avx2,
+    .delta_recurrent = delta_rule_recurrent_avx2,
+    .delta_chunked = delta_rule_chunked_avx2,
+    .kda_recurrent = kda_recurrent_avx2,
+    .kda_chunked = kda_chunked_avx2,
+};
 #endif

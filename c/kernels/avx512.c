@@ -5,7 +5,7 @@
  * Compiled with target attributes; kernels_use picks it at run time. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#include "kernels/quant.h"
+#include "kernels/isa.h"
 
 #define A5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
@@ -28,4 +28,23 @@ A5 float dot_avx512(const float *a, const float *b, int n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
+/* The AVX-512 set: its own float dot, attention, absorption, DSA scores and delta rule; the
+ * quantized dots and the KV row kernels stay AVX2's (see above, and kernels/kv_kernels.c). */
+const Kernels kernel_set_avx512 = {
+    .name = "avx512",
+    .isa = KI_AVX512,
+    .dequant_row = dequant_row_avx2,
+    .dot = dot_avx512,
+    .quantize_act = quantize_act_avx2,
+    .qdot = {[QT_Q8] = qdot_q8_avx2, [QT_Q4] = qdot_q4_avx2, [QT_MXFP4] = qdot_mxfp4_avx2, [QT_Q6] = qdot_q6_avx2},
+    .kv = {{kv_dot_f32_portable, kv_axpy_f32_portable, kv_attend_avx512_f32, kv_attend_avx512_f32_block},
+           {kv_dot_f16_avx2, kv_axpy_f16_avx2, kv_attend_avx512_f16, kv_attend_avx512_f16_block},
+           {kv_dot_bf16_avx2, kv_axpy_bf16_avx2, kv_attend_avx512_bf16, kv_attend_avx512_bf16_block}},
+    .mla_absorb = mla_absorb_avx512,
+    .dsa_scores = dsa_scores_avx512,
+    .delta_recurrent = delta_rule_recurrent_avx512,
+    .delta_chunked = delta_rule_chunked_avx512,
+    .kda_recurrent = kda_recurrent_avx512,
+    .kda_chunked = kda_chunked_avx512,
+};
 #endif

@@ -1,9 +1,9 @@
 /* DSA indexer scores (dsa_score.h). */
-#include "kernels/dsa_score.h"
+#include "kernels/isa.h"
 
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "kernels/vec.h"
 
 #define LANES_MAX 16 /* heads per vector: AVX-512 */
 
@@ -15,15 +15,22 @@ static inline float score_term(float dot, float w, float scale, float wscale) {
     return d > 0 ? w * wscale * d : 0.0f;
 }
 
-static void scores_portable(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride,
-                            int n, float scale, float wscale, float *s) {
+/* Each score as row dots, with the set's own dot: the portable set's, and NEON's. */
+static inline void scores_rows(float (*dot)(const float *, const float *, int), const float *q, const float *w, int nh,
+                               int hd, const unsigned char *keys, size_t stride, int n, float scale, float wscale,
+                               float *s) {
     for (int j = 0; j < n; j++) {
         const float *k = (const float *)(keys + (size_t)j * stride);
         float acc = 0;
-        for (int h = 0; h < nh; h++) acc += score_term(kern.dot(q + (size_t)h * hd, k, hd), w[h], scale, wscale);
+        for (int h = 0; h < nh; h++) acc += score_term(dot(q + (size_t)h * hd, k, hd), w[h], scale, wscale);
         s[j] = acc;
     }
 }
+
+void dsa_scores_portable(DSA_SCORE_ARGS) { scores_rows(dot_portable, q, w, nh, hd, keys, stride, n, scale, wscale, s); }
+#if defined(__aarch64__)
+void dsa_scores_neon(DSA_SCORE_ARGS) { scores_rows(dot_neon, q, w, nh, hd, keys, stride, n, scale, wscale, s); }
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 /* qt[i][h] = q[h][i], heads padded with zeros to a multiple of lanes. */
@@ -45,7 +52,7 @@ static inline float add_terms(float acc, const float *dots, int h0, int end, con
 
 /* One body per vector type: V the vector, L its lanes, SET1/LOAD/FMA/STORE its operations. */
 #define SCORES_X86(NAME, ATTR, V, L, ZERO, SET1, LOAD, FMA, STORE)                                           \
-    ATTR static void NAME(const float *q, const float *w, int nh, int hd, const unsigned char *keys,          \
+    ATTR void NAME(const float *q, const float *w, int nh, int hd, const unsigned char *keys,          \
                           size_t stride, int n, float scale, float wscale, float *s) {                        \
         const int nhp = (nh + LANES_MAX - 1) / LANES_MAX * LANES_MAX;                                         \
         float *qt = scratch(4, dsa_score_scratch(nh, hd));                                                    \
@@ -81,22 +88,8 @@ static inline float add_terms(float acc, const float *dots, int h0, int end, con
             s[j] = a;                                                                                         \
         }                                                                                                     \
     }
-SCORES_X86(scores_avx2, __attribute__((target("avx2,fma"))), __m256, 8, _mm256_setzero_ps(), _mm256_set1_ps,
+SCORES_X86(dsa_scores_avx2, __attribute__((target("avx2,fma"))), __m256, 8, _mm256_setzero_ps(), _mm256_set1_ps,
            _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_storeu_ps)
-SCORES_X86(scores_avx512, __attribute__((target("avx512f"))), __m512, 16, _mm512_setzero_ps(), _mm512_set1_ps,
+SCORES_X86(dsa_scores_avx512, __attribute__((target("avx512f"))), __m512, 16, _mm512_setzero_ps(), _mm512_set1_ps,
            _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_storeu_ps)
 #endif
-
-DsaScoreFn dsa_scores_for(KernIsa isa) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (isa == KI_AVX512 || isa == KI_AMX) return scores_avx512;
-    if (isa == KI_AVX2) return scores_avx2;
-#endif
-    (void)isa;
-    return scores_portable; /* NEON included: its row dot */
-}
-
-void dsa_scores(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n,
-                float scale, float wscale, float *s) {
-    dsa_scores_for(kern.isa)(q, w, nh, hd, keys, stride, n, scale, wscale, s);
-}

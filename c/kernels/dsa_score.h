@@ -8,15 +8,13 @@
 #define COLI_DSA_SCORE_H
 #include <stddef.h>
 
-#include "kernels/quant.h"
 
 typedef void (*DsaScoreFn)(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride,
                            int n, float scale, float wscale, float *s);
 
-/* The current kernel set's version; an explicit set's for tests (never NULL for a set kern runs). */
+/* Through the current kernel set (kern.dsa_scores). */
 void dsa_scores(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n,
                 float scale, float wscale, float *s);
-DsaScoreFn dsa_scores_for(KernIsa isa);
 /* Per-thread scratch floats the x86 versions take (slot 4: the query transposed, heads padded). */
 size_t dsa_score_scratch(int nh, int hd);
 

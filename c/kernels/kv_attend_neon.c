@@ -6,15 +6,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/kv_kernels.h"
+#include "kernels/isa.h"
 
 #define ATT_EXP_ONLY
 #include "kernels/kv_attend_simd.h"
 #undef ATT_EXP_ONLY
 
-void kv_attend_ref_f32(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
-void kv_attend_ref_f16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
-void kv_attend_ref_bf16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
 
 #define NI __attribute__((always_inline)) static inline
 

@@ -1,21 +1,18 @@
 /* AVX2 (+FMA, F16C) and AVX-512 (F/BW/VL/DQ) instances of the attention head-group kernel
  * (kv_attend_simd.h) for f32, f16 and bf16 cache rows. Compiled with target attributes, so the
- * rest of the engine stays portable; kv_kernels_for picks them when the kernel set allows. */
+ * rest of the engine stays portable; the avx2 and avx512 tables hold them. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/kv_kernels.h"
+#include "kernels/isa.h"
 
 #define ATT_EXP_ONLY
 #include "kernels/kv_attend_simd.h"
 #undef ATT_EXP_ONLY
 
-void kv_attend_ref_f32(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
-void kv_attend_ref_f16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
-void kv_attend_ref_bf16(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
 
 /* ---------------- AVX2 ---------------- */
 #define A2 __attribute__((target("avx2,fma,f16c")))

@@ -1,9 +1,9 @@
-#include "kernels/kv_kernels.h"
+#include "kernels/isa.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "kernels/vec.h"
 
 size_t kv_elem_size(QType t) { return t == QT_F32 ? 4 : 2; }
 
@@ -22,33 +22,33 @@ void kv_store_row(QType t, const float *x, int n, void *dst) {
     else for (int i = 0; i < n; i++) h[i] = f32_to_bf16(x[i]);
 }
 
-static float dot_f16(const float *q, const void *row, int n) {
+float kv_dot_f16_portable(const float *q, const void *row, int n) {
     const uint16_t *h = row;
     float s = 0;
     for (int i = 0; i < n; i++) s += q[i] * f16_to_f32(h[i]);
     return s;
 }
-static void axpy_f16(float w, const void *row, int n, float *o) {
+void kv_axpy_f16_portable(float w, const void *row, int n, float *o) {
     const uint16_t *h = row;
     for (int i = 0; i < n; i++) o[i] += w * f16_to_f32(h[i]);
 }
-static float dot_bf16(const float *q, const void *row, int n) {
+float kv_dot_bf16_portable(const float *q, const void *row, int n) {
     const uint16_t *h = row;
     float s = 0;
     for (int i = 0; i < n; i++) s += q[i] * bf16_to_f32(h[i]);
     return s;
 }
-static void axpy_bf16(float w, const void *row, int n, float *o) {
+void kv_axpy_bf16_portable(float w, const void *row, int n, float *o) {
     const uint16_t *h = row;
     for (int i = 0; i < n; i++) o[i] += w * bf16_to_f32(h[i]);
 }
-static float dot_f32(const float *q, const void *row, int n) {
+float kv_dot_f32_portable(const float *q, const void *row, int n) {
     const float *x = row;
     float s = 0;
     for (int i = 0; i < n; i++) s += q[i] * x[i];
     return s;
 }
-static void axpy_f32(float w, const void *row, int n, float *o) {
+void kv_axpy_f32_portable(float w, const void *row, int n, float *o) {
     const float *x = row;
     for (int i = 0; i < n; i++) o[i] += w * x[i];
 }
@@ -81,15 +81,15 @@ static void attend_ref(float (*dot)(const float *, const void *, int), void (*ax
 #define ATTEND_REF(NAME)                                                                                      \
     void kv_attend_ref_##NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, \
                               float scale, const float *sinks, float *sc, float *o) {                                              \
-        attend_ref(dot_##NAME, axpy_##NAME, q, g, hd, k, v, stride, n, scale, sinks, sc, o);                        \
+        attend_ref(kv_dot_##NAME##_portable, kv_axpy_##NAME##_portable, q, g, hd, k, v, stride, n, scale, sinks, sc, o);                        \
     }
 #define ATTEND_REF_BLOCK(NAME)                                                                                          \
-    static void attend_block_ref_##NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, \
+    void kv_attend_ref_##NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, \
                                         size_t stride, int n, int window, float scale, const float *sinks, float *sc,        \
                                         float *o, size_t ostep) {                                                            \
         for (int t = 0; t < tq; t++) {                                                                                       \
             const size_t lo = window > 0 && n + t > window ? (size_t)(n + t - window) : 0;                                   \
-            attend_ref(dot_##NAME, axpy_##NAME, q + t * qstep, g, hd, (const unsigned char *)k + lo * stride,                \
+            attend_ref(kv_dot_##NAME##_portable, kv_axpy_##NAME##_portable, q + t * qstep, g, hd, (const unsigned char *)k + lo * stride,                \
                        (const unsigned char *)v + lo * stride, stride, n + t - (int)lo, scale, sinks, sc, o + t * ostep);    \
         }                                                                                                                    \
     }
@@ -99,9 +99,9 @@ ATTEND_REF(bf16)
 ATTEND_REF_BLOCK(f32)
 ATTEND_REF_BLOCK(f16)
 ATTEND_REF_BLOCK(bf16)
-static const KvKernels portable_f32 = {dot_f32, axpy_f32, kv_attend_ref_f32, attend_block_ref_f32};
-static const KvKernels portable_f16 = {dot_f16, axpy_f16, kv_attend_ref_f16, attend_block_ref_f16};
-static const KvKernels portable_bf16 = {dot_bf16, axpy_bf16, kv_attend_ref_bf16, attend_block_ref_bf16};
+
+int kv_type_index(QType t) { return t == QT_F32 ? 0 : t == QT_F16 ? 1 : t == QT_BF16 ? 2 : -1; }
+
 
 int kv_attend_block_positions(int g, int span) {
     const size_t rows_cap = ((size_t)4 << 20) / (size_t)(span > 0 ? span : 1);
@@ -132,7 +132,7 @@ AVX2 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(h);
 }
 #define KV_AVX2(NAME, WIDE, SCALAR)                                                                   \
-    AVX2 static float dot_##NAME##_avx2(const float *q, const void *row, int n) {                     \
+    AVX2 float kv_dot_##NAME##_avx2(const float *q, const void *row, int n) {                     \
         const uint16_t *h = row;                                                                      \
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                                    \
         int i = 0;                                                                                    \
@@ -145,7 +145,7 @@ AVX2 static inline float hsum(__m256 v) {
         for (; i < n; i++) s += q[i] * SCALAR(h[i]);                                                  \
         return s;                                                                                     \
     }                                                                                                 \
-    AVX2 static void axpy_##NAME##_avx2(float w, const void *row, int n, float *o) {                  \
+    AVX2 void kv_axpy_##NAME##_avx2(float w, const void *row, int n, float *o) {                  \
         const uint16_t *h = row;                                                                      \
         const __m256 vw = _mm256_set1_ps(w);                                                          \
         int i = 0;                                                                                    \
@@ -154,52 +154,4 @@ AVX2 static inline float hsum(__m256 v) {
     }
 KV_AVX2(f16, wide_f16, f16_to_f32)
 KV_AVX2(bf16, wide_bf16, bf16_to_f32)
-#define KV_ATTEND_DECL(NAME)                                                                                   \
-    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
-              float *sc, float *o);                                                                                    \
-    void NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride, int n, \
-                      int window, float scale, const float *sinks, float *sc, float *o, size_t ostep);
-KV_ATTEND_DECL(kv_attend_avx2_f32)
-KV_ATTEND_DECL(kv_attend_avx2_f16)
-KV_ATTEND_DECL(kv_attend_avx2_bf16)
-KV_ATTEND_DECL(kv_attend_avx512_f32)
-KV_ATTEND_DECL(kv_attend_avx512_f16)
-KV_ATTEND_DECL(kv_attend_avx512_bf16)
-/* AVX-512 keeps the AVX2 row kernels: rows of one head are too short for 16 lanes to pay. */
-static const KvKernels avx2_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx2_f32, kv_attend_avx2_f32_block},
-                                     {dot_f16_avx2, axpy_f16_avx2, kv_attend_avx2_f16, kv_attend_avx2_f16_block},
-                                     {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx2_bf16, kv_attend_avx2_bf16_block}};
-static const KvKernels avx512_kv[3] = {{dot_f32, axpy_f32, kv_attend_avx512_f32, kv_attend_avx512_f32_block},
-                                       {dot_f16_avx2, axpy_f16_avx2, kv_attend_avx512_f16, kv_attend_avx512_f16_block},
-                                       {dot_bf16_avx2, axpy_bf16_avx2, kv_attend_avx512_bf16, kv_attend_avx512_bf16_block}};
 #endif
-
-#if defined(__aarch64__)
-#define KV_ATTEND_NEON(NAME)                                                                                   \
-    void NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
-              float *sc, float *o);                                                                                    \
-    void NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride, int n, \
-                      int window, float scale, const float *sinks, float *sc, float *o, size_t ostep);
-KV_ATTEND_NEON(kv_attend_neon_f32)
-KV_ATTEND_NEON(kv_attend_neon_f16)
-KV_ATTEND_NEON(kv_attend_neon_bf16)
-static const KvKernels neon_kv[3] = {{dot_f32, axpy_f32, kv_attend_neon_f32, kv_attend_neon_f32_block},
-                                     {dot_f16, axpy_f16, kv_attend_neon_f16, kv_attend_neon_f16_block},
-                                     {dot_bf16, axpy_bf16, kv_attend_neon_bf16, kv_attend_neon_bf16_block}};
-#endif
-
-const KvKernels *kv_kernels_for(KernIsa isa, QType t) {
-    const int ti = t == QT_F32 ? 0 : (t == QT_F16 ? 1 : 2);
-    if (t != QT_F32 && t != QT_F16 && t != QT_BF16) return NULL;
-#if defined(__x86_64__) || defined(__i386__)
-    if (KI_HAS_AVX512(isa)) return &avx512_kv[ti]; /* the VNNI and AMX sets run on AVX-512 */
-    if (isa == KI_AVX2) return &avx2_kv[ti];
-#endif
-#if defined(__aarch64__)
-    if (isa == KI_NEON) return &neon_kv[ti];
-#endif
-    if (isa != KI_PORTABLE) return NULL;
-    return ti == 0 ? &portable_f32 : (ti == 1 ? &portable_f16 : &portable_bf16);
-}
-
-const KvKernels *kv_kernels(QType t) { return kv_kernels_for(kern.isa, t); }

@@ -1,6 +1,6 @@
 /* Kernels over the KV cache's storage type (f32, f16, bf16): row dot/axpy and a whole
- * attention head group. f16/bf16 rows are widened in registers. The set follows the engine's
- * kernels (kernels_init / kernels_use): portable, AVX2+F16C, or AVX-512. */
+ * attention head group. f16/bf16 rows are widened in registers. Each kernel set's table
+ * (kernels/kernels.h) holds one KvKernels per storage type. */
 #ifndef COLI_KV_KERNELS_H
 #define COLI_KV_KERNELS_H
 #include <stddef.h>
@@ -42,10 +42,11 @@ size_t kv_attend_scratch(int tq, int g, int hd, int n);
  * ~64 query rows, fewer where their scores (rows x positions) would pass 4M floats; at least 1. */
 int kv_attend_block_positions(int g, int span);
 
-/* Kernels for rows stored as t (QT_F32, QT_F16 or QT_BF16) in the current kernel set. */
+/* Kernels for rows stored as t (QT_F32, QT_F16 or QT_BF16) in the current kernel set; NULL for
+ * another type. kv_kernels_for (kernels/kernels.h) names the set. */
 const KvKernels *kv_kernels(QType t);
-/* The same for an explicit set (tests compare each with the portable one); NULL if not built. */
-const KvKernels *kv_kernels_for(KernIsa isa, QType t);
+/* The index of t in a set's kv[] (0 f32, 1 f16, 2 bf16), -1 for another type. */
+int kv_type_index(QType t);
 size_t kv_elem_size(QType t);
 /* dst[0..n) = x[0..n) stored as t (round to nearest even). */
 void kv_store_row(QType t, const float *x, int n, void *dst);

@@ -3,7 +3,7 @@
  * vector types), where an axpy per term read and wrote the output row each time. The
  * standard's per-element operations are the same at every vector width, so the sets agree bit
  * for bit (c/tests checks it). */
-#include "kernels/mla_absorb.h"
+#include "kernels/isa.h"
 
 #include <string.h>
 
@@ -80,26 +80,12 @@ INLINE void absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn,
 }
 
 #define ABSORB_ENTRY(NAME, ATTR)                                                                              \
-    ATTR static void NAME(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w,       \
+    ATTR void NAME(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w,       \
                           size_t wstride, int dn, int kl) {                                                   \
         absorb(o, ostep, q, qstep, tn, w, wstride, dn, kl);                                                   \
     }
-ABSORB_ENTRY(absorb_portable, )
+ABSORB_ENTRY(mla_absorb_portable, )
 #if defined(__x86_64__) || defined(__i386__)
-ABSORB_ENTRY(absorb_avx2, __attribute__((target("avx2"))))
-ABSORB_ENTRY(absorb_avx512, __attribute__((target("avx512f"))))
+ABSORB_ENTRY(mla_absorb_avx2, __attribute__((target("avx2"))))
+ABSORB_ENTRY(mla_absorb_avx512, __attribute__((target("avx512f"))))
 #endif
-
-MlaAbsorbFn mla_absorb_for(KernIsa isa) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (KI_HAS_AVX512(isa)) return absorb_avx512;
-    if (isa == KI_AVX2) return absorb_avx2;
-#endif
-    if (isa == KI_PORTABLE || isa == KI_NEON) return absorb_portable; /* NEON: the portable vector code */
-    return NULL;
-}
-
-void mla_absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn,
-                int kl) {
-    mla_absorb_for(kern.isa)(o, ostep, q, qstep, tn, w, wstride, dn, kl);
-}

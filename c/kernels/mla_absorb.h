@@ -6,15 +6,13 @@
 #define COLI_MLA_ABSORB_H
 #include <stddef.h>
 
-#include "kernels/quant.h"
 
 /* o rows ostep floats apart, q rows qstep, w (dequantized W_uk rows of the head) wstride. */
 typedef void (*MlaAbsorbFn)(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w,
                             size_t wstride, int dn, int kl);
 
-/* The current kernel set's (kern.isa) version, and an explicit set's for tests (NULL: not built). */
+/* Through the current kernel set (kern.mla_absorb). */
 void mla_absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn,
                 int kl);
-MlaAbsorbFn mla_absorb_for(KernIsa isa);
 
 #endif

@@ -5,7 +5,7 @@
 #include <arm_neon.h>
 #include <string.h>
 
-#include "kernels/quant.h"
+#include "kernels/isa.h"
 
 static inline float f16_at(const unsigned char *p) {
     uint16_t h;
@@ -91,4 +91,19 @@ static void q6_row(const unsigned char *s, const QAct *a, int t0, int nt, float 
 QDOT_NEON(qdot_q8_neon, q8_row)
 QDOT_NEON(qdot_q4_neon, q4_row)
 QDOT_NEON(qdot_q6_neon, q6_row)
+
+/* The NEON set: its dots, attention and DSA scores (row dots with this set's dot).
+ * Dequantization, activation quantization, the MLA absorption and the delta rule are the
+ * portable C, which the compiler vectorizes for NEON: NULL here, so `colibri version` lists
+ * them. */
+const Kernels kernel_set_neon = {
+    .name = "neon",
+    .isa = KI_NEON,
+    .dot = dot_neon,
+    .qdot = {[QT_Q8] = qdot_q8_neon, [QT_Q4] = qdot_q4_neon, [QT_MXFP4] = qdot_mxfp4_neon, [QT_Q6] = qdot_q6_neon},
+    .dsa_scores = dsa_scores_neon,
+    .kv = {{kv_dot_f32_portable, kv_axpy_f32_portable, kv_attend_neon_f32, kv_attend_neon_f32_block},
+           {kv_dot_f16_portable, kv_axpy_f16_portable, kv_attend_neon_f16, kv_attend_neon_f16_block},
+           {kv_dot_bf16_portable, kv_axpy_bf16_portable, kv_attend_neon_bf16, kv_attend_neon_bf16_block}},
+};
 #endif

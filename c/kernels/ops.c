@@ -8,19 +8,6 @@
 #include "util/fwd_alloc.h"
 
 #define ROW_TILE 8
-#define N_SCRATCH 5
-
-static _Thread_local float *tl_buf[N_SCRATCH];
-static _Thread_local size_t tl_cap[N_SCRATCH];
-
-float *scratch(int slot, size_t n) {
-    if (tl_cap[slot] < n) {
-        free(tl_buf[slot]);
-        tl_buf[slot] = fwd_aligned_alloc(64, (((n + 64) * sizeof(float)) + 63) & ~(size_t)63);
-        tl_cap[slot] = tl_buf[slot] ? n + 64 : 0; /* NULL: the caller skips its work, fwd_oom() fails the pass */
-    }
-    return tl_buf[slot];
-}
 
 /* Smallest matmul, in block dots, worth a parallel region. Starting a region costs ~2 us when
  * idle threads spin but ~60 us when they sleep (OMP_WAIT_POLICY=PASSIVE on a 2-core VM), while
@@ -132,12 +119,28 @@ void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * s);
 }
 
-void softmax(float *x, int n) {
-    float mx = x[0];
-    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    float sum = 0;
-    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - mx); sum += x[i]; }
-    for (int i = 0; i < n; i++) x[i] /= sum;
-}
 
-float silu(float x) { return x / (1.0f + expf(-x)); }
+
+void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out) {
+    float *g = fwd_malloc(sizeof(float) * (size_t)T * inter), *u = fwd_malloc(sizeof(float) * (size_t)T * inter);
+    if (!g || !u) { free(g); free(u); return; } /* fwd_oom() tells the caller */
+    matmul(g, x, T, &p->gate, p->gate_b);
+    matmul(u, x, T, &p->up, p->up_b);
+    if (p->act == ACT_SWIGLU_CLAMP) {
+        const float a = p->alpha, lim = p->limit;
+        for (size_t i = 0; i < (size_t)T * inter; i++) {
+            float x = g[i] < lim ? g[i] : lim, y = u[i] < -lim ? -lim : (u[i] > lim ? lim : u[i]);
+            g[i] = (y + 1.0f) * (x / (1.0f + expf(-a * x)));
+        }
+    } else if (p->act == ACT_SILU_CLAMP) {
+        const float lim = p->limit;
+        for (size_t i = 0; i < (size_t)T * inter; i++) {
+            float x = g[i] < lim ? g[i] : lim, y = u[i] < -lim ? -lim : (u[i] > lim ? lim : u[i]);
+            g[i] = silu(x) * y;
+        }
+    } else
+        for (size_t i = 0; i < (size_t)T * inter; i++) g[i] = silu(g[i]) * u[i];
+    matmul(out, g, T, &p->down, p->down_b);
+    free(g);
+    free(u);
+}

@@ -1,9 +1,7 @@
-#include "kernels/quant.h"
+#include "kernels/isa.h"
 
 #include <math.h>
 #include <string.h>
-
-Kernels kern;
 
 static const char *QT_NAMES[QT_COUNT] = {"f32", "bf16", "f16", "q8", "q4", "mxfp4", "q6"};
 
@@ -170,7 +168,7 @@ void q6_unpack_block(const unsigned char *blk, int8_t q[QBLOCK]) {
     }
 }
 
-static void dequant_row_portable(QType q, const void *src, int cols, float *dst) {
+void dequant_row_portable(QType q, const void *src, int cols, float *dst) {
     const unsigned char *s = src;
     int blocks = (cols + QBLOCK - 1) / QBLOCK;
     switch (q) {
@@ -209,7 +207,7 @@ static void dequant_row_portable(QType q, const void *src, int cols, float *dst)
     }
 }
 
-static float dot_portable(const float *a, const float *b, int n) {
+float dot_portable(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -227,7 +225,7 @@ void dequant_row(QType q, const void *src, int cols, float *dst) { dequant_row_p
 
 /* Nearest-even rounding (nearbyintf in the default mode) is what the AVX2 conversion does, so
  * both kernel sets produce the same bytes. */
-static void quantize_act_portable(const float *x, int cols, const QAct *a, int t) {
+void quantize_act_portable(const float *x, int cols, const QAct *a, int t) {
     for (int b = 0; b < a->nb; b++) {
         size_t i = (size_t)t * a->nb + b;
         float v[QBLOCK], amax = 0;
@@ -317,151 +315,4 @@ void qdot_all_portable(QType qt, const unsigned char *w, size_t row_bytes, int n
     const QDotFn f = qt == QT_Q4 ? qdot_q4_portable : qt == QT_Q6 ? qdot_q6_portable : qdot_q8_portable;
     for (int t0 = 0; t0 < a->rows; t0 += QDOT_MAX_ROWS)
         f(w, row_bytes, nr, a, t0, a->rows - t0 < QDOT_MAX_ROWS ? a->rows - t0 : QDOT_MAX_ROWS, y + (size_t)t0 * ldy, ldy);
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-void dequant_row_avx2(QType q, const void *src, int cols, float *dst);
-float dot_avx2(const float *a, const float *b, int n);
-void quantize_act_avx2(const float *x, int cols, const QAct *a, int t);
-void qdot_q8_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_q6_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-float dot_avx512(const float *a, const float *b, int n);
-void qdot_mxfp4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-#endif
-void qdot_mxfp4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
-                         size_t ldy);
-#if defined(__x86_64__)
-size_t amx_pack_bytes(int T, int nb);
-void amx_pack_act(const QAct *a, int8_t *dst);
-void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
-void qgemm_q4_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
-void qgemm_q6_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
-size_t vnni_pack_bytes(int T, int nb);
-void vnni_pack_act(const QAct *a, int8_t *dst);
-void qgemm_q8_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
-void qgemm_q4_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
-void qgemm_q6_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy);
-#endif
-
-static const char *const ISA_NAMES[KI_COUNT] = {"portable", "avx2", "avx512", "neon", "vnni", "amx"};
-
-const char *kernels_isa_name(KernIsa isa) { return (unsigned)isa < KI_COUNT ? ISA_NAMES[isa] : "?"; }
-
-int kernels_isa_from_name(const char *name, KernIsa *out) {
-    for (int i = 0; i < KI_COUNT; i++)
-        if (!strcmp(name, ISA_NAMES[i])) { *out = (KernIsa)i; return 0; }
-    return -1;
-}
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-/* The CPU has AMX-INT8 and the kernel lets this process use the tile state (Linux asks for it
- * once per process, ARCH_REQ_XCOMP_PERM; older kernels or a seccomp filter refuse it, and the
- * AVX-512 set runs instead). Asked once; every thread then inherits the permission. */
-static int amx_granted(void) {
-    static int granted = -1;
-    if (granted < 0) {
-        unsigned a, b, c, d; /* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 */
-        int cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
-        granted = cpu && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    }
-    return granted;
-}
-#endif
-
-int kernels_supported(KernIsa isa) {
-    if (isa == KI_PORTABLE) return 1;
-#if defined(__aarch64__)
-    if (isa == KI_NEON) return 1; /* part of every AArch64 CPU */
-#endif
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (isa == KI_AVX2) return avx2;
-    if (isa == KI_AVX512)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#endif
-#if defined(__x86_64__)
-    if (isa == KI_VNNI) return kernels_supported(KI_AVX512) && __builtin_cpu_supports("avx512vnni");
-    if (isa == KI_AMX) return kernels_supported(KI_VNNI) && amx_granted();
-#endif
-    return 0;
-}
-
-#if defined(__aarch64__)
-float dot_neon(const float *a, const float *b, int n);
-void qdot_q8_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_q4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_q6_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-void qdot_mxfp4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
-#endif
-
-int kernels_use(KernIsa isa) {
-    if ((unsigned)isa >= KI_COUNT || !kernels_supported(isa)) return -1;
-    memset(&kern, 0, sizeof kern);
-    kern.name = ISA_NAMES[isa];
-    kern.isa = isa;
-    kern.dequant_row = dequant_row_portable;
-    kern.dot = dot_portable;
-    kern.quantize_act = quantize_act_portable;
-    kern.qdot[QT_Q8] = qdot_q8_portable;
-    kern.qdot[QT_Q4] = qdot_q4_portable;
-    kern.qdot[QT_MXFP4] = qdot_mxfp4_portable;
-    kern.qdot[QT_Q6] = qdot_q6_portable;
-#if defined(__x86_64__) || defined(__i386__)
-    if (isa == KI_AVX2 || KI_HAS_AVX512(isa)) {
-        kern.dequant_row = dequant_row_avx2;
-        kern.dot = dot_avx2;
-        kern.quantize_act = quantize_act_avx2;
-        kern.qdot[QT_Q8] = qdot_q8_avx2;
-        kern.qdot[QT_Q4] = qdot_q4_avx2;
-        kern.qdot[QT_MXFP4] = qdot_mxfp4_avx2;
-        kern.qdot[QT_Q6] = qdot_q6_avx2;
-    }
-    if (KI_HAS_AVX512(isa)) {
-        kern.dot = dot_avx512; /* q8/q4 keep the AVX2 dots: see kernels/avx512.c */
-    }
-#endif
-#if defined(__x86_64__)
-    if (isa == KI_VNNI) { /* every batch through the small-batch kernel, the same bits */
-        kern.qgemm[QT_Q8] = qgemm_q8_vnni;
-        kern.qgemm[QT_Q4] = qgemm_q4_vnni;
-        kern.qgemm[QT_Q6] = qgemm_q6_vnni;
-        kern.pack_bytes = vnni_pack_bytes;
-        kern.pack_act = vnni_pack_act;
-    }
-    if (isa == KI_AMX) { /* the portable arithmetic for any batch: the dots stay portable's */
-        kern.qdot[QT_Q8] = qdot_q8_portable;
-        kern.qdot[QT_Q4] = qdot_q4_portable;
-        kern.qdot[QT_Q6] = qdot_q6_portable;
-        kern.qgemm[QT_Q8] = qgemm_q8_amx;
-        kern.qgemm[QT_Q4] = qgemm_q4_amx;
-        kern.qgemm[QT_Q6] = qgemm_q6_amx;
-        kern.pack_bytes = amx_pack_bytes;
-        kern.pack_act = amx_pack_act;
-    }
-#endif
-#if defined(__aarch64__)
-    if (isa == KI_NEON) { /* and the attention kernels (kv_kernels.c) */
-        kern.dot = dot_neon;
-        kern.qdot[QT_Q8] = qdot_q8_neon;
-        kern.qdot[QT_Q4] = qdot_q4_neon;
-        kern.qdot[QT_Q6] = qdot_q6_neon;
-        kern.qdot[QT_MXFP4] = qdot_mxfp4_neon;
-    }
-#endif
-    return 0;
-}
-
-void kernels_init(int force_portable) {
-    KernIsa best = KI_PORTABLE;
-    for (int i = KI_COUNT - 1; i > 0 && !force_portable; i--)
-        if (kernels_supported((KernIsa)i)) { best = (KernIsa)i; break; }
-    kernels_use(best);
 }

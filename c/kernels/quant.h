@@ -19,6 +19,14 @@ typedef enum { QT_F32 = 0, QT_BF16, QT_F16, QT_Q8, QT_Q4, QT_MXFP4, QT_Q6, QT_CO
 
 #define QBLOCK 32
 
+/* A weight matrix as the kernels see it: rows of row_bytes in storage type qt. */
+typedef struct {
+    QType qt;
+    int rows, cols;
+    size_t row_bytes;
+    const unsigned char *data;
+} QMat;
+
 const char *qtype_name(QType q);
 int qtype_from_name(const char *name, QType *out); /* 0 ok, -1 unknown */
 size_t qtype_row_bytes(QType q, int cols);
@@ -76,33 +84,5 @@ typedef void (*QGemmFn)(const unsigned char *w, size_t row_bytes, int nr, const 
                         float *y, size_t ldy);
 /* Positions per AMX tile. */
 #define AMX_TILE_T 16
-
-/* Kernel sets, best last among those a CPU runs: on x86 one that has a set has every x86 set
- * before it; neon is the AArch64 set. */
-typedef enum { KI_PORTABLE = 0, KI_AVX2, KI_AVX512, KI_NEON, KI_VNNI, KI_AMX, KI_COUNT } KernIsa;
-/* The x86 sets whose float dots and attention kernels are AVX-512's. */
-#define KI_HAS_AVX512(isa) ((isa) == KI_AVX512 || (isa) == KI_VNNI || (isa) == KI_AMX)
-
-/* Run-time selected kernels (portable, AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ, NEON, AVX-512 VNNI, or
- * AMX-INT8 tiles on AVX-512 VNNI). */
-typedef struct {
-    const char *name;
-    KernIsa isa;
-    void (*dequant_row)(QType q, const void *src, int cols, float *dst);
-    float (*dot)(const float *a, const float *b, int n);
-    /* Quantizes activation row t of x (cols floats) into a. Bit-identical across kernels. */
-    void (*quantize_act)(const float *x, int cols, const QAct *a, int t);
-    QDotFn qdot[QT_COUNT]; /* QT_Q8, QT_Q4, QT_MXFP4 and QT_Q6; NULL for the float types */
-    QGemmFn qgemm[QT_COUNT]; /* NULL where the set has none (matmul then uses qdot) */
-    size_t (*pack_bytes)(int T, int nb);
-    void (*pack_act)(const QAct *a, int8_t *dst);
-} Kernels;
-extern Kernels kern;
-/* The best set this CPU runs, or portable when force_portable. */
-void kernels_init(int force_portable);
-const char *kernels_isa_name(KernIsa isa);
-int kernels_isa_from_name(const char *name, KernIsa *out); /* 0 ok, -1 unknown */
-int kernels_supported(KernIsa isa);                        /* this CPU and build run it */
-int kernels_use(KernIsa isa);                              /* 0 ok, -1 not supported here */
 
 #endif

@@ -8,7 +8,7 @@
  * Compiled with target attributes; kernels_use picks it at run time. */
 #if defined(__x86_64__)
 #include "kernels/vnni_small.h"
-#include "kernels/quant.h"
+#include "kernels/isa.h"
 
 /* Weight bytes per strip: a quarter of a 1 MB L2, so the strip and the positions' packed
  * activations it meets stay there while every position group passes over it. */
@@ -50,4 +50,26 @@ void qgemm_q6_vnni(const unsigned char *w, size_t row_bytes, int nr, const QAct 
     gemm(vnni_small_q6, QT_Q6, w, row_bytes, nr, a, packed, y, ldy);
 }
 
+/* The VNNI set: the AVX-512 set with every q8/q4/q6 batch on the small-batch kernel (the same
+ * bits as the dots, which serve the rest). */
+const Kernels kernel_set_vnni = {
+    .name = "vnni",
+    .isa = KI_VNNI,
+    .dequant_row = dequant_row_avx2,
+    .dot = dot_avx512,
+    .quantize_act = quantize_act_avx2,
+    .qdot = {[QT_Q8] = qdot_q8_avx2, [QT_Q4] = qdot_q4_avx2, [QT_MXFP4] = qdot_mxfp4_avx2, [QT_Q6] = qdot_q6_avx2},
+    .qgemm = {[QT_Q8] = qgemm_q8_vnni, [QT_Q4] = qgemm_q4_vnni, [QT_Q6] = qgemm_q6_vnni},
+    .pack_bytes = vnni_pack_bytes,
+    .pack_act = vnni_pack_act,
+    .kv = {{kv_dot_f32_portable, kv_axpy_f32_portable, kv_attend_avx512_f32, kv_attend_avx512_f32_block},
+           {kv_dot_f16_avx2, kv_axpy_f16_avx2, kv_attend_avx512_f16, kv_attend_avx512_f16_block},
+           {kv_dot_bf16_avx2, kv_axpy_bf16_avx2, kv_attend_avx512_bf16, kv_attend_avx512_bf16_block}},
+    .mla_absorb = mla_absorb_avx512,
+    .dsa_scores = dsa_scores_avx512,
+    .delta_recurrent = delta_rule_recurrent_avx512,
+    .delta_chunked = delta_rule_chunked_avx512,
+    .kda_recurrent = kda_recurrent_avx512,
+    .kda_chunked = kda_chunked_avx512,
+};
 #endif

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "model/blocks.h"
-#include "model/delta_rule.h"
+#include "kernels/delta_rule.h"
 #include "util/fwd_alloc.h"
 #include "kernels/ops.h"
 

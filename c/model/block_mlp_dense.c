@@ -1,4 +1,4 @@
-/* Dense SwiGLU MLP block, and the SwiGLU MLP every routed expert reuses. */
+/* Dense SwiGLU MLP block, and loading the SwiGLU MLP every routed expert reuses. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,30 +7,6 @@
 #include "util/fwd_alloc.h"
 #include "model/layers.h"
 #include "kernels/ops.h"
-
-void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out) {
-    float *g = fwd_malloc(sizeof(float) * (size_t)T * inter), *u = fwd_malloc(sizeof(float) * (size_t)T * inter);
-    if (!g || !u) { free(g); free(u); return; } /* fwd_oom() tells the caller */
-    matmul(g, x, T, &p->gate, p->gate_b);
-    matmul(u, x, T, &p->up, p->up_b);
-    if (p->act == ACT_SWIGLU_CLAMP) {
-        const float a = p->alpha, lim = p->limit;
-        for (size_t i = 0; i < (size_t)T * inter; i++) {
-            float x = g[i] < lim ? g[i] : lim, y = u[i] < -lim ? -lim : (u[i] > lim ? lim : u[i]);
-            g[i] = (y + 1.0f) * (x / (1.0f + expf(-a * x)));
-        }
-    } else if (p->act == ACT_SILU_CLAMP) {
-        const float lim = p->limit;
-        for (size_t i = 0; i < (size_t)T * inter; i++) {
-            float x = g[i] < lim ? g[i] : lim, y = u[i] < -lim ? -lim : (u[i] > lim ? lim : u[i]);
-            g[i] = silu(x) * y;
-        }
-    } else
-        for (size_t i = 0; i < (size_t)T * inter; i++) g[i] = silu(g[i]) * u[i];
-    matmul(out, g, T, &p->down, p->down_b);
-    free(g);
-    free(u);
-}
 
 /* A "{e}" in a template becomes the expert index. */
 static const char *expand(const JsonValue *tensors, const char *key, int e, char *buf, size_t n) {

@@ -38,7 +38,7 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
         mlp_load(L, &p->experts[e], ex, e, L->a->hidden, p->width, bias);
     }
     p->xl = (ExpertLayer){.layer = L->layer, .E = p->E, .K = p->K, .H = L->a->hidden, .width = p->width,
-                          .experts = p->experts, .router = p->router, .router_self = p->router_self};
+                          .experts = p->experts, .predict = p->router->route, .predict_self = p->router_self};
     return L->failed ? -1 : 0;
 }
 
@@ -68,3 +68,10 @@ static ExpertLayer *experts(void *self) { return &((Moe *)self)->xl; }
 const BlockKind block_moe = {ROLE_MLP, "moe", sizeof(Moe), load, run, NULL, release, experts};
 
 ExpertLayer *moe_expert_layer(const Block *b) { return b->kind && b->kind->experts ? b->kind->experts(b->self) : NULL; }
+
+int model_expert_layers(const Model *m, ExpertLayer **out) {
+    int n = 0;
+    for (int l = 0; l < m->a.n_layers; l++)
+        if ((out[n] = moe_expert_layer(&m->layers[l].mlp))) n++;
+    return n;
+}

@@ -18,12 +18,13 @@ typedef struct {
     const float *gate; /* [hidden] or NULL: ungated */
 } MoeShared;
 
+extern const BlockKind block_moe;
+
 static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     MoeShared *p = self;
-    const BlockKind *k = block_find(ROLE_MLP, "moe");
+    const BlockKind *k = &block_moe; /* the routed half is a moe block */
     const JsonValue *sh = bl_obj(L, spec, "shared");
     if (L->failed) return -1;
-    if (!k) return bl_fail(L, "moe_shared: this engine has no moe block");
     p->width = bl_int(L, sh, "width", 1, 1 << 20);
     if (L->failed) return -1;
     if (json_get(sh, "act") && mlp_act_load(L, sh, &p->shared)) return -1; /* DeepSeek-V4: clamped */

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/quant.h"
+#include "kernels/kernels.h"
 
 #define MAX_EOS 8
 
@@ -38,13 +38,6 @@ typedef struct {
     QType kv_type;             /* element type of per-position state: QT_F16 (default), QT_BF16, QT_F32 */
     const StateDesc *state;    /* [n_layers], filled by model_load for kv_type */
 } Arch;
-
-typedef struct {
-    QType qt;
-    int rows, cols;
-    size_t row_bytes;
-    const unsigned char *data;
-} QMat;
 
 /* One block of a layer: an entry of the block table and its loaded parameters. */
 typedef struct BlockKind BlockKind;

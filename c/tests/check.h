@@ -25,6 +25,7 @@ void test_sampler_top_p(void);
 void test_tokenizer(void);
 void test_blocks(void);
 void test_kv_kernel_sets(void); /* the KV cache and attention kernels of every set */
+void test_kernel_table(void);   /* every set's table complete or its fallbacks listed; --kernels governs every family */
 void test_kv_persist(void);
 void test_kv_log(void);
 void test_logprob(void);

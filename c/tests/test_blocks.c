@@ -390,7 +390,7 @@ static void test_mla_absorb(void) {
             want[t * OS + c] = a;
         }
     for (int isa = 0; isa < KI_COUNT; isa++) {
-        MlaAbsorbFn f = kernels_supported((KernIsa)isa) ? mla_absorb_for((KernIsa)isa) : NULL;
+        MlaAbsorbFn f = kernels_supported((KernIsa)isa) ? kernels_table((KernIsa)isa)->mla_absorb : NULL;
         if (!f) continue;
         for (int tn = 1; tn <= TMAX; tn++) {
             memset(got, 0xff, sizeof got);
@@ -434,7 +434,7 @@ static void test_dsa_scores(void) {
         }
         for (int isa = 0; isa < KI_COUNT; isa++) {
             if (!kernels_supported((KernIsa)isa) || kernels_use((KernIsa)isa)) continue;
-            DsaScoreFn f = dsa_scores_for((KernIsa)isa);
+            DsaScoreFn f = kernels_table((KernIsa)isa)->dsa_scores;
             for (int n = 1; n <= NMAX; n++) {
                 f(q, w, nh, HD, keys, STRIDE, n, scale, wscale, got);
                 int ok = 1;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "model/delta_rule.h"
+#include "kernels/delta_rule.h"
 
 enum { T = 150, DK = 8, DV = 12 };
 

@@ -1,7 +1,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "kernels/quant.h"
+#include "kernels/kernels.h"
 
 int checks_passed, checks_failed;
 
@@ -12,11 +12,13 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "kernels")) {
         test_quant();
         test_kv_kernel_sets();
+        test_kernel_table();
         printf("c kernel tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
         return checks_failed != 0;
     }
     test_json();
     test_quant();
+    test_kernel_table();
     test_safetensors();
     test_protocol();
     test_grammar();

@@ -6,7 +6,7 @@
 
 #include "check.h"
 #include "kernels/ops.h"
-#include "kernels/quant.h"
+#include "kernels/kernels.h"
 
 static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
 

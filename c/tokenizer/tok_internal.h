@@ -1,5 +1,5 @@
 /* Internals shared by the tokenizer files (tokenizer.c, tok_bpe.c, tok_pretok.c, tok_regex.c,
- * tok_normalize.c, tok_stream.c). Not part of the engine-facing API (that is tokenizer.h). */
+ * tok_normalize.c, tok_stream.c; the helpers in tok_buf.c). Not part of the engine-facing API (that is tokenizer.h). */
 #ifndef COLI_TOK_INTERNAL_H
 #define COLI_TOK_INTERNAL_H
 #include <stddef.h>

@@ -53,25 +53,29 @@ def cpu_kernels():
 def engine_status():
     """{'path', 'built', 'version', 'expected_version', 'stale', 'kernels', 'error'} without building."""
     st = {"path": str(ENGINE.relative_to(ROOT)), "built": ENGINE.exists(), "version": None,
-          "expected_version": _expected_version(), "stale": None, "kernels": None, "error": None}
+          "expected_version": _expected_version(), "stale": None, "kernels": None, "kernel_sets": [],
+          "error": None}
     kern, why = cpu_kernels()
     st["kernels"] = f"{kern} ({why}; chosen at start)"
     if not st["built"]:
         return st
     try:
         r = subprocess.run([str(ENGINE), "version"], capture_output=True, text=True, timeout=10)
-        out = r.stdout.split()
+        lines = r.stdout.splitlines()
+        out = lines[0].split() if lines else []
         if r.returncode == 0 and len(out) >= 2 and out[0] == "colibri":
             st["version"] = out[1]
             reported = [w.split("=", 1)[1] for w in out[2:] if w.startswith("kernels=")]
             if reported:
                 st["kernels"] = f"{reported[0]} (reported by the engine)"
+            # "set NAME[ (not on this CPU)]: complete|portable ENTRY,...": each set's portable fallbacks
+            st["kernel_sets"] = [ln[4:] for ln in lines[1:] if ln.startswith("set ")]
         else:
             st["error"] = (r.stderr or r.stdout).strip() or f"exit code {r.returncode}"
     except (OSError, subprocess.TimeoutExpired) as e:
         st["error"] = str(e)
     built_at = ENGINE.stat().st_mtime
-    sources = [p for pat in ("c/*.c", "c/*.h", "Makefile") for p in ROOT.glob(pat)]
+    sources = [p for pat in ("c/*/*.c", "c/*/*.h", "Makefile") for p in ROOT.glob(pat)]
     newer = [p for p in sources if p.stat().st_mtime > built_at]
     if newer:
         st["stale"] = str(max(newer, key=lambda p: p.stat().st_mtime).relative_to(ROOT))
@@ -136,6 +140,8 @@ def run(args):
     print(f"built {st['path']}: colibri {st['version']} in {time.monotonic() - t0:.1f} s "
           f"(CFLAGS {settings['CFLAGS']}{', CC ' + settings['CC'] if 'CC' in settings else ''})")
     print(f"kernels: {st['kernels']}")
+    for line in st["kernel_sets"]:
+        print(f"  set {line}")
     if st["version"] != st["expected_version"]:
         print(f"warning: the engine says {st['version']} but the launcher is {st['expected_version']}", file=sys.stderr)
     return 0

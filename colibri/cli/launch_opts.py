@@ -14,7 +14,7 @@ from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, defau
 
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kernels/kv_kernels.c
-KERNEL_SETS = ("portable", "avx2", "avx512", "vnni", "amx", "neon")  # c/kernels/quant.c kernels_isa_name
+KERNEL_SETS = ("portable", "avx2", "avx512", "vnni", "amx", "neon")  # c/kernels/dispatch.c kernels_isa_name
 
 
 # The engine flags, declared once. Each command that starts (or plans) an engine names the ones
