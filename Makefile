@@ -19,7 +19,9 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 # One object per source and build kind, each with its dependency file (-MMD): a touched file
 # rebuilds itself and what includes it, and `make` compiles in parallel over the cores.
+ifeq ($(MAKELEVEL),0)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 DEPFLAGS = -MMD -MP
 obj = $(patsubst c/%.c,build/obj/$(1)/%.o,$(2))
 REL_OBJ := $(call obj,rel,$(ENGINE_SRC))
@@ -29,7 +31,7 @@ ASAN_LIB_OBJ := $(call obj,asan,$(LIB_SRC))
 CTEST_REL_OBJ := $(call obj,rel,$(CTEST_SRC))
 CTEST_ASAN_OBJ := $(call obj,asan,$(CTEST_SRC))
 
-.PHONY: all test ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv
+.PHONY: all test test-deps ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv
 all: build/colibri
 
 # version.py: the version string is compiled in (COLI_VERSION).
@@ -90,7 +92,16 @@ pytest: build/colibri build/colibri_asan $(STAMP)
 	$(VENV)/bin/python tools/test_env_report.py
 	$(VENV)/bin/python -m pytest -q tests
 
-test: ctest pytest fuzz-test
+# The system packages the tests drive (tmux, chromium, nginx, clang's fuzzer runtime, npm):
+# installed when make runs as root with apt, else the command that installs them is named.
+test-deps:
+	@tools/test_deps.sh
+
+# One suite after another (each builds what it needs in parallel): their output stays apart.
+test: test-deps
+	$(MAKE) ctest
+	$(MAKE) pytest
+	$(MAKE) fuzz-test
 
 # Fuzzing (fuzz/README.md): libFuzzer harnesses over every parser of untrusted bytes, built with
 # clang under ASan+UBSan; the Python parsers run under atheris in their own venv. `make fuzz`
