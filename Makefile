@@ -112,7 +112,7 @@ FUZZ_SECONDS ?= 20
 FUZZ_TEST_SECONDS ?= 5
 FUZZ_FLAGS = -O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wno-unknown-pragmas -fno-sanitize-recover=all -Ic \
 	-DCOLI_VERSION='"$(VERSION)"' -DFUZZ_ASSETS='"$(CURDIR)/fuzz/assets/tiny"'
-# Not parsers: kernels and the OpenMP ops (clang 14 rejects quant.c's CPU check, and has no
+# Not parsers: kernels and the OpenMP ops (clang 14 rejects dispatch.c's CPU check, and has no
 # libomp here), built by $(CC) without instrumentation. Everything else is instrumented, so a new
 # engine file is fuzzed with its parsers' callers without editing this list.
 FUZZ_PLAIN_SRC := $(filter-out c/kernels/membw.c c/kernels/gguf_quants.c,$(wildcard c/kernels/*.c)) c/experts/moe_exec.c
