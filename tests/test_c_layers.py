@@ -2,14 +2,12 @@
 no file uses a band above its own or sits in a circle of files, by #include or by symbol. The
 checker's own tests show it fails on an upward use and on a circle."""
 import subprocess
-import sys
 from pathlib import Path
 
+import c_layers  # tools/, on the path through pytest.ini
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import c_layers  # noqa: E402
 
 
 def test_the_engine_has_no_upward_use_and_no_circle():
