@@ -15,6 +15,11 @@ from launcher_helpers import CHATML, ROOT, THINK_TEMPLATE, clean_env, coli, conv
 from colibri.cli import chat as chat_cli
 
 
+# chat samples by default; tests that count an answer's tokens, or need an answer long enough to
+# interrupt, decode greedily so that a sampled end-of-text token cannot cut the answer short
+GREEDY = ("--temp", "0")
+
+
 @pytest.fixture(scope="module")
 def model(oracle_root, tmp_path_factory):
     return convert_tiny(oracle_root, tmp_path_factory.mktemp("chat") / "moe", template=CHATML)
@@ -97,7 +102,7 @@ def test_footer_shows_streamed_experts():
 # ---------------------------------------------------------------- piped (no terminal)
 
 def test_piped_conversation_with_more_and_reset(model):
-    r = coli("chat", "--model", model, "--max-tokens", "8",
+    r = coli("chat", "--model", model, "--max-tokens", "8", *GREEDY,
              input="What is two plus two?\n:more\n:reset\nAnd three?\n:quit\n")
     assert r.returncode == 0, r.stderr
     out = r.stdout
@@ -115,7 +120,7 @@ def test_piped_conversation_with_more_and_reset(model):
 
 
 def test_second_turn_reuses_the_first(model):
-    r = coli("chat", "--model", model, "--max-tokens", "4", input="Hi\nHow are you?\n")
+    r = coli("chat", "--model", model, "--max-tokens", "4", *GREEDY, input="Hi\nHow are you?\n")
     footers = [ln for ln in r.stdout.splitlines() if "tok/s" in ln]
     assert len(footers) == 2
     assert "(0 reused)" in footers[0] and "(0 reused)" not in footers[1]
@@ -146,7 +151,7 @@ def test_commands_and_unknown_commands(model):
 
 def test_context_overflow_is_explained_and_the_chat_goes_on(model):
     long = "word " * 600
-    r = coli("chat", "--model", model, "--max-tokens", "2", input=f"{long}\nshort\n")
+    r = coli("chat", "--model", model, "--max-tokens", "2", *GREEDY, input=f"{long}\nshort\n")
     assert r.returncode == 0
     assert "no longer fits the context" in r.stdout and ":reset" in r.stdout
     assert sum("tok/s" in ln for ln in r.stdout.splitlines()) == 1
@@ -162,7 +167,7 @@ def test_refusals_before_the_engine_starts(model, tmp_path, oracle_root):
     (d / "chat_template.jinja").unlink()
     r = coli("chat", "--model", d)
     assert r.returncode == 2 and "--raw" in r.stderr
-    r = coli("chat", "--model", d, "--raw", "--max-tokens", "3", input="Once upon a time\n")
+    r = coli("chat", "--model", d, "--raw", "--max-tokens", "3", *GREEDY, input="Once upon a time\n")
     assert r.returncode == 0 and "3 tokens" in r.stdout
     for bad, msg in ((tmp_path / "nope", "no such directory"), (tmp_path, "colibri.json"),
                      (Path(oracle_root) / "qwen3_moe" / "hf", "coli convert")):
@@ -252,7 +257,7 @@ def test_chat_in_a_terminal(model, tmp_path):
                     "(apt-get install -y tmux; .ci/run should install it)", pytrace=False)
     history = tmp_path / "history"
     env = {"COLI_HISTORY": str(history), "TERM": "xterm-256color", "COLI_PROFILE_DIR": str(tmp_path / "p")}
-    t = Tmux(f"coli-chat-{os.getpid()}", f"{sys.executable} ./coli chat --model '{model}'", env)
+    t = Tmux(f"coli-chat-{os.getpid()}", f"{sys.executable} ./coli chat --model '{model}' {' '.join(GREEDY)}", env)
     try:
         t.wait_for(lambda s: "ready:" in s and any(ln.startswith(">") for ln in s.splitlines()))
         t.keys("Tell me a long story", "Enter")
