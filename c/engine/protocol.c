@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "util/grow.h"
+
 static int valid_id(const char *s, size_t n) {
     if (n == 0 || n > PROTO_MAX_ID) return 0;
     for (size_t i = 0; i < n; i++) {
@@ -144,12 +146,9 @@ void reader_fill(FrameReader *r, int timeout_ms) {
     struct pollfd p = {r->fd, POLLIN, 0};
     if (poll(&p, 1, timeout_ms) <= 0) return;
     if (r->cap - r->len < 65536) {
-        size_t cap = r->cap ? r->cap * 2 : 131072;
-        char *nb = realloc(r->buf, cap);
-        if (nb) {
-            r->buf = nb;
-            r->cap = cap;
-        } else if (r->len == r->cap) { /* full and cannot grow: reader_next drops the frame that needs the room */
+        char *nb = grow_array(r->buf, &r->cap, r->len + 65536, 1, 131072);
+        if (nb) r->buf = nb;
+        else if (r->len == r->cap) { /* full and cannot grow: reader_next drops the frame that needs the room */
             r->oom = 1;
             return;
         }

@@ -7,6 +7,7 @@
  * request's first token does not wait for a long prompt's whole prefill, and each row of the
  * step computes what it would alone: a request's tokens do not depend on its company. */
 #include "util/clock.h"
+#include "util/grow.h"
 #include "engine/serve_loop.h"
 #include "engine/turn.h"
 
@@ -56,7 +57,8 @@ typedef struct {
     Engine *e;
     FrameReader *in;
     Pending *q;
-    int nq, capq;
+    int nq;
+    size_t capq;
     Stream *st;          /* [parallel] */
     int n_active;
     unsigned long seq;
@@ -75,17 +77,13 @@ static Stream *find_active(Loop *L, const char *id) {
 }
 
 static void queue_push(Loop *L, const Frame *f, char *payload) {
-    if (L->nq == L->capq) {
-        int cap = L->capq ? L->capq * 2 : 8;
-        Pending *q = realloc(L->q, sizeof(Pending) * (size_t)cap);
-        if (!q) { /* refuse this one request; the running ones and the queue go on */
-            emit_error(f->id, "out_of_memory", "no memory to queue the request");
-            free(payload);
-            return;
-        }
-        L->q = q;
-        L->capq = cap;
+    Pending *q = grow_array(L->q, &L->capq, (size_t)L->nq + 1, sizeof *q, 8);
+    if (!q) { /* refuse this one request; the running ones and the queue go on */
+        emit_error(f->id, "out_of_memory", "no memory to queue the request");
+        free(payload);
+        return;
     }
+    L->q = q;
     L->q[L->nq++] = (Pending){*f, payload};
 }
 

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "util/clock.h"
+#include "util/grow.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,7 +16,7 @@ static char *slurp(FILE *f, size_t *n) {
     for (size_t got; b && (got = fread(b + len, 1, cap - len, f)) > 0;) {
         len += got;
         if (len == cap) {
-            char *nb = realloc(b, cap *= 2);
+            char *nb = grow_array(b, &cap, len + 1, 1, 1 << 16);
             if (!nb) { free(b); return NULL; }
             b = nb;
         }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "grammar/grammar_internal.h"
+#include "util/grow.h"
 
 /* ---- maps ---- */
 static uint64_t mix(uint64_t z) {
@@ -85,23 +86,14 @@ static void seen_clear(GSeen *m) {
     }
 }
 
-static int grow(void **v, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *nv = realloc(*v, c * elem);
-    if (!nv) return -1;
-    *v = nv;
-    *cap = c;
-    return 0;
-}
-
 /* ---- frames ---- */
 static int32_t node_get(GrammarRun *r, uint32_t pos, int32_t parent) {
     uint64_t key = (uint64_t)pos << 32 | (uint32_t)parent;
     int32_t id;
     if (gmap_get(&r->node_map, key, &id)) return id;
-    if (r->n_nodes >= 0x7FFFFFF0 || grow((void **)&r->nodes, &r->nodes_cap, r->n_nodes + 1, sizeof(GNode))) { r->failed = 1; return -1; }
+    GNode *nodes = r->n_nodes >= 0x7FFFFFF0 ? NULL : grow_array(r->nodes, &r->nodes_cap, r->n_nodes + 1, sizeof *nodes, 64);
+    if (!nodes) { r->failed = 1; return -1; }
+    r->nodes = nodes;
     id = (int32_t)r->n_nodes;
     uint32_t mb = r->g->minrest[pos] + (parent > G_EMPTY ? r->nodes[parent].minb : 0);
     r->nodes[r->n_nodes++] = (GNode){pos, parent, mb > G_INF_BYTES ? G_INF_BYTES : mb};
@@ -114,16 +106,20 @@ static int work_push(GrammarRun *r, uint32_t pos, int32_t parent) {
     int had = seen_add(&r->seen, key);
     if (had > 0) return 0; /* this (element, continuation) was expanded already */
     if (++r->work_total > r->work_limit || r->n_nodes > GRAMMAR_MAX_NODES) { r->failed = 1; return -1; }
-    if (had < 0 || grow((void **)&r->work, &r->work_cap, r->work_n + 1, sizeof(uint64_t))) {
+    uint64_t *work = had < 0 ? NULL : grow_array(r->work, &r->work_cap, r->work_n + 1, sizeof *work, 64);
+    if (!work) {
         r->failed = 1;
         return -1;
     }
+    r->work = work;
     r->work[r->work_n++] = key;
     return 0;
 }
 
 static int out_push(GrammarRun *r, uint32_t id) {
-    if (grow((void **)&r->out, &r->out_cap, r->out_n + 1, sizeof(uint32_t))) { r->failed = 1; return -1; }
+    uint32_t *out = grow_array(r->out, &r->out_cap, r->out_n + 1, sizeof *out, 64);
+    if (!out) { r->failed = 1; return -1; }
+    r->out = out;
     r->out[r->out_n++] = id;
     return 0;
 }
@@ -213,8 +209,11 @@ static int32_t state_get(GrammarRun *r, const uint32_t *ids, size_t n, const uin
             !memcmp(s->pend, pend, (size_t)npend))
             return id;
     }
-    if (grow((void **)&r->pool, &r->pool_cap, r->pool_n + n, sizeof(uint32_t)) ||
-        grow((void **)&r->st, &r->st_cap, r->n_st + 1, sizeof(GState)) || r->n_st >= 0x7FFFFFF0) {
+    uint32_t *pool = grow_array(r->pool, &r->pool_cap, r->pool_n + n, sizeof *pool, 64);
+    if (pool) r->pool = pool;
+    GState *sts = pool ? grow_array(r->st, &r->st_cap, r->n_st + 1, sizeof *sts, 64) : NULL;
+    if (sts) r->st = sts;
+    if (!sts || r->n_st >= 0x7FFFFFF0) {
         r->failed = 1;
         return -1;
     }
@@ -309,7 +308,9 @@ static int32_t compute_next(GrammarRun *r, int32_t s, unsigned b) {
     if (lo > hi || !set_can_take(r, &st, lo, hi)) return G_DEAD;
     if (st.npend == st.need) return advance_cp(r, s, lo);
     /* the same stacks with a longer partial character; copied out, as the pool may move */
-    if (grow((void **)&r->out, &r->out_cap, st.set_n, sizeof(uint32_t))) { r->failed = 1; return G_DEAD; }
+    uint32_t *out = grow_array(r->out, &r->out_cap, st.set_n, sizeof *out, 64);
+    if (!out) { r->failed = 1; return G_DEAD; }
+    r->out = out;
     memcpy(r->out, r->pool + st.set_off, st.set_n * sizeof(uint32_t));
     return state_get(r, r->out, st.set_n, st.pend, st.npend, st.need);
 }
@@ -342,7 +343,9 @@ GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v) {
         r->added_ok[i] = (uint8_t)grammar_has_literal(g, v->bytes[t], v->len[t]);
     }
     GNode empty = {UINT32_MAX, -1, 0};
-    if (grow((void **)&r->nodes, &r->nodes_cap, 1, sizeof(GNode))) { grammar_run_free(r); return NULL; }
+    GNode *nodes = grow_array(r->nodes, &r->nodes_cap, 1, sizeof *nodes, 64);
+    if (!nodes) { grammar_run_free(r); return NULL; }
+    r->nodes = nodes;
     r->nodes[r->n_nodes++] = empty;
     for (uint32_t i = g->rule_start[g->root];;) { /* root's alternatives, returning to the empty stack */
         if (work_push(r, i, G_EMPTY)) break;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "grammar/grammar.h"
+#include "util/grow.h"
 
 #define INF_LEN (1u << 30)
 #define REP_INF UINT32_MAX
@@ -65,17 +66,6 @@ static int fail(P *p, size_t pos, const char *fmt, ...) {
 
 static int oom(P *p) { return fail(p, p->i, "out of memory"); }
 
-static int grow(void **v, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 8;
-    while (c < need) c *= 2;
-    void *nv = realloc(*v, c * elem);
-    if (!nv) return -1;
-    *v = nv;
-    *cap = c;
-    return 0;
-}
-
 static Node *node_new(P *p, int kind, size_t pos) {
     Node *x = calloc(1, sizeof *x);
     if (!x) { oom(p); return NULL; }
@@ -87,13 +77,17 @@ static Node *node_new(P *p, int kind, size_t pos) {
 }
 
 static int node_add(P *p, Node *parent, Node *kid) {
-    if (grow((void **)&parent->kid, &parent->cap, parent->n + 1, sizeof(Node *))) return oom(p);
+    Node **kids = grow_array(parent->kid, &parent->cap, parent->n + 1, sizeof *kids, 8);
+    if (!kids) return oom(p);
+    parent->kid = kids;
     parent->kid[parent->n++] = kid;
     return 0;
 }
 
 static int class_add(P *p, Node *c, uint32_t lo, uint32_t hi) {
-    if (grow((void **)&c->rg, &c->rcap, c->nr + 2, sizeof(uint32_t))) return oom(p);
+    uint32_t *rg = grow_array(c->rg, &c->rcap, c->nr + 2, sizeof *rg, 8);
+    if (!rg) return oom(p);
+    c->rg = rg;
     c->rg[c->nr++] = lo;
     c->rg[c->nr++] = hi;
     return 0;
@@ -107,7 +101,10 @@ static uint64_t hash_str(const char *s, size_t n) {
 }
 
 static int rule_new(P *p, const char *name, size_t len, size_t pos, uint32_t *id) {
-    if (grow((void **)&p->rules, &p->rules_cap, p->n_rules + 1, sizeof(Rule))) return oom(p);
+    *id = UINT32_MAX; /* set on failure too: gcc cannot see that every failure returns nonzero */
+    Rule *rules = grow_array(p->rules, &p->rules_cap, p->n_rules + 1, sizeof *rules, 8);
+    if (!rules) return oom(p);
+    p->rules = rules;
     Rule *r = &p->rules[p->n_rules];
     memset(r, 0, sizeof *r);
     r->pos = pos;
@@ -238,7 +235,9 @@ static int read_char(P *p, uint32_t *cp) {
 }
 
 static int lit_put(P *p, const void *b, size_t n) {
-    if (grow((void **)&p->lit, &p->lit_cap, p->lit_len + n, 1)) return oom(p);
+    char *lit = grow_array(p->lit, &p->lit_cap, p->lit_len + n, 1, 8);
+    if (!lit) return oom(p);
+    p->lit = lit;
     memcpy(p->lit + p->lit_len, b, n);
     p->lit_len += n;
     return 0;
@@ -428,13 +427,17 @@ static int parse_rules(P *p) {
 static int emit(P *p, uint32_t rule, int type, uint32_t a, uint32_t b) {
     Rule *r = &p->rules[rule];
     if (++p->total_el > GRAMMAR_MAX_ELEMENTS) return fail(p, r->pos, "the grammar expands to more than %u elements", GRAMMAR_MAX_ELEMENTS);
-    if (grow((void **)&r->el, &r->cap, r->n + 1, sizeof(GElem))) return oom(p);
+    GElem *el = grow_array(r->el, &r->cap, r->n + 1, sizeof *el, 8);
+    if (!el) return oom(p);
+    r->el = el;
     r->el[r->n++] = (GElem){(uint8_t)type, a, b};
     return 0;
 }
 
 static int emit_class(P *p, uint32_t rule, const Node *c) {
-    if (grow((void **)&p->ranges, &p->ranges_cap, p->n_ranges + c->nr, sizeof(uint32_t))) return oom(p);
+    uint32_t *ranges = grow_array(p->ranges, &p->ranges_cap, p->n_ranges + c->nr, sizeof *ranges, 8);
+    if (!ranges) return oom(p);
+    p->ranges = ranges;
     if (c->nr) memcpy(p->ranges + p->n_ranges, c->rg, c->nr * sizeof(uint32_t));
     uint32_t at = (uint32_t)p->n_ranges / 2;
     p->n_ranges += c->nr;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/grow.h"
+
 #define JSON_MAX_DEPTH 128
 
 typedef struct ArenaBlock {
@@ -188,18 +190,19 @@ static int parse_container(Parser *p, JsonValue *v, int depth, int is_obj) {
     skip_ws(p);
     if (p->pos < p->len && p->s[p->pos] == close) { p->pos++; goto finish; }
     for (;;) {
-        if (n == cap) {
-            cap *= 2;
-            JsonValue *nv = realloc(vals, cap * sizeof(JsonValue));
+        if (n == cap) { /* up to three arrays, one capacity: each grows from a copy of it */
+            size_t vcap = cap, kcap = cap, lcap = cap;
+            JsonValue *nv = grow_array(vals, &vcap, n + 1, sizeof(JsonValue), 8);
             if (!nv) { rc = fail(p, "out of memory"); goto done; }
             vals = nv;
             if (is_obj) {
-                const char **nk = realloc(keys, cap * sizeof(char *));
+                const char **nk = grow_array(keys, &kcap, n + 1, sizeof(char *), 8);
                 if (nk) keys = nk;
-                size_t *nl = realloc(klens, cap * sizeof(size_t));
+                size_t *nl = grow_array(klens, &lcap, n + 1, sizeof(size_t), 8);
                 if (nl) klens = nl;
                 if (!nk || !nl) { rc = fail(p, "out of memory"); goto done; }
             }
+            cap = vcap;
         }
         skip_ws(p);
         if (is_obj) {

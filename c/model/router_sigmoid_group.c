@@ -9,19 +9,17 @@
 
 #include "util/fwd_alloc.h"
 #include "model/blocks.h"
+#include "model/router_common.h"
 #include "kernels/ops.h"
 
 typedef struct {
-    const float *w, *bias; /* [experts][hidden], [experts] (NULL: no correction) */
-    int E, K, H, groups, topk_group, renorm;
+    RouterGate g; /* bias: the correction (NULL: none) */
+    int groups, topk_group, renorm;
     float scale;
 } SigmoidGroup;
 
 static int load(void *self, const JsonValue *spec, int experts, int top_k, BlockLoader *L) {
     SigmoidGroup *p = self;
-    p->E = experts;
-    p->K = top_k;
-    p->H = L->a->hidden;
     p->groups = bl_int(L, spec, "groups", 1, experts);
     p->topk_group = bl_int(L, spec, "topk_group", 1, experts);
     p->scale = (float)bl_num(L, spec, "scale", 1e-6, 1e6);
@@ -34,9 +32,7 @@ static int load(void *self, const JsonValue *spec, int experts, int top_k, Block
     if (top_k > p->topk_group * (experts / p->groups))
         return bl_fail(L, "sigmoid_group: top_k %d exceeds the %d experts of %d groups", top_k,
                        p->topk_group * (experts / p->groups), p->topk_group);
-    const JsonValue *t = json_get(spec, "tensors");
-    p->w = bl_vec(L, t, "weight", experts, p->H, 0);
-    p->bias = bl_vec(L, t, "bias", 1, experts, 1);
+    router_gate_load(&p->g, spec, experts, top_k, GATE_BIAS, L);
     return L->failed ? -1 : 0;
 }
 
@@ -58,18 +54,18 @@ static void top_k(const float *v, const unsigned char *ok, int n, int k, int *id
 
 static void route(const void *self, const float *x, int T, int *sel, float *wts) {
     const SigmoidGroup *p = self;
-    const int E = p->E, K = p->K, G = p->groups, per = E / G;
+    const int E = p->g.E, K = p->g.K, G = p->groups, per = E / G;
     float *score = fwd_malloc(sizeof(float) * (size_t)T * E), *choice = fwd_malloc(sizeof(float) * (size_t)E);
     float *gscore = fwd_malloc(sizeof(float) * (size_t)G);
     int *gidx = fwd_malloc(sizeof(int) * (size_t)G);
     unsigned char *ok = fwd_malloc((size_t)E);
     if (!score || !choice || !gscore || !gidx || !ok) goto out; /* fwd_oom() tells the caller */
-    matmul_f32(score, x, T, p->w, E, p->H);
+    matmul_f32(score, x, T, p->g.w, E, p->g.H);
     for (int t = 0; t < T; t++) {
         float *s = score + (size_t)t * E;
         for (int e = 0; e < E; e++) {
             s[e] = 1.0f / (1.0f + expf(-s[e]));
-            choice[e] = s[e] + (p->bias ? p->bias[e] : 0.0f);
+            choice[e] = s[e] + (p->g.bias ? p->g.bias[e] : 0.0f);
         }
         memset(ok, 1, (size_t)E);
         if (G > 1) {
@@ -92,10 +88,4 @@ out:
     free(score); free(choice); free(gscore); free(gidx); free(ok);
 }
 
-static void release(void *self) {
-    SigmoidGroup *p = self;
-    free((void *)p->w);
-    free((void *)p->bias);
-}
-
-const RouterKind router_sigmoid_group = {"sigmoid_group", sizeof(SigmoidGroup), load, route, release, NULL};
+const RouterKind router_sigmoid_group = {"sigmoid_group", sizeof(SigmoidGroup), load, route, router_gate_release, NULL};

@@ -5,20 +5,18 @@
 
 #include "util/fwd_alloc.h"
 #include "model/blocks.h"
+#include "model/router_common.h"
 #include "kernels/ops.h"
 
 typedef struct {
-    const float *w; /* [experts][hidden] */
-    int E, K, H, renorm;
+    RouterGate g; /* no bias */
+    int renorm;
 } SoftmaxTopk;
 
 static int load(void *self, const JsonValue *spec, int experts, int top_k, BlockLoader *L) {
     SoftmaxTopk *p = self;
-    p->E = experts;
-    p->K = top_k;
-    p->H = L->a->hidden;
     p->renorm = json_get_bool(spec, "renorm", 0);
-    p->w = bl_vec(L, json_get(spec, "tensors"), "weight", experts, p->H, 0);
+    router_gate_load(&p->g, spec, experts, top_k, GATE_NO_BIAS, L);
     return L->failed ? -1 : 0;
 }
 
@@ -38,10 +36,10 @@ static void top_k(const float *p, int n, int k, int *idx, float *val) {
 
 static void route(const void *self, const float *x, int T, int *sel, float *wts) {
     const SoftmaxTopk *p = self;
-    const int E = p->E, K = p->K;
+    const int E = p->g.E, K = p->g.K;
     float *probs = fwd_malloc(sizeof(float) * (size_t)T * E);
     if (!probs) return; /* fwd_oom() tells the caller, which leaves sel unread */
-    matmul_f32(probs, x, T, p->w, E, p->H);
+    matmul_f32(probs, x, T, p->g.w, E, p->g.H);
     for (int t = 0; t < T; t++) {
         softmax(probs + (size_t)t * E, E);
         top_k(probs + (size_t)t * E, E, K, sel + t * K, wts + t * K);
@@ -54,6 +52,4 @@ static void route(const void *self, const float *x, int T, int *sel, float *wts)
     free(probs);
 }
 
-static void release(void *self) { free((void *)((SoftmaxTopk *)self)->w); }
-
-const RouterKind router_softmax_topk = {"softmax_topk", sizeof(SoftmaxTopk), load, route, release, NULL};
+const RouterKind router_softmax_topk = {"softmax_topk", sizeof(SoftmaxTopk), load, route, router_gate_release, NULL};

@@ -6,35 +6,30 @@
 
 #include "util/fwd_alloc.h"
 #include "model/blocks.h"
+#include "model/router_common.h"
 #include "kernels/ops.h"
 
 typedef struct {
-    const float *w, *b; /* [experts][hidden], [experts] or NULL */
-    int E, K, H;
+    RouterGate g;
 } TopkSoftmax;
 
 static int load(void *self, const JsonValue *spec, int experts, int top_k, BlockLoader *L) {
     TopkSoftmax *p = self;
-    p->E = experts;
-    p->K = top_k;
-    p->H = L->a->hidden;
-    const JsonValue *t = json_get(spec, "tensors");
-    p->w = bl_vec(L, t, "weight", experts, p->H, 0);
-    p->b = bl_vec(L, t, "bias", 1, experts, 1);
+    router_gate_load(&p->g, spec, experts, top_k, GATE_BIAS, L);
     return L->failed ? -1 : 0;
 }
 
 static void route(const void *self, const float *x, int T, int *sel, float *wts) {
     const TopkSoftmax *p = self;
-    const int E = p->E, K = p->K;
+    const int E = p->g.E, K = p->g.K;
     float *logits = fwd_malloc(sizeof(float) * (size_t)T * E);
     if (!logits) return; /* fwd_oom() tells the caller, which leaves sel unread */
-    matmul_f32(logits, x, T, p->w, E, p->H);
+    matmul_f32(logits, x, T, p->g.w, E, p->g.H);
     for (int t = 0; t < T; t++) {
         float *lg = logits + (size_t)t * E, *w = wts + (size_t)t * K;
         int *s = sel + (size_t)t * K;
-        if (p->b)
-            for (int e = 0; e < E; e++) lg[e] += p->b[e];
+        if (p->g.bias)
+            for (int e = 0; e < E; e++) lg[e] += p->g.bias[e];
         for (int j = 0; j < K; j++) { s[j] = -1; w[j] = -INFINITY; }
         for (int e = 0; e < E; e++) { /* insertion into the sorted top K */
             int j = K;
@@ -50,10 +45,4 @@ static void route(const void *self, const float *x, int T, int *sel, float *wts)
     free(logits);
 }
 
-static void release(void *self) {
-    TopkSoftmax *p = self;
-    free((void *)p->w);
-    free((void *)p->b);
-}
-
-const RouterKind router_topk_softmax = {"topk_softmax", sizeof(TopkSoftmax), load, route, release, NULL};
+const RouterKind router_topk_softmax = {"topk_softmax", sizeof(TopkSoftmax), load, route, router_gate_release, NULL};

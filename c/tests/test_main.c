@@ -16,6 +16,7 @@ int main(int argc, char **argv) {
         printf("c kernel tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
         return checks_failed != 0;
     }
+    test_grow();
     test_json();
     test_quant();
     test_kernel_table();

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "tokenizer/tok_internal.h"
+#include "util/grow.h"
 
 /* ------------------------------------------------------------------ string map */
 
@@ -85,13 +86,9 @@ int tok_strmap_put(TokStrMap *m, const void *key, size_t len, int32_t id) {
         if (e->hash == h && e->len == len && !memcmp(m->pool.p + e->off, key, len)) { e->id = id; return 0; }
         j = (j + 1) & (m->cap - 1);
     }
-    if (m->n == m->ents_cap) {
-        size_t c = m->ents_cap ? m->ents_cap * 2 : 1024;
-        void *v = realloc(m->ents, c * sizeof *m->ents);
-        if (!v) return -1;
-        m->ents = v;
-        m->ents_cap = c;
-    }
+    struct TokStrEnt *ents = grow_array(m->ents, &m->ents_cap, m->n + 1, sizeof *ents, 1024);
+    if (!ents) return -1;
+    m->ents = ents;
     uint32_t off = (uint32_t)m->pool.n;
     if (tok_buf_put(&m->pool, key, len)) return -1;
     m->ents[m->n] = (struct TokStrEnt){h, off, (uint32_t)len, id};
@@ -210,13 +207,12 @@ TokBpeOpts *tok_bpe_opts(TokBpe *b) { return &b->o; }
 
 int tok_bpe_add_token(TokBpe *b, const unsigned char *key, size_t len, int32_t id) {
     if (id < 0) return -1;
-    if ((size_t)id >= b->keys_cap) {
-        size_t cap = b->keys_cap ? b->keys_cap : 1024;
-        while (cap <= (size_t)id) cap *= 2;
-        uint32_t *o = realloc(b->key_off, cap * sizeof *o);
+    if ((size_t)id >= b->keys_cap) { /* two arrays, one capacity: each grows from a copy of it */
+        size_t cap = b->keys_cap, lcap = b->keys_cap;
+        uint32_t *o = grow_array(b->key_off, &cap, (size_t)id + 1, sizeof *o, 1024);
         if (!o) return -1;
         b->key_off = o;
-        uint32_t *l = realloc(b->key_len, cap * sizeof *l);
+        uint32_t *l = grow_array(b->key_len, &lcap, (size_t)id + 1, sizeof *l, 1024);
         if (!l) return -1;
         b->key_len = l;
         for (size_t i = b->keys_cap; i < cap; i++) b->key_len[i] = UINT32_MAX;
@@ -279,13 +275,9 @@ static inline int heap_less(const struct HeapEnt *a, const struct HeapEnt *b) {
 }
 
 static int heap_push(TokBpeScratch *s, size_t *n, struct HeapEnt e) {
-    if (*n == s->heap_cap) {
-        size_t cap = s->heap_cap ? s->heap_cap * 2 : 256;
-        void *v = realloc(s->heap, cap * sizeof *s->heap);
-        if (!v) return -1;
-        s->heap = v;
-        s->heap_cap = cap;
-    }
+    struct HeapEnt *heap = grow_array(s->heap, &s->heap_cap, *n + 1, sizeof *heap, 256);
+    if (!heap) return -1;
+    s->heap = heap;
     size_t i = (*n)++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -313,13 +305,9 @@ static struct HeapEnt heap_pop(TokBpeScratch *s, size_t *n) {
 }
 
 static int add_sym(TokBpeScratch *s, size_t *n, int32_t id, uint32_t len) {
-    if (*n == s->sym_cap) {
-        size_t cap = s->sym_cap ? s->sym_cap * 2 : 256;
-        void *v = realloc(s->sym, cap * sizeof *s->sym);
-        if (!v) return -1;
-        s->sym = v;
-        s->sym_cap = cap;
-    }
+    struct Sym *sym = grow_array(s->sym, &s->sym_cap, *n + 1, sizeof *sym, 256);
+    if (!sym) return -1;
+    s->sym = sym;
     s->sym[*n] = (struct Sym){id, (int32_t)*n - 1, (int32_t)*n + 1, len};
     (*n)++;
     return 0;

@@ -1,5 +1,6 @@
 /* The small UTF-8 and buffer helpers every tokenizer file shares (tok_internal.h). */
 #include "tokenizer/tok_internal.h"
+#include "util/grow.h"
 
 /* ---- UTF-8 validation with Rust's rules (the reference library takes a Rust &str) ---- */
 
@@ -40,27 +41,17 @@ size_t tok_u8_first_invalid(const unsigned char *s, size_t n) {
 int tok_buf_reserve(TokBuf *b, size_t extra) {
     if (b->oom) return -1;
     if (b->cap - b->n >= extra) return 0;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap - b->n < extra) {
-        if (cap > ((size_t)-1) / 2) { b->oom = 1; return -1; }
-        cap *= 2;
-    }
-    unsigned char *p = realloc(b->p, cap);
+    unsigned char *p = extra > SIZE_MAX - b->n ? NULL : grow_array(b->p, &b->cap, b->n + extra, 1, 64);
     if (!p) { b->oom = 1; return -1; }
     b->p = p;
-    b->cap = cap;
     return 0;
 }
 
 int tok_ids_push(TokIds *a, int32_t id) {
     if (a->oom) return -1;
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 64;
-        int32_t *v = realloc(a->v, cap * sizeof *v);
-        if (!v) { a->oom = 1; return -1; }
-        a->v = v;
-        a->cap = cap;
-    }
+    int32_t *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 64);
+    if (!v) { a->oom = 1; return -1; }
+    a->v = v;
     a->v[a->n++] = id;
     return 0;
 }

@@ -1,6 +1,7 @@
 /* NFC / NFD normalizers (Unicode UAX #15) over the generated tables. */
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/unicode_tables.h"
+#include "util/grow.h"
 
 /* ---- NFC / NFD ---- */
 
@@ -10,13 +11,9 @@ enum { SBASE = 0xAC00, LBASE = 0x1100, VBASE = 0x1161, TBASE = 0x11A7,
 typedef struct { uint32_t *v; size_t n, cap; } CpVec;
 
 static int cp_push(CpVec *a, uint32_t cp) {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 64;
-        uint32_t *v = realloc(a->v, cap * sizeof *v);
-        if (!v) return -1;
-        a->v = v;
-        a->cap = cap;
-    }
+    uint32_t *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 64);
+    if (!v) return -1;
+    a->v = v;
     a->v[a->n++] = cp;
     return 0;
 }

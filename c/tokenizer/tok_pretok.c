@@ -12,6 +12,7 @@
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tok_regex.h"
 #include "tokenizer/unicode_tables.h"
+#include "util/grow.h"
 
 enum { PT_SPLIT, PT_BYTELEVEL, PT_DIGITS };
 enum { SB_REMOVED, SB_ISOLATED, SB_MERGED_PREV, SB_MERGED_NEXT, SB_CONTIGUOUS };
@@ -26,7 +27,7 @@ typedef struct {
     int individual_digits;
 } Step;
 
-struct TokPreTok { Step *v; int n, cap; int byte_level; };
+struct TokPreTok { Step *v; int n; size_t cap; int byte_level; };
 
 struct TokArena { struct TokArena *next; unsigned char data[]; };
 
@@ -58,13 +59,9 @@ void tok_pretok_free(TokPreTok *pt) {
 int tok_pretok_has_byte_level(const TokPreTok *pt) { return pt->byte_level; }
 
 static int add_step(TokPreTok *pt, Step st) {
-    if (pt->n == pt->cap) {
-        int cap = pt->cap ? pt->cap * 2 : 4;
-        Step *v = realloc(pt->v, (size_t)cap * sizeof *v);
-        if (!v) return -1;
-        pt->v = v;
-        pt->cap = cap;
-    }
+    Step *v = grow_array(pt->v, &pt->cap, (size_t)pt->n + 1, sizeof *v, 4);
+    if (!v) return -1;
+    pt->v = v;
     pt->v[pt->n++] = st;
     return 0;
 }
@@ -150,26 +147,18 @@ typedef struct { size_t s, e; int m; } Span;
 typedef struct { Span *v; size_t n, cap; } Spans;
 
 static int span_push(Spans *a, size_t s, size_t e, int m) {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 64;
-        Span *v = realloc(a->v, cap * sizeof *v);
-        if (!v) return -1;
-        a->v = v;
-        a->cap = cap;
-    }
+    Span *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 64);
+    if (!v) return -1;
+    a->v = v;
     a->v[a->n++] = (Span){s, e, m};
     return 0;
 }
 
 static int piece_push(TokPieces *a, const unsigned char *p, size_t n) {
     if (!n) return 0; /* HF drops empty splits */
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 64;
-        TokPiece *v = realloc(a->v, cap * sizeof *v);
-        if (!v) { a->oom = 1; return -1; }
-        a->v = v;
-        a->cap = cap;
-    }
+    TokPiece *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 64);
+    if (!v) { a->oom = 1; return -1; }
+    a->v = v;
     a->v[a->n++] = (TokPiece){p, n};
     return 0;
 }

@@ -12,6 +12,7 @@
 
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/unicode_tables.h"
+#include "util/grow.h"
 
 #define MAX_PATTERN_DEPTH 64
 #define REPEAT_INF 0x7fffffff
@@ -20,7 +21,8 @@ enum { IT_RANGE, IT_CATS, IT_SPACE, IT_WORD, IT_ANY };
 typedef struct { uint8_t type, neg; uint32_t lo, hi; } Item; /* IT_CATS: lo = category mask */
 typedef struct {
     Item *items;
-    int n, cap;
+    int n;
+    size_t cap;
     int negated, ci;
     uint32_t ascii[4]; /* final answer for code points < 128 */
 } Class;
@@ -34,8 +36,8 @@ typedef struct {
     Class *cls;
     Alt *alt;
 } Node;
-typedef struct { Node *v; int n, cap; } Seq;
-struct Alt { Seq *v; int n, cap; };
+typedef struct { Node *v; int n; size_t cap; } Seq;
+struct Alt { Seq *v; int n; size_t cap; };
 struct TokRegex { Alt *root; };
 
 /* ------------------------------------------------------------------ classes */
@@ -143,13 +145,9 @@ static void alt_free(Alt *a) {
 }
 
 static int class_add(Parser *ps, Class *c, int type, int neg, uint32_t lo, uint32_t hi) {
-    if (c->n == c->cap) {
-        int cap = c->cap ? c->cap * 2 : 8;
-        Item *v = realloc(c->items, (size_t)cap * sizeof *v);
-        if (!v) return perr(ps, "out of memory");
-        c->items = v;
-        c->cap = cap;
-    }
+    Item *v = grow_array(c->items, &c->cap, (size_t)c->n + 1, sizeof *v, 8);
+    if (!v) return perr(ps, "out of memory");
+    c->items = v;
     c->items[c->n++] = (Item){(uint8_t)type, (uint8_t)neg, lo, hi};
     return 0;
 }
@@ -331,13 +329,9 @@ static int parse_class(Parser *ps, Class *c) {
 }
 
 static int seq_push(Parser *ps, Seq *s, Node nd) {
-    if (s->n == s->cap) {
-        int cap = s->cap ? s->cap * 2 : 8;
-        Node *v = realloc(s->v, (size_t)cap * sizeof *v);
-        if (!v) return perr(ps, "out of memory");
-        s->v = v;
-        s->cap = cap;
-    }
+    Node *v = grow_array(s->v, &s->cap, (size_t)s->n + 1, sizeof *v, 8);
+    if (!v) return perr(ps, "out of memory");
+    s->v = v;
     s->v[s->n++] = nd;
     return 0;
 }
@@ -496,13 +490,9 @@ static Alt *parse_alt(Parser *ps, int depth) {
     Alt *a = calloc(1, sizeof(Alt));
     if (!a) { perr(ps, "out of memory"); return NULL; }
     for (;;) {
-        if (a->n == a->cap) {
-            int cap = a->cap ? a->cap * 2 : 4;
-            Seq *v = realloc(a->v, (size_t)cap * sizeof *v);
-            if (!v) { perr(ps, "out of memory"); alt_free(a); return NULL; }
-            a->v = v;
-            a->cap = cap;
-        }
+        Seq *v = grow_array(a->v, &a->cap, (size_t)a->n + 1, sizeof *v, 4);
+        if (!v) { perr(ps, "out of memory"); alt_free(a); return NULL; }
+        a->v = v;
         Seq *s = &a->v[a->n++];
         memset(s, 0, sizeof *s);
         if (parse_seq(ps, s, depth)) { alt_free(a); return NULL; }

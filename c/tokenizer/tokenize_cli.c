@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "tokenizer/tokenizer.h"
+#include "util/grow.h"
 
 #define MAX_INPUT ((size_t)1 << 30)
 
@@ -237,7 +238,7 @@ static int decode_all(const Tokenizer *t, const int32_t *ids, size_t n, char **b
     tok_stream_init(&st);
     for (size_t i = 0; i <= n; i++) {
         if (size - used < cap) { /* keep room for one worst-case push */
-            char *nb = realloc(out, size *= 2);
+            char *nb = grow_array(out, &size, used + cap, 1, 4 * cap);
             if (!nb) { free(out); snprintf(msg, msglen, "out of memory"); return -1; }
             out = nb;
         }
@@ -260,13 +261,9 @@ static int parse_ids(const char *p, int32_t **ids, size_t *n, size_t *cap, char 
             snprintf(msg, msglen, "bad token id near '%.40s' (expected ids like 1,2,3)", p);
             return -1;
         }
-        if (*n == *cap) {
-            size_t c = *cap ? *cap * 2 : 256;
-            int32_t *nv = realloc(*ids, c * sizeof *nv);
-            if (!nv) { snprintf(msg, msglen, "out of memory"); return -1; }
-            *ids = nv;
-            *cap = c;
-        }
+        int32_t *nv = grow_array(*ids, cap, *n + 1, sizeof *nv, 256);
+        if (!nv) { snprintf(msg, msglen, "out of memory"); return -1; }
+        *ids = nv;
         (*ids)[(*n)++] = (int32_t)v;
         p = end;
     }

@@ -9,6 +9,7 @@
 #include "io/json.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/unicode_tables.h"
+#include "util/grow.h"
 
 #define MAX_JSON_BYTES ((size_t)256 << 20) /* real files are < 40 MB */
 #define MAX_TOKEN_ID ((int64_t)1 << 22) /* real vocabularies are < 300k; bounds the id tables */
@@ -59,13 +60,9 @@ const char *tok_unicode_version(void) { return uni_version; }
 const char *tok_unicode_norm_version(void) { return uni_norm_version; }
 
 static int trie_node(Trie *t) {
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 256;
-        TrieNode *v = realloc(t->v, cap * sizeof *v);
-        if (!v) return -1;
-        t->v = v;
-        t->cap = cap;
-    }
+    TrieNode *v = grow_array(t->v, &t->cap, t->n + 1, sizeof *v, 256);
+    if (!v) return -1;
+    t->v = v;
     t->v[t->n] = (TrieNode){-1, -1, -1, 0};
     return (int)t->n++;
 }
@@ -664,13 +661,9 @@ typedef struct { size_t s, e; int32_t added; } Seg; /* added: index into t->adde
 typedef struct { Seg *v; size_t n, cap; } Segs;
 
 static int seg_push(Segs *a, size_t s, size_t e, int32_t added) {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 16;
-        Seg *v = realloc(a->v, cap * sizeof *v);
-        if (!v) return -1;
-        a->v = v;
-        a->cap = cap;
-    }
+    Seg *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 16);
+    if (!v) return -1;
+    a->v = v;
     a->v[a->n++] = (Seg){s, e, added};
     return 0;
 }
