@@ -24,8 +24,11 @@ XSS = "<img src=x onerror=alert(1)>"
 
 
 @pytest.fixture(scope="module")
-def served(model, template):  # noqa: F811
-    with ServerProc(model, "--chat-template", template, "--no-kv-persist", env=MOE_ENV) as s:
+def served(model, template, tmp_path_factory):  # noqa: F811
+    log = tmp_path_factory.mktemp("fake") / "submits.jsonl"  # every SUBMIT the engine got
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist",
+                    env={**MOE_ENV, "COLI_FAKE_LOG": str(log)}) as s:
+        s.submits = lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         yield s
 
 
@@ -111,6 +114,51 @@ def test_new_conversation_and_stop(served, browser):
     browser.eval("document.getElementById('newchat').click(); 1")
     assert browser.eval("document.querySelectorAll('.log .msg').length") == 0
     served.wait_health(lambda h: h["requests"]["active"] == 0)
+    assert_clean(browser)
+
+
+def set_field(b, name, value):
+    """Types `value` into the settings field `name` as a user would (an input event)."""
+    b.eval(f"(() => {{ const i = document.querySelector('#settings [name={name}]'); i.value = {json.dumps(value)};"
+           " i.dispatchEvent(new Event('input', {bubbles: true})); return 1; })()")
+
+
+def test_chat_settings_persist_and_go_with_every_request(served, browser):
+    open_dashboard(browser, served)
+    browser.eval("localStorage.clear(); 1")
+    open_dashboard(browser, served)
+    fields = "Object.fromEntries(Array.from(document.querySelectorAll('#settings [name]')).map(i => [i.name, i.value]))"
+    assert browser.eval(fields) == {"temperature": "", "top_p": "", "max_tokens": "1024", "system": ""}
+    try:
+        for name, value in (("temperature", "0.3"), ("top_p", "0.5"), ("max_tokens", "6"),
+                            ("system", "You answer tersely.")):
+            set_field(browser, name, value)
+        open_dashboard(browser, served)  # a reload: the values come back from localStorage
+        want = {"temperature": "0.3", "top_p": "0.5", "max_tokens": "6", "system": "You answer tersely."}
+        assert browser.eval(fields) == want
+        assert json.loads(browser.eval("localStorage.getItem('coli.chatSettings')")) == want
+        n = len(served.submits())
+        chat_turn(browser, "Hello")
+        chat_turn(browser, "Again")  # the second request carries them too, the system prompt first
+        sent = served.submits()[n:]
+        assert len(sent) == 2
+        for s in sent:
+            assert (s["opts"]["temp"], s["opts"]["top_p"], s["opts"]["max_tokens"]) == ("0.3", "0.5", "6"), s["opts"]
+            assert s["payload"].startswith("<|im_start|>system\nYou answer tersely.<|im_end|>"), s["payload"]
+        assert sent[1]["payload"].count("You answer tersely.") == 1  # not repeated into the history
+        assert "Hello" in sent[1]["payload"] and "Again" in sent[1]["payload"]
+        assert browser.eval("coliState.chat.last.completion_tokens") == 6  # the cap held
+        # Defaults: temperature and top-p left to the server, 1024 tokens, no system prompt
+        browser.eval("document.querySelector('#settings [data-reset]').click(); 1")
+        assert browser.eval(fields) == {"temperature": "", "top_p": "", "max_tokens": "1024", "system": ""}
+        browser.eval("document.getElementById('newchat').click(); 1")
+        chat_turn(browser, "Plain")
+        last = served.submits()[-1]
+        assert last["opts"]["max_tokens"] == "1024" and "system" not in last["payload"]
+        defaults = json.loads(request(served.port, "GET", "/v1/models")[2])["data"][0]["sampling_defaults"]
+        assert float(last["opts"]["temp"]) == defaults["temperature"], (last["opts"], defaults)
+    finally:
+        browser.eval("localStorage.clear(); 1")
     assert_clean(browser)
 
 

@@ -5,6 +5,7 @@ import { Atlas } from './atlas.js';
 import { Brain, TIERS } from './brain.js';
 import { Chat } from './chat.js';
 import { Runtime } from './runtime.js';
+import { bindSettings } from './settings.js';
 import { cssVar, fillLegend } from './util.js';
 
 /** @type {any} */
@@ -41,6 +42,7 @@ const base = /** @type {HTMLInputElement} */ ($('base'));
 base.value = baseUrl();
 base.addEventListener('change', () => { setBaseUrl(base.value); chat.model = ''; });
 $('newchat').addEventListener('click', () => chat.reset());
+bindSettings(/** @type {HTMLFormElement} */ ($('settings')), (s) => { chat.settings = s; state.settings = s; });
 $('stop').addEventListener('click', () => chat.cancel());
 window.addEventListener('pagehide', () => chat.cancel());  // a page leaving stops its generation
 const prompt = /** @type {HTMLTextAreaElement} */ ($('prompt'));
