@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cdp import Browser
+import expert_atlas  # tools/ is on the path (pytest.ini)
 from server_helpers import ROOT, ServerProc, model, post_json, request, template  # noqa: F401 (fixtures)
 
 FAKE = Path(__file__).with_name("fake_engine.py")
@@ -216,6 +217,44 @@ def test_tier_bar_matches_the_experts_endpoint(served, browser):
     assert_clean(browser)
 
 
+def test_atlas_is_built_live_from_the_servers_turns(model, template, browser):  # noqa: F811
+    (model / "experts.json").unlink(missing_ok=True)  # no saved atlas: the server builds one
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", env=MOE_ENV) as s:
+        status, _, data = request(s.port, "GET", "/v1/colibri/atlas")
+        err = json.loads(data)["error"]
+        assert status == 404 and err["code"] == "atlas_missing"
+        assert "chat a few turns" in err["message"] and "tools/expert_atlas.py" in err["message"]
+        open_dashboard(browser, s)
+        browser.eval("document.querySelector('[data-view=atlas]').click(); 1")
+        empty = browser.wait("coliState.atlas.error && !document.getElementById('atlasempty').hidden"
+                             " && document.getElementById('atlasempty').textContent")
+        assert "chat a few turns" in empty and "tools/expert_atlas.py" in empty  # the page says how to fill it
+        assert browser.eval("document.getElementById('atlasempty').getBoundingClientRect().height") > 0
+        assert browser.eval("coliState.atlas.loaded") is False
+        expected = ("log", "Failed to load resource: the server responded with a status of 404 (Not Found)")
+        assert browser.events == [expected]  # the browser's own note of the 404, and nothing else
+        browser.events.clear()
+        for _ in range(2):
+            post_json(s.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+        status, _, data = request(s.port, "GET", "/v1/colibri/atlas")
+        live = json.loads(data)
+        assert status == 200 and live["source"] == "live" and live["turns"] == 2 and len(live["points"]) == 16
+        hist = json.loads(request(s.port, "GET", "/v1/colibri/experts?history=1")[2])
+        tool = expert_atlas.layout(hist)  # the same layout the tool writes, from the same turns
+        assert live["points"] == json.loads(json.dumps(tool["points"]))
+        assert sum(p[5] for p in live["points"]) == sum(hist["session"]) > 0
+        browser.eval("document.querySelector('[data-view=chat]').click();"
+                     " document.querySelector('[data-view=atlas]').click(); 1")
+        browser.wait("coliState.atlas.loaded")
+        assert browser.eval("coliState.atlas.points") == 16 and browser.eval("coliState.atlas.source") == "live"
+        assert browser.eval("document.getElementById('atlasempty').hidden") is True
+        assert "recent turns" in browser.eval("document.getElementById('atlasnote').textContent")
+        # a third turn: the next visit shows an atlas of three
+        post_json(s.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+        assert json.loads(request(s.port, "GET", "/v1/colibri/atlas")[2])["turns"] == 3
+        assert_clean(browser)
+
+
 def test_atlas_from_the_tool(served, browser, model):  # noqa: F811
     for _ in range(2):  # at least two turns, so co-activation is defined
         post_json(served.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
@@ -228,7 +267,7 @@ def test_atlas_from_the_tool(served, browser, model):  # noqa: F811
     open_dashboard(browser, served)
     browser.eval("document.querySelector('[data-view=atlas]').click(); 1")
     browser.wait("coliState.atlas.loaded")
-    assert browser.eval("coliState.atlas.points") == 16
+    assert browser.eval("coliState.atlas.points") == 16 and browser.eval("coliState.atlas.source") == "file"
     yaw = browser.eval("coliState.atlas.yaw")
     r = browser.eval("(() => { const r = document.getElementById('atlas').getBoundingClientRect();"
                      " return [r.left + r.width / 2, r.top + r.height / 2]; })()")

@@ -18,7 +18,7 @@ const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.get
 const chat = new Chat(state);
 const runtime = new Runtime(state);
 const brain = new Brain(/** @type {HTMLCanvasElement} */ ($('brain')), $('tip'), state);
-const atlas = new Atlas(/** @type {HTMLCanvasElement} */ ($('atlas')), $('atlasnote'), state);
+const atlas = new Atlas(/** @type {HTMLCanvasElement} */ ($('atlas')), $('atlasnote'), $('atlasempty'), state);
 
 fillLegend($('brainlegend'), TIERS.map((t, i) => [cssVar(['--disk', '--cached', '--pinned', '--resident'][i]), t, '']));
 
