@@ -261,6 +261,7 @@ class Handler(BaseHandler):
                 except OSError:
                     pass
         finally:
+            self.outcome = outcome
             if gen and outcome is not None:
                 app.metrics.outcome(outcome, path, status or {"completed": 200, "cancelled": 499}.get(outcome, 200))
 
@@ -353,6 +354,7 @@ class Handler(BaseHandler):
         finally:
             with app.inflight_lock:
                 app.inflight.discard(gen)
+            self.tokens = (gen.usage["prompt"], gen.usage["completion"] or gen.tokens)
 
 
 def run(args, on_listen=None):

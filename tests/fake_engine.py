@@ -22,7 +22,8 @@ MODE:
   moe        a streaming-MoE engine (the READY / END / ROUTING fields of docs/protocol.md) for the
              dashboard tests: READY with the expert fields of the model in --model, a scripted answer
              (REPLY, at most max_tokens pieces, COLI_FAKE_DELAY s apart), a ROUTING frame when SUBMIT
-             asks routing=1, END with the tier and I/O stats, and .coli_usage updated after each turn
+             asks routing=1, END with the tier and I/O stats, and .coli_usage updated after each turn;
+             every SUBMIT's options and payload are appended to $COLI_FAKE_LOG when set
 """
 import json
 import os
@@ -99,7 +100,11 @@ def write_usage(counts, layers, experts):
     os.replace(tmp, os.path.join(d, ".coli_usage"))
 
 
-def moe_turn(rid, opts, turn, shape):
+def moe_turn(rid, opts, turn, shape, payload=b""):
+    log = os.environ.get("COLI_FAKE_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"opts": opts, "payload": payload.decode("utf-8", "replace")}) + "\n")
     n = int(opts.get("max_tokens", "64"))
     n = len(REPLY) if n < 0 else min(n, len(REPLY))
     emit(f"ACCEPT {rid} 3 0\n".encode())
@@ -179,7 +184,7 @@ def main():
             harmony_turn(rid, opts, payload)
             continue
         if shape:
-            moe_turn(rid, opts, turn, shape)
+            moe_turn(rid, opts, turn, shape, payload)
             turn += 1
             continue
         n = int(opts.get("max_tokens", "4"))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cdp import Browser
+import expert_atlas  # tools/ is on the path (pytest.ini)
 from server_helpers import ROOT, ServerProc, model, post_json, request, template  # noqa: F401 (fixtures)
 
 FAKE = Path(__file__).with_name("fake_engine.py")
@@ -24,8 +25,11 @@ XSS = "<img src=x onerror=alert(1)>"
 
 
 @pytest.fixture(scope="module")
-def served(model, template):  # noqa: F811
-    with ServerProc(model, "--chat-template", template, "--no-kv-persist", env=MOE_ENV) as s:
+def served(model, template, tmp_path_factory):  # noqa: F811
+    log = tmp_path_factory.mktemp("fake") / "submits.jsonl"  # every SUBMIT the engine got
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist",
+                    env={**MOE_ENV, "COLI_FAKE_LOG": str(log)}) as s:
+        s.submits = lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         yield s
 
 
@@ -114,6 +118,51 @@ def test_new_conversation_and_stop(served, browser):
     assert_clean(browser)
 
 
+def set_field(b, name, value):
+    """Types `value` into the settings field `name` as a user would (an input event)."""
+    b.eval(f"(() => {{ const i = document.querySelector('#settings [name={name}]'); i.value = {json.dumps(value)};"
+           " i.dispatchEvent(new Event('input', {bubbles: true})); return 1; })()")
+
+
+def test_chat_settings_persist_and_go_with_every_request(served, browser):
+    open_dashboard(browser, served)
+    browser.eval("localStorage.clear(); 1")
+    open_dashboard(browser, served)
+    fields = "Object.fromEntries(Array.from(document.querySelectorAll('#settings [name]')).map(i => [i.name, i.value]))"
+    assert browser.eval(fields) == {"temperature": "", "top_p": "", "max_tokens": "1024", "system": ""}
+    try:
+        for name, value in (("temperature", "0.3"), ("top_p", "0.5"), ("max_tokens", "6"),
+                            ("system", "You answer tersely.")):
+            set_field(browser, name, value)
+        open_dashboard(browser, served)  # a reload: the values come back from localStorage
+        want = {"temperature": "0.3", "top_p": "0.5", "max_tokens": "6", "system": "You answer tersely."}
+        assert browser.eval(fields) == want
+        assert json.loads(browser.eval("localStorage.getItem('coli.chatSettings')")) == want
+        n = len(served.submits())
+        chat_turn(browser, "Hello")
+        chat_turn(browser, "Again")  # the second request carries them too, the system prompt first
+        sent = served.submits()[n:]
+        assert len(sent) == 2
+        for s in sent:
+            assert (s["opts"]["temp"], s["opts"]["top_p"], s["opts"]["max_tokens"]) == ("0.3", "0.5", "6"), s["opts"]
+            assert s["payload"].startswith("<|im_start|>system\nYou answer tersely.<|im_end|>"), s["payload"]
+        assert sent[1]["payload"].count("You answer tersely.") == 1  # not repeated into the history
+        assert "Hello" in sent[1]["payload"] and "Again" in sent[1]["payload"]
+        assert browser.eval("coliState.chat.last.completion_tokens") == 6  # the cap held
+        # Defaults: temperature and top-p left to the server, 1024 tokens, no system prompt
+        browser.eval("document.querySelector('#settings [data-reset]').click(); 1")
+        assert browser.eval(fields) == {"temperature": "", "top_p": "", "max_tokens": "1024", "system": ""}
+        browser.eval("document.getElementById('newchat').click(); 1")
+        chat_turn(browser, "Plain")
+        last = served.submits()[-1]
+        assert last["opts"]["max_tokens"] == "1024" and "system" not in last["payload"]
+        defaults = json.loads(request(served.port, "GET", "/v1/models")[2])["data"][0]["sampling_defaults"]
+        assert float(last["opts"]["temp"]) == defaults["temperature"], (last["opts"], defaults)
+    finally:
+        browser.eval("localStorage.clear(); 1")
+    assert_clean(browser)
+
+
 def test_brain_flashes_the_experts_the_engine_routed(served, browser):
     open_dashboard(browser, served)
     before = browser.eval("Array.from(coliState.brain.flashes)")
@@ -168,6 +217,44 @@ def test_tier_bar_matches_the_experts_endpoint(served, browser):
     assert_clean(browser)
 
 
+def test_atlas_is_built_live_from_the_servers_turns(model, template, browser):  # noqa: F811
+    (model / "experts.json").unlink(missing_ok=True)  # no saved atlas: the server builds one
+    with ServerProc(model, "--chat-template", template, "--no-kv-persist", env=MOE_ENV) as s:
+        status, _, data = request(s.port, "GET", "/v1/colibri/atlas")
+        err = json.loads(data)["error"]
+        assert status == 404 and err["code"] == "atlas_missing"
+        assert "chat a few turns" in err["message"] and "tools/expert_atlas.py" in err["message"]
+        open_dashboard(browser, s)
+        browser.eval("document.querySelector('[data-view=atlas]').click(); 1")
+        empty = browser.wait("coliState.atlas.error && !document.getElementById('atlasempty').hidden"
+                             " && document.getElementById('atlasempty').textContent")
+        assert "chat a few turns" in empty and "tools/expert_atlas.py" in empty  # the page says how to fill it
+        assert browser.eval("document.getElementById('atlasempty').getBoundingClientRect().height") > 0
+        assert browser.eval("coliState.atlas.loaded") is False
+        expected = ("log", "Failed to load resource: the server responded with a status of 404 (Not Found)")
+        assert browser.events == [expected]  # the browser's own note of the 404, and nothing else
+        browser.events.clear()
+        for _ in range(2):
+            post_json(s.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+        status, _, data = request(s.port, "GET", "/v1/colibri/atlas")
+        live = json.loads(data)
+        assert status == 200 and live["source"] == "live" and live["turns"] == 2 and len(live["points"]) == 16
+        hist = json.loads(request(s.port, "GET", "/v1/colibri/experts?history=1")[2])
+        tool = expert_atlas.layout(hist)  # the same layout the tool writes, from the same turns
+        assert live["points"] == json.loads(json.dumps(tool["points"]))
+        assert sum(p[5] for p in live["points"]) == sum(hist["session"]) > 0
+        browser.eval("document.querySelector('[data-view=chat]').click();"
+                     " document.querySelector('[data-view=atlas]').click(); 1")
+        browser.wait("coliState.atlas.loaded")
+        assert browser.eval("coliState.atlas.points") == 16 and browser.eval("coliState.atlas.source") == "live"
+        assert browser.eval("document.getElementById('atlasempty').hidden") is True
+        assert "recent turns" in browser.eval("document.getElementById('atlasnote').textContent")
+        # a third turn: the next visit shows an atlas of three
+        post_json(s.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+        assert json.loads(request(s.port, "GET", "/v1/colibri/atlas")[2])["turns"] == 3
+        assert_clean(browser)
+
+
 def test_atlas_from_the_tool(served, browser, model):  # noqa: F811
     for _ in range(2):  # at least two turns, so co-activation is defined
         post_json(served.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
@@ -180,7 +267,7 @@ def test_atlas_from_the_tool(served, browser, model):  # noqa: F811
     open_dashboard(browser, served)
     browser.eval("document.querySelector('[data-view=atlas]').click(); 1")
     browser.wait("coliState.atlas.loaded")
-    assert browser.eval("coliState.atlas.points") == 16
+    assert browser.eval("coliState.atlas.points") == 16 and browser.eval("coliState.atlas.source") == "file"
     yaw = browser.eval("coliState.atlas.yaw")
     r = browser.eval("(() => { const r = document.getElementById('atlas').getBoundingClientRect();"
                      " return [r.left + r.width / 2, r.top + r.height / 2]; })()")

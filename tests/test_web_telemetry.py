@@ -113,6 +113,18 @@ def test_atlas_without_routing_says_what_to_do(tmp_path):
     assert r.returncode != 0 and "no per-turn routing yet" in r.stderr and "chat a few turns" in r.stderr
 
 
+def test_a_live_atlas_keeps_to_its_budget():
+    from colibri.server import atlas
+    assert atlas.turns_within(2, 8) == atlas.MAX_TURNS  # a small model: every kept turn
+    n = atlas.turns_within(76, 256)  # GLM-5's shape: the most recent turns that fit
+    assert 2 <= n < atlas.MAX_TURNS and 76 * 256 * n * n <= atlas.LIVE_BUDGET
+    turns = [[[e % 8, 1 + t % 3] for e in (t, t + 1)] for t in range(40)]
+    doc = {"layers": 2, "experts": 8, "history": turns}
+    assert atlas.layout(doc, 10)["turns"] == 10  # the most recent ones only
+    with pytest.raises(atlas.NoRouting):
+        atlas.layout({"layers": 2, "experts": 8, "history": []})
+
+
 def test_the_engine_shape_wins_over_the_manifest():
     t = Telemetry("/nonexistent", MANIFEST)
     t.on_ready({"experts": "6", "moe_layers": "3"})  # e.g. a family whose layer kinds the manifest spells otherwise

@@ -1,14 +1,16 @@
-// The Atlas: experts.json (tools/expert_atlas.py) placed in 3-D by co-activation, drawn on a
-// canvas with a simple perspective; drag rotates, the wheel or a pinch zooms.
+// The Atlas: the experts placed in 3-D by co-activation (the server builds it from its recent
+// turns, or serves the model's experts.json from tools/expert_atlas.py), drawn on a canvas with a
+// simple perspective; drag rotates, the wheel or a pinch zooms. Before any turn with routing it
+// says why it is empty and how to fill it.
 import { getJSON } from './api.js';
 import { cssVar } from './util.js';
 
 export class Atlas {
-  /** @param {HTMLCanvasElement} canvas @param {HTMLElement} note @param {any} state */
-  constructor(canvas, note, state) {
-    this.canvas = canvas; this.note = note;
-    /** @type {{points: number, yaw: number, pitch: number, zoom: number, loaded: boolean, error: string|null}} */
-    this.s = state.atlas = { points: 0, yaw: 0.6, pitch: 0.35, zoom: 1, loaded: false, error: null };
+  /** @param {HTMLCanvasElement} canvas @param {HTMLElement} note @param {HTMLElement} empty @param {any} state */
+  constructor(canvas, note, empty, state) {
+    this.canvas = canvas; this.note = note; this.empty = empty;
+    /** @type {{points: number, yaw: number, pitch: number, zoom: number, loaded: boolean, error: string|null, source: string|null}} */
+    this.s = state.atlas = { points: 0, yaw: 0.6, pitch: 0.35, zoom: 1, loaded: false, error: null, source: null };
     /** @type {number[][]} */
     this.pts = [];
     this.layers = 1;
@@ -28,10 +30,16 @@ export class Atlas {
       this.pts = d.points;
       this.layers = Math.max(1, d.layers);
       this.s.points = d.points.length; this.s.loaded = true; this.s.error = null;
-      this.note.textContent = `${d.points.length} experts from ${d.turns} turns (${d.method})`;
+      this.s.source = d.source || 'file';
+      this.note.textContent = `${d.points.length} experts from ${d.turns} turns (${d.method})` +
+        (d.source === 'live' ? ': built from this server\'s recent turns, it follows new ones' : '');
+      this.empty.hidden = true;
     } catch (e) {
       this.s.error = String(/** @type {Error} */ (e).message || e);
-      this.note.textContent = this.s.error;
+      this.pts = []; this.s.points = 0; this.s.loaded = false;
+      this.note.textContent = '';
+      this.empty.textContent = this.s.error;
+      this.empty.hidden = false;
     }
     this.draw();
   }

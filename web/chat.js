@@ -1,8 +1,9 @@
 // The chat: speaks only the OpenAI chat-completions API (streaming), so the base URL may point
 // at any compatible server. Counters: tokens while generating, then tok/s, TTFT, prompt ->
-// completion tokens and the server's queue wait.
+// completion tokens and the server's queue wait. The settings (settings.js) go with every request.
 import { baseUrl, headers, readSSE } from './api.js';
 import { render } from './markdown.js';
+import { DEFAULTS, requestFields, withSystem } from './settings.js';
 import { el, num } from './util.js';
 
 export class Chat {
@@ -14,6 +15,8 @@ export class Chat {
     /** @type {AbortController|null} */
     this.abort = null;
     this.model = '';
+    /** @type {import('./settings.js').Settings} */
+    this.settings = { ...DEFAULTS };
     this.log = /** @type {HTMLElement} */ (document.getElementById('log'));
     this.counter = /** @type {HTMLElement} */ (document.getElementById('counter'));
     this.send = /** @type {HTMLButtonElement} */ (document.getElementById('send'));
@@ -73,8 +76,8 @@ export class Chat {
       const r = await fetch(`${baseUrl()}/chat/completions`, {
         method: 'POST', signal: this.abort.signal,
         headers: headers({ 'Content-Type': 'application/json' }),
-        body: JSON.stringify({ model: this.model, messages: this.messages, stream: true,
-          stream_options: { include_usage: true } }),
+        body: JSON.stringify({ model: this.model, messages: withSystem(this.settings, this.messages),
+          ...requestFields(this.settings), stream: true, stream_options: { include_usage: true } }),
       });
       const q = r.headers.get('x-colibri-queue-wait-ms');
       queueMs = q === null ? null : Number(q);

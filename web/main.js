@@ -5,6 +5,7 @@ import { Atlas } from './atlas.js';
 import { Brain, TIERS } from './brain.js';
 import { Chat } from './chat.js';
 import { Runtime } from './runtime.js';
+import { bindSettings } from './settings.js';
 import { cssVar, fillLegend } from './util.js';
 
 /** @type {any} */
@@ -17,7 +18,7 @@ const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.get
 const chat = new Chat(state);
 const runtime = new Runtime(state);
 const brain = new Brain(/** @type {HTMLCanvasElement} */ ($('brain')), $('tip'), state);
-const atlas = new Atlas(/** @type {HTMLCanvasElement} */ ($('atlas')), $('atlasnote'), state);
+const atlas = new Atlas(/** @type {HTMLCanvasElement} */ ($('atlas')), $('atlasnote'), $('atlasempty'), state);
 
 fillLegend($('brainlegend'), TIERS.map((t, i) => [cssVar(['--disk', '--cached', '--pinned', '--resident'][i]), t, '']));
 
@@ -41,6 +42,7 @@ const base = /** @type {HTMLInputElement} */ ($('base'));
 base.value = baseUrl();
 base.addEventListener('change', () => { setBaseUrl(base.value); chat.model = ''; });
 $('newchat').addEventListener('click', () => chat.reset());
+bindSettings(/** @type {HTMLFormElement} */ ($('settings')), (s) => { chat.settings = s; state.settings = s; });
 $('stop').addEventListener('click', () => chat.cancel());
 window.addEventListener('pagehide', () => chat.cancel());  // a page leaving stops its generation
 const prompt = /** @type {HTMLTextAreaElement} */ ($('prompt'));

@@ -1,14 +1,18 @@
 """The dashboard on the API's port: the static files of web/ at `/`, and the telemetry the page
 reads: /v1/colibri/experts, /v1/colibri/runtime, /v1/colibri/atlas and the /v1/colibri/events
-server-sent event stream of per-turn telemetry (telemetry.py keeps the state)."""
+server-sent event stream of per-turn telemetry (telemetry.py keeps the state). The atlas is the
+model directory's experts.json when there is one, else built here from the turns the server
+kept (atlas.py), within a fixed amount of work."""
 import json
 import select
+import threading
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from colibri import ROOT
 from colibri.machine import probe
+from colibri.server import atlas
 from colibri.server.params import ApiError
 
 WEB = ROOT / "web"
@@ -46,13 +50,39 @@ def serve(h, app, method, path):
     elif path == "/v1/colibri/runtime":
         h.send_json(200, runtime_json(app))
     elif path == "/v1/colibri/atlas":
-        atlas = Path(app.settings.model_dir) / "experts.json"
-        if not atlas.is_file():
-            raise ApiError(404, "no expert atlas for this model yet: run `python tools/expert_atlas.py --server URL "
-                                "--out MODEL/experts.json` after a few turns", code="atlas_missing")
-        h.send_json(200, atlas.read_bytes())
+        saved = Path(app.settings.model_dir) / "experts.json"
+        if saved.is_file():
+            h.send_json(200, saved.read_bytes())
+        else:
+            h.send_json(200, live_atlas(app.telemetry))
     else:
         _events(h, app, query)
+
+
+ATLAS_MISSING = ("no expert atlas yet: the server has not finished a turn with an engine that reports routing "
+                 "(a model that streams its experts); chat a few turns and open the Atlas again. To keep one "
+                 "for this model: python tools/expert_atlas.py --server URL --out MODEL/experts.json")
+_live = {"seq": None, "doc": None}
+_live_lock = threading.Lock()
+
+
+def live_atlas(tel):
+    """The atlas of the server's kept turns, rebuilt once per new turn: the most recent turns
+    that fit atlas.LIVE_BUDGET (a 76 x 256 model gets 20 of them). 404 atlas_missing before any."""
+    with _live_lock:  # one build at a time; the others wait for it and get the same document
+        if _live["seq"] != (id(tel), tel.seq):
+            doc = tel.experts_json(history=True)
+            n = atlas.turns_within(doc["layers"], doc["experts"])
+            try:
+                built = atlas.layout(doc, n, method="co-activation PCA, live")
+            except atlas.NoRouting:
+                built = None
+            if built is not None:
+                built["source"] = "live"
+            _live.update(seq=(id(tel), tel.seq), doc=built)
+        if _live["doc"] is None:
+            raise ApiError(404, ATLAS_MISSING, code="atlas_missing")
+        return _live["doc"]
 
 
 def _static(h, path):

@@ -7,6 +7,7 @@ import ipaddress
 import json
 import select
 import socket
+import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
@@ -53,13 +54,19 @@ class BaseHandler(BaseHTTPRequestHandler):
         self._chunked = False
         self._watch_sock = True
         self.body_consumed = self.response_started = False
+        self.sent_status = None     # the status line sent, for the access log
+        self.outcome = None         # a generation's outcome (metrics.OUTCOMES)
+        self.tokens = None          # a generation's (prompt, completion) tokens
 
     def run_one(self):
         """Serves the request; returns True when the connection may carry another one."""
+        t0 = time.monotonic()
         try:
             self.handle_one_request()
         except OSError:  # the client went away mid-response
             self.close_connection = True
+        finally:
+            self.log_access((time.monotonic() - t0) * 1000)
         if self.server.draining:
             self.close_connection = True
         self.conn.buf = self.rfile.leftover()
@@ -195,8 +202,24 @@ class BaseHandler(BaseHTTPRequestHandler):
             app.log(f"{self.client_address[0]} {fmt % args}")
 
     def log_request(self, code="-", size="-"):
-        rid = self.extra_headers.get("x-request-id", "-")
-        self.log_message('"%s" %s %s', self.requestline, str(getattr(code, "value", code)), rid)
+        """http.server calls this when the status line goes out; the line is written at the end."""
+        self.sent_status = str(getattr(code, "value", code))
+
+    def log_access(self, ms):
+        """One access-log line per request once it has ended: client, request line, status,
+        request id, latency, and for a generation its prompt and completion tokens. A client that
+        went away (queued, or mid-stream after a 200 went out) is logged as 499 cancelled."""
+        if not getattr(self, "requestline", ""):
+            return  # nothing arrived that makes a request
+        status = self.sent_status or "-"
+        if self.outcome == "cancelled":
+            status = "499"
+        line = f'"{self.requestline}" {status} {self.extra_headers.get("x-request-id", "-")} {ms:.0f} ms'
+        if self.tokens is not None:
+            line += f" prompt={self.tokens[0]} completion={self.tokens[1]}"
+        if self.outcome == "cancelled":
+            line += " cancelled: the client went away" + (f" after a {self.sent_status}" if self.sent_status else "")
+        self.log_message("%s", line)
 
     def send_error(self, code, message=None, explain=None):
         """http.server's own errors (bad request line, header too long...) as JSON."""

@@ -13,6 +13,7 @@ and new jobs then get its error. A watchdog kills an engine that stays silent pa
 deadline while jobs run.
 """
 import json
+import math
 import os
 import threading
 import time
@@ -21,6 +22,9 @@ from collections import deque
 
 from colibri import engine_client, limits
 from colibri.server import load_policy, private_files, telemetry
+
+RECENT_TURNS = 16    # requests the Retry-After estimate averages over
+RETRY_MAX_S = 3600   # the largest Retry-After sent
 
 
 class QueueFull(Exception):
@@ -221,7 +225,7 @@ class Scheduler:
         self.load = load_policy.LoadPolicy()
         self.gave_up = None         # the LoadFailure that ended the retries; None while retrying
         self.hung = {}              # engine object -> why the watchdog killed it
-        self.turn_s = 1.0           # moving average of a turn's duration, for Retry-After
+        self.recent_s = deque(maxlen=RECENT_TURNS)  # durations of the last requests, for Retry-After
         self.telemetry = None       # telemetry.Telemetry: per-turn routing and tiers for the dashboard
         self._closing = False
         self._started = False
@@ -240,13 +244,23 @@ class Scheduler:
         return not self._started or self._thread.is_alive()
 
     # --- admission -------------------------------------------------------------------------
-    def _retry_s(self, ahead):
-        return max(1, min(60, int(self.turn_s * max(ahead, 1) / self.parallel + 0.999)))
+    def mean_request_s(self):
+        """The mean duration (engine start to end) of the last requests; before any has ended,
+        the age of the oldest running one. Called with self.cond held."""
+        if self.recent_s:
+            return sum(self.recent_s) / len(self.recent_s)
+        now = time.monotonic()
+        return max((now - t.job.started_at for t in self.active.values() if t.job.started_at), default=0.0)
+
+    def _retry_s(self):
+        """Retry-After: the time for the requests ahead (queued and running) to drain through the
+        parallel slots at the recent mean duration, rounded up, at least 1 s (cond held)."""
+        ahead = len(self.queue) + len(self.active)
+        return max(1, min(RETRY_MAX_S, math.ceil(ahead * self.mean_request_s() / self.parallel)))
 
     def retry_after(self):
         with self.cond:
-            ahead = len(self.queue) + len(self.active)
-        return self._retry_s(ahead)
+            return self._retry_s()
 
     def enqueue(self, job):
         with self.cond:
@@ -257,7 +271,7 @@ class Scheduler:
             if self.state in ("failed", "stopped"):
                 raise Unavailable(self.last_error["public"] if self.last_error else "the engine is not running")
             if len(self.queue) + len(self.active) >= self.max_queue + self.parallel:
-                raise QueueFull(self._retry_s(len(self.queue) + len(self.active)))
+                raise QueueFull(self._retry_s())
             job.state, job.enqueued_at = "queued", time.monotonic()
             self.queue.append(job)
             self.cond.notify_all()
@@ -673,5 +687,6 @@ class Scheduler:
             if turn is not None:
                 self.active.pop(turn.rid, None)
             job.state = "done"
-            self.turn_s = 0.8 * self.turn_s + 0.2 * (time.monotonic() - job.started_at)
+            if job.started_at is not None:
+                self.recent_s.append(time.monotonic() - job.started_at)
             self.cond.notify_all()
