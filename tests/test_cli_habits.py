@@ -1,8 +1,13 @@
 """The launcher's habits as a new user meets them: help texts, usage errors, suggestions for
 near-miss names, prompts from stdin, the store commands and a run stopped by a full context."""
 import inspect
+import os
+import subprocess
+import sys
 
-from launcher_helpers import coli
+import pytest
+
+from launcher_helpers import ROOT, clean_env, coli, convert_tiny
 
 
 def test_pull_help_names_no_internal_function():
@@ -28,3 +33,30 @@ def test_an_unknown_flag_gets_the_subcommands_usage():
         assert r.returncode == 2 and r.stderr.startswith(f"usage: coli {cmd} "), r.stderr
         assert "unrecognized argument" in r.stderr and flag in r.stderr and f"coli {cmd} --help" in r.stderr
         assert (f"did you mean `{near}`?" in r.stderr) if near else "did you mean" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def model(oracle_root, tmp_path_factory):
+    return convert_tiny(oracle_root, tmp_path_factory.mktemp("habits") / "moe")
+
+
+def test_run_reads_the_prompt_from_stdin(model):
+    want = coli("run", "--model", model, "--raw", "--max-tokens", "4", "hello there")
+    assert want.returncode == 0 and want.stdout, want.stderr
+    r = coli("run", "--model", model, "--raw", "--max-tokens", "4", input="hello there\n")
+    assert r.returncode == 0 and r.stdout == want.stdout, r.stderr
+    r = coli("run", "--model", model, "--raw", "--max-tokens", "4", input="")
+    assert r.returncode == 2 and "stdin was empty" in r.stderr and not r.stdout
+
+
+def test_run_on_a_terminal_without_a_prompt_says_how_to_give_one(model):
+    import pty
+    master, slave = pty.openpty()
+    try:
+        r = subprocess.run([sys.executable, str(ROOT / "coli"), "run", "--model", str(model)], stdin=slave,
+                           capture_output=True, text=True, env=clean_env(), timeout=120)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert r.returncode == 2 and not r.stdout
+    assert "no prompt" in r.stderr and "echo text | coli run" in r.stderr and "--ids" in r.stderr, r.stderr
