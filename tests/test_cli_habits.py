@@ -60,3 +60,23 @@ def test_run_on_a_terminal_without_a_prompt_says_how_to_give_one(model):
         os.close(master)
     assert r.returncode == 2 and not r.stdout
     assert "no prompt" in r.stderr and "echo text | coli run" in r.stderr and "--ids" in r.stderr, r.stderr
+
+
+@pytest.fixture
+def store(model, tmp_path):
+    """A model store holding `model` under the pulled name tiny-moe."""
+    (tmp_path / "home" / "models").mkdir(parents=True)
+    (tmp_path / "home" / "models" / "tiny-moe").symlink_to(model, target_is_directory=True)
+    return clean_env(COLI_HOME=tmp_path / "home", COLI_PROFILE_DIR=tmp_path / "profiles")
+
+
+@pytest.mark.parametrize("cmd", ["info", "run"])
+def test_a_near_miss_model_name_gets_the_closest_name(store, tmp_path, cmd):
+    extra = ["hi"] if cmd == "run" else []
+    for typo, near in (("tiny-mo", "tiny-moe"), ("smolm2", "smollm2")):  # pulled; built-in, not pulled
+        r = coli(cmd, "--model", typo, *extra, env=store, cwd=tmp_path)
+        assert r.returncode == 2 and f"did you mean {near}?" in r.stderr, r.stderr
+        assert "coli pull" not in r.stderr and "(pulled: tiny-moe)" in r.stderr
+    r = coli(cmd, "--model", "qwertyuiop", *extra, env=store, cwd=tmp_path)  # nothing close: how to pull one
+    assert r.returncode == 2 and "did you mean" not in r.stderr and "`coli pull smollm2`" in r.stderr, r.stderr
+    assert not (tmp_path / "home" / "downloads").exists()
