@@ -80,3 +80,13 @@ def test_a_near_miss_model_name_gets_the_closest_name(store, tmp_path, cmd):
     r = coli(cmd, "--model", "qwertyuiop", *extra, env=store, cwd=tmp_path)  # nothing close: how to pull one
     assert r.returncode == 2 and "did you mean" not in r.stderr and "`coli pull smollm2`" in r.stderr, r.stderr
     assert not (tmp_path / "home" / "downloads").exists()
+
+
+def test_run_stopped_by_a_full_context_says_so_and_exits_3(model):
+    r = coli("run", "--model", model, "--raw", "--ctx", "40", "The capital of")
+    assert r.returncode == 3 and r.stdout, r.stderr
+    assert "stopped: the context (40 tokens) is full; raise --ctx (this model holds up to 512 positions)" in r.stderr
+    r = coli("run", "--model", model, "--raw", "--ctx", "40", "--max-tokens", "5", "--stats", "The capital of")
+    assert r.returncode == 0 and "finish=length" in r.stderr and "stopped" not in r.stderr, r.stderr  # its own cap
+    r = coli("run", "--model", model, "--raw", "Hello " * 110)  # all the model holds: no --ctx to raise
+    assert r.returncode == 3 and "the context (512 tokens) is full; that is all this model holds" in r.stderr
