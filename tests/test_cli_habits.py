@@ -90,3 +90,16 @@ def test_run_stopped_by_a_full_context_says_so_and_exits_3(model):
     assert r.returncode == 0 and "finish=length" in r.stderr and "stopped" not in r.stderr, r.stderr  # its own cap
     r = coli("run", "--model", model, "--raw", "Hello " * 110)  # all the model holds: no --ctx to raise
     assert r.returncode == 3 and "the context (512 tokens) is full; that is all this model holds" in r.stderr
+
+
+@pytest.mark.parametrize("cmd,extra", [("run", ["hi"]), ("chat", []), ("serve", []), ("logits", ["--ids", "1", "--out", "x"]),
+                                       ("plan", ["--no-measure"]), ("perplexity", ["--file", __file__])])
+def test_every_command_takes_the_same_ctx_range(model, cmd, extra, tmp_path):
+    """One range (colibri/cli/launch_opts.py): 0 and one past the model's 512 positions refused alike."""
+    for bad in ("0", "513"):
+        r = coli(cmd, "--model", model, "--ctx", bad, *extra, cwd=tmp_path, input="")
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        assert f"--ctx {bad}: this model holds 1 to 512 positions (max_position_embeddings)" in r.stderr, (cmd, r.stderr)
+    if cmd in ("run", "logits"):  # the low end is what the engine takes: a one-position context is not refused
+        r = coli(cmd, "--model", model, "--ctx", "1", *extra, cwd=tmp_path, input="")
+        assert "--ctx 1" not in r.stderr, (cmd, r.stderr)
