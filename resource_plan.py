@@ -478,9 +478,8 @@ def check_plan_args(args, scan):
             raise UserError(f"{flag} {v:g}: needs a positive GB/s")
     if scan is None:
         return
-    max_ctx = scan["arch"]["max_ctx"]
-    if args.ctx is not None and not 1 <= args.ctx <= max_ctx:
-        raise UserError(f"--ctx {args.ctx}: this model holds 1 to {max_ctx} positions")
+    from colibri.cli import launch_opts
+    launch_opts.check_ctx(args.ctx, {"max_position_embeddings": scan["arch"]["max_ctx"]})
     E = scan["experts"]["per_layer"]
     if args.cap is not None:
         if not E:

@@ -139,7 +139,7 @@ def test_run_refuses_max_tokens_the_prompt_leaves_no_room_for(model):
     r = coli("run", "--model", model, "--raw", "--ctx", "256", "--max-tokens", "100", prompt[:300])
     assert r.returncode == 2 and "raise --ctx (this model holds up to 512 positions)" in r.stderr, r.stderr
     r = coli("run", "--model", model, "--raw", "--stats", prompt)  # no --max-tokens: to the end of the context
-    assert r.returncode == 0 and "finish=length" in r.stderr, r.stderr
+    assert r.returncode == 3 and "finish=length" in r.stderr and "the context (512 tokens) is full" in r.stderr
 
 
 def test_run_accepts_the_full_expert_count(model):

@@ -26,10 +26,19 @@ def model_path(name, fetch=False):
 
 
 def missing_model_message(name):
+    """What a --model found nowhere says: the closest pulled or built-in name when one is close
+    (a typo is likelier than a model nobody has), else how to pull one."""
+    import difflib
     from colibri.model import store as model_store
-    pulled = ", ".join(model_store.list_models()) or "none"
-    return (f"--model {name}: no such directory or pulled model (pulled: {pulled}); "
-            "`coli pull smollm2` fetches one")
+    pulled = model_store.list_models()
+    head = f"--model {name}: no such directory or pulled model (pulled: {', '.join(pulled) or 'none'})"
+    if name in model_store.BUILTIN:
+        return f"{head}; `coli pull {name}` fetches it"
+    known = pulled + [b for b in model_store.BUILTIN if b not in pulled]
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.75) if "/" not in name else []
+    if near:
+        return f"{head}; did you mean {near[0]}?"
+    return f"{head}; `coli pull smollm2` fetches a small one, `coli pull hf:ORG/REPO` any other"
 
 
 def require_model(args, fetch=True):

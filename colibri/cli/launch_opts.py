@@ -262,10 +262,15 @@ def default_ctx(man):
     return min(max_ctx, fam.get("default_ctx", 4096))
 
 
+CTX_MIN = 1  # the engine's own lower bound (c/engine/engine.c); the upper one is the model's
+
+
 def check_ctx(ctx, arch):
+    """The one --ctx range: every command that takes --ctx (run, chat, serve, web, logits, plan) checks
+    it here, so a value one command accepts, another does not refuse."""
     max_ctx = int(arch.get("max_position_embeddings") or 1)
-    if ctx is not None and not 1 <= ctx <= max_ctx:
-        raise UserError(f"--ctx {ctx}: this model holds 1 to {max_ctx} positions (max_position_embeddings)")
+    if ctx is not None and not CTX_MIN <= ctx <= max_ctx:
+        raise UserError(f"--ctx {ctx}: this model holds {CTX_MIN} to {max_ctx} positions (max_position_embeddings)")
 
 
 def larger_ctx_hint(model_dir, args):

@@ -150,9 +150,12 @@ def run(args):
         raise UserError(f"--file {path}: " + ("a directory, not a text file" if path.is_dir() else "no such file"))
     man = json.loads((d / "colibri.json").read_text())
     max_pos = int(man["arch"]["max_position_embeddings"])
-    ctx = args.ctx or min(DEFAULT_CTX, max_pos - 1)
-    if ctx < 4 or ctx >= max_pos:
-        raise UserError(f"--ctx {ctx} must be between 4 and {max_pos - 1} (the model has {max_pos} positions)")
+    from colibri.cli import launch_opts
+    launch_opts.check_ctx(args.ctx, man["arch"])  # the range every command takes
+    ctx = min(DEFAULT_CTX, max_pos - 1) if args.ctx is None else args.ctx
+    if ctx < 4 or ctx >= max_pos:  # what a chunk needs on top of that
+        raise UserError(f"--ctx {ctx}: a perplexity chunk needs 4 to {max_pos - 1} tokens (a second half to score, "
+                        "and one engine position beyond the chunk); give a --ctx in that range")
     if args.chunks is not None and args.chunks < 1:
         raise UserError("--chunks must be at least 1")
     if args.ref_logits and not Path(args.ref_logits).is_file():

@@ -268,7 +268,6 @@ def resolve(args):
     s.cors_origins = [check_origin(o) for o in args.cors_origin]
     s.allowed_hosts = [h.lower() for h in args.allowed_host]
     s.ctx, s.threads, s.batch, s.kv = args.ctx, args.threads, args.batch, args.kv
-    _check_range("--ctx", s.ctx, 2, 1 << 24)
     _check_range("--threads", s.threads, 1, 1024)
     _check_range("--batch", s.batch, 1, 1 << 16)
     from colibri.cli import launch_opts
