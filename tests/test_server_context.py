@@ -74,6 +74,23 @@ def test_completions_explicit_max_tokens_is_checked_the_default_is_cut(client):
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 7
 
 
+def test_n_predict_is_a_cap_the_context_ends(client):
+    """llama-server's n_predict (what the dashboard sends): past the context it is cut, not refused;
+    inside it, it caps the answer as max_tokens does."""
+    n = prompt_tokens(client)
+    r = client.chat.completions.create(model=MID, messages=HI, temperature=0,
+                                       extra_body={"ignore_eos": True, "n_predict": 4 * CTX})
+    assert r.choices[0].finish_reason == "length" and r.usage.total_tokens == CTX
+    r = client.chat.completions.create(model=MID, messages=HI, temperature=0, extra_body={"ignore_eos": True, "n_predict": 3})
+    assert r.usage.completion_tokens == 3 and r.usage.prompt_tokens == n
+    ids = [5 + i % 200 for i in range(CTX - 7)]
+    r = client.completions.create(model=MID, prompt=ids, temperature=0, extra_body={"ignore_eos": True, "n_predict": 100})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 7
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MID, messages=HI, extra_body={"n_predict": 0})
+    assert e.value.param == "n_predict"
+
+
 def test_a_prompt_past_the_context_is_still_named(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MID, prompt=[5] * (CTX + 3), max_tokens=1)

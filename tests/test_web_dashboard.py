@@ -155,7 +155,7 @@ def test_chat_settings_persist_and_go_with_every_request(served, browser):
         browser.eval("document.getElementById('newchat').click(); 1")
         chat_turn(browser, "Plain")
         last = served.submits()[-1]
-        assert last["opts"]["max_tokens"] == "1024" and "system" not in last["payload"]
+        assert last["opts"]["max_tokens"] == "1024" and "fit" not in last["opts"] and "system" not in last["payload"]
         defaults = json.loads(request(served.port, "GET", "/v1/models")[2])["data"][0]["sampling_defaults"]
         assert float(last["opts"]["temp"]) == defaults["temperature"], (last["opts"], defaults)
     finally:

@@ -36,7 +36,9 @@ export function requestFields(s) {
   };
   put('temperature', s.temperature, false);
   put('top_p', s.top_p, false);
-  put('max_tokens', s.max_tokens, true);
+  // n_predict (llama-server's cap), not max_tokens: the end of the context may cut it short
+  // instead of a default of 1024 refusing a short prompt on a small --ctx
+  put('n_predict', s.max_tokens, true);
   return out;
 }
 

@@ -59,6 +59,15 @@ def _common(body, model, n_slots):
     return spec
 
 
+def cap_at_context(spec, body):
+    """llama-server's `n_predict`: a cap that the end of the context may cut short, where OpenAI's
+    max_tokens must fit after the prompt (the dashboard sends it, so a long default cap cannot
+    refuse a short prompt on a small context)."""
+    n = get_max_tokens(body, "n_predict")
+    if n is not None:
+        spec.opts["max_tokens"] = n
+
+
 def parse_chat(body, model, n_slots):
     spec = _common(body, model, n_slots)
     spec.tools = tool_request.openai_tools(body, model)
@@ -80,6 +89,8 @@ def parse_chat(body, model, n_slots):
     limit = mct if mct is not None else mt
     if limit is not None:  # asked for: it must fit after the prompt, as OpenAI refuses what cannot
         spec.opts.update(max_tokens=limit, fit=1)
+    else:
+        cap_at_context(spec, body)
     spec.logprobs = get_bool(body, "logprobs", False)
     spec.top_logprobs = get_int(body, "top_logprobs", 0, 20, 0)
     if body.get("top_logprobs") is not None and not spec.logprobs:
@@ -221,6 +232,8 @@ def parse_completion(body, model, n_slots):
     spec.opts["max_tokens"] = get_max_tokens(body, "max_tokens", default=16)  # OpenAI's default for completions
     if body.get("max_tokens") is not None:  # asked for (not the default): it must fit after the prompt
         spec.opts["fit"] = 1
+    else:
+        cap_at_context(spec, body)
     lp = get_int(body, "logprobs", 0, 20)
     if lp is not None:
         spec.logprobs, spec.top_logprobs = True, lp
