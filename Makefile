@@ -31,7 +31,7 @@ ASAN_LIB_OBJ := $(call obj,asan,$(LIB_SRC))
 CTEST_REL_OBJ := $(call obj,rel,$(CTEST_SRC))
 CTEST_ASAN_OBJ := $(call obj,asan,$(CTEST_SRC))
 
-.PHONY: all test test-deps ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv
+.PHONY: all test test-deps ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv format
 all: build/colibri
 
 # version.py: the version string is compiled in (COLI_VERSION).
@@ -147,6 +147,11 @@ fuzz-test: fuzz-build
 # Adds to the kept corpus the inputs `make fuzz` found (build/fuzz/corpus/) that add coverage.
 fuzz-merge: fuzz-build
 	fuzz/run.sh merge $(FUZZ_C_TARGETS) $(FUZZ_PY_TARGETS)
+
+# Formats the engine's C by .clang-format with the test venv's pinned clang-format (tests/test_c_format.py
+# checks it); generated files are listed in .clang-format-ignore.
+format: $(STAMP)
+	git ls-files 'c/*.c' 'c/*.h' 'fuzz/*.c' 'fuzz/*.h' | grep -vxF -f .clang-format-ignore | xargs $(VENV)/bin/clang-format -i
 
 clean:
 	rm -rf build

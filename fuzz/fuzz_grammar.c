@@ -12,10 +12,23 @@ static GrammarVocab *vocab(void) {
     const char *bytes[V];
     size_t len[V];
     uint8_t kind[V];
-    for (int i = 0; i < 256; i++) { single[i] = (char)i; bytes[i] = single + i; len[i] = 1; kind[i] = GV_TEXT; }
-    for (int i = 0; i < NP; i++) { bytes[256 + i] = pieces[i]; len[256 + i] = strlen(pieces[i]); kind[256 + i] = GV_TEXT; }
-    bytes[V - 2] = "<tool_call>"; len[V - 2] = 11; kind[V - 2] = GV_ADDED;
-    bytes[V - 1] = ""; len[V - 1] = 0; kind[V - 1] = GV_EOS;
+    for (int i = 0; i < 256; i++) {
+        single[i] = (char)i;
+        bytes[i] = single + i;
+        len[i] = 1;
+        kind[i] = GV_TEXT;
+    }
+    for (int i = 0; i < NP; i++) {
+        bytes[256 + i] = pieces[i];
+        len[256 + i] = strlen(pieces[i]);
+        kind[256 + i] = GV_TEXT;
+    }
+    bytes[V - 2] = "<tool_call>";
+    len[V - 2] = 11;
+    kind[V - 2] = GV_ADDED;
+    bytes[V - 1] = "";
+    len[V - 1] = 0;
+    kind[V - 1] = GV_EOS;
     return grammar_vocab_new(V, bytes, len, kind);
 }
 

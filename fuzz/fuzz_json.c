@@ -5,7 +5,8 @@
 
 static size_t walk(const JsonValue *v, int depth) {
     size_t h = (size_t)v->type;
-    if (v->type == JSON_STR) for (size_t i = 0; i < v->len; i++) h += (unsigned char)v->str[i];
+    if (v->type == JSON_STR)
+        for (size_t i = 0; i < v->len; i++) h += (unsigned char)v->str[i];
     if (v->type == JSON_ARR || v->type == JSON_OBJ)
         for (size_t i = 0; i < v->len; i++) {
             if (v->type == JSON_OBJ) h += v->key_lens[i] + (unsigned char)v->keys[i][v->key_lens[i]];

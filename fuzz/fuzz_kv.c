@@ -10,9 +10,13 @@ static Model model;
 static uint64_t fp;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc; (void)argv;
+    (void)argc;
+    (void)argv;
     char err[512];
-    if (model_load(&model, FUZZ_ASSETS, err, sizeof err)) { fprintf(stderr, "fuzz: %s\n", err); abort(); }
+    if (model_load(&model, FUZZ_ASSETS, err, sizeof err)) {
+        fprintf(stderr, "fuzz: %s\n", err);
+        abort();
+    }
     fp = kv_fingerprint(FUZZ_ASSETS);
     return 0;
 }
@@ -27,7 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc < 0 && !err[0]) abort();
     if (rc == 1) {
         if (kv.n < 0 || kv.n > CTX) abort();
-        for (int i = 0; i < kv.n; i++) if (kv.tokens[i] < 0 || kv.tokens[i] >= a->vocab) abort();
+        for (int i = 0; i < kv.n; i++)
+            if (kv.tokens[i] < 0 || kv.tokens[i] >= a->vocab) abort();
     }
     kv_free(&kv);
     return 0;

@@ -6,7 +6,8 @@
 #define SHARD "model-00001-of-00001.safetensors"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc; (void)argv;
+    (void)argc;
+    (void)argv;
     size_t n;
     char *shard = fuzz_slurp(FUZZ_ASSETS "/" SHARD, &n);
     fuzz_write(fuzz_tmpdir(), SHARD, shard, n);

@@ -11,8 +11,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *nl = memchr(data, '\n', size);
     size_t line = nl ? (size_t)(nl - data) : size;
     if (frame_parse((const char *)data, line, &f, err, sizeof err) == 0) {
-        if (f.kind == FR_SUBMIT && (f.payload_len > PROTO_MAX_PAYLOAD || f.slot < 0 || f.slot > 15 ||
-                                    f.top_logprobs < 0 || f.top_logprobs > 20 || f.max_tokens < -1))
+        if (f.kind == FR_SUBMIT && (f.payload_len > PROTO_MAX_PAYLOAD || f.slot < 0 || f.slot > 15 || f.top_logprobs < 0 ||
+                                    f.top_logprobs > 20 || f.max_tokens < -1))
             abort();
     } else if (!err[0]) abort();
 

@@ -5,9 +5,12 @@
  * give the text back exactly (ByteLevel BPE is lossless). */
 #include "tok_common.h"
 
-static const struct { const char *file; int lossless; } TOKS[] = {
+static const struct {
+    const char *file;
+    int lossless;
+} TOKS[] = {
     {FUZZ_ASSETS "/tokenizer.json", 1},
-    {FUZZ_ASSETS "/../tokenizers/qwen3.json", 0},      /* NFC changes text */
+    {FUZZ_ASSETS "/../tokenizers/qwen3.json", 0},       /* NFC changes text */
     {FUZZ_ASSETS "/../tokenizers/deepseek_v3.json", 0}, /* lstrip/rstrip added tokens eat spaces */
     {FUZZ_ASSETS "/../tokenizers/gptoss.json", 1},
 };
@@ -15,10 +18,14 @@ static const struct { const char *file; int lossless; } TOKS[] = {
 static Tokenizer *tok[NTOK];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc; (void)argv;
+    (void)argc;
+    (void)argv;
     for (size_t i = 0; i < NTOK; i++) {
         char err[512];
-        if (!(tok[i] = tok_load(TOKS[i].file, err, sizeof err))) { fprintf(stderr, "fuzz: %s\n", err); abort(); }
+        if (!(tok[i] = tok_load(TOKS[i].file, err, sizeof err))) {
+            fprintf(stderr, "fuzz: %s\n", err);
+            abort();
+        }
     }
     return 0;
 }

@@ -2,9 +2,12 @@
  * decode without fault, and every id it reports must be decodable. */
 #include "tok_common.h"
 
-static const char *const TEXTS[] = {
-    "Hello world! It's 2024 and 12345 cats.", "  leading\tand\ntrailing  ", "<|endoftext|>x<s></s>",
-    "caf\xc3\xa9 na\xc3\xafve \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80", "", "a"};
+static const char *const TEXTS[] = {"Hello world! It's 2024 and 12345 cats.",
+                                    "  leading\tand\ntrailing  ",
+                                    "<|endoftext|>x<s></s>",
+                                    "caf\xc3\xa9 na\xc3\xafve \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80",
+                                    "",
+                                    "a"};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[512] = "";

@@ -17,7 +17,10 @@ static inline const char *fuzz_tmpdir(void) {
     static char dir[64];
     if (!dir[0]) {
         snprintf(dir, sizeof dir, "/tmp/coli_fuzz_XXXXXX");
-        if (!mkdtemp(dir)) { perror("mkdtemp"); abort(); }
+        if (!mkdtemp(dir)) {
+            perror("mkdtemp");
+            abort();
+        }
     }
     return dir;
 }
@@ -27,14 +30,20 @@ static inline const char *fuzz_write(const char *dir, const char *name, const vo
     static char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(p, 1, n, f) != n) || fclose(f)) { perror(path); abort(); }
+    if (!f || (n && fwrite(p, 1, n, f) != n) || fclose(f)) {
+        perror(path);
+        abort();
+    }
     return path;
 }
 
 /* Whole file into a malloc'd buffer; aborts when the fixture is missing (a broken setup, not a finding). */
 static inline char *fuzz_slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "fuzz: cannot open fixture %s\n", path); abort(); }
+    if (!f) {
+        fprintf(stderr, "fuzz: cannot open fixture %s\n", path);
+        abort();
+    }
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);

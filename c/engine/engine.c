@@ -42,7 +42,10 @@ static int physical_cores(void) {
         if (fscanf(f, "%ld", &core) != 1) core = -1;
         fclose(f);
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu);
-        if ((f = fopen(path, "r"))) { if (fscanf(f, "%ld", &pkg) != 1) pkg = 0; fclose(f); }
+        if ((f = fopen(path, "r"))) {
+            if (fscanf(f, "%ld", &pkg) != 1) pkg = 0;
+            fclose(f);
+        }
         if (core < 0) return 0;
         long key = pkg * 100000 + core;
         int dup = 0;
@@ -68,43 +71,77 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
     for (; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
-        if (!strcmp(a, "--model")) { if (!v) { snprintf(err, errlen, "--model needs a directory"); return -1; } o->model_dir = v; i++; }
-        else if (!strcmp(a, "--ctx")) { rc = opt_int(a, v, 1, 1 << 24, &o->ctx, err, errlen); i++; }
-        else if (!strcmp(a, "--kv-slots")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->kv_slots, err, errlen); i++; }
-        else if (!strcmp(a, "--parallel")) { rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->parallel, err, errlen); i++; }
-        else if (!strcmp(a, "--threads")) { rc = opt_int(a, v, 1, 1024, &o->threads, err, errlen); i++; }
-        else if (!strcmp(a, "--batch")) { rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen); i++; }
-        else if (!strcmp(a, "--portable")) o->portable = 1;
+        if (!strcmp(a, "--model")) {
+            if (!v) {
+                snprintf(err, errlen, "--model needs a directory");
+                return -1;
+            }
+            o->model_dir = v;
+            i++;
+        } else if (!strcmp(a, "--ctx")) {
+            rc = opt_int(a, v, 1, 1 << 24, &o->ctx, err, errlen);
+            i++;
+        } else if (!strcmp(a, "--kv-slots")) {
+            rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->kv_slots, err, errlen);
+            i++;
+        } else if (!strcmp(a, "--parallel")) {
+            rc = opt_int(a, v, 1, MAX_KV_SLOTS, &o->parallel, err, errlen);
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            rc = opt_int(a, v, 1, 1024, &o->threads, err, errlen);
+            i++;
+        } else if (!strcmp(a, "--batch")) {
+            rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen);
+            i++;
+        } else if (!strcmp(a, "--portable")) o->portable = 1;
         else if (!strcmp(a, "--kernels")) {
             KernIsa isa;
-            if (!v || kernels_isa_from_name(v, &isa)) { snprintf(err, errlen, "--kernels needs one of %s", kernels_all_names()); return -1; }
+            if (!v || kernels_isa_from_name(v, &isa)) {
+                snprintf(err, errlen, "--kernels needs one of %s", kernels_all_names());
+                return -1;
+            }
             o->kernels = (int)isa + 1;
             i++;
-        }
-        else if (!strcmp(a, "--kv")) {
-            if (!v || kv_type_from_name(v, &o->kv_type)) { snprintf(err, errlen, "--kv needs f16, bf16 or f32"); return -1; }
+        } else if (!strcmp(a, "--kv")) {
+            if (!v || kv_type_from_name(v, &o->kv_type)) {
+                snprintf(err, errlen, "--kv needs f16, bf16 or f32");
+                return -1;
+            }
             o->kv_set = 1;
             i++;
-        }
-        else if (!strcmp(a, "--ram")) {
+        } else if (!strcmp(a, "--ram")) {
             char *end;
             double g = v ? strtod(v, &end) : 0;
-            if (!v || end == v || *end || !(g > 0 && g < 1e6)) { snprintf(err, errlen, "--ram needs a positive number of GB (e.g. 0.5)"); return -1; }
+            if (!v || end == v || *end || !(g > 0 && g < 1e6)) {
+                snprintf(err, errlen, "--ram needs a positive number of GB (e.g. 0.5)");
+                return -1;
+            }
             o->ram_gb = g;
             i++;
-        }
-        else if (!strcmp(a, "--cap")) { rc = opt_int(a, v, 1, 1 << 20, &o->cap, err, errlen); i++; }
-        else if (!strcmp(a, "--io-threads")) { rc = opt_int(a, v, 1, 64, &o->io_threads, err, errlen); i++; }
-        else if (!strcmp(a, "--no-direct")) o->no_direct = 1;
+        } else if (!strcmp(a, "--cap")) {
+            rc = opt_int(a, v, 1, 1 << 20, &o->cap, err, errlen);
+            i++;
+        } else if (!strcmp(a, "--io-threads")) {
+            rc = opt_int(a, v, 1, 64, &o->io_threads, err, errlen);
+            i++;
+        } else if (!strcmp(a, "--no-direct")) o->no_direct = 1;
         else if (!strcmp(a, "--readahead") || !strcmp(a, "--pin")) {
             const char *on = a[2] == 'r' ? "on" : "auto";
-            if (!v || (strcmp(v, on) && strcmp(v, "off"))) { snprintf(err, errlen, "%s needs %s or off", a, on); return -1; }
+            if (!v || (strcmp(v, on) && strcmp(v, "off"))) {
+                snprintf(err, errlen, "%s needs %s or off", a, on);
+                return -1;
+            }
             if (a[2] == 'r') o->readahead = !strcmp(v, "on") ? 1 : 2;
             else o->pin_off = !strcmp(v, "off");
             i++;
-        }
-        else if (!strcmp(a, "--kv-dir")) { if (!v) { snprintf(err, errlen, "--kv-dir needs a directory"); return -1; } o->kv_dir = v; i++; }
-        else return i;
+        } else if (!strcmp(a, "--kv-dir")) {
+            if (!v) {
+                snprintf(err, errlen, "--kv-dir needs a directory");
+                return -1;
+            }
+            o->kv_dir = v;
+            i++;
+        } else return i;
         if (rc) return -1;
     }
     return i;
@@ -115,7 +152,10 @@ static void restore_slots(Engine *e, const char *dir);
 int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     memset(e, 0, sizeof(*e));
     e->kv_lock_fd = -1;
-    if (!o->model_dir) { snprintf(err, errlen, "no model directory given (--model DIR)"); return -1; }
+    if (!o->model_dir) {
+        snprintf(err, errlen, "no model directory given (--model DIR)");
+        return -1;
+    }
     /* Before the (long) model load: a second engine on the directory is refused at once. */
     if (o->kv_dir) {
         int fd = kv_dir_lock(o->kv_dir, err, errlen);
@@ -132,8 +172,14 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     if (o->threads) omp_set_num_threads(o->threads);
     else if (!getenv("OMP_NUM_THREADS") && physical_cores() > 0) omp_set_num_threads(physical_cores());
     forward_max_batch = o->batch ? o->batch : forward_default_batch(kern.isa);
-    if (model_load(&e->model, o->model_dir, err, errlen)) { engine_close(e); return -1; }
-    if (o->kv_set && model_set_kv_type(&e->model, o->kv_type, err, errlen)) { engine_close(e); return -1; }
+    if (model_load(&e->model, o->model_dir, err, errlen)) {
+        engine_close(e);
+        return -1;
+    }
+    if (o->kv_set && model_set_kv_type(&e->model, o->kv_type, err, errlen)) {
+        engine_close(e);
+        return -1;
+    }
     const Arch *a = &e->model.a;
     e->ctx = o->ctx ? o->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
     if (e->ctx > a->max_pos) {
@@ -144,8 +190,10 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     e->n_slots = o->kv_slots ? o->kv_slots : 1;
     e->parallel = o->parallel ? o->parallel : e->n_slots;
     if (e->parallel > e->n_slots) {
-        snprintf(err, errlen, "--parallel %d exceeds --kv-slots %d: each running request needs a KV slot of its own; "
-                 "raise --kv-slots or lower --parallel", e->parallel, e->n_slots);
+        snprintf(err, errlen,
+                 "--parallel %d exceeds --kv-slots %d: each running request needs a KV slot of its own; "
+                 "raise --kv-slots or lower --parallel",
+                 e->parallel, e->n_slots);
         engine_close(e);
         return -1;
     }
@@ -154,9 +202,15 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     if (!o->skip_tokenizer && stat(path, &st) == 0) {
         e->tok = tok_load(path, err, errlen);
-        if (!e->tok) { engine_close(e); return -1; }
+        if (!e->tok) {
+            engine_close(e);
+            return -1;
+        }
     }
-    if (engine_stream_open(e, o, omp_get_max_threads(), err, errlen)) { engine_close(e); return -1; }
+    if (engine_stream_open(e, o, omp_get_max_threads(), err, errlen)) {
+        engine_close(e);
+        return -1;
+    }
     if (o->kv_dir) restore_slots(e, o->kv_dir);
     return 0;
 }
@@ -174,15 +228,19 @@ static void restore_slots(Engine *e, const char *dir) {
         char path[4200], log[4200], err[512], note[256];
         kv_slot_paths(dir, i, path, log, sizeof path);
         if (access(path, R_OK) != 0) continue;
-        if (kv_init(&e->slots[i], &e->model.a, e->ctx)) { fprintf(stderr, "colibri: no memory to restore %s\n", path); continue; }
+        if (kv_init(&e->slots[i], &e->model.a, e->ctx)) {
+            fprintf(stderr, "colibri: no memory to restore %s\n", path);
+            continue;
+        }
         if (kv_restore(&e->slots[i], &e->model.a, e->fingerprint, path, err, sizeof err) < 0) {
             fprintf(stderr, "colibri: %s\n", err);
             continue;
         }
         uint64_t sum = 0;
         off_t good = 0;
-        int turns = kv_file_sum(path, &sum) ? 0 : kv_log_replay(&e->slots[i], &e->model.a, e->fingerprint, sum, log,
-                                                                 &good, note, sizeof note);
+        int turns = kv_file_sum(path, &sum)
+                        ? 0
+                        : kv_log_replay(&e->slots[i], &e->model.a, e->fingerprint, sum, log, &good, note, sizeof note);
         if (note[0] && turns >= 0) fprintf(stderr, "colibri: %s: %s; the slot resumes from the record before\n", log, note);
         fprintf(stderr, "colibri: restored KV slot %d (%d positions) from %s%s\n", i, e->slots[i].n, path,
                 turns > 0 ? " and its log" : "");
@@ -197,7 +255,8 @@ void engine_close(Engine *e) {
     e->kv_writer = NULL;
     engine_stream_close(e); /* stops the I/O threads before the model goes */
     engine_grammar_free(e);
-    for (int i = 0; i < MAX_KV_SLOTS; i++) if (e->slots[i].tokens) kv_free(&e->slots[i]);
+    for (int i = 0; i < MAX_KV_SLOTS; i++)
+        if (e->slots[i].tokens) kv_free(&e->slots[i]);
     if (e->tok) tok_free(e->tok);
     e->tok = NULL;
     model_free(&e->model);
@@ -215,9 +274,10 @@ int engine_serve(Engine *e) {
     char fallbacks[1024];
     kernels_fallbacks(kern.isa, fallbacks, sizeof fallbacks);
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s kernel_fallbacks=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d%s", a->family, a->vocab, e->ctx, e->n_slots,
-              a->n_layers, kern.name, fallbacks[0] ? fallbacks : "none", omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type),
-              kv_bytes_per_token(a), kv_bytes(a, e->ctx), forward_max_batch, e->parallel, stream);
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d%s",
+              a->family, a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name, fallbacks[0] ? fallbacks : "none",
+              omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type), kv_bytes_per_token(a), kv_bytes(a, e->ctx),
+              forward_max_batch, e->parallel, stream);
     int rc = serve_loop(e, &in);
     reader_free(&in);
     return rc;

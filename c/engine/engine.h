@@ -26,27 +26,27 @@ typedef struct {
     ExpertStore store;           /* routed experts: mapped, or streamed through a cache */
     BudgetIn budget_in;          /* the RAM budget split (READY, the start-up line) */
     BudgetOut budget;
-    Usage usage;                 /* .coli_usage: routing counts over turns */
+    Usage usage; /* .coli_usage: routing counts over turns */
     int usage_warned;
-    EngineGrammar *grammar;      /* constrained decoding (engine_grammar.h); NULL until a request has one */
+    EngineGrammar *grammar; /* constrained decoding (engine_grammar.h); NULL until a request has one */
 } Engine;
 
 typedef struct {
     const char *model_dir;
     int ctx, kv_slots, threads, batch, portable;
-    int parallel;       /* --parallel; 0: every KV slot */
-    int kernels; /* KernIsa + 1 from --kernels; 0: the best this CPU runs */
+    int parallel; /* --parallel; 0: every KV slot */
+    int kernels;  /* KernIsa + 1 from --kernels; 0: the best this CPU runs */
     const char *kv_dir;
     int skip_tokenizer; /* logits needs none, and a broken one must not block it */
     QType kv_type;      /* --kv: KV cache element type, when kv_set */
     int kv_set;
-    double ram_gb;      /* --ram; 0: none */
-    int cap;            /* --cap; 0: none */
-    int no_direct;      /* --no-direct */
-    int readahead;      /* --readahead: 0 default, 1 on, 2 off */
-    int pin_off;        /* --pin off (default auto) */
-    int io_threads;     /* --io-threads; 0: default */
-    int logits_rows;    /* one-shot `colibri logits`: positions it holds (its KV and logits) */
+    double ram_gb;   /* --ram; 0: none */
+    int cap;         /* --cap; 0: none */
+    int no_direct;   /* --no-direct */
+    int readahead;   /* --readahead: 0 default, 1 on, 2 off */
+    int pin_off;     /* --pin off (default auto) */
+    int io_threads;  /* --io-threads; 0: default */
+    int logits_rows; /* one-shot `colibri logits`: positions it holds (its KV and logits) */
 } EngineOptions;
 
 /* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */

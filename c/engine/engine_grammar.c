@@ -13,12 +13,12 @@
 
 struct EngineGrammar {
     GrammarVocab *vocab;
-    char *text;      /* the grammar `run` was compiled from */
+    char *text; /* the grammar `run` was compiled from */
     size_t len;
     Grammar *g;
     GrammarRun *run;
-    float *masked;   /* logits with the disallowed tokens at -inf (picks run one at a time) */
-    int busy;        /* `run` serves a request now */
+    float *masked; /* logits with the disallowed tokens at -inf (picks run one at a time) */
+    int busy;      /* `run` serves a request now */
 };
 
 static int is_eos(const Arch *a, int tok) {
@@ -37,11 +37,16 @@ static GrammarVocab *build_vocab(const Engine *e) {
         for (int i = 0; i < V; i++) {
             bytes[i] = tok_token_bytes(e->tok, i, &len[i]);
             kind[i] = is_eos(&e->model.a, i) ? GV_EOS : !bytes[i] ? GV_NONE : tok_is_added(e->tok, i) ? GV_ADDED : GV_TEXT;
-            if (!bytes[i]) { bytes[i] = ""; len[i] = 0; }
+            if (!bytes[i]) {
+                bytes[i] = "";
+                len[i] = 0;
+            }
         }
         v = grammar_vocab_new(V, bytes, len, kind);
     }
-    free(bytes); free(len); free(kind);
+    free(bytes);
+    free(len);
+    free(kind);
     return v;
 }
 
@@ -51,7 +56,10 @@ static size_t mask_share(const Engine *e) {
 }
 
 GrammarRun *engine_grammar_begin(Engine *e, const char *text, size_t n, char *err, size_t errlen) {
-    if (!e->tok) { snprintf(err, errlen, "grammar: needs the model's tokenizer.json, which this model has none of"); return NULL; }
+    if (!e->tok) {
+        snprintf(err, errlen, "grammar: needs the model's tokenizer.json, which this model has none of");
+        return NULL;
+    }
     EngineGrammar *eg = e->grammar;
     if (!eg && !(eg = e->grammar = calloc(1, sizeof *eg))) goto oom;
     if (!eg->vocab && !(eg->vocab = build_vocab(e))) goto oom;
@@ -68,12 +76,19 @@ GrammarRun *engine_grammar_begin(Engine *e, const char *text, size_t n, char *er
     if (eg->busy) { /* the kept run serves another request: this one gets a run of its own */
         Grammar *g = grammar_parse(text, n, err, errlen);
         GrammarRun *r = g ? grammar_run_new(g, eg->vocab) : NULL;
-        if (!r && g) { grammar_free(g); goto oom; }
+        if (!r && g) {
+            grammar_free(g);
+            goto oom;
+        }
         if (r) grammar_run_set_mask_cache(r, mask_share(e));
         return r;
     }
-    grammar_run_free(eg->run); grammar_free(eg->g); free(eg->text);
-    eg->run = NULL; eg->g = NULL; eg->text = NULL;
+    grammar_run_free(eg->run);
+    grammar_free(eg->g);
+    free(eg->text);
+    eg->run = NULL;
+    eg->g = NULL;
+    eg->text = NULL;
     if (!(eg->g = grammar_parse(text, n, err, errlen))) return NULL;
     if (!(eg->text = malloc(n + 1)) || !(eg->run = grammar_run_new(eg->g, eg->vocab))) goto oom;
     grammar_run_set_mask_cache(eg->run, mask_share(e));
@@ -94,7 +109,10 @@ int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logit
      * misfit pays for the mask. (The argmax is the sampler's own work, not the grammar's.) */
     int first = s->p.temperature <= 0 ? argmax(logits, e->model.a.vocab) : -1;
     double t0 = now_ms();
-    if (first >= 0 && grammar_allows(r, first, budget)) { *ms += now_ms() - t0; return first; }
+    if (first >= 0 && grammar_allows(r, first, budget)) {
+        *ms += now_ms() - t0;
+        return first;
+    }
     const uint32_t *bits;
     const int V = e->model.a.vocab;
     int count;
@@ -115,14 +133,18 @@ int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logit
     }
     count = grammar_mask(r, budget, &bits);
     if (count == 0 && budget >= 0) count = grammar_mask(r, -1, &bits); /* the budget cannot be met: let it run */
-    if (count <= 0) { *ms += now_ms() - t0; return count < 0 ? -2 : -1; }
+    if (count <= 0) {
+        *ms += now_ms() - t0;
+        return count < 0 ? -2 : -1;
+    }
     /* Sampling: one pass over the masked logits (sampling first and checking would pay for the
      * sampler twice whenever the model's pick misfits). */
     float *x = e->grammar->masked;
     for (int w = 0; w < (V + 31) / 32; w++) {
         int base = w * 32, n = V - base < 32 ? V - base : 32;
         if (bits[w] == UINT32_MAX) memcpy(x + base, logits + base, sizeof(float) * (size_t)n);
-        else for (int k = 0; k < n; k++) x[base + k] = (bits[w] >> k) & 1 ? logits[base + k] : -INFINITY;
+        else
+            for (int k = 0; k < n; k++) x[base + k] = (bits[w] >> k) & 1 ? logits[base + k] : -INFINITY;
     }
     *ms += now_ms() - t0;
     int tok = sampler_sample(s, x);
@@ -136,7 +158,10 @@ int engine_grammar_pick(Engine *e, GrammarRun *r, Sampler *s, const float *logit
 void engine_grammar_end(Engine *e, GrammarRun *r) {
     EngineGrammar *eg = e->grammar;
     if (!r) return;
-    if (eg && r == eg->run) { eg->busy = 0; return; }
+    if (eg && r == eg->run) {
+        eg->busy = 0;
+        return;
+    }
     const Grammar *g = grammar_run_grammar(r);
     grammar_run_free(r);
     grammar_free((Grammar *)g);
@@ -145,7 +170,11 @@ void engine_grammar_end(Engine *e, GrammarRun *r) {
 void engine_grammar_free(Engine *e) {
     EngineGrammar *eg = e->grammar;
     if (!eg) return;
-    grammar_run_free(eg->run); grammar_free(eg->g); grammar_vocab_free(eg->vocab);
-    free(eg->text); free(eg->masked); free(eg);
+    grammar_run_free(eg->run);
+    grammar_free(eg->g);
+    grammar_vocab_free(eg->vocab);
+    free(eg->text);
+    free(eg->masked);
+    free(eg);
     e->grammar = NULL;
 }

@@ -61,7 +61,8 @@ static long long indexer_max(const JsonValue *layers, const char *key) {
 static uint64_t mla_chunk_bytes(const JsonValue *layers, uint64_t batch, uint64_t ctx) {
     const uint64_t nh = (uint64_t)spec_max(layers, "attn", "heads"), kl = (uint64_t)spec_max(layers, "attn", "kv_lora_rank");
     if (!kl) return 0;
-    const uint64_t dn = (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim"), dr = (uint64_t)spec_max(layers, "attn", "qk_rope_head_dim");
+    const uint64_t dn = (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim"),
+                   dr = (uint64_t)spec_max(layers, "attn", "qk_rope_head_dim");
     const uint64_t dv = (uint64_t)spec_max(layers, "attn", "v_head_dim"), hd = kl + dr, n_all = 2 * batch;
     const uint64_t xd = dn + dr > dv ? dn + dr : dv; /* an expanded head's K and V rows, zero-padded */
     const uint64_t expanded = n_all * nh * 2 * xd + 128 * (2 * kl + dr + nh * (dn + dv)) + batch * nh * xd + batch / 4 + 1;
@@ -100,15 +101,15 @@ uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, i
      * transposed query */
     uint64_t absorb = 4 * (uint64_t)spec_max(layers, "attn", "qk_nope_head_dim") *
                       (((uint64_t)spec_max(layers, "attn", "kv_lora_rank") + 31) / 32 * 32);
-    const uint64_t idx_q = 4 * (uint64_t)dsa_score_scratch((int)indexer_max(layers, "heads"),
-                                                           (int)indexer_max(layers, "head_dim"));
+    const uint64_t idx_q =
+        4 * (uint64_t)dsa_score_scratch((int)indexer_max(layers, "heads"), (int)indexer_max(layers, "head_dim"));
     if (absorb < idx_q) absorb = idx_q;
     r += (uint64_t)threads * (4 * attend_scratch_floats(heads, hd, (uint64_t)ctx) + 4ull * 8 * (qd > W ? qd : W) + gathered +
                               absorb); /* per-thread scores, rows */
     r += mla_chunk_bytes(layers, b, (uint64_t)ctx);
     const uint64_t st = (uint64_t)(streams > 1 ? streams : 1);
-    r += st * 7 * V * 4;                        /* each stream's logits and sampler buffers (sampler.h) */
-    if (st > 1) r += st * 4 * V;                /* one batched decode step's logits */
+    r += st * 7 * V * 4;         /* each stream's logits and sampler buffers (sampler.h) */
+    if (st > 1) r += st * 4 * V; /* one batched decode step's logits */
     if (logits_rows) r += 4 * V * (uint64_t)(logits_rows < batch ? logits_rows : batch); /* one chunk of logits */
     r += tokenizer_bytes * 8; /* parsing peaks at ~8.6x the file (measured: 11.4 MB of tokenizer.json, 98 MB) */
     return r;
@@ -135,7 +136,10 @@ static void usage_clean(const char *dir) {
 int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err, size_t errlen) {
     ExpertStore *s = &e->store;
     ExpertLayer **moe = calloc((size_t)e->model.a.n_layers + 1, sizeof *moe);
-    if (!moe) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!moe) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     const int n_moe = model_expert_layers(&e->model, moe);
     const int bad = expert_store_init(s, e->model.ct, moe, n_moe, err, errlen);
     free(moe);
@@ -147,11 +151,15 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     int slots = o->logits_rows ? 1 : e->n_slots, kv_ctx = o->logits_rows ? o->logits_rows : e->ctx;
     int streams = o->logits_rows ? 1 : e->parallel; /* requests decoding at once */
     BudgetIn *in = &e->budget_in;
-    *in = (BudgetIn){.ram = (uint64_t)(o->ram_gb * 1e9), .dense = expert_store_dense_bytes(s),
+    *in = (BudgetIn){.ram = (uint64_t)(o->ram_gb * 1e9),
+                     .dense = expert_store_dense_bytes(s),
                      .kv = (uint64_t)slots * kv_bytes(&e->model.a, kv_ctx),
-                     .runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads,
-                                                     o->logits_rows, tok_bytes, streams),
-                     .moe_layers = s->n, .experts = s->experts, .slot_bytes = s->slot_bytes, .cap = o->cap};
+                     .runtime =
+                         engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes, streams),
+                     .moe_layers = s->n,
+                     .experts = s->experts,
+                     .slot_bytes = s->slot_bytes,
+                     .cap = o->cap};
     if (!o->logits_rows) { /* a server's turn boundaries keep checkpoints; a tokenizer allows grammars */
         in->checkpoints = (uint64_t)slots * KV_MAX_CHECKPOINTS * kv_checkpoint_bytes(&e->model.a, kv_ctx);
         in->grammar = tok_bytes ? grammar_reserve_bytes(e->model.a.vocab, streams) : 0;
@@ -167,12 +175,15 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
         BudgetOut probe;
         if (ram_budget_split(&at1, &probe, err, errlen)) return -1; /* not even batch 1 fits: its numbers */
         forward_max_batch /= 2;
-        in->runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes,
-                                           streams);
+        in->runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes, streams);
         lowered = 1;
     }
-    if (lowered) fprintf(stderr, "colibri: --ram %g: prefill batch lowered to %d to fit the budget\n", o->ram_gb, forward_max_batch);
-    if (s->n && s->experts && usage_init(&e->usage, s->n, s->experts)) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (lowered)
+        fprintf(stderr, "colibri: --ram %g: prefill batch lowered to %d to fit the budget\n", o->ram_gb, forward_max_batch);
+    if (s->n && s->experts && usage_init(&e->usage, s->n, s->experts)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     if (e->usage.counts) {
         char warn[600];
         usage_path(e, path, sizeof path);
@@ -181,7 +192,8 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     }
     if (e->budget.streaming && s->n) {
         int pin = !o->pin_off && e->usage.turns > 0;
-        StoreOptions so = {.cap = e->budget.cap, .direct = !o->no_direct,
+        StoreOptions so = {.cap = e->budget.cap,
+                           .direct = !o->no_direct,
                            .readahead = o->readahead ? o->readahead == 1 : READAHEAD_DEFAULT,
                            .io_threads = o->io_threads > 0 ? o->io_threads : IO_THREADS_DEFAULT,
                            .pin_counts = pin ? e->usage.counts : NULL};
@@ -191,10 +203,12 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     char total[32] = "none";
     if (in->ram) snprintf(total, sizeof total, "%.3f GB", in->ram / 1e9);
     if (b->streaming || in->ram)
-        fprintf(stderr, "colibri: ram budget %s = dense %.1f MB + kv %.1f MB + runtime %.1f MB + checkpoints %.1f MB + "
+        fprintf(stderr,
+                "colibri: ram budget %s = dense %.1f MB + kv %.1f MB + runtime %.1f MB + checkpoints %.1f MB + "
                 "grammar %.1f MB + kv writer %.1f MB + mask cache %.1f MB + expert cache %.1f MB (cap %d of %d per layer, "
-                "%d pinned)\n", total, in->dense / 1e6, in->kv / 1e6, in->runtime / 1e6, in->checkpoints / 1e6,
-                in->grammar / 1e6, in->persist / 1e6, b->mask_cache / 1e6, b->cache / 1e6, b->cap, in->experts, s->pinned);
+                "%d pinned)\n",
+                total, in->dense / 1e6, in->kv / 1e6, in->runtime / 1e6, in->checkpoints / 1e6, in->grammar / 1e6,
+                in->persist / 1e6, b->mask_cache / 1e6, b->cache / 1e6, b->cap, in->experts, s->pinned);
     return 0;
 }
 
@@ -206,14 +220,15 @@ void engine_stream_close(Engine *e) {
 void engine_stream_ready(const Engine *e, char *buf, size_t n) {
     const BudgetIn *in = &e->budget_in;
     const ExpertStore *s = &e->store;
-    snprintf(buf, n, " ram_budget=%llu dense_bytes=%llu kv_bytes=%llu runtime_bytes=%llu checkpoint_bytes=%llu "
+    snprintf(buf, n,
+             " ram_budget=%llu dense_bytes=%llu kv_bytes=%llu runtime_bytes=%llu checkpoint_bytes=%llu "
              "grammar_bytes=%llu kv_writer_bytes=%llu mask_cache_bytes=%llu expert_cache_bytes=%llu cap=%d "
              "experts=%d moe_layers=%d expert_bytes=%llu pinned=%d direct=%d readahead=%d",
              (unsigned long long)in->ram, (unsigned long long)in->dense, (unsigned long long)in->kv,
              (unsigned long long)in->runtime, (unsigned long long)in->checkpoints, (unsigned long long)in->grammar,
-             (unsigned long long)in->persist, (unsigned long long)e->budget.mask_cache, (unsigned long long)e->budget.cache, e->budget.cap, in->experts,
-             in->moe_layers, (unsigned long long)s->expert_bytes, s->pinned, s->streaming && s->direct,
-             s->streaming && s->readahead);
+             (unsigned long long)in->persist, (unsigned long long)e->budget.mask_cache, (unsigned long long)e->budget.cache,
+             e->budget.cap, in->experts, in->moe_layers, (unsigned long long)s->expert_bytes, s->pinned,
+             s->streaming && s->direct, s->streaming && s->readahead);
 }
 
 void engine_stream_turn_begin(Engine *e) { expert_store_turn_begin(&e->store); }
@@ -238,12 +253,13 @@ static void end_fields(Engine *e, const ExpertStats *st, double turn_ms, char *b
     long peak, rss;
     rss_now(&peak, &rss);
     double compute = turn_ms - st->io_wait_ms;
-    snprintf(buf, n, " hits=%llu misses=%llu hit_rate=%.3f bytes_read=%llu read_gbps=%.2f io_wait_ms=%.1f "
+    snprintf(buf, n,
+             " hits=%llu misses=%llu hit_rate=%.3f bytes_read=%llu read_gbps=%.2f io_wait_ms=%.1f "
              "compute_ms=%.1f peak_rss_mb=%ld rss_mb=%ld experts_pinned=%d experts_cached=%llu experts_total=%llu",
              (unsigned long long)st->hits, (unsigned long long)st->misses, look ? (double)st->hits / look : 1.0,
              (unsigned long long)st->bytes_read, st->read_busy_s > 0 ? st->bytes_read / st->read_busy_s / 1e9 : 0.0,
-             st->io_wait_ms, compute > 0 ? compute : 0.0, peak, rss, s->pinned,
-             (unsigned long long)expert_store_cached(s), (unsigned long long)s->n * s->experts);
+             st->io_wait_ms, compute > 0 ? compute : 0.0, peak, rss, s->pinned, (unsigned long long)expert_store_cached(s),
+             (unsigned long long)s->n * s->experts);
 }
 
 void engine_stream_end_fields(Engine *e, double turn_ms, char *buf, size_t n) {
@@ -277,18 +293,22 @@ static void routing_frame(const ExpertStore *s, const uint32_t *since, const cha
 
 void engine_stream_routing(const Engine *e, const char *id) { routing_frame(&e->store, NULL, id); }
 
-void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char *id) {
-    routing_frame(&e->store, m->counts, id);
-}
+void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char *id) { routing_frame(&e->store, m->counts, id); }
 
 static void routing_frame(const ExpertStore *s, const uint32_t *since, const char *id) {
     size_t cnt = (size_t)s->n * s->experts, bytes = cnt * 4;
     unsigned char *b = malloc(bytes + 1);
     char head[200];
-    if (!b) { emit_error(id, "out_of_memory", "no memory for the ROUTING frame"); return; }
+    if (!b) {
+        emit_error(id, "out_of_memory", "no memory for the ROUTING frame");
+        return;
+    }
     for (size_t i = 0; i < cnt; i++) {
         uint32_t v = s->turn_counts[i] - (since ? since[i] : 0);
-        b[4 * i] = v & 255; b[4 * i + 1] = (v >> 8) & 255; b[4 * i + 2] = (v >> 16) & 255; b[4 * i + 3] = v >> 24;
+        b[4 * i] = v & 255;
+        b[4 * i + 1] = (v >> 8) & 255;
+        b[4 * i + 2] = (v >> 16) & 255;
+        b[4 * i + 3] = v >> 24;
     }
     snprintf(head, sizeof head, "ROUTING %s %d %d %zu\n", id, s->n, s->experts, bytes);
     emit_blob(head, b, bytes);

@@ -12,9 +12,7 @@
 #define LP_MAX 24
 #define INT_MAX_CHARS 11
 
-static void fmt_lp(char out[LP_MAX], double lp) {
-    snprintf(out, LP_MAX, isfinite(lp) && fabs(lp) < 1e9 ? "%.6f" : "%.6e", lp);
-}
+static void fmt_lp(char out[LP_MAX], double lp) { snprintf(out, LP_MAX, isfinite(lp) && fabs(lp) < 1e9 ? "%.6f" : "%.6e", lp); }
 
 size_t logprob_line_cap(size_t id_len, int k, size_t max_token_bytes) {
     if (k < 0) k = 0;
@@ -37,7 +35,11 @@ static void put(Out *o, const char *fmt, ...) {
     va_start(ap, fmt);
     int w = vsnprintf(o->p + o->n, o->cap - o->n, fmt, ap);
     va_end(ap);
-    if (w < 0 || (size_t)w >= o->cap - o->n) { o->truncated = 1; o->p[o->n] = 0; return; }
+    if (w < 0 || (size_t)w >= o->cap - o->n) {
+        o->truncated = 1;
+        o->p[o->n] = 0;
+        return;
+    }
     o->n += (size_t)w;
 }
 
@@ -65,7 +67,10 @@ long logprob_format(char *out, size_t cap, const char *id, const float *logits, 
         if (nb < k) j = nb++;
         else if (logits[i] > logits[best[k - 1]]) j = k - 1;
         else continue;
-        while (j > 0 && logits[i] > logits[best[j - 1]]) { best[j] = best[j - 1]; j--; }
+        while (j > 0 && logits[i] > logits[best[j - 1]]) {
+            best[j] = best[j - 1];
+            j--;
+        }
         best[j] = i;
     }
     Out o = {out, 0, cap, 0};

@@ -39,14 +39,31 @@ static int logits_main(int argc, char **argv) {
     const char *ids_arg = NULL, *out = NULL;
     char err[1024];
     for (int i = 2; i < argc;) {
-        if (!strcmp(argv[i], "--ids") && i + 1 < argc) { ids_arg = argv[i + 1]; i += 2; continue; }
-        if (!strcmp(argv[i], "--out") && i + 1 < argc) { out = argv[i + 1]; i += 2; continue; }
+        if (!strcmp(argv[i], "--ids") && i + 1 < argc) {
+            ids_arg = argv[i + 1];
+            i += 2;
+            continue;
+        }
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            out = argv[i + 1];
+            i += 2;
+            continue;
+        }
         int next = engine_parse_options(argc, argv, i, &o, err, sizeof err);
-        if (next < 0) { fprintf(stderr, "colibri logits: %s\n", err); return 2; }
-        if (next == i) { fprintf(stderr, "colibri logits: unknown argument '%s'\n%s", argv[i], USAGE); return 2; }
+        if (next < 0) {
+            fprintf(stderr, "colibri logits: %s\n", err);
+            return 2;
+        }
+        if (next == i) {
+            fprintf(stderr, "colibri logits: unknown argument '%s'\n%s", argv[i], USAGE);
+            return 2;
+        }
         i = next;
     }
-    if (!ids_arg || !out) { fprintf(stderr, "colibri logits: --ids and --out are required\n"); return 2; }
+    if (!ids_arg || !out) {
+        fprintf(stderr, "colibri logits: --ids and --out are required\n");
+        return 2;
+    }
     if (!o.kv_set) { /* a reference check wants K/V as computed: f16 rounding moves logits by ~1e-3 */
         o.kv_set = 1;
         o.kv_type = QT_F32;
@@ -54,7 +71,10 @@ static int logits_main(int argc, char **argv) {
     o.logits_rows = 1; /* the budget holds this pass's KV and one chunk of its logits */
     for (const char *c = ids_arg; *c; c++) o.logits_rows += *c == ',';
     Engine e;
-    if (engine_open(&e, &o, err, sizeof err)) { fprintf(stderr, "colibri: %s\n", err); return 1; }
+    if (engine_open(&e, &o, err, sizeof err)) {
+        fprintf(stderr, "colibri: %s\n", err);
+        return 1;
+    }
     int32_t *ids = NULL;
     int n = 0, bad = parse_ids(ids_arg, e.model.a.vocab, &ids, &n, err, sizeof err);
     if (bad || n == 0) { /* an id out of range names itself, not an "empty" list */
@@ -64,8 +84,7 @@ static int logits_main(int argc, char **argv) {
         return 2;
     }
     if (n > e.model.a.max_pos) /* RoPE extends past it, as transformers does; quality may suffer */
-        fprintf(stderr, "colibri logits: warning: %d ids exceed the model's max_position_embeddings %d\n", n,
-                e.model.a.max_pos);
+        fprintf(stderr, "colibri logits: warning: %d ids exceed the model's max_position_embeddings %d\n", n, e.model.a.max_pos);
     /* Chunk by chunk, as forward() would split the pass anyway: only one chunk's logits are
      * held, so the RAM budget need not hold [n][vocab]. */
     KvCache kv = {0};
@@ -88,7 +107,10 @@ static int logits_main(int argc, char **argv) {
             }
         }
     }
-    if (f && fclose(f) && !rc) { fprintf(stderr, "colibri logits: cannot write %s\n", out); rc = 1; }
+    if (f && fclose(f) && !rc) {
+        fprintf(stderr, "colibri logits: cannot write %s\n", out);
+        rc = 1;
+    }
     if (f && rc) unlink(out); /* no partial logits file */
     kv_free(&kv);
     free(logits);
@@ -122,9 +144,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "limits")) { /* the launcher's copy (colibri/limits.py) is tested against this */
         printf("max_kv_slots %d\nqblock %d\nq8_block_bytes %zu\nq4_block_bytes %zu\nmxfp4_block_bytes %zu\nq6_block_bytes %zu\n"
-               "default_batch %d\ndefault_batch_amx %d\nruntime_base %llu\n", MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK),
-               qtype_row_bytes(QT_Q4, QBLOCK), qtype_row_bytes(QT_MXFP4, QBLOCK), qtype_row_bytes(QT_Q6, QBLOCK), FORWARD_DEFAULT_BATCH, FORWARD_DEFAULT_BATCH_AMX,
-               (unsigned long long)RUNTIME_BASE_BYTES);
+               "default_batch %d\ndefault_batch_amx %d\nruntime_base %llu\n",
+               MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK),
+               qtype_row_bytes(QT_MXFP4, QBLOCK), qtype_row_bytes(QT_Q6, QBLOCK), FORWARD_DEFAULT_BATCH,
+               FORWARD_DEFAULT_BATCH_AMX, (unsigned long long)RUNTIME_BASE_BYTES);
         return 0;
     }
     if (!strcmp(cmd, "families")) {
@@ -135,13 +158,22 @@ int main(int argc, char **argv) {
         fputs(USAGE, stdout);
         return 0;
     }
-    if (strcmp(cmd, "serve") != 0) { fprintf(stderr, "colibri: unknown command '%s'\n%s", cmd, USAGE); return 2; }
+    if (strcmp(cmd, "serve") != 0) {
+        fprintf(stderr, "colibri: unknown command '%s'\n%s", cmd, USAGE);
+        return 2;
+    }
     EngineOptions o = {0};
     char err[1024];
     int start = argc > 1 && !strcmp(argv[1], "serve") ? 2 : 1;
     int next = engine_parse_options(argc, argv, start, &o, err, sizeof err);
-    if (next < 0) { fprintf(stderr, "colibri: %s\n", err); return 2; }
-    if (next < argc) { fprintf(stderr, "colibri: unknown argument '%s'\n%s", argv[next], USAGE); return 2; }
+    if (next < 0) {
+        fprintf(stderr, "colibri: %s\n", err);
+        return 2;
+    }
+    if (next < argc) {
+        fprintf(stderr, "colibri: unknown argument '%s'\n%s", argv[next], USAGE);
+        return 2;
+    }
     Engine e;
     int open_rc = engine_open(&e, &o, err, sizeof err);
     if (open_rc) { /* exit 3: busy, worth a retry (docs/protocol.md); 1: the load failed */

@@ -19,19 +19,19 @@ typedef struct {
     size_t payload_len;
     /* SUBMIT options */
     int slot;
-    int ids;           /* payload is comma-separated token ids, not text */
-    int logits;        /* teacher-forced: return logits for every position, generate nothing */
-    int routing;       /* send a ROUTING frame (this turn's expert counts) before END */
-    int max_tokens;    /* -1: until end of context */
-    int fit;           /* max_tokens must fit in the context after the prompt, else context_exceeded */
-    int parse_special; /* special-token text in the prompt becomes special tokens */
-    int add_special;   /* apply the tokenizer's post-processor (e.g. BOS) */
-    int render_special;/* emit special tokens' text in DATA */
-    int logprobs;      /* send a LOGPROB line after each DATA */
-    int top_logprobs;  /* alternatives in each LOGPROB line (0-20) */
-    size_t grammar;    /* the payload's first `grammar` bytes are a GBNF grammar constraining the output */
-    size_t literal;    /* the next `literal` bytes list literal spans of the text after them */
-    int ignore_eos;    /* generate past end-of-sequence tokens (benchmarks, fixed-length runs) */
+    int ids;            /* payload is comma-separated token ids, not text */
+    int logits;         /* teacher-forced: return logits for every position, generate nothing */
+    int routing;        /* send a ROUTING frame (this turn's expert counts) before END */
+    int max_tokens;     /* -1: until end of context */
+    int fit;            /* max_tokens must fit in the context after the prompt, else context_exceeded */
+    int parse_special;  /* special-token text in the prompt becomes special tokens */
+    int add_special;    /* apply the tokenizer's post-processor (e.g. BOS) */
+    int render_special; /* emit special tokens' text in DATA */
+    int logprobs;       /* send a LOGPROB line after each DATA */
+    int top_logprobs;   /* alternatives in each LOGPROB line (0-20) */
+    size_t grammar;     /* the payload's first `grammar` bytes are a GBNF grammar constraining the output */
+    size_t literal;     /* the next `literal` bytes list literal spans of the text after them */
+    int ignore_eos;     /* generate past end-of-sequence tokens (benchmarks, fixed-length runs) */
     int has_seed;
     SamplerParams sp;
     SamplerPenalties pen;

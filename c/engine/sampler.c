@@ -125,7 +125,13 @@ static float kth_largest(float *v, int n, int k) {
         while (i <= j) { /* descending: >= pivot to the left */
             while (v[i] > pivot) i++;
             while (v[j] < pivot) j--;
-            if (i <= j) { float t = v[i]; v[i] = v[j]; v[j] = t; i++; j--; }
+            if (i <= j) {
+                float t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
         }
         if (want <= j) hi = j;
         else if (want >= i) lo = i;
@@ -178,14 +184,22 @@ static void sort_by_prob_desc(Sampler *s, int m) {
         memset(count, 0, sizeof count);
         for (int i = 0; i < m; i++) count[(key[i] >> shift) & (BUCKETS - 1)]++;
         if (count[(key[0] >> shift) & (BUCKETS - 1)] == m) continue; /* one digit for all: nothing moves */
-        for (int d = 0, at = 0; d < BUCKETS; d++) { int c = count[d]; count[d] = at; at += c; }
+        for (int d = 0, at = 0; d < BUCKETS; d++) {
+            int c = count[d];
+            count[d] = at;
+            at += c;
+        }
         for (int i = 0; i < m; i++) {
             int j = count[(key[i] >> shift) & (BUCKETS - 1)]++;
             key2[j] = key[i];
             idx2[j] = idx[i];
         }
-        uint32_t *tk = key; key = key2; key2 = tk;
-        int *ti = idx; idx = idx2; idx2 = ti;
+        uint32_t *tk = key;
+        key = key2;
+        key2 = tk;
+        int *ti = idx;
+        idx = idx2;
+        idx2 = ti;
     }
     if (idx != s->idx) memcpy(s->idx, idx, sizeof(int) * (size_t)m);
 }
@@ -238,7 +252,10 @@ static int filter(Sampler *s, double total, int *head) {
         double kept = 0;
         for (int i = 0; i < keep; i++) {
             kept += s->prob[s->idx[i]];
-            if (kept >= s->p.top_p * mass) { keep = i + 1; break; }
+            if (kept >= s->p.top_p * mass) {
+                keep = i + 1;
+                break;
+            }
         }
     }
     if (min_p) {

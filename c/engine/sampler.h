@@ -23,10 +23,10 @@ typedef struct {
     int n;
     float *prob;
     int *idx;
-    float *tmp;  /* scratch for the top-k selection */
+    float *tmp;    /* scratch for the top-k selection */
     uint32_t *key; /* radix sort scratch: 2 x n sort keys */
     int *idx2;     /* and n ids */
-    float pmax;  /* the largest of prob */
+    float pmax;    /* the largest of prob */
     SamplerPenalties pen;
     int *recent; /* the penalty window, a ring of recent_cap ids (NULL: no penalties) */
     int recent_cap, recent_n, recent_at;

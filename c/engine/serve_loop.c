@@ -29,28 +29,28 @@ typedef struct {
 
 /* One running request. */
 typedef struct {
-    int on;              /* 0: this entry is free */
-    unsigned long seq;   /* admission order: prefill and frame order follow it */
+    int on;            /* 0: this entry is free */
+    unsigned long seq; /* admission order: prefill and frame order follow it */
     Frame f;
     int32_t *ids;
-    int n, reuse, done;  /* prompt tokens, reused from the slot, in the cache so far */
-    int decoding;        /* prefill finished: logits hold the next token's distribution */
+    int n, reuse, done;       /* prompt tokens, reused from the slot, in the cache so far */
+    int decoding;             /* prefill finished: logits hold the next token's distribution */
     unsigned long chunked_at; /* when its last prefill chunk ran (Loop.chunks), 0: none yet */
     KvCache *kv;
     Sampler smp;
-    float *logits;       /* [vocab] */
+    float *logits; /* [vocab] */
     char *piece;
     size_t piece_cap;
     TokStream ts;
     int produced, verdict, oom; /* verdict: 1 STOP, 2 CANCEL */
-    int32_t tok;         /* the token this step feeds back */
+    int32_t tok;                /* the token this step feeds back */
     const char *finish;
     double t0, t_prefill, t_first;
     TurnMark mark;
-    GrammarRun *gr;      /* constrained decoding (SUBMIT grammar=), or NULL */
+    GrammarRun *gr; /* constrained decoding (SUBMIT grammar=), or NULL */
     uint64_t masks_before;
     double t_grammar;
-    int dead_end;        /* the grammar allowed no token while incomplete */
+    int dead_end; /* the grammar allowed no token while incomplete */
 } Stream;
 
 typedef struct {
@@ -59,15 +59,15 @@ typedef struct {
     Pending *q;
     int nq;
     size_t capq;
-    Stream *st;          /* [parallel] */
+    Stream *st; /* [parallel] */
     int n_active;
     unsigned long seq;
     unsigned long chunks; /* prefill chunks run so far */
-    int period;          /* a busy period is open: the store's turn counters run */
-    KvCache **rows;      /* [parallel] decode-step scratch */
+    int period;           /* a busy period is open: the store's turn counters run */
+    KvCache **rows;       /* [parallel] decode-step scratch */
     int32_t *next;
     int *who;
-    float *row_logits;   /* [parallel][vocab] */
+    float *row_logits; /* [parallel][vocab] */
 } Loop;
 
 static Stream *find_active(Loop *L, const char *id) {
@@ -99,11 +99,21 @@ static void drain(Loop *L) {
         char *payload, err[256];
         int rc = reader_next(L->in, &f, &payload, err, sizeof err);
         if (rc == 0) return;
-        if (rc < 0) { emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err); continue; }
-        if (f.kind == FR_SUBMIT) { queue_push(L, &f, payload); admit_all(L); continue; }
+        if (rc < 0) {
+            emit_error(f.id, rc == -2 ? "out_of_memory" : "bad_request", err);
+            continue;
+        }
+        if (f.kind == FR_SUBMIT) {
+            queue_push(L, &f, payload);
+            admit_all(L);
+            continue;
+        }
         free(payload);
         Stream *s = find_active(L, f.id);
-        if (s) { s->verdict = f.kind == FR_STOP ? 1 : 2; continue; }
+        if (s) {
+            s->verdict = f.kind == FR_STOP ? 1 : 2;
+            continue;
+        }
         for (int i = 0; i < L->nq; i++)
             if (!strcmp(L->q[i].f.id, f.id)) L->q[i].f.max_tokens = -2; /* cancelled before it started */
         /* otherwise it already ended: nothing to stop */
@@ -141,12 +151,15 @@ static void stream_finish(Loop *L, Stream *s) {
     size_t rest = e->tok ? tok_stream_flush(&s->ts, s->piece, s->piece_cap) : 0;
     if (rest) emit_data(f->id, -1, s->piece, rest);
     if (s->dead_end)
-        emit_error(f->id, "bad_request", "grammar: no token of the vocabulary can continue the output here while the "
+        emit_error(f->id, "bad_request",
+                   "grammar: no token of the vocabulary can continue the output here while the "
                    "grammar is incomplete; check that the model's tokens can spell what the grammar asks for");
     else if (s->oom && s->gr && grammar_run_failed(s->gr))
-        emit_error(f->id, "out_of_memory", "grammar: the matcher ran out of memory or past its work limit (a highly "
+        emit_error(f->id, "out_of_memory",
+                   "grammar: the matcher ran out of memory or past its work limit (a highly "
                    "ambiguous grammar, e.g. nested repetitions of the same thing); simplify the grammar");
-    else if (s->oom) emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
+    else if (s->oom)
+        emit_error(f->id, "out_of_memory", "ran out of memory in the forward pass; try a shorter prompt or a smaller --batch");
     else if (s->verdict == 2) emit_error(f->id, "cancelled", "cancelled by the client");
     else {
         const char *finish = s->verdict == 1 ? "stop" : s->finish;
@@ -187,7 +200,10 @@ static void admit(Loop *L, Pending *p) {
     Frame *f = &p->f;
     int32_t *ids;
     int n;
-    if (f->max_tokens == -2) { emit_error(f->id, "cancelled", "cancelled before it started"); return; }
+    if (f->max_tokens == -2) {
+        emit_error(f->id, "cancelled", "cancelled before it started");
+        return;
+    }
     if (engine_prompt(e, f, p->payload, &ids, &n)) return;
     if (f->logits) {
         period_begin(L);
@@ -217,8 +233,10 @@ static void admit(Loop *L, Pending *p) {
     int reuse = kv_reuse(kv, ids, n);
     if (reuse < e->low_water[f->slot]) e->low_water[f->slot] = reuse; /* the next record starts there */
     if (reuse < kv->last_common) /* the state cannot be cut back there: say why the prefix is recomputed */
-        fprintf(stderr, "colibri: slot %d: reusing %d of %d common positions: a recurrent (or wrapped sliding-window) "
-                "state cannot be cut back to any prefix; %s\n", f->slot, reuse, kv->last_common,
+        fprintf(stderr,
+                "colibri: slot %d: reusing %d of %d common positions: a recurrent (or wrapped sliding-window) "
+                "state cannot be cut back to any prefix; %s\n",
+                f->slot, reuse, kv->last_common,
                 reuse ? "resumed from the turn-boundary checkpoint there" : "no checkpoint within it, full recompute");
     emit_line("ACCEPT %s %d %d", f->id, n, reuse);
     SamplerParams sp = f->sp;
@@ -233,7 +251,9 @@ static void admit(Loop *L, Pending *p) {
         emit_error(f->id, "out_of_memory", "no memory for the sampler");
         engine_grammar_end(e, gr);
         sampler_free(&s->smp);
-        free(s->logits); free(s->piece); free(ids);
+        free(s->logits);
+        free(s->piece);
+        free(ids);
         memset(s, 0, sizeof *s);
         return;
     }
@@ -264,7 +284,10 @@ static void admit_all(Loop *L) {
     for (int i = 0; i < L->nq;) {
         Pending *p = &L->q[i];
         int ready = p->f.logits || p->f.slot >= L->e->n_slots || !slot_busy(L, p->f.slot);
-        if (!ready || (L->n_active >= L->e->parallel && !p->f.logits)) { i++; continue; }
+        if (!ready || (L->n_active >= L->e->parallel && !p->f.logits)) {
+            i++;
+            continue;
+        }
         Pending taken = *p;
         memmove(L->q + i, L->q + i + 1, sizeof(Pending) * (size_t)(L->nq - i - 1));
         L->nq--;
@@ -280,8 +303,7 @@ static Stream *next_prefill(Loop *L) {
     for (int i = 0; i < L->e->parallel; i++) {
         Stream *s = &L->st[i];
         if (!s->on || s->decoding) continue;
-        if (!best || s->chunked_at < best->chunked_at || (s->chunked_at == best->chunked_at && s->seq < best->seq))
-            best = s;
+        if (!best || s->chunked_at < best->chunked_at || (s->chunked_at == best->chunked_at && s->seq < best->seq)) best = s;
     }
     return best;
 }
@@ -295,7 +317,10 @@ static void prefill_one(Loop *L) {
     const int m = s->n - s->done < step ? s->n - s->done : step;
     const int last = s->done + m == s->n;
     s->oom = forward(&L->e->model, s->kv, s->ids + s->done, m, last ? s->logits : NULL, 0) != 0;
-    if (s->oom) { stream_finish(L, s); return; }
+    if (s->oom) {
+        stream_finish(L, s);
+        return;
+    }
     s->done += m;
     if (!last) {
         if (s->verdict) stream_finish(L, s); /* read between chunks: ends within one chunk */
@@ -315,7 +340,10 @@ static int stream_sample(Loop *L, Stream *s) {
     if (f->max_tokens >= 0 && s->produced >= f->max_tokens) return 0;
     if (s->kv->n >= e->ctx) return 0; /* prompt + output never exceed the context */
     int tok;
-    if (s->gr && grammar_finished(s->gr)) { s->finish = "stop"; return 0; } /* e.g. a grammar of the empty string */
+    if (s->gr && grammar_finished(s->gr)) {
+        s->finish = "stop";
+        return 0;
+    } /* e.g. a grammar of the empty string */
     const float *lg = sampler_penalize(&s->smp, s->logits); /* s->logits itself without penalties */
     if (s->gr) { /* budget: bytes the grammar may still need after this token, one per token left */
         int left = e->ctx - s->kv->n;
@@ -324,18 +352,33 @@ static int stream_sample(Loop *L, Stream *s) {
         double tg = now_ms();
         if (tok >= 0 && grammar_accept(s->gr, tok)) tok = -2;
         s->t_grammar += now_ms() - tg;
-        if (tok == -1) { s->dead_end = 1; return 0; }
-        if (tok < 0) { s->oom = 1; return 0; }
+        if (tok == -1) {
+            s->dead_end = 1;
+            return 0;
+        }
+        if (tok < 0) {
+            s->oom = 1;
+            return 0;
+        }
     } else tok = sampler_sample(&s->smp, lg);
     sampler_accept(&s->smp, tok);
     if (!s->produced) s->t_first = now_ms() - s->t0;
-    if (!f->ignore_eos && engine_is_eos(&e->model.a, tok)) { s->finish = "stop"; return 0; }
+    if (!f->ignore_eos && engine_is_eos(&e->model.a, tok)) {
+        s->finish = "stop";
+        return 0;
+    }
     /* a grammar lets an added token through only where it spells the grammar's text */
     size_t len = e->tok ? tok_stream_push(e->tok, &s->ts, tok, f->render_special || s->gr, s->piece, s->piece_cap) : 0;
     emit_data(f->id, tok, s->piece, len);
-    if (f->logprobs && engine_emit_logprob(e, f->id, s->logits, tok, f->top_logprobs)) { s->oom = 1; return 0; }
+    if (f->logprobs && engine_emit_logprob(e, f->id, s->logits, tok, f->top_logprobs)) {
+        s->oom = 1;
+        return 0;
+    }
     s->produced++;
-    if (s->gr && grammar_finished(s->gr)) { s->finish = "stop"; return 0; } /* nothing may follow */
+    if (s->gr && grammar_finished(s->gr)) {
+        s->finish = "stop";
+        return 0;
+    } /* nothing may follow */
     if (f->max_tokens >= 0 && s->produced >= f->max_tokens) return 0;
     s->tok = tok;
     return 1;
@@ -364,7 +407,10 @@ static void decode_step(Loop *L) {
     int kept = 0;
     for (int r = 0; r < R; r++) {
         Stream *s = &L->st[L->who[r]];
-        if (s->verdict) { stream_finish(L, s); continue; }
+        if (s->verdict) {
+            stream_finish(L, s);
+            continue;
+        }
         L->who[kept] = L->who[r];
         L->rows[kept] = s->kv;
         L->next[kept++] = s->tok;
@@ -418,6 +464,11 @@ out:
     for (int i = 0; i < P && L.st; i++)
         if (L.st[i].on) stream_release(&L, &L.st[i]);
     for (int i = 0; i < L.nq; i++) free(L.q[i].payload);
-    free(L.q); free(L.st); free(L.rows); free(L.next); free(L.who); free(L.row_logits);
+    free(L.q);
+    free(L.st);
+    free(L.rows);
+    free(L.next);
+    free(L.who);
+    free(L.row_logits);
     return rc;
 }

@@ -63,14 +63,24 @@ int parse_ids(const char *s, int vocab, int32_t **ids, int *n, char *err, size_t
             free(out);
             return -1;
         }
-        if (cnt == cap) { snprintf(err, errlen, "token id list: more ids than separators (internal error)"); free(out); return -1; }
+        if (cnt == cap) {
+            snprintf(err, errlen, "token id list: more ids than separators (internal error)");
+            free(out);
+            return -1;
+        }
         out[cnt++] = (int32_t)v;
         p = end;
         if (*p == ',') p++;
-        else if (*p && *p != '\n') { snprintf(err, errlen, "token id list: expected ',' at '%.20s'", p); free(out); return -1; }
-        else if (*p) p++;
+        else if (*p && *p != '\n') {
+            snprintf(err, errlen, "token id list: expected ',' at '%.20s'", p);
+            free(out);
+            return -1;
+        } else if (*p) p++;
     }
-    if (!out) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!out) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     *ids = out;
     *n = (int)cnt;
     return 0;
@@ -106,7 +116,8 @@ void engine_run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     engine_stream_end_since(e, &mark, ms, stats, sizeof stats);
     if (f->routing) engine_stream_routing_since(e, &mark, f->id);
     emit_line("END %s prompt_tokens=%d completion_tokens=0 reused_tokens=0 ttft_ms=%.1f prefill_tok_s=%.1f "
-              "decode_tok_s=0.0 finish=logits%s", f->id, n, ms, n / (ms / 1e3 + 1e-9), stats);
+              "decode_tok_s=0.0 finish=logits%s",
+              f->id, n, ms, n / (ms / 1e3 + 1e-9), stats);
     engine_stream_mark_free(&mark);
     kv_free(&own);
     free(logits);
@@ -142,29 +153,44 @@ int engine_prompt(Engine *e, const Frame *f, const char *payload, int32_t **out,
     const char *body = payload + f->grammar; /* the grammar leads the payload (docs/protocol.md) */
     size_t body_len = f->payload_len - f->grammar;
     if (f->ids) {
-        if (parse_ids(body, a->vocab, &ids, &n, err, sizeof err)) { emit_error(f->id, "bad_request", err); return -1; }
+        if (parse_ids(body, a->vocab, &ids, &n, err, sizeof err)) {
+            emit_error(f->id, "bad_request", err);
+            return -1;
+        }
     } else {
-        if (!e->tok) { emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)"); return -1; }
+        if (!e->tok) {
+            emit_error(f->id, "bad_request", "this model has no tokenizer.json; send token ids (ids=1)");
+            return -1;
+        }
         size_t nn = 0, *lit = NULL, nlit = 0;
         int bad = f->literal && tok_literal_parse(body, f->literal, &lit, &nlit, err, sizeof err);
         if (!bad)
-            bad = tok_encode_literal(e->tok, body + f->literal, body_len - f->literal, f->parse_special,
-                                     f->add_special, lit, nlit, &ids, &nn, err, sizeof err);
+            bad = tok_encode_literal(e->tok, body + f->literal, body_len - f->literal, f->parse_special, f->add_special, lit,
+                                     nlit, &ids, &nn, err, sizeof err);
         free(lit);
-        if (bad) { emit_error(f->id, "bad_request", err); return -1; }
+        if (bad) {
+            emit_error(f->id, "bad_request", err);
+            return -1;
+        }
         n = (int)nn;
         /* tokenizer.json comes with the model folder and is not trusted to match the embedding:
          * an id past its rows would read outside the table. */
         for (int i = 0; i < n; i++)
             if (ids[i] < 0 || ids[i] >= a->vocab) {
-                snprintf(err, sizeof err, "tokenizer.json gave token id %d, outside the model's vocabulary of %d; "
-                         "the model folder's tokenizer does not belong to its weights", ids[i], a->vocab);
+                snprintf(err, sizeof err,
+                         "tokenizer.json gave token id %d, outside the model's vocabulary of %d; "
+                         "the model folder's tokenizer does not belong to its weights",
+                         ids[i], a->vocab);
                 emit_error(f->id, "bad_request", err);
                 free(ids);
                 return -1;
             }
     }
-    if (n == 0) { emit_error(f->id, "bad_request", "empty prompt"); free(ids); return -1; }
+    if (n == 0) {
+        emit_error(f->id, "bad_request", "empty prompt");
+        free(ids);
+        return -1;
+    }
     if (n >= e->ctx) {
         snprintf(err, sizeof err, "prompt has %d tokens; the context holds %d (one must stay free for output)", n, e->ctx);
         emit_error(f->id, "context_exceeded", err);
@@ -172,7 +198,8 @@ int engine_prompt(Engine *e, const Frame *f, const char *payload, int32_t **out,
         return -1;
     }
     if (f->fit && !f->logits && f->max_tokens > 0 && (long long)n + f->max_tokens > e->ctx) {
-        snprintf(err, sizeof err, "this model's maximum context length is %d tokens, but the request needs %lld "
+        snprintf(err, sizeof err,
+                 "this model's maximum context length is %d tokens, but the request needs %lld "
                  "(%d in the prompt, max_tokens %d): lower max_tokens to %d or less, or shorten the prompt",
                  e->ctx, (long long)n + f->max_tokens, n, f->max_tokens, e->ctx - n);
         emit_error(f->id, "context_exceeded", err);

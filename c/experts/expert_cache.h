@@ -28,10 +28,10 @@ typedef struct {
 
 struct ExpertCache {
     int cap;
-    int *slot_of;       /* [E]: slot holding (or loading) the expert, -1 */
-    Slot *slots;        /* [cap] */
-    ExpertGeom *geom;   /* [E] */
-    uint64_t seg_dst[3];/* where each segment lands in a slot */
+    int *slot_of;        /* [E]: slot holding (or loading) the expert, -1 */
+    Slot *slots;         /* [cap] */
+    ExpertGeom *geom;    /* [E] */
+    uint64_t seg_dst[3]; /* where each segment lands in a slot */
     uint64_t tick;
 };
 

@@ -47,7 +47,9 @@ static void read_ahead(ExpertStore *s, const ExpertLayer *nx, const float *x, in
             }
         }
     }
-    free(sel); free(wts); free(want);
+    free(sel);
+    free(wts);
+    free(want);
 }
 
 static void wait_slot(ExpertStore *s, const ExpertLayer *xl, Slot *sl) {
@@ -68,7 +70,11 @@ static void run_streaming(const Work *w, const int *need, int n_need) {
     ExpertStore *s = xl->store;
     ExpertCache *c = xl->cache;
     int *pend = fwd_malloc(sizeof(int) * (size_t)n_need), *wave = fwd_malloc(sizeof(int) * (size_t)n_need);
-    if (!pend || !wave) { free(pend); free(wave); return; }
+    if (!pend || !wave) {
+        free(pend);
+        free(wave);
+        return;
+    }
     memcpy(pend, need, sizeof(int) * (size_t)n_need);
     int n_pend = n_need, first = 1;
     while (n_pend && !fwd_oom()) {
@@ -86,7 +92,10 @@ static void run_streaming(const Work *w, const int *need, int n_need) {
             if (c->slot_of[e] >= 0) continue;
             int si = victim(c, NULL);
             for (int j = 0; si < 0 && j < c->cap; j++) /* a read-ahead in flight: let it land, then reuse it */
-                if (c->slots[j].state == SLOT_LOADING && !c->slots[j].busy) { wait_slot(s, xl, &c->slots[j]); si = j; }
+                if (c->slots[j].state == SLOT_LOADING && !c->slots[j].busy) {
+                    wait_slot(s, xl, &c->slots[j]);
+                    si = j;
+                }
             if (si < 0) break;
             slot_assign(s, c, xl, si, e);
             c->slots[si].busy = 1;
@@ -117,7 +126,10 @@ static void run_streaming(const Work *w, const int *need, int n_need) {
             for (int j = 0; j < nw && !done; j++) done = wave[j] == pend[i];
             if (!done) pend[m++] = pend[i];
         }
-        if (!nw) { fprintf(stderr, "colibri: expert cache of layer %d has no free slot (internal error)\n", xl->layer); exit(1); }
+        if (!nw) {
+            fprintf(stderr, "colibri: expert cache of layer %d has no free slot (internal error)\n", xl->layer);
+            exit(1);
+        }
         n_pend = m;
     }
     free(pend);
@@ -171,7 +183,10 @@ void expert_layer_run(const ExpertLayer *xl, const float *x, int T, const int *s
         cur[e] = start[e];
     }
     if (moe_parallel_ok(T * K) && run_parallel(xl, need, n_need, x, T, sel, wts, out)) goto out;
-    for (int i = 0; i < T * K; i++) { at[i] = cur[sel[i]]++; rows[at[i]] = i; }
+    for (int i = 0; i < T * K; i++) {
+        at[i] = cur[sel[i]]++;
+        rows[at[i]] = i;
+    }
     Work w = {xl, x, T, H, start, rows, xin, y};
     if (s && xl->cache) run_streaming(&w, need, n_need);
     else {
@@ -183,7 +198,10 @@ void expert_layer_run(const ExpertLayer *xl, const float *x, int T, const int *s
     for (int t = 0; t < T; t++) {
         for (int j = 0; j < K; j++) {
             int v = t * K + j, i = j;
-            while (i > 0 && sel[ord[i - 1]] > sel[v]) { ord[i] = ord[i - 1]; i--; }
+            while (i > 0 && sel[ord[i - 1]] > sel[v]) {
+                ord[i] = ord[i - 1];
+                i--;
+            }
             ord[i] = v;
         }
         float *o = out + (size_t)t * H;
@@ -195,5 +213,12 @@ void expert_layer_run(const ExpertLayer *xl, const float *x, int T, const int *s
         }
     }
 out:
-    free(start); free(cur); free(rows); free(at); free(need); free(ord); free(xin); free(y);
+    free(start);
+    free(cur);
+    free(rows);
+    free(at);
+    free(need);
+    free(ord);
+    free(xin);
+    free(y);
 }

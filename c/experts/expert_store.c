@@ -51,7 +51,11 @@ static int expert_geom(const Container *ct, const Mlp *m, ExpertGeom *g) {
         return 0;
     }
     g->nseg = 3;
-    for (int i = 0; i < 3; i++) { g->off[i] = g->toff[i]; g->len[i] = mat_bytes(q[i]); g->tseg[i] = i; }
+    for (int i = 0; i < 3; i++) {
+        g->off[i] = g->toff[i];
+        g->len[i] = mat_bytes(q[i]);
+        g->tseg[i] = i;
+    }
     return 1;
 }
 
@@ -64,7 +68,10 @@ int expert_store_init(ExpertStore *s, const Container *ct, ExpertLayer *const *l
     s->n = n;
     if (!s->n) return 0;
     s->layers = calloc((size_t)s->n, sizeof *s->layers);
-    if (!s->layers) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!s->layers) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     for (int k = 0; k < n; k++) {
         ExpertLayer *xl = layers[k];
         xl->store = s;
@@ -76,7 +83,10 @@ int expert_store_init(ExpertStore *s, const Container *ct, ExpertLayer *const *l
         for (int e = 0; e < xl->E; e++) {
             ExpertGeom g;
             int r = expert_geom(ct, &xl->experts[e], &g);
-            if (r < 0) { snprintf(err, errlen, "layer %d expert %d: a tensor lies outside the shards", xl->layer, e); return -1; }
+            if (r < 0) {
+                snprintf(err, errlen, "layer %d expert %d: a tensor lies outside the shards", xl->layer, e);
+                return -1;
+            }
             s->split_reason |= r;
             uint64_t room = 0;
             for (int i = 0; i < g.nseg; i++) room += seg_room(g.len[i]);
@@ -89,7 +99,10 @@ int expert_store_init(ExpertStore *s, const Container *ct, ExpertLayer *const *l
     }
     s->cap = s->experts;
     s->turn_counts = calloc((size_t)s->n * s->experts, sizeof(uint32_t));
-    if (!s->turn_counts) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!s->turn_counts) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     return 0;
 }
 
@@ -110,7 +123,10 @@ uint64_t expert_store_dense_bytes(const ExpertStore *s) {
     return total - s->expert_total + (f32 - expert_f32);
 }
 
-typedef struct { int file; uint64_t lo, hi; } Range;
+typedef struct {
+    int file;
+    uint64_t lo, hi;
+} Range;
 
 static int by_range(const void *a, const void *b) {
     const Range *x = a, *y = b;
@@ -125,7 +141,10 @@ static int unmap_experts(ExpertStore *s, char *err, size_t errlen) {
     size_t n = 0, cap = 0;
     for (int k = 0; k < s->n; k++) cap += (size_t)s->layers[k]->E * 3;
     Range *r = malloc(cap * sizeof *r);
-    if (!r) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     for (int k = 0; k < s->n; k++)
         for (int e = 0; e < s->layers[k]->E; e++) {
             const ExpertGeom *g = &s->layers[k]->cache->geom[e];
@@ -135,12 +154,19 @@ static int unmap_experts(ExpertStore *s, char *err, size_t errlen) {
     const Container *ct = s->ct;
     for (size_t i = 0; i < n;) {
         Range u = r[i++];
-        while (i < n && r[i].file == u.file && r[i].lo <= u.hi) { if (r[i].hi > u.hi) u.hi = r[i].hi; i++; }
+        while (i < n && r[i].file == u.file && r[i].lo <= u.hi) {
+            if (r[i].hi > u.hi) u.hi = r[i].hi;
+            i++;
+        }
         uint64_t a = ALIGN_UP(u.lo), b = ALIGN_DOWN(u.hi);
         if (b <= a) continue;
-        void *p = mmap(ct->shards[u.file].map + a, b - a, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
-        if (p == MAP_FAILED) { snprintf(err, errlen, "cannot unmap the expert ranges: %s", strerror(errno)); free(r); return -1; }
+        void *p =
+            mmap(ct->shards[u.file].map + a, b - a, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            snprintf(err, errlen, "cannot unmap the expert ranges: %s", strerror(errno));
+            free(r);
+            return -1;
+        }
     }
     free(r);
     return 0;
@@ -176,9 +202,10 @@ void slot_assign(ExpertStore *s, ExpertCache *c, const ExpertLayer *xl, int si, 
 
 void read_failed(const ExpertStore *s, const ExpertLayer *xl, int e, int err) {
     const ExpertGeom *g = &xl->cache->geom[e];
-    fprintf(stderr, "colibri: reading expert %d of layer %d from %s failed: %s; the model files are unreadable or "
-            "truncated (check the disk, or re-run coli convert)\n", e, xl->layer, s->ct->shards[g->file[0]].path,
-            strerror(err));
+    fprintf(stderr,
+            "colibri: reading expert %d of layer %d from %s failed: %s; the model files are unreadable or "
+            "truncated (check the disk, or re-run coli convert)\n",
+            e, xl->layer, s->ct->shards[g->file[0]].path, strerror(err));
     exit(1);
 }
 
@@ -204,30 +231,45 @@ int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t
     s->n_files = (int)ct->n_shards;
     s->fd_direct = malloc(sizeof(int) * (size_t)s->n_files);
     s->fd_buf = malloc(sizeof(int) * (size_t)s->n_files);
-    if (!s->fd_direct || !s->fd_buf) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!s->fd_direct || !s->fd_buf) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     for (int i = 0; i < s->n_files; i++) s->fd_direct[i] = s->fd_buf[i] = -1;
     s->direct = o->direct;
     for (int i = 0; i < s->n_files; i++) {
         s->fd_buf[i] = open(ct->shards[i].path, O_RDONLY | O_CLOEXEC);
-        if (s->fd_buf[i] < 0) { snprintf(err, errlen, "%s: cannot open: %s", ct->shards[i].path, strerror(errno)); return -1; }
+        if (s->fd_buf[i] < 0) {
+            snprintf(err, errlen, "%s: cannot open: %s", ct->shards[i].path, strerror(errno));
+            return -1;
+        }
         if (s->direct && (s->fd_direct[i] = open(ct->shards[i].path, O_RDONLY | O_CLOEXEC | O_DIRECT)) < 0) s->direct = 0;
     }
     if (o->direct && !s->direct) fprintf(stderr, "colibri: this filesystem refuses O_DIRECT; expert reads are buffered\n");
-    if (io_pool_start(&s->pool, o->io_threads)) { snprintf(err, errlen, "cannot start the I/O threads"); return -1; }
+    if (io_pool_start(&s->pool, o->io_threads)) {
+        snprintf(err, errlen, "cannot start the I/O threads");
+        return -1;
+    }
     s->pool_started = 1;
     if (s->split_reason)
         fprintf(stderr, "colibri: some experts' gate/up/down are not one byte range in the container; they are read "
-                "tensor by tensor (re-run coli convert for one read per expert)\n");
+                        "tensor by tensor (re-run coli convert for one read per expert)\n");
     for (int k = 0; k < s->n; k++) {
         ExpertLayer *xl = s->layers[k];
         ExpertCache *c = calloc(1, sizeof *c);
-        if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
+        if (!c) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
         xl->cache = c;
         c->cap = o->cap < xl->E ? o->cap : xl->E;
         c->slot_of = malloc(sizeof(int) * (size_t)xl->E);
         c->slots = calloc((size_t)c->cap, sizeof(Slot));
         c->geom = calloc((size_t)xl->E, sizeof(ExpertGeom));
-        if (!c->slot_of || !c->slots || !c->geom) { snprintf(err, errlen, "out of memory"); return -1; }
+        if (!c->slot_of || !c->slots || !c->geom) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
         uint64_t room[3] = {0, 0, 0};
         for (int e = 0; e < xl->E; e++) {
             c->slot_of[e] = -1;
@@ -341,7 +383,10 @@ uint64_t expert_store_cached(const ExpertStore *s) {
     uint64_t n = 0;
     for (int k = 0; k < s->n; k++) {
         const ExpertCache *c = s->layers[k]->cache;
-        if (!c) { n += (uint64_t)s->layers[k]->E; continue; }
+        if (!c) {
+            n += (uint64_t)s->layers[k]->E;
+            continue;
+        }
         for (int i = 0; i < c->cap; i++) n += c->slots[i].state == SLOT_READY;
     }
     return n;

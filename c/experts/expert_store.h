@@ -18,7 +18,7 @@ typedef struct ExpertStore ExpertStore;
 /* The routed experts of one MoE layer, as the block that owns them fills it at load. */
 typedef struct ExpertLayer {
     int layer, E, K, H, width;
-    Mlp *experts;             /* [E]: QMats into the shard mappings (used when resident) */
+    Mlp *experts; /* [E]: QMats into the shard mappings (used when resident) */
     /* this layer's router, with which the previous MoE layer predicts its experts (read-ahead):
      * sel[T][K], wts[T][K] from x[T][H] */
     void (*predict)(const void *self, const float *x, int T, int *sel, float *wts);
@@ -35,16 +35,16 @@ typedef struct ExpertLayer {
 void expert_layer_run(const ExpertLayer *xl, const float *x, int T, const int *sel, const float *wts, float *out);
 
 typedef struct {
-    uint64_t hits, misses;  /* expert lookups served from RAM / read from the model files */
-    uint64_t bytes_read;    /* bytes the store read */
-    double io_wait_ms;      /* time the forward pass waited for reads */
-    double read_busy_s;     /* time at least one read was in flight */
+    uint64_t hits, misses; /* expert lookups served from RAM / read from the model files */
+    uint64_t bytes_read;   /* bytes the store read */
+    double io_wait_ms;     /* time the forward pass waited for reads */
+    double read_busy_s;    /* time at least one read was in flight */
 } ExpertStats;
 
 typedef struct {
-    int cap;        /* slots per MoE layer, 1..E (streaming) */
-    int direct;     /* try O_DIRECT */
-    int readahead;  /* next-layer read-ahead */
+    int cap;       /* slots per MoE layer, 1..E (streaming) */
+    int direct;    /* try O_DIRECT */
+    int readahead; /* next-layer read-ahead */
     int io_threads;
     const uint64_t *pin_counts; /* [moe_layers][experts] from .coli_usage, or NULL: pin nothing */
 } StoreOptions;

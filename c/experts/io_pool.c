@@ -33,7 +33,10 @@ static void do_read(IoPool *p, IoReq *r) {
                 fd = s->fd_buf;
                 continue;
             }
-            if (n < 0) { r->err = errno; break; }
+            if (n < 0) {
+                r->err = errno;
+                break;
+            }
             if (n == 0) break; /* end of file */
             done += (size_t)n;
             /* O_DIRECT may return short at the end of the file: the rest is buffered */
@@ -47,7 +50,10 @@ static void do_read(IoPool *p, IoReq *r) {
 static IoReq *take(IoPool *p) {
     IoReq *r = p->head[0];
     int q = 0;
-    if (!r && p->ahead_running < p->ahead_max) { r = p->head[1]; q = 1; }
+    if (!r && p->ahead_running < p->ahead_max) {
+        r = p->head[1];
+        q = 1;
+    }
     if (!r) return NULL;
     p->head[q] = r->next;
     if (!p->head[q]) p->tail[q] = NULL;
@@ -95,7 +101,10 @@ int io_pool_start(IoPool *p, int n) {
     p->threads = calloc((size_t)n, sizeof(pthread_t));
     if (!p->threads) return -1;
     for (int i = 0; i < n; i++) {
-        if (pthread_create(&p->threads[i], NULL, worker, p)) { io_pool_stop(p); return -1; }
+        if (pthread_create(&p->threads[i], NULL, worker, p)) {
+            io_pool_stop(p);
+            return -1;
+        }
         p->n_threads++;
     }
     return 0;
@@ -136,7 +145,10 @@ void io_promote(IoPool *p, IoReq *r) {
     pthread_mutex_lock(&p->mu);
     if (r->state == IO_QUEUED && r->prio == 1) {
         IoReq **pp = &p->head[1], *prev = NULL;
-        while (*pp && *pp != r) { prev = *pp; pp = &(*pp)->next; }
+        while (*pp && *pp != r) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
         if (*pp) {
             *pp = r->next;
             if (p->tail[1] == r) p->tail[1] = prev;

@@ -26,10 +26,10 @@ typedef struct {
 typedef struct IoReq {
     IoSeg seg[IO_MAX_SEGS];
     int nseg;
-    int prio;       /* 0 demand, 1 read-ahead */
-    IoState state;  /* under the pool's lock */
-    int err;        /* errno of a failed read, 0 ok */
-    size_t got;     /* bytes read */
+    int prio;      /* 0 demand, 1 read-ahead */
+    IoState state; /* under the pool's lock */
+    int err;       /* errno of a failed read, 0 ok */
+    size_t got;    /* bytes read */
     struct IoReq *next;
 } IoReq;
 
@@ -39,11 +39,11 @@ typedef struct {
     pthread_t *threads;
     int n_threads, stop, ahead_running, ahead_max, in_flight;
     IoReq *head[2], *tail[2];
-    int direct_failed;  /* a read met EINVAL with O_DIRECT: the pool reads buffered from then on */
-    int fake_einval;    /* test hook COLI_TEST_DIRECT_EINVAL=1: every O_DIRECT read fails with EINVAL */
-    double busy_since;  /* seconds, when in_flight went above 0 */
-    double busy_s;      /* time with at least one read in flight */
-    uint64_t bytes;     /* bytes read */
+    int direct_failed; /* a read met EINVAL with O_DIRECT: the pool reads buffered from then on */
+    int fake_einval;   /* test hook COLI_TEST_DIRECT_EINVAL=1: every O_DIRECT read fails with EINVAL */
+    double busy_since; /* seconds, when in_flight went above 0 */
+    double busy_s;     /* time with at least one read in flight */
+    uint64_t bytes;    /* bytes read */
 } IoPool;
 
 /* 0 ok, -1 (threads could not start). */

@@ -14,8 +14,8 @@
 
 int moe_parallel_ok(int n_rows) { return n_rows <= PAR_EXPERT_ROWS && omp_get_max_threads() > 1; }
 
-int moe_run_experts_parallel(const Mlp *experts, int E, int K, int width, int H, const int *sel, const float *wts,
-                             const float *x, int T, float *out) {
+int moe_run_experts_parallel(const Mlp *experts, int E, int K, int width, int H, const int *sel, const float *wts, const float *x,
+                             int T, float *out) {
     const int n_rows = T * K;
     int *start = fwd_calloc((size_t)E + 1, sizeof(int)), *fill = fwd_malloc(sizeof(int) * (size_t)E);
     int *rows = fwd_malloc(sizeof(int) * (size_t)n_rows), *active = fwd_malloc(sizeof(int) * (size_t)E);
@@ -48,6 +48,10 @@ int moe_run_experts_parallel(const Mlp *experts, int E, int K, int width, int H,
     }
     rc = 0;
 out:
-    free(start); free(fill); free(rows); free(active); free(yout);
+    free(start);
+    free(fill);
+    free(rows);
+    free(active);
+    free(yout);
     return rc;
 }

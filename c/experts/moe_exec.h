@@ -13,7 +13,7 @@ int moe_parallel_ok(int n_rows);
  * order, then position order, as block_moe.c's serial loop adds them, and each expert's output
  * is the same bits on one thread as on many: the result equals the serial path's bit for bit.
  * Returns -1 (fwd_oom() set) when memory runs out. */
-int moe_run_experts_parallel(const Mlp *experts, int E, int K, int width, int H, const int *sel, const float *wts,
-                             const float *x, int T, float *out);
+int moe_run_experts_parallel(const Mlp *experts, int E, int K, int width, int H, const int *sel, const float *wts, const float *x,
+                             int T, float *out);
 
 #endif

@@ -36,24 +36,29 @@ int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errle
     out->streaming = in->ram || in->cap;
     out->cap = E;
     const uint64_t mask_max = in->grammar ? GRAMMAR_MASK_CACHE_MAX : 0;
-    if (!out->streaming) { out->min_ram = fixed + (uint64_t)E * per_cap; out->mask_cache = mask_max; return 0; }
+    if (!out->streaming) {
+        out->min_ram = fixed + (uint64_t)E * per_cap;
+        out->mask_cache = mask_max;
+        return 0;
+    }
     int want = in->cap ? in->cap : 1;
     out->min_ram = fixed + (uint64_t)(E ? want : 0) * per_cap;
     if (in->ram) {
         if (in->ram < out->min_ram) {
             if (in->cap)
-                snprintf(err, errlen, "--ram %g GB cannot hold dense %s + kv %s + runtime %s + %d x %d expert slots of "
-                         "%s (--cap %d); give at least --ram %.2f or a smaller --cap", in->ram / GB, human(in->dense),
-                         human(in->kv), human(in->runtime), in->moe_layers, in->cap, human(in->slot_bytes), in->cap,
-                         gb_up(out->min_ram));
-            else
-            {
+                snprintf(err, errlen,
+                         "--ram %g GB cannot hold dense %s + kv %s + runtime %s + %d x %d expert slots of "
+                         "%s (--cap %d); give at least --ram %.2f or a smaller --cap",
+                         in->ram / GB, human(in->dense), human(in->kv), human(in->runtime), in->moe_layers, in->cap,
+                         human(in->slot_bytes), in->cap, gb_up(out->min_ram));
+            else {
                 char writer[64] = ""; /* named only with --kv-dir, so the message is unchanged without */
                 if (in->persist) snprintf(writer, sizeof writer, " + kv writer %s (--kv-dir)", human(in->persist));
-                snprintf(err, errlen, "--ram %g GB cannot hold dense %s + kv %s + runtime %s + checkpoints %s + grammar "
-                         "%s%s%s; give at least --ram %.2f (or lower --ctx / --kv-slots)", in->ram / GB, human(in->dense),
-                         human(in->kv), human(in->runtime), human(in->checkpoints), human(in->grammar), writer,
-                         E ? " + one expert slot per MoE layer" : "", gb_up(out->min_ram));
+                snprintf(err, errlen,
+                         "--ram %g GB cannot hold dense %s + kv %s + runtime %s + checkpoints %s + grammar "
+                         "%s%s%s; give at least --ram %.2f (or lower --ctx / --kv-slots)",
+                         in->ram / GB, human(in->dense), human(in->kv), human(in->runtime), human(in->checkpoints),
+                         human(in->grammar), writer, E ? " + one expert slot per MoE layer" : "", gb_up(out->min_ram));
             }
             return -1;
         }
@@ -64,8 +69,7 @@ int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errle
             uint64_t c = (in->ram - fixed - out->mask_cache) / per_cap;
             out->cap = c > (uint64_t)E ? E : (int)c;
         }
-    }
-    else out->mask_cache = mask_max;
+    } else out->mask_cache = mask_max;
     if (in->cap) out->cap = in->cap;
     out->cache = E ? (uint64_t)out->cap * per_cap : 0;
     if (!E) out->cap = 0;

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 typedef struct {
-    uint64_t ram;        /* budget in bytes; 0: none */
+    uint64_t ram; /* budget in bytes; 0: none */
     uint64_t dense, kv, runtime;
     uint64_t checkpoints;    /* turn-boundary copies of recurrent state and rings, every slot */
     uint64_t grammar;        /* the grammar's vocabulary trie and per-run scratch; 0: no tokenizer */
@@ -21,11 +21,11 @@ typedef struct {
 } BudgetIn;
 
 typedef struct {
-    int streaming;        /* 0: every expert stays mapped (no --ram, no --cap) */
-    int cap;              /* slots per MoE layer (E when resident) */
-    uint64_t cache;       /* bytes of the expert cache: moe_layers * cap * slot_bytes */
-    uint64_t min_ram;     /* smallest budget that fits (cap 1, or the --cap given) */
-    uint64_t mask_cache;  /* bytes the grammar's token-mask cache may hold, all runs together */
+    int streaming;       /* 0: every expert stays mapped (no --ram, no --cap) */
+    int cap;             /* slots per MoE layer (E when resident) */
+    uint64_t cache;      /* bytes of the expert cache: moe_layers * cap * slot_bytes */
+    uint64_t min_ram;    /* smallest budget that fits (cap 1, or the --cap given) */
+    uint64_t mask_cache; /* bytes the grammar's token-mask cache may hold, all runs together */
 } BudgetOut;
 
 #define GRAMMAR_MASK_CACHE_MAX (64ull << 20) /* masks past this are rebuilt on use, not kept */

@@ -31,11 +31,18 @@ int usage_load(Usage *u, const char *path, char *warn, size_t warnlen) {
     char *text = malloc(USAGE_MAX_FILE + 1);
     size_t n = text ? fread(text, 1, USAGE_MAX_FILE + 1, f) : 0;
     fclose(f);
-    if (!text || n > USAGE_MAX_FILE) { free(text); snprintf(warn, warnlen, "%s: too large or no memory; ignored", path); return -1; }
+    if (!text || n > USAGE_MAX_FILE) {
+        free(text);
+        snprintf(warn, warnlen, "%s: too large or no memory; ignored", path);
+        return -1;
+    }
     char jerr[200];
     JsonDoc *d = json_parse(text, n, jerr, sizeof jerr);
     free(text);
-    if (!d) { snprintf(warn, warnlen, "%s: not valid JSON (%s); ignored", path, jerr); return -1; }
+    if (!d) {
+        snprintf(warn, warnlen, "%s: not valid JSON (%s); ignored", path, jerr);
+        return -1;
+    }
     const JsonValue *r = json_root(d), *c = json_get(r, "counts");
     int rc = -1;
     if (json_get_int(r, "version", -1) != 1) snprintf(warn, warnlen, "%s: not version 1; ignored", path);
@@ -77,7 +84,10 @@ int usage_save(const Usage *u, const char *path, char *err, size_t errlen) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
-    if (!f) { snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno)); return -1; }
+    if (!f) {
+        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+        return -1;
+    }
     int bad = fprintf(f, "{\"version\": 1, \"layers\": %d, \"experts\": %d, \"turns\": %llu, \"counts\": [", u->layers,
                       u->experts, (unsigned long long)u->turns) < 0;
     for (int l = 0; l < u->layers && !bad; l++) {

@@ -18,14 +18,14 @@ typedef struct {
 } GElem;
 
 typedef struct Grammar {
-    GElem *el;           /* every rule's alternatives, each ended by ALT (another follows) or END */
+    GElem *el; /* every rule's alternatives, each ended by ALT (another follows) or END */
     size_t n_el;
     uint32_t *rule_start; /* first element of rule r */
     uint32_t *ranges;     /* code point pairs lo, hi */
     size_t n_ranges, n_rules;
     uint32_t root;
-    uint32_t *minrest;    /* bytes the rest of the alternative needs at least, from each element */
-    char *literals;       /* the grammar's string literals, each NUL-ended, as UTF-8 */
+    uint32_t *minrest; /* bytes the rest of the alternative needs at least, from each element */
+    char *literals;    /* the grammar's string literals, each NUL-ended, as UTF-8 */
     size_t literals_len;
 } Grammar;
 
@@ -53,7 +53,7 @@ typedef struct GrammarRun GrammarRun;
 GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v);
 void grammar_run_free(GrammarRun *r);
 const Grammar *grammar_run_grammar(const GrammarRun *r);
-void grammar_run_reset(GrammarRun *r);  /* back to the start of the output; caches are kept */
+void grammar_run_reset(GrammarRun *r);       /* back to the start of the output; caches are kept */
 int grammar_run_failed(const GrammarRun *r); /* an allocation failed, or the work limit was reached */
 /* Expansion steps allowed between resets (default 20M, a few seconds: only a grammar that is
  * ambiguous at every step gets near it). */
@@ -91,7 +91,9 @@ int grammar_mask(GrammarRun *r, int budget, const uint32_t **bits);
 int grammar_mask_max_next(const GrammarRun *r);
 
 /* Stats for the benchmark and the END line. */
-typedef struct { uint64_t masks_built, mask_hits, dfa_states, nodes; } GrammarStats;
+typedef struct {
+    uint64_t masks_built, mask_hits, dfa_states, nodes;
+} GrammarStats;
 void grammar_stats(const GrammarRun *r, GrammarStats *s);
 
 #endif

@@ -17,7 +17,10 @@ static char *slurp(FILE *f, size_t *n) {
         len += got;
         if (len == cap) {
             char *nb = grow_array(b, &cap, len + 1, 1, 1 << 16);
-            if (!nb) { free(b); return NULL; }
+            if (!nb) {
+                free(b);
+                return NULL;
+            }
             b = nb;
         }
     }
@@ -28,11 +31,17 @@ static char *slurp(FILE *f, size_t *n) {
 
 static Grammar *load_grammar(const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "cannot read %s", path); return NULL; }
+    if (!f) {
+        snprintf(err, errlen, "cannot read %s", path);
+        return NULL;
+    }
     size_t n;
     char *text = slurp(f, &n);
     fclose(f);
-    if (!text) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!text) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     Grammar *g = grammar_parse(text, n, err, errlen);
     free(text);
     return g;
@@ -41,14 +50,23 @@ static Grammar *load_grammar(const char *path, char *err, size_t errlen) {
 /* One line per text: `complete`, `prefix N` (valid so far; N more bytes at least complete it)
  * or `reject N` (byte N cannot follow). */
 static int check_main(int argc, char **argv) {
-    if (argc != 3) { fprintf(stderr, "usage: colibri grammar-check GRAMMAR_FILE < texts (NUL-separated)\n"); return 2; }
+    if (argc != 3) {
+        fprintf(stderr, "usage: colibri grammar-check GRAMMAR_FILE < texts (NUL-separated)\n");
+        return 2;
+    }
     char err[512];
     Grammar *g = load_grammar(argv[2], err, sizeof err);
-    if (!g) { fprintf(stderr, "colibri grammar-check: %s\n", err); return 1; }
+    if (!g) {
+        fprintf(stderr, "colibri grammar-check: %s\n", err);
+        return 1;
+    }
     GrammarRun *r = grammar_run_new(g, NULL);
     size_t n;
     char *in = slurp(stdin, &n);
-    if (!r || !in) { fprintf(stderr, "colibri grammar-check: out of memory\n"); return 1; }
+    if (!r || !in) {
+        fprintf(stderr, "colibri grammar-check: out of memory\n");
+        return 1;
+    }
     for (size_t at = 0; at <= n;) {
         size_t len = strnlen(in + at, n - at), bad;
         grammar_run_reset(r);
@@ -86,13 +104,17 @@ static int bench_main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
     }
     if (!tok_path || !gram_path || steps < 1 || runs < 1) {
-        fprintf(stderr, "usage: colibri grammar-bench --tokenizer tokenizer.json --grammar FILE [--steps N] [--runs N] [--seed S]\n");
+        fprintf(stderr,
+                "usage: colibri grammar-bench --tokenizer tokenizer.json --grammar FILE [--steps N] [--runs N] [--seed S]\n");
         return 2;
     }
     char err[512];
     Tokenizer *t = tok_load(tok_path, err, sizeof err);
     Grammar *g = t ? load_grammar(gram_path, err, sizeof err) : NULL;
-    if (!g) { fprintf(stderr, "colibri grammar-bench: %s\n", err); return 1; }
+    if (!g) {
+        fprintf(stderr, "colibri grammar-bench: %s\n", err);
+        return 1;
+    }
     int V = tok_vocab_size(t);
     const char **bytes = calloc((size_t)V, sizeof *bytes);
     size_t *len = calloc((size_t)V, sizeof *len);
@@ -107,7 +129,10 @@ static int bench_main(int argc, char **argv) {
     GrammarVocab *v = kind ? grammar_vocab_new(V, bytes, len, kind) : NULL;
     double trie_ms = now_ms() - t0;
     GrammarRun *r = v ? grammar_run_new(g, v) : NULL;
-    if (!r) { fprintf(stderr, "colibri grammar-bench: out of memory\n"); return 1; }
+    if (!r) {
+        fprintf(stderr, "colibri grammar-bench: out of memory\n");
+        return 1;
+    }
     double cold_ms = 0, warm_ms = 0, check_ms = 0;
     long cold = 0, warm = 0, checks = 0, allowed_sum = 0, toks = 0;
     int *allowed = malloc(sizeof(int) * (size_t)V);
@@ -122,10 +147,20 @@ static int bench_main(int argc, char **argv) {
             int count = grammar_mask(r, -1, &bits);
             double ms = now_ms() - a;
             grammar_stats(r, &after);
-            if (count <= 0) { fprintf(stderr, "colibri grammar-bench: dead end at step %d\n", step); return 1; }
-            if (after.masks_built > before.masks_built) { cold_ms += ms; cold++; } else { warm_ms += ms; warm++; }
+            if (count <= 0) {
+                fprintf(stderr, "colibri grammar-bench: dead end at step %d\n", step);
+                return 1;
+            }
+            if (after.masks_built > before.masks_built) {
+                cold_ms += ms;
+                cold++;
+            } else {
+                warm_ms += ms;
+                warm++;
+            }
             int k = 0;
-            for (int i = 0; i < V; i++) if ((bits[i >> 5] >> (i & 31)) & 1) allowed[k++] = i;
+            for (int i = 0; i < V; i++)
+                if ((bits[i >> 5] >> (i & 31)) & 1) allowed[k++] = i;
             allowed_sum += k;
             int pick = allowed[rng_next(&s) % (uint64_t)k];
             if (kind[pick] == GV_EOS) break;
@@ -133,19 +168,28 @@ static int bench_main(int argc, char **argv) {
             int ok = grammar_allows(r, pick, -1); /* what the engine pays when the model's own pick fits */
             check_ms += now_ms() - a;
             checks++;
-            if (!ok || grammar_accept(r, pick)) { fprintf(stderr, "colibri grammar-bench: mask and check disagree\n"); return 1; }
+            if (!ok || grammar_accept(r, pick)) {
+                fprintf(stderr, "colibri grammar-bench: mask and check disagree\n");
+                return 1;
+            }
             toks++;
         }
     }
     GrammarStats st;
     grammar_stats(r, &st);
-    printf("vocab %d trie_nodes %zu trie_build_ms %.1f tokens %ld mean_allowed %.0f\n", V, grammar_vocab_nodes(v),
-           trie_ms, toks, toks ? (double)allowed_sum / toks : 0.0);
+    printf("vocab %d trie_nodes %zu trie_build_ms %.1f tokens %ld mean_allowed %.0f\n", V, grammar_vocab_nodes(v), trie_ms, toks,
+           toks ? (double)allowed_sum / toks : 0.0);
     printf("mask_cold_ms %.3f (n=%ld) mask_cached_ms %.4f (n=%ld) token_check_ms %.5f (n=%ld) dfa_states %llu\n",
            cold ? cold_ms / cold : 0.0, cold, warm ? warm_ms / warm : 0.0, warm, checks ? check_ms / checks : 0.0, checks,
            (unsigned long long)st.dfa_states);
-    free(allowed); free(bytes); free(len); free(kind);
-    grammar_run_free(r); grammar_vocab_free(v); grammar_free(g); tok_free(t);
+    free(allowed);
+    free(bytes);
+    free(len);
+    free(kind);
+    grammar_run_free(r);
+    grammar_vocab_free(v);
+    grammar_free(g);
+    tok_free(t);
     return 0;
 }
 

@@ -43,8 +43,10 @@ GrammarVocab *grammar_vocab_new(int n, const char *const *bytes, const size_t *l
             v->len[i] = len[i];
             at += len[i];
         }
-        if (k == GV_TEXT) { order[nt++] = i; nodes_max += len[i]; }
-        else if (k == GV_ADDED) v->added[v->n_added++] = i;
+        if (k == GV_TEXT) {
+            order[nt++] = i;
+            nodes_max += len[i];
+        } else if (k == GV_ADDED) v->added[v->n_added++] = i;
         else if (k == GV_EOS) v->eos[v->n_eos++] = i;
     }
     g_sort_vocab = v;
@@ -55,7 +57,10 @@ GrammarVocab *grammar_vocab_new(int n, const char *const *bytes, const size_t *l
     v->tok = malloc(nodes_max * sizeof *v->tok);
     v->same = malloc(((size_t)n + 1) * sizeof *v->same);
     uint32_t *path = malloc(65536 * sizeof *path);
-    if (!v->byte || !v->depth || !v->skip || !v->tok || !v->same || !path) { free(path); goto oom; }
+    if (!v->byte || !v->depth || !v->skip || !v->tok || !v->same || !path) {
+        free(path);
+        goto oom;
+    }
     size_t depth = 0; /* nodes on the path: path[0 .. depth) */
     int32_t prev = -1;
     for (size_t k = 0; k < nt; k++) {
@@ -97,8 +102,17 @@ oom:
 
 void grammar_vocab_free(GrammarVocab *v) {
     if (!v) return;
-    free(v->kind); free(v->bytes); free(v->len); free(v->pool); free(v->byte); free(v->depth); free(v->skip);
-    free(v->tok); free(v->same); free(v->added); free(v->eos);
+    free(v->kind);
+    free(v->bytes);
+    free(v->len);
+    free(v->pool);
+    free(v->byte);
+    free(v->depth);
+    free(v->skip);
+    free(v->tok);
+    free(v->same);
+    free(v->added);
+    free(v->eos);
     free(v);
 }
 
@@ -147,7 +161,11 @@ int grammar_accept(GrammarRun *r, int tok) {
 }
 
 void grammar_mask_drop(GrammarRun *r) {
-    for (size_t i = 0; i < r->n_st; i++) { free(r->st[i].mask); r->st[i].mask = NULL; r->st[i].mask_count = -1; }
+    for (size_t i = 0; i < r->n_st; i++) {
+        free(r->st[i].mask);
+        r->st[i].mask = NULL;
+        r->st[i].mask_count = -1;
+    }
     r->masks_cached = 0;
 }
 
@@ -158,7 +176,10 @@ static int walk(GrammarRun *r, uint32_t *bits, int budget, uint32_t *maxnext) {
     const GrammarVocab *v = r->v;
     size_t words = ((size_t)v->n + 31) / 32;
     memset(bits, 0, words * sizeof *bits);
-    if (!r->walk_state && !(r->walk_state = malloc(((size_t)v->max_depth + 1) * sizeof *r->walk_state))) { r->failed = 1; return -1; }
+    if (!r->walk_state && !(r->walk_state = malloc(((size_t)v->max_depth + 1) * sizeof *r->walk_state))) {
+        r->failed = 1;
+        return -1;
+    }
     int32_t *ws = r->walk_state;
     ws[0] = r->cur;
     int count = 0;
@@ -171,13 +192,19 @@ static int walk(GrammarRun *r, uint32_t *bits, int budget, uint32_t *maxnext) {
             ns = gstate_next(r, s, v->byte[i]);
             if (r->failed) return -1;
         }
-        if (ns < 0) { i = v->skip[i]; continue; }
+        if (ns < 0) {
+            i = v->skip[i];
+            continue;
+        }
         ws[v->depth[i]] = ns;
         if (v->tok[i] >= 0) {
             uint32_t mb = r->st[ns].minb;
             if (mb <= lim) {
                 if (mb > mx) mx = mb;
-                for (int32_t t = v->tok[i]; t >= 0; t = v->same[t]) { bits[t >> 5] |= 1u << (t & 31); count++; }
+                for (int32_t t = v->tok[i]; t >= 0; t = v->same[t]) {
+                    bits[t >> 5] |= 1u << (t & 31);
+                    count++;
+                }
             }
         }
         i++;
@@ -192,7 +219,11 @@ static int walk(GrammarRun *r, uint32_t *bits, int budget, uint32_t *maxnext) {
         }
     }
     if (grammar_complete(r))
-        for (int32_t k = 0; k < v->n_eos; k++) { int32_t t = v->eos[k]; bits[t >> 5] |= 1u << (t & 31); count++; }
+        for (int32_t k = 0; k < v->n_eos; k++) {
+            int32_t t = v->eos[k];
+            bits[t >> 5] |= 1u << (t & 31);
+            count++;
+        }
     *maxnext = mx;
     return count;
 }
@@ -204,9 +235,15 @@ int grammar_mask(GrammarRun *r, int budget, const uint32_t **bits) {
     if (!r->st[s].mask) {
         if (r->masks_cached * bytes >= r->mask_cache_bytes) grammar_mask_drop(r); /* past its bound: rebuilt on use */
         uint32_t *m = malloc(bytes), mx = 0;
-        if (!m) { r->failed = 1; return -1; }
+        if (!m) {
+            r->failed = 1;
+            return -1;
+        }
         int count = walk(r, m, -1, &mx);
-        if (count < 0) { free(m); return -1; }
+        if (count < 0) {
+            free(m);
+            return -1;
+        }
         r->st[s].mask = m;
         r->st[s].mask_count = count;
         r->st[s].mask_maxnext = mx;
@@ -214,9 +251,15 @@ int grammar_mask(GrammarRun *r, int budget, const uint32_t **bits) {
         r->masks_built++;
     } else r->mask_hits++;
     const GState *st = &r->st[s];
-    if (budget < 0 || st->mask_maxnext <= (uint32_t)budget) { *bits = st->mask; return st->mask_count; }
+    if (budget < 0 || st->mask_maxnext <= (uint32_t)budget) {
+        *bits = st->mask;
+        return st->mask_count;
+    }
     /* near the end of the budget: keep only tokens after which the grammar can still finish */
-    if (!r->scratch_mask && !(r->scratch_mask = malloc(bytes))) { r->failed = 1; return -1; }
+    if (!r->scratch_mask && !(r->scratch_mask = malloc(bytes))) {
+        r->failed = 1;
+        return -1;
+    }
     uint32_t mx;
     int count = walk(r, r->scratch_mask, budget, &mx);
     *bits = r->scratch_mask;

@@ -20,7 +20,10 @@ int gmap_get(const GMap *m, uint64_t key, int32_t *val) {
     if (!m->cap) return 0;
     for (size_t at = mix(key) & (m->cap - 1);; at = (at + 1) & (m->cap - 1)) {
         if (m->vals[at] < 0) return 0;
-        if (m->keys[at] == key) { *val = m->vals[at]; return 1; }
+        if (m->keys[at] == key) {
+            *val = m->vals[at];
+            return 1;
+        }
     }
 }
 
@@ -29,7 +32,11 @@ int gmap_put(GMap *m, uint64_t key, int32_t val) {
         size_t cap = m->cap ? m->cap * 2 : 256;
         uint64_t *k = malloc(cap * sizeof *k);
         int32_t *v = malloc(cap * sizeof *v);
-        if (!k || !v) { free(k); free(v); return -1; }
+        if (!k || !v) {
+            free(k);
+            free(v);
+            return -1;
+        }
         memset(v, 0xFF, cap * sizeof *v);
         for (size_t i = 0; i < m->cap; i++) {
             if (m->vals[i] < 0) continue;
@@ -38,8 +45,11 @@ int gmap_put(GMap *m, uint64_t key, int32_t val) {
             k[at] = m->keys[i];
             v[at] = m->vals[i];
         }
-        free(m->keys); free(m->vals);
-        m->keys = k; m->vals = v; m->cap = cap;
+        free(m->keys);
+        free(m->vals);
+        m->keys = k;
+        m->vals = v;
+        m->cap = cap;
     }
     size_t at = mix(key) & (m->cap - 1);
     while (m->vals[at] >= 0 && m->keys[at] != key) at = (at + 1) & (m->cap - 1);
@@ -49,7 +59,11 @@ int gmap_put(GMap *m, uint64_t key, int32_t val) {
     return 0;
 }
 
-void gmap_free(GMap *m) { free(m->keys); free(m->vals); memset(m, 0, sizeof *m); }
+void gmap_free(GMap *m) {
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
 
 /* 1 if key was already in the set, 0 if added now, -1 out of memory. */
 static int seen_add(GSeen *m, uint64_t key) {
@@ -58,7 +72,11 @@ static int seen_add(GSeen *m, uint64_t key) {
         size_t cap = m->cap ? m->cap * 2 : 256;
         uint64_t *k = malloc(cap * sizeof *k);
         uint32_t *st = calloc(cap, sizeof *st);
-        if (!k || !st) { free(k); free(st); return -1; }
+        if (!k || !st) {
+            free(k);
+            free(st);
+            return -1;
+        }
         for (size_t i = 0; i < m->cap; i++) {
             if (m->stamp[i] != m->gen) continue;
             size_t at = mix(m->keys[i]) & (cap - 1);
@@ -66,8 +84,11 @@ static int seen_add(GSeen *m, uint64_t key) {
             k[at] = m->keys[i];
             st[at] = m->gen;
         }
-        free(m->keys); free(m->stamp);
-        m->keys = k; m->stamp = st; m->cap = cap;
+        free(m->keys);
+        free(m->stamp);
+        m->keys = k;
+        m->stamp = st;
+        m->cap = cap;
     }
     size_t at = mix(key) & (m->cap - 1);
     for (; m->stamp[at] == m->gen; at = (at + 1) & (m->cap - 1))
@@ -92,12 +113,18 @@ static int32_t node_get(GrammarRun *r, uint32_t pos, int32_t parent) {
     int32_t id;
     if (gmap_get(&r->node_map, key, &id)) return id;
     GNode *nodes = r->n_nodes >= 0x7FFFFFF0 ? NULL : grow_array(r->nodes, &r->nodes_cap, r->n_nodes + 1, sizeof *nodes, 64);
-    if (!nodes) { r->failed = 1; return -1; }
+    if (!nodes) {
+        r->failed = 1;
+        return -1;
+    }
     r->nodes = nodes;
     id = (int32_t)r->n_nodes;
     uint32_t mb = r->g->minrest[pos] + (parent > G_EMPTY ? r->nodes[parent].minb : 0);
     r->nodes[r->n_nodes++] = (GNode){pos, parent, mb > G_INF_BYTES ? G_INF_BYTES : mb};
-    if (gmap_put(&r->node_map, key, id)) { r->failed = 1; return -1; }
+    if (gmap_put(&r->node_map, key, id)) {
+        r->failed = 1;
+        return -1;
+    }
     return id;
 }
 
@@ -105,7 +132,10 @@ static int work_push(GrammarRun *r, uint32_t pos, int32_t parent) {
     uint64_t key = (uint64_t)pos << 32 | (uint32_t)parent;
     int had = seen_add(&r->seen, key);
     if (had > 0) return 0; /* this (element, continuation) was expanded already */
-    if (++r->work_total > r->work_limit || r->n_nodes > GRAMMAR_MAX_NODES) { r->failed = 1; return -1; }
+    if (++r->work_total > r->work_limit || r->n_nodes > GRAMMAR_MAX_NODES) {
+        r->failed = 1;
+        return -1;
+    }
     uint64_t *work = had < 0 ? NULL : grow_array(r->work, &r->work_cap, r->work_n + 1, sizeof *work, 64);
     if (!work) {
         r->failed = 1;
@@ -118,7 +148,10 @@ static int work_push(GrammarRun *r, uint32_t pos, int32_t parent) {
 
 static int out_push(GrammarRun *r, uint32_t id) {
     uint32_t *out = grow_array(r->out, &r->out_cap, r->out_n + 1, sizeof *out, 64);
-    if (!out) { r->failed = 1; return -1; }
+    if (!out) {
+        r->failed = 1;
+        return -1;
+    }
     r->out = out;
     r->out[r->out_n++] = id;
     return 0;
@@ -133,8 +166,9 @@ static int expand(GrammarRun *r) {
         int32_t parent = (int32_t)(uint32_t)key;
         const GElem *e = &el[pos];
         if (e->type == GE_END || e->type == GE_ALT) {
-            if (parent == G_EMPTY) { if (out_push(r, G_EMPTY)) return -1; }
-            else if (work_push(r, r->nodes[parent].pos, r->nodes[parent].parent)) return -1;
+            if (parent == G_EMPTY) {
+                if (out_push(r, G_EMPTY)) return -1;
+            } else if (work_push(r, r->nodes[parent].pos, r->nodes[parent].parent)) return -1;
         } else if (e->type == GE_REF) {
             int32_t cont = parent;
             if (el[pos + 1].type != GE_END && el[pos + 1].type != GE_ALT && (cont = node_get(r, pos + 1, parent)) < 0) return -1;
@@ -156,13 +190,18 @@ static int expand(GrammarRun *r) {
 static int class_hits(const Grammar *g, const GElem *e, uint32_t lo, uint32_t hi) {
     const uint32_t *rg = g->ranges + 2 * e->a;
     if (e->type == GE_CHAR) {
-        for (uint32_t k = 0; k < e->b; k++) if (rg[2 * k] <= hi && rg[2 * k + 1] >= lo) return 1;
+        for (uint32_t k = 0; k < e->b; k++)
+            if (rg[2 * k] <= hi && rg[2 * k + 1] >= lo) return 1;
         return 0;
     }
     for (uint32_t cp = lo, moved = 1; moved;) { /* a code point in [lo, hi] no range covers? */
         moved = 0;
         for (uint32_t k = 0; k < e->b; k++)
-            if (cp >= rg[2 * k] && cp <= rg[2 * k + 1]) { if (rg[2 * k + 1] >= hi) return 0; cp = rg[2 * k + 1] + 1; moved = 1; }
+            if (cp >= rg[2 * k] && cp <= rg[2 * k + 1]) {
+                if (rg[2 * k + 1] >= hi) return 0;
+                cp = rg[2 * k + 1] + 1;
+                moved = 1;
+            }
     }
     return 1;
 }
@@ -172,7 +211,10 @@ static void pending_range(const uint8_t *pend, int npend, int need, uint32_t *pl
     uint32_t lo = pend[0] & (need == 2 ? 0x1F : need == 3 ? 0x0F : 0x07), hi;
     for (int k = 1; k < npend; k++) lo = lo << 6 | (pend[k] & 0x3F);
     hi = lo;
-    for (int k = npend; k < need; k++) { lo = lo << 6; hi = hi << 6 | 0x3F; }
+    for (int k = npend; k < need; k++) {
+        lo = lo << 6;
+        hi = hi << 6 | 0x3F;
+    }
     uint32_t floor = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
     *plo = lo < floor ? floor : lo;
     *phi = hi > 0x10FFFF ? 0x10FFFF : hi;
@@ -249,7 +291,10 @@ static int32_t state_get(GrammarRun *r, const uint32_t *ids, size_t n, const uin
     }
     s->minb = mb;
     s->mask_count = -1;
-    if (gmap_put(&r->st_map, h, id)) { r->failed = 1; return -1; }
+    if (gmap_put(&r->st_map, h, id)) {
+        r->failed = 1;
+        return -1;
+    }
     return id;
 }
 
@@ -258,7 +303,8 @@ static int32_t state_from_out(GrammarRun *r, const uint8_t *pend, int npend, int
     if (!r->out_n) return G_DEAD;
     qsort(r->out, r->out_n, sizeof *r->out, cmp_u32);
     size_t k = 0;
-    for (size_t i = 0; i < r->out_n; i++) if (!k || r->out[i] != r->out[k - 1]) r->out[k++] = r->out[i];
+    for (size_t i = 0; i < r->out_n; i++)
+        if (!k || r->out[i] != r->out[k - 1]) r->out[k++] = r->out[i];
     r->out_n = k;
     return state_get(r, r->out, k, pend, npend, need);
 }
@@ -309,7 +355,10 @@ static int32_t compute_next(GrammarRun *r, int32_t s, unsigned b) {
     if (st.npend == st.need) return advance_cp(r, s, lo);
     /* the same stacks with a longer partial character; copied out, as the pool may move */
     uint32_t *out = grow_array(r->out, &r->out_cap, st.set_n, sizeof *out, 64);
-    if (!out) { r->failed = 1; return G_DEAD; }
+    if (!out) {
+        r->failed = 1;
+        return G_DEAD;
+    }
     r->out = out;
     memcpy(r->out, r->pool + st.set_off, st.set_n * sizeof(uint32_t));
     return state_get(r, r->out, st.set_n, st.pend, st.npend, st.need);
@@ -318,7 +367,10 @@ static int32_t compute_next(GrammarRun *r, int32_t s, unsigned b) {
 int32_t gstate_next(GrammarRun *r, int32_t s, unsigned byte) {
     GState *st = &r->st[s];
     if (!st->next) {
-        if (!(st->next = malloc(256 * sizeof(int32_t)))) { r->failed = 1; return G_DEAD; }
+        if (!(st->next = malloc(256 * sizeof(int32_t)))) {
+            r->failed = 1;
+            return G_DEAD;
+        }
         for (int i = 0; i < 256; i++) st->next[i] = G_UNKNOWN;
     }
     int32_t n = st->next[byte];
@@ -337,14 +389,20 @@ GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v) {
     r->v = v;
     r->work_limit = GRAMMAR_MAX_WORK;
     r->mask_cache_bytes = GRAMMAR_MASK_CACHE_DEFAULT;
-    if (v && v->n_added && !(r->added_ok = calloc((size_t)v->n_added, 1))) { grammar_run_free(r); return NULL; }
+    if (v && v->n_added && !(r->added_ok = calloc((size_t)v->n_added, 1))) {
+        grammar_run_free(r);
+        return NULL;
+    }
     for (int32_t i = 0; v && i < v->n_added; i++) {
         int32_t t = v->added[i];
         r->added_ok[i] = (uint8_t)grammar_has_literal(g, v->bytes[t], v->len[t]);
     }
     GNode empty = {UINT32_MAX, -1, 0};
     GNode *nodes = grow_array(r->nodes, &r->nodes_cap, 1, sizeof *nodes, 64);
-    if (!nodes) { grammar_run_free(r); return NULL; }
+    if (!nodes) {
+        grammar_run_free(r);
+        return NULL;
+    }
     r->nodes = nodes;
     r->nodes[r->n_nodes++] = empty;
     for (uint32_t i = g->rule_start[g->root];;) { /* root's alternatives, returning to the empty stack */
@@ -354,22 +412,39 @@ GrammarRun *grammar_run_new(const Grammar *g, const GrammarVocab *v) {
         i++;
     }
     if (!r->failed && !expand(r)) r->start = state_from_out(r, NULL, 0, 0);
-    if (r->failed || r->start < 0) { grammar_run_free(r); return NULL; }
+    if (r->failed || r->start < 0) {
+        grammar_run_free(r);
+        return NULL;
+    }
     r->cur = r->start;
     return r;
 }
 
 void grammar_run_free(GrammarRun *r) {
     if (!r) return;
-    for (size_t i = 0; i < r->n_st; i++) { free(r->st[i].next); free(r->st[i].mask); }
-    free(r->st); free(r->nodes); free(r->pool); free(r->out); free(r->work); free(r->added_ok);
-    free(r->scratch_mask); free(r->walk_state);
-    gmap_free(&r->node_map); gmap_free(&r->st_map);
-    free(r->seen.keys); free(r->seen.stamp);
+    for (size_t i = 0; i < r->n_st; i++) {
+        free(r->st[i].next);
+        free(r->st[i].mask);
+    }
+    free(r->st);
+    free(r->nodes);
+    free(r->pool);
+    free(r->out);
+    free(r->work);
+    free(r->added_ok);
+    free(r->scratch_mask);
+    free(r->walk_state);
+    gmap_free(&r->node_map);
+    gmap_free(&r->st_map);
+    free(r->seen.keys);
+    free(r->seen.stamp);
     free(r);
 }
 
-void grammar_run_reset(GrammarRun *r) { r->cur = r->start; r->work_total = 0; }
+void grammar_run_reset(GrammarRun *r) {
+    r->cur = r->start;
+    r->work_total = 0;
+}
 void grammar_run_set_work_limit(GrammarRun *r, uint64_t steps) { r->work_limit = steps; }
 void grammar_run_set_mask_cache(GrammarRun *r, size_t bytes) { r->mask_cache_bytes = bytes; }
 const Grammar *grammar_run_grammar(const GrammarRun *r) { return r->g; }
@@ -382,7 +457,10 @@ int grammar_accept_bytes(GrammarRun *r, const char *s, size_t n, size_t *at) {
     int32_t st = r->cur;
     for (size_t i = 0; i < n; i++) {
         st = gstate_next(r, st, (unsigned char)s[i]);
-        if (st < 0) { if (at) *at = i; return -1; }
+        if (st < 0) {
+            if (at) *at = i;
+            return -1;
+        }
     }
     r->cur = st;
     return 0;

@@ -16,20 +16,20 @@
 enum { N_SEQ, N_ALT, N_CLASS, N_REF, N_RID, N_REP };
 typedef struct Node {
     uint8_t kind, neg;
-    size_t pos;                 /* byte offset in the text, for messages */
-    struct Node **kid;          /* SEQ/ALT children; REP: kid[0] */
+    size_t pos;        /* byte offset in the text, for messages */
+    struct Node **kid; /* SEQ/ALT children; REP: kid[0] */
     size_t n, cap;
-    uint32_t *rg;               /* CLASS: code point pairs */
+    uint32_t *rg; /* CLASS: code point pairs */
     size_t nr, rcap;
-    uint32_t id, lo, hi;        /* REF: rule id; RID: rule id; REP: bounds */
-    struct Node *next_alloc;    /* every node, for freeing */
+    uint32_t id, lo, hi;     /* REF: rule id; RID: rule id; REP: bounds */
+    struct Node *next_alloc; /* every node, for freeing */
 } Node;
 
 typedef struct {
     char *name;
-    size_t pos;       /* definition (or first reference) */
+    size_t pos; /* definition (or first reference) */
     int defined;
-    Node *body;       /* to compile; NULL once compiled or for direct rules */
+    Node *body; /* to compile; NULL once compiled or for direct rules */
     GElem *el;
     size_t n, cap;
 } Rule;
@@ -43,7 +43,7 @@ typedef struct {
     Node *nodes;
     Rule *rules;
     size_t n_rules, rules_cap;
-    uint32_t *hash;   /* rule name -> id + 1 */
+    uint32_t *hash; /* rule name -> id + 1 */
     size_t hash_cap;
     uint32_t *ranges;
     size_t n_ranges, ranges_cap;
@@ -68,7 +68,10 @@ static int oom(P *p) { return fail(p, p->i, "out of memory"); }
 
 static Node *node_new(P *p, int kind, size_t pos) {
     Node *x = calloc(1, sizeof *x);
-    if (!x) { oom(p); return NULL; }
+    if (!x) {
+        oom(p);
+        return NULL;
+    }
     x->kind = (uint8_t)kind;
     x->pos = pos;
     x->next_alloc = p->nodes;
@@ -143,21 +146,27 @@ static int rule_id(P *p, const char *name, size_t len, size_t pos, uint32_t *id)
         size_t at = hash_str(name, len) & (p->hash_cap - 1);
         for (; p->hash[at]; at = (at + 1) & (p->hash_cap - 1)) {
             const Rule *r = &p->rules[p->hash[at] - 1];
-            if (strlen(r->name) == len && !memcmp(r->name, name, len)) { *id = p->hash[at] - 1; return 0; }
+            if (strlen(r->name) == len && !memcmp(r->name, name, len)) {
+                *id = p->hash[at] - 1;
+                return 0;
+            }
         }
     }
     return rule_new(p, name, len, pos, id);
 }
 
 /* ---- lexing ---- */
-static int is_name(int c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_'; }
+static int is_name(int c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
 
 static size_t skip_blank(const P *p, size_t i, int newlines) {
     while (i < p->n) {
         unsigned char c = p->s[i];
         if (c == ' ' || c == '\t' || (newlines && (c == '\n' || c == '\r'))) i++;
-        else if (c == '#') { while (i < p->n && p->s[i] != '\n') i++; }
-        else break;
+        else if (c == '#') {
+            while (i < p->n && p->s[i] != '\n') i++;
+        } else break;
     }
     return i;
 }
@@ -177,7 +186,10 @@ static int space(P *p, int nested) {
     p->i = skip_blank(p, p->i, nested);
     if (nested || p->i >= p->n || (p->s[p->i] != '\n' && p->s[p->i] != '\r')) return p->i >= p->n;
     size_t j = skip_blank(p, p->i, 1);
-    if (j >= p->n || rule_starts(p, j)) { p->i = j; return 1; }
+    if (j >= p->n || rule_starts(p, j)) {
+        p->i = j;
+        return 1;
+    }
     p->i = j;
     return 0;
 }
@@ -214,12 +226,23 @@ static int read_char(P *p, uint32_t *cp) {
         case 'n': *cp = '\n'; return 0;
         case 'r': *cp = '\r'; return 0;
         case 't': *cp = '\t'; return 0;
-        case '\\': case '"': case '[': case ']': case '-': case '^': case '/': case '\'': *cp = e; return 0;
-        default: return fail(p, at, "unknown escape '\\%c' (use \\n \\r \\t \\\\ \\\" \\[ \\] \\- \\^ \\xHH \\uHHHH \\UHHHHHHHH)",
-                             e >= 0x21 && e < 0x7F ? (int)e : '?');
+        case '\\':
+        case '"':
+        case '[':
+        case ']':
+        case '-':
+        case '^':
+        case '/':
+        case '\'': *cp = e; return 0;
+        default:
+            return fail(p, at, "unknown escape '\\%c' (use \\n \\r \\t \\\\ \\\" \\[ \\] \\- \\^ \\xHH \\uHHHH \\UHHHHHHHH)",
+                        e >= 0x21 && e < 0x7F ? (int)e : '?');
         }
     }
-    if (c < 0x80) { *cp = c; return 0; }
+    if (c < 0x80) {
+        *cp = c;
+        return 0;
+    }
     int need = c >= 0xF0 && c <= 0xF4 ? 3 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xC2 && c <= 0xDF ? 1 : -1;
     if (need < 0 || p->i + (size_t)need > p->n) return fail(p, at, "invalid UTF-8");
     uint32_t v = c & (need == 1 ? 0x1F : need == 2 ? 0x0F : 0x07);
@@ -244,15 +267,25 @@ static int lit_put(P *p, const void *b, size_t n) {
 }
 
 static size_t utf8_put(unsigned char *o, uint32_t cp) {
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (unsigned char)(0xC0 | cp >> 6); o[1] = (unsigned char)(0x80 | (cp & 63)); return 2; }
+    if (cp < 0x80) {
+        o[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (unsigned char)(0xC0 | cp >> 6);
+        o[1] = (unsigned char)(0x80 | (cp & 63));
+        return 2;
+    }
     if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | cp >> 12); o[1] = (unsigned char)(0x80 | (cp >> 6 & 63));
+        o[0] = (unsigned char)(0xE0 | cp >> 12);
+        o[1] = (unsigned char)(0x80 | (cp >> 6 & 63));
         o[2] = (unsigned char)(0x80 | (cp & 63));
         return 3;
     }
-    o[0] = (unsigned char)(0xF0 | cp >> 18); o[1] = (unsigned char)(0x80 | (cp >> 12 & 63));
-    o[2] = (unsigned char)(0x80 | (cp >> 6 & 63)); o[3] = (unsigned char)(0x80 | (cp & 63));
+    o[0] = (unsigned char)(0xF0 | cp >> 18);
+    o[1] = (unsigned char)(0x80 | (cp >> 12 & 63));
+    o[2] = (unsigned char)(0x80 | (cp >> 6 & 63));
+    o[3] = (unsigned char)(0x80 | (cp & 63));
     return 4;
 }
 
@@ -266,11 +299,20 @@ static Node *literal(P *p) {
     uint32_t len = 0;
     if (!seq || lit_put(p, &len, 4)) return NULL;
     for (;;) {
-        if (p->i >= p->n) { fail(p, seq->pos, "unterminated string literal"); return NULL; }
-        if (p->s[p->i] == '"') { p->i++; break; }
+        if (p->i >= p->n) {
+            fail(p, seq->pos, "unterminated string literal");
+            return NULL;
+        }
+        if (p->s[p->i] == '"') {
+            p->i++;
+            break;
+        }
         uint32_t cp;
         if (read_char(p, &cp)) return NULL;
-        if (cp >= 0xD800 && cp <= 0xDFFF) { fail(p, p->i, "U+%X is a surrogate, not a character", cp); return NULL; }
+        if (cp >= 0xD800 && cp <= 0xDFFF) {
+            fail(p, p->i, "U+%X is a surrogate, not a character", cp);
+            return NULL;
+        }
         Node *c = node_new(p, N_CLASS, p->i);
         unsigned char u[4];
         size_t k = utf8_put(u, cp);
@@ -285,10 +327,19 @@ static Node *char_class(P *p) {
     Node *c = node_new(p, N_CLASS, p->i);
     if (!c) return NULL;
     p->i++;
-    if (p->i < p->n && p->s[p->i] == '^') { c->neg = 1; p->i++; }
+    if (p->i < p->n && p->s[p->i] == '^') {
+        c->neg = 1;
+        p->i++;
+    }
     for (;;) {
-        if (p->i >= p->n) { fail(p, c->pos, "unterminated character class"); return NULL; }
-        if (p->s[p->i] == ']') { p->i++; break; }
+        if (p->i >= p->n) {
+            fail(p, c->pos, "unterminated character class");
+            return NULL;
+        }
+        if (p->s[p->i] == ']') {
+            p->i++;
+            break;
+        }
         uint32_t lo, hi;
         if (read_char(p, &lo)) return NULL;
         hi = lo;
@@ -296,11 +347,17 @@ static Node *char_class(P *p) {
             p->i++;
             size_t at = p->i;
             if (read_char(p, &hi)) return NULL;
-            if (hi < lo) { fail(p, at, "character range U+%X-U+%X is backwards", lo, hi); return NULL; }
+            if (hi < lo) {
+                fail(p, at, "character range U+%X-U+%X is backwards", lo, hi);
+                return NULL;
+            }
         }
         if (class_add(p, c, lo, hi)) return NULL;
     }
-    if (!c->nr && !c->neg) { fail(p, c->pos, "empty character class [] matches nothing"); return NULL; }
+    if (!c->nr && !c->neg) {
+        fail(p, c->pos, "empty character class [] matches nothing");
+        return NULL;
+    }
     return c;
 }
 
@@ -321,10 +378,19 @@ static Node *postfix(P *p, Node *x) {
         unsigned c = p->s[p->i];
         uint32_t lo, hi;
         size_t at = p->i;
-        if (c == '*') { lo = 0; hi = REP_INF; p->i++; }
-        else if (c == '+') { lo = 1; hi = REP_INF; p->i++; }
-        else if (c == '?') { lo = 0; hi = 1; p->i++; }
-        else if (c == '{') {
+        if (c == '*') {
+            lo = 0;
+            hi = REP_INF;
+            p->i++;
+        } else if (c == '+') {
+            lo = 1;
+            hi = REP_INF;
+            p->i++;
+        } else if (c == '?') {
+            lo = 0;
+            hi = 1;
+            p->i++;
+        } else if (c == '{') {
             p->i++;
             p->i = skip_blank(p, p->i, 0);
             if (read_count(p, &lo)) return NULL;
@@ -336,9 +402,15 @@ static Node *postfix(P *p, Node *x) {
                 if (p->i < p->n && p->s[p->i] != '}' && read_count(p, &hi)) return NULL;
                 p->i = skip_blank(p, p->i, 0);
             }
-            if (p->i >= p->n || p->s[p->i] != '}') { fail(p, at, "a repetition {m,n} needs its closing }"); return NULL; }
+            if (p->i >= p->n || p->s[p->i] != '}') {
+                fail(p, at, "a repetition {m,n} needs its closing }");
+                return NULL;
+            }
             p->i++;
-            if (hi < lo) { fail(p, at, "repetition {%u,%u} has its maximum below its minimum", lo, hi); return NULL; }
+            if (hi < lo) {
+                fail(p, at, "repetition {%u,%u} has its maximum below its minimum", lo, hi);
+                return NULL;
+            }
         } else break;
         Node *r = node_new(p, N_REP, at);
         if (!r || node_add(p, r, x)) return NULL;
@@ -360,14 +432,23 @@ static Node *sequence(P *p, int nested) {
         size_t at = p->i;
         if (c == '"') x = literal(p);
         else if (c == '[') x = char_class(p);
-        else if (c == '.') { p->i++; x = node_new(p, N_CLASS, at); if (x) x->neg = 1; }
-        else if (c == '(') {
-            if (++p->depth > 200) { fail(p, at, "groups nested more than 200 deep"); return NULL; }
+        else if (c == '.') {
+            p->i++;
+            x = node_new(p, N_CLASS, at);
+            if (x) x->neg = 1;
+        } else if (c == '(') {
+            if (++p->depth > 200) {
+                fail(p, at, "groups nested more than 200 deep");
+                return NULL;
+            }
             p->i++;
             x = alternates(p, 1);
             if (!x) return NULL;
             space(p, 1);
-            if (p->i >= p->n || p->s[p->i] != ')') { fail(p, at, "unclosed '('"); return NULL; }
+            if (p->i >= p->n || p->s[p->i] != ')') {
+                fail(p, at, "unclosed '('");
+                return NULL;
+            }
             p->i++;
             p->depth--;
         } else if (is_name(c)) {
@@ -411,7 +492,8 @@ static int parse_rules(P *p) {
         Rule *r = &p->rules[id];
         if (r->defined) return fail(p, at, "rule '%s' is defined twice", r->name);
         p->i = skip_blank(p, j, 0);
-        if (p->i + 3 > p->n || memcmp(p->s + p->i, "::=", 3)) return fail(p, p->i, "expected '::=' after rule name '%s'", r->name);
+        if (p->i + 3 > p->n || memcmp(p->s + p->i, "::=", 3))
+            return fail(p, p->i, "expected '::=' after rule name '%s'", r->name);
         p->i = skip_blank(p, p->i + 3, 0);
         Node *body = alternates(p, 0);
         if (!body) return -1;
@@ -426,7 +508,8 @@ static int parse_rules(P *p) {
 /* ---- compilation to flat alternatives ---- */
 static int emit(P *p, uint32_t rule, int type, uint32_t a, uint32_t b) {
     Rule *r = &p->rules[rule];
-    if (++p->total_el > GRAMMAR_MAX_ELEMENTS) return fail(p, r->pos, "the grammar expands to more than %u elements", GRAMMAR_MAX_ELEMENTS);
+    if (++p->total_el > GRAMMAR_MAX_ELEMENTS)
+        return fail(p, r->pos, "the grammar expands to more than %u elements", GRAMMAR_MAX_ELEMENTS);
     GElem *el = grow_array(r->el, &r->cap, r->n + 1, sizeof *el, 8);
     if (!el) return oom(p);
     r->el = el;
@@ -451,7 +534,10 @@ static int item(P *p, uint32_t rule, const Node *x);
 
 /* x as one element: a class or a reference, wrapping anything longer in a rule of its own. */
 static int single(P *p, const Node *x, GElem *out) {
-    if (x->kind == N_REF || x->kind == N_RID) { *out = (GElem){GE_REF, x->id, 0}; return 0; }
+    if (x->kind == N_REF || x->kind == N_RID) {
+        *out = (GElem){GE_REF, x->id, 0};
+        return 0;
+    }
     uint32_t r;
     if (gen_rule(p, x->pos, &r)) return -1;
     if (x->kind == N_ALT) p->rules[r].body = (Node *)x;
@@ -468,7 +554,8 @@ static int repeat(P *p, uint32_t rule, const Node *rep) {
         one = p->rules[rule].el[--p->rules[rule].n];
         p->total_el--;
     } else if (single(p, x, &one)) return -1;
-    for (uint32_t k = 0; k < rep->lo; k++) if (emit(p, rule, one.type, one.a, one.b)) return -1;
+    for (uint32_t k = 0; k < rep->lo; k++)
+        if (emit(p, rule, one.type, one.a, one.b)) return -1;
     if (rep->hi == REP_INF) { /* S ::= x S | (empty) */
         uint32_t s;
         if (gen_rule(p, rep->pos, &s) || emit(p, s, one.type, one.a, one.b) || emit(p, s, GE_REF, s, 0) ||
@@ -491,9 +578,11 @@ static int repeat(P *p, uint32_t rule, const Node *rep) {
 static int item(P *p, uint32_t rule, const Node *x) {
     switch (x->kind) {
     case N_CLASS: return emit_class(p, rule, x);
-    case N_REF: case N_RID: return emit(p, rule, GE_REF, x->id, 0);
+    case N_REF:
+    case N_RID: return emit(p, rule, GE_REF, x->id, 0);
     case N_SEQ:
-        for (size_t k = 0; k < x->n; k++) if (item(p, rule, x->kid[k])) return -1;
+        for (size_t k = 0; k < x->n; k++)
+            if (item(p, rule, x->kid[k])) return -1;
         return 0;
     case N_ALT: {
         if (x->n == 1) return item(p, rule, x->kid[0]);
@@ -528,9 +617,15 @@ static uint32_t char_min_bytes(const Grammar *g, const GElem *e) {
         uint32_t cp = 0;
         for (int moved = 1; moved && cp <= 0x10FFFF;) {
             moved = 0;
-            if (cp >= 0xD800 && cp <= 0xDFFF) { cp = 0xE000; moved = 1; }
+            if (cp >= 0xD800 && cp <= 0xDFFF) {
+                cp = 0xE000;
+                moved = 1;
+            }
             for (uint32_t k = 0; k < e->b; k++)
-                if (cp >= rg[2 * k] && cp <= rg[2 * k + 1]) { cp = rg[2 * k + 1] + 1; moved = 1; }
+                if (cp >= rg[2 * k] && cp <= rg[2 * k + 1]) {
+                    cp = rg[2 * k + 1] + 1;
+                    moved = 1;
+                }
         }
         best = cp;
     }
@@ -548,7 +643,8 @@ static int rule_min_lengths(const Grammar *g, uint32_t *minlen) {
     uint8_t *queued = calloc(R + 1, 1);
     int rc = -1;
     if (!cnt || !queue || !queued) goto out;
-    for (size_t i = 0; i < g->n_el; i++) if (g->el[i].type == GE_REF) cnt[g->el[i].a + 1]++;
+    for (size_t i = 0; i < g->n_el; i++)
+        if (g->el[i].type == GE_REF) cnt[g->el[i].a + 1]++;
     for (size_t r = 0; r < R; r++) cnt[r + 1] += cnt[r];
     if (!(users = malloc((cnt[R] + 1) * sizeof *users))) goto out;
     {
@@ -561,7 +657,11 @@ static int rule_min_lengths(const Grammar *g, uint32_t *minlen) {
         free(fill);
     }
     size_t qh = 0, qt = 0;
-    for (size_t r = 0; r < R; r++) { minlen[r] = INF_LEN; queue[qt++] = (uint32_t)r; queued[r] = 1; }
+    for (size_t r = 0; r < R; r++) {
+        minlen[r] = INF_LEN;
+        queue[qt++] = (uint32_t)r;
+        queued[r] = 1;
+    }
     while (qh != qt) {
         uint32_t r = queue[qh];
         qh = (qh + 1) % (R + 1);
@@ -581,12 +681,19 @@ static int rule_min_lengths(const Grammar *g, uint32_t *minlen) {
         minlen[r] = best;
         for (uint32_t k = cnt[r]; k < cnt[r + 1]; k++) {
             uint32_t u = users[k];
-            if (!queued[u]) { queued[u] = 1; queue[qt] = u; qt = (qt + 1) % (R + 1); }
+            if (!queued[u]) {
+                queued[u] = 1;
+                queue[qt] = u;
+                qt = (qt + 1) % (R + 1);
+            }
         }
     }
     rc = 0;
 out:
-    free(cnt); free(users); free(queue); free(queued);
+    free(cnt);
+    free(users);
+    free(queue);
+    free(queued);
     return rc;
 }
 
@@ -596,11 +703,17 @@ static int find_left_recursion(const Grammar *g, const uint32_t *minlen, uint32_
     uint8_t *color = calloc(R, 1);
     uint32_t *stack = malloc(R * sizeof *stack), *at = malloc(R * sizeof *at);
     int found = 0;
-    if (!color || !stack || !at) { free(color); free(stack); free(at); return -1; }
+    if (!color || !stack || !at) {
+        free(color);
+        free(stack);
+        free(at);
+        return -1;
+    }
     for (size_t s = 0; s < R && !found; s++) {
         if (color[s]) continue;
         size_t sp = 0;
-        stack[sp] = (uint32_t)s; at[sp++] = g->rule_start[s];
+        stack[sp] = (uint32_t)s;
+        at[sp++] = g->rule_start[s];
         color[s] = 1;
         while (sp && !found) {
             uint32_t r = stack[sp - 1], i = at[sp - 1];
@@ -609,26 +722,56 @@ static int find_left_recursion(const Grammar *g, const uint32_t *minlen, uint32_
             uint32_t next = UINT32_MAX;
             while (g->el[i].type != GE_END) {
                 const GElem *e = &g->el[i];
-                if (e->type == GE_ALT) { i++; continue; }
-                if (e->type == GE_REF) { next = e->a; i++; if (minlen[e->a] != 0) { while (g->el[i].type != GE_ALT && g->el[i].type != GE_END) i++; } break; }
+                if (e->type == GE_ALT) {
+                    i++;
+                    continue;
+                }
+                if (e->type == GE_REF) {
+                    next = e->a;
+                    i++;
+                    if (minlen[e->a] != 0) {
+                        while (g->el[i].type != GE_ALT && g->el[i].type != GE_END) i++;
+                    }
+                    break;
+                }
                 while (g->el[i].type != GE_ALT && g->el[i].type != GE_END) i++; /* a character: this alternative is done */
             }
             at[sp - 1] = i;
-            if (next == UINT32_MAX) { color[r] = 2; sp--; continue; }
-            if (color[next] == 1) { found = 1; *culprit = next; break; }
-            if (color[next] == 0) { color[next] = 1; stack[sp] = next; at[sp++] = g->rule_start[next]; }
+            if (next == UINT32_MAX) {
+                color[r] = 2;
+                sp--;
+                continue;
+            }
+            if (color[next] == 1) {
+                found = 1;
+                *culprit = next;
+                break;
+            }
+            if (color[next] == 0) {
+                color[next] = 1;
+                stack[sp] = next;
+                at[sp++] = g->rule_start[next];
+            }
         }
     }
-    free(color); free(stack); free(at);
+    free(color);
+    free(stack);
+    free(at);
     return found;
 }
 
 static int check(P *p, Grammar *g) {
     uint32_t *minlen = malloc(g->n_rules * sizeof *minlen);
-    if (!minlen || rule_min_lengths(g, minlen)) { free(minlen); return oom(p); }
+    if (!minlen || rule_min_lengths(g, minlen)) {
+        free(minlen);
+        return oom(p);
+    }
     uint32_t bad;
     int lr = find_left_recursion(g, minlen, &bad);
-    if (lr < 0) { free(minlen); return oom(p); }
+    if (lr < 0) {
+        free(minlen);
+        return oom(p);
+    }
     if (lr) {
         const Rule *r = &p->rules[bad];
         free(minlen);
@@ -638,7 +781,12 @@ static int check(P *p, Grammar *g) {
     /* every rule the root can reach must be able to finish */
     uint8_t *seen = calloc(g->n_rules, 1);
     uint32_t *todo = malloc(g->n_rules * sizeof *todo);
-    if (!seen || !todo) { free(minlen); free(seen); free(todo); return oom(p); }
+    if (!seen || !todo) {
+        free(minlen);
+        free(seen);
+        free(todo);
+        return oom(p);
+    }
     size_t n = 0;
     todo[n++] = g->root;
     seen[g->root] = 1;
@@ -647,13 +795,18 @@ static int check(P *p, Grammar *g) {
         uint32_t r = todo[--n];
         if (minlen[r] >= INF_LEN) {
             const Rule *ru = &p->rules[r];
-            rc = ru->name ? fail(p, ru->pos, "rule '%s' can never finish: every alternative needs itself again or "
-                                 "matches nothing", ru->name)
+            rc = ru->name ? fail(p, ru->pos,
+                                 "rule '%s' can never finish: every alternative needs itself again or "
+                                 "matches nothing",
+                                 ru->name)
                           : fail(p, ru->pos, "this part can never finish: it needs itself again or matches nothing");
             break;
         }
         for (uint32_t i = g->rule_start[r]; g->el[i].type != GE_END; i++)
-            if (g->el[i].type == GE_REF && !seen[g->el[i].a]) { seen[g->el[i].a] = 1; todo[n++] = g->el[i].a; }
+            if (g->el[i].type == GE_REF && !seen[g->el[i].a]) {
+                seen[g->el[i].a] = 1;
+                todo[n++] = g->el[i].a;
+            }
     }
     /* minrest: backwards through each alternative */
     if (!rc && !(g->minrest = malloc((g->n_el + 1) * sizeof *g->minrest))) rc = oom(p);
@@ -662,14 +815,27 @@ static int check(P *p, Grammar *g) {
         if (e->type == GE_END || e->type == GE_ALT) g->minrest[i] = 0;
         else g->minrest[i] = sat_add(e->type == GE_REF ? minlen[e->a] : char_min_bytes(g, e), g->minrest[i + 1]);
     }
-    free(minlen); free(seen); free(todo);
+    free(minlen);
+    free(seen);
+    free(todo);
     return rc;
 }
 
 static void free_parser(P *p) {
-    for (Node *x = p->nodes, *nx; x; x = nx) { nx = x->next_alloc; free(x->kid); free(x->rg); free(x); }
-    for (size_t r = 0; r < p->n_rules; r++) { free(p->rules[r].name); free(p->rules[r].el); }
-    free(p->rules); free(p->hash); free(p->ranges); free(p->lit);
+    for (Node *x = p->nodes, *nx; x; x = nx) {
+        nx = x->next_alloc;
+        free(x->kid);
+        free(x->rg);
+        free(x);
+    }
+    for (size_t r = 0; r < p->n_rules; r++) {
+        free(p->rules[r].name);
+        free(p->rules[r].el);
+    }
+    free(p->rules);
+    free(p->hash);
+    free(p->ranges);
+    free(p->lit);
 }
 
 Grammar *grammar_parse(const char *text, size_t n, char *err, size_t errlen) {
@@ -679,27 +845,44 @@ Grammar *grammar_parse(const char *text, size_t n, char *err, size_t errlen) {
     if (parse_rules(&p)) goto fail;
     uint32_t root = UINT32_MAX;
     for (size_t r = 0; r < p.n_rules; r++) {
-        if (!p.rules[r].defined) { fail(&p, p.rules[r].pos, "rule '%s' is used but never defined", p.rules[r].name); goto fail; }
+        if (!p.rules[r].defined) {
+            fail(&p, p.rules[r].pos, "rule '%s' is used but never defined", p.rules[r].name);
+            goto fail;
+        }
         if (!strcmp(p.rules[r].name, "root")) root = (uint32_t)r;
     }
-    if (root == UINT32_MAX) { fail(&p, 0, "no 'root' rule: the output must match 'root ::= ...'"); goto fail; }
+    if (root == UINT32_MAX) {
+        fail(&p, 0, "no 'root' rule: the output must match 'root ::= ...'");
+        goto fail;
+    }
     for (size_t r = 0; r < p.n_rules; r++) /* n_rules grows as groups and repetitions add rules */
         if (p.rules[r].body && compile_rule(&p, (uint32_t)r)) goto fail;
-    if (!(g = calloc(1, sizeof *g))) { oom(&p); goto fail; }
+    if (!(g = calloc(1, sizeof *g))) {
+        oom(&p);
+        goto fail;
+    }
     g->n_rules = p.n_rules;
     g->root = root;
     g->rule_start = malloc((p.n_rules + 1) * sizeof *g->rule_start);
     g->el = malloc((p.total_el + 1) * sizeof *g->el);
-    if (!g->rule_start || !g->el) { oom(&p); goto fail; }
+    if (!g->rule_start || !g->el) {
+        oom(&p);
+        goto fail;
+    }
     for (size_t r = 0; r < p.n_rules; r++) {
         g->rule_start[r] = (uint32_t)g->n_el;
         memcpy(g->el + g->n_el, p.rules[r].el, p.rules[r].n * sizeof(GElem));
         g->n_el += p.rules[r].n;
     }
-    g->ranges = p.ranges; p.ranges = NULL;
-    if (!g->ranges && !(g->ranges = calloc(2, sizeof *g->ranges))) { oom(&p); goto fail; } /* only `.`: no ranges */
+    g->ranges = p.ranges;
+    p.ranges = NULL;
+    if (!g->ranges && !(g->ranges = calloc(2, sizeof *g->ranges))) {
+        oom(&p);
+        goto fail;
+    } /* only `.`: no ranges */
     g->n_ranges = p.n_ranges / 2;
-    g->literals = p.lit; p.lit = NULL;
+    g->literals = p.lit;
+    p.lit = NULL;
     g->literals_len = p.lit_len;
     if (check(&p, g)) goto fail;
     free_parser(&p);
@@ -712,7 +895,11 @@ fail:
 
 void grammar_free(Grammar *g) {
     if (!g) return;
-    free(g->el); free(g->rule_start); free(g->ranges); free(g->minrest); free(g->literals);
+    free(g->el);
+    free(g->rule_start);
+    free(g->ranges);
+    free(g->minrest);
+    free(g->literals);
     free(g);
 }
 

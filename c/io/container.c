@@ -13,8 +13,13 @@ static char *read_file(const char *path, size_t *len, size_t max) {
     if (fseek(f, 0, SEEK_END) == 0) {
         long n = ftell(f);
         if (n >= 0 && (size_t)n <= max && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-            if (fread(buf, 1, (size_t)n, f) == (size_t)n) { buf[n] = 0; *len = (size_t)n; }
-            else { free(buf); buf = NULL; }
+            if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+                buf[n] = 0;
+                *len = (size_t)n;
+            } else {
+                free(buf);
+                buf = NULL;
+            }
         }
     }
     fclose(f);
@@ -56,8 +61,8 @@ static int check_storage(const StTensor *st, QType qt, long long rows, long long
     int ok = strcmp(st->dtype, want) == 0 && ((st->ndim == 2 && st->shape[0] == rows && st->shape[1] == want_cols) ||
                                               (st->ndim == 1 && rows == 1 && st->shape[0] == want_cols));
     if (!ok) {
-        snprintf(err, errlen, "tensor '%s': stored as %s %s but declared %s [%lld, %lld]; the container is corrupt",
-                 st->name, st->dtype, st->ndim == 2 ? "2-D" : "other-rank", qtype_name(qt), rows, cols);
+        snprintf(err, errlen, "tensor '%s': stored as %s %s but declared %s [%lld, %lld]; the container is corrupt", st->name,
+                 st->dtype, st->ndim == 2 ? "2-D" : "other-rank", qtype_name(qt), rows, cols);
         return -1;
     }
     return 0;
@@ -68,9 +73,15 @@ Container *ct_open(const char *dir, char *err, size_t errlen) {
     char path[4096], jerr[256];
     size_t len = 0, total = 0;
     char *text = NULL;
-    if (!c) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     c->dir = strdup(dir);
-    if (!c->dir) { snprintf(err, errlen, "out of memory"); goto fail; }
+    if (!c->dir) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     snprintf(path, sizeof path, "%s/colibri.json", dir);
     text = read_file(path, &len, 64u << 20);
     if (!text) {
@@ -80,14 +91,20 @@ Container *ct_open(const char *dir, char *err, size_t errlen) {
     c->manifest = json_parse(text, len, jerr, sizeof jerr);
     free(text);
     text = NULL;
-    if (!c->manifest) { snprintf(err, errlen, "%s: %s", path, jerr); goto fail; }
+    if (!c->manifest) {
+        snprintf(err, errlen, "%s: %s", path, jerr);
+        goto fail;
+    }
     const JsonValue *m = json_root(c->manifest);
     const char *fmt = json_get_str(m, "format");
-    if (!fmt || strcmp(fmt, "colibri-container") != 0) { snprintf(err, errlen, "%s: not a colibri container manifest", path); goto fail; }
+    if (!fmt || strcmp(fmt, "colibri-container") != 0) {
+        snprintf(err, errlen, "%s: not a colibri container manifest", path);
+        goto fail;
+    }
     long long ver = json_get_int(m, "format_version", -1);
     if (ver != CONTAINER_FORMAT_VERSION) {
-        snprintf(err, errlen, "%s: container format version %lld, this engine reads version %d; re-run coli convert",
-                 path, ver, CONTAINER_FORMAT_VERSION);
+        snprintf(err, errlen, "%s: container format version %lld, this engine reads version %d; re-run coli convert", path, ver,
+                 CONTAINER_FORMAT_VERSION);
         goto fail;
     }
     const JsonValue *shards = json_get(m, "shards");
@@ -97,7 +114,10 @@ Container *ct_open(const char *dir, char *err, size_t errlen) {
     }
     c->shards = calloc(shards->len, sizeof(StFile));
     c->meta_docs = calloc(shards->len, sizeof(JsonDoc *));
-    if (!c->shards || !c->meta_docs) { snprintf(err, errlen, "out of memory"); goto fail; }
+    if (!c->shards || !c->meta_docs) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     for (size_t i = 0; i < shards->len; i++) {
         const JsonValue *s = &shards->items[i];
         if (s->type != JSON_STR || strchr(s->str, '/') || s->str[0] == '.') {
@@ -112,27 +132,39 @@ Container *ct_open(const char *dir, char *err, size_t errlen) {
     c->cap = 16;
     while (c->cap < total * 2) c->cap <<= 1;
     c->table = calloc(c->cap, sizeof(CtTensor));
-    if (!c->table) { snprintf(err, errlen, "out of memory"); goto fail; }
+    if (!c->table) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     for (size_t i = 0; i < c->n_shards; i++) {
         StFile *f = &c->shards[i];
         const JsonValue *meta = f->metadata ? json_get(f->metadata, "colibri.tensors") : NULL;
-        if (!meta) { snprintf(err, errlen, "%s: shard has no colibri.tensors metadata; it was not written by coli convert", f->path); goto fail; }
+        if (!meta) {
+            snprintf(err, errlen, "%s: shard has no colibri.tensors metadata; it was not written by coli convert", f->path);
+            goto fail;
+        }
         c->meta_docs[i] = json_parse(meta->str, meta->len, jerr, sizeof jerr);
-        if (!c->meta_docs[i]) { snprintf(err, errlen, "%s: colibri.tensors metadata: %s", f->path, jerr); goto fail; }
+        if (!c->meta_docs[i]) {
+            snprintf(err, errlen, "%s: colibri.tensors metadata: %s", f->path, jerr);
+            goto fail;
+        }
         const JsonValue *info = json_root(c->meta_docs[i]);
         for (size_t k = 0; k < f->n; k++) {
             const StTensor *st = &f->tensors[k];
             const JsonValue *e = json_get(info, st->name);
             QType qt;
             if (!e || e->type != JSON_ARR || e->len != 3 || e->items[0].type != JSON_STR ||
-                qtype_from_name(e->items[0].str, &qt) || !e->items[1].is_int || !e->items[2].is_int ||
-                e->items[1].i < 1 || e->items[2].i < 1 || e->items[2].i > (1 << 30)) {
+                qtype_from_name(e->items[0].str, &qt) || !e->items[1].is_int || !e->items[2].is_int || e->items[1].i < 1 ||
+                e->items[2].i < 1 || e->items[2].i > (1 << 30)) {
                 snprintf(err, errlen, "%s: tensor '%s' has no valid storage entry in colibri.tensors", f->path, st->name);
                 goto fail;
             }
             CtTensor t = {st, qt, e->items[1].i, e->items[2].i};
             if (check_storage(st, qt, t.rows, t.cols, err, errlen)) goto fail;
-            if (table_put(c, &t)) { snprintf(err, errlen, "tensor '%s' appears in more than one shard", st->name); goto fail; }
+            if (table_put(c, &t)) {
+                snprintf(err, errlen, "tensor '%s' appears in more than one shard", st->name);
+                goto fail;
+            }
         }
     }
     return c;
@@ -145,7 +177,8 @@ fail:
 void ct_close(Container *c) {
     if (!c) return;
     for (size_t i = 0; i < c->n_shards; i++) { st_close(&c->shards[i]); }
-    if (c->meta_docs) for (size_t i = 0; i < c->n_shards; i++) json_free(c->meta_docs[i]);
+    if (c->meta_docs)
+        for (size_t i = 0; i < c->n_shards; i++) json_free(c->meta_docs[i]);
     free(c->meta_docs);
     free(c->shards);
     free(c->table);

@@ -16,7 +16,7 @@ const char *gather_fields(const char *line) {
 }
 
 /* e2m1: sign, 2 exponent bits, 1 mantissa bit (the OCP MX table). */
-static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+static const float E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 void mxfp4_dequant_row(const unsigned char *blocks, const unsigned char *scales, long long n, float *dst) {
@@ -42,27 +42,34 @@ static int read_span(const char *path, long long off, size_t n, unsigned char **
     }
     if (fd >= 0) close(fd);
     if (done == n && *out) return 0;
-    fprintf(stderr, "convert-jobs: cannot read %zu bytes at %lld of %s; the source file is truncated or unreadable\n", n,
-            off, path);
+    fprintf(stderr, "convert-jobs: cannot read %zu bytes at %lld of %s; the source file is truncated or unreadable\n", n, off,
+            path);
     free(*out);
     *out = NULL;
     return -1;
 }
 
 static float elem(const char *dt, const unsigned char *p) {
-    if (!strcmp(dt, "F32")) { float f; memcpy(&f, p, 4); return f; }
+    if (!strcmp(dt, "F32")) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
     uint16_t h;
     memcpy(&h, p, 2);
     return !strcmp(dt, "BF16") ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-int gather_job(const char *fields, const char *src, long long soff, const char *dt, long long rows, long long cols,
-               int dfd, long long doff, QType qt) {
+int gather_job(const char *fields, const char *src, long long soff, const char *dt, long long rows, long long cols, int dfd,
+               long long doff, QType qt) {
     const size_t out_row = qtype_row_bytes(qt, (int)cols), padded = ((size_t)cols + 31) / 32 * 32;
     unsigned char *in = NULL, *sc = NULL, *out = malloc(out_row * (size_t)rows);
     float *f = calloc(padded * (size_t)rows, sizeof(float));
     int rc = -1;
-    if (!out || !f) { fprintf(stderr, "convert-jobs: out of memory\n"); goto done; }
+    if (!out || !f) {
+        fprintf(stderr, "convert-jobs: out of memory\n");
+        goto done;
+    }
     if (!strncmp(fields, "\tgather\t", 8)) { /* element (r, c) at soff + (r*rs + c*cs) elements */
         long long rs, cs;
         int es = !strcmp(dt, "F32") ? 4 : (!strcmp(dt, "BF16") || !strcmp(dt, "F16")) ? 2 : 0;
@@ -96,11 +103,17 @@ int gather_job(const char *fields, const char *src, long long soff, const char *
     while (done_b < n) {
         ssize_t w = pwrite(dfd, out + done_b, n - done_b, (off_t)(doff + (long long)done_b));
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { fprintf(stderr, "convert-jobs: write failed: %s\n", strerror(errno)); goto done; }
+        if (w <= 0) {
+            fprintf(stderr, "convert-jobs: write failed: %s\n", strerror(errno));
+            goto done;
+        }
         done_b += (size_t)w;
     }
     rc = 0;
 done:
-    free(in); free(sc); free(out); free(f);
+    free(in);
+    free(sc);
+    free(out);
+    free(f);
     return rc;
 }

@@ -10,8 +10,8 @@
 const char *gather_fields(const char *line);
 /* Runs one such job: rows x cols of source dt at (src, soff), written as qt at (dfd, doff).
  * 0 ok; -1 with the reason on stderr. */
-int gather_job(const char *fields, const char *src, long long soff, const char *dt, long long rows, long long cols,
-               int dfd, long long doff, QType qt);
+int gather_job(const char *fields, const char *src, long long soff, const char *dt, long long rows, long long cols, int dfd,
+               long long doff, QType qt);
 /* MXFP4 -> f32: n values from blocks (n/2 bytes, low nibble first) and scales (n/32 bytes). */
 void mxfp4_dequant_row(const unsigned char *blocks, const unsigned char *scales, long long n, float *dst);
 

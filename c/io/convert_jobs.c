@@ -36,15 +36,29 @@ static float e4m3(unsigned char b) {
 static void to_f32(const char *dt, const unsigned char *src, long long n, float *dst) {
     if (!strcmp(dt, "F32")) memcpy(dst, src, (size_t)n * 4);
     else if (!strcmp(dt, "BF16")) dequant_row(QT_BF16, src, (int)n, dst);
-    else if (!strcmp(dt, "F8_E4M3")) for (long long i = 0; i < n; i++) dst[i] = e4m3(src[i]);
+    else if (!strcmp(dt, "F8_E4M3"))
+        for (long long i = 0; i < n; i++) dst[i] = e4m3(src[i]);
     else if (!strcmp(dt, "F8_E8M0")) /* power-of-two block scales (DeepSeek-V4 releases); 0xff is NaN */
         for (long long i = 0; i < n; i++) dst[i] = src[i] == 0xff ? NAN : ldexpf(1.0f, (int)src[i] - 127);
-    else if (!strcmp(dt, "I64")) for (long long i = 0; i < n; i++) { int64_t v; memcpy(&v, src + 8 * i, 8); dst[i] = (float)v; }
-    else if (!strcmp(dt, "I32")) for (long long i = 0; i < n; i++) { int32_t v; memcpy(&v, src + 4 * i, 4); dst[i] = (float)v; }
+    else if (!strcmp(dt, "I64"))
+        for (long long i = 0; i < n; i++) {
+            int64_t v;
+            memcpy(&v, src + 8 * i, 8);
+            dst[i] = (float)v;
+        }
+    else if (!strcmp(dt, "I32"))
+        for (long long i = 0; i < n; i++) {
+            int32_t v;
+            memcpy(&v, src + 4 * i, 4);
+            dst[i] = (float)v;
+        }
     else dequant_row(QT_F16, src, (int)n, dst);
 }
 
-typedef struct { char path[4096]; int fd; } OpenFile;
+typedef struct {
+    char path[4096];
+    int fd;
+} OpenFile;
 
 static int full_pread(int fd, void *buf, size_t n, off_t off) {
     size_t done = 0;
@@ -91,7 +105,8 @@ static int load_scale(const char *line, long long rows, long long cols, BlockSca
     const char *p = line;
     for (int tabs = 0; tabs < 8 && p; tabs++) p = strchr(p + (tabs > 0), '\t');
     if (!p || sscanf(p, "\t%4095[^\t]\t%lld\t%15[^\t]\t%lld\t%lld\t%lld", sp, &soff, sdt, &bs->br, &bs->bc, &bs->row0) != 6 ||
-        bs->br < 1 || bs->bc < 1 || bs->row0 < 0 || (strcmp(sdt, "F32") && strcmp(sdt, "BF16") && strcmp(sdt, "F8_E8M0"))) return -1;
+        bs->br < 1 || bs->bc < 1 || bs->row0 < 0 || (strcmp(sdt, "F32") && strcmp(sdt, "BF16") && strcmp(sdt, "F8_E8M0")))
+        return -1;
     bs->scols = (cols + bs->bc - 1) / bs->bc;
     bs->srow0 = bs->row0 / bs->br;
     long long n = (bs->row0 + rows - 1) / bs->br - bs->srow0 + 1, es = src_elem(sdt);
@@ -112,13 +127,22 @@ static void progress(long done, long total, double *last) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     double t = ts.tv_sec + ts.tv_nsec / 1e9;
-    if (t - *last > 0.5 || done == total) { fprintf(stderr, "PROGRESS %ld %ld\n", done, total); *last = t; }
+    if (t - *last > 0.5 || done == total) {
+        fprintf(stderr, "PROGRESS %ld %ld\n", done, total);
+        *last = t;
+    }
 }
 
 int convert_jobs_main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: colibri convert-jobs JOBFILE\n"); return 2; }
+    if (argc < 3) {
+        fprintf(stderr, "usage: colibri convert-jobs JOBFILE\n");
+        return 2;
+    }
     FILE *jf = fopen(argv[2], "r");
-    if (!jf) { fprintf(stderr, "convert-jobs: cannot open %s\n", argv[2]); return 2; }
+    if (!jf) {
+        fprintf(stderr, "convert-jobs: cannot open %s\n", argv[2]);
+        return 2;
+    }
     OpenFile src = {{0}, -1}, dst = {{0}, -1}, sc = {{0}, -1};
     BlockScale bs = {0};
     char line[16384];
@@ -132,8 +156,9 @@ int convert_jobs_main(int argc, char **argv) {
     while (fgets(line, sizeof line, jf)) {
         char sp[4096], dt[16], dp[4096], qn[16];
         long long soff, rows, cols, doff;
-        if (sscanf(line, "%4095[^\t]\t%lld\t%15[^\t]\t%lld\t%lld\t%4095[^\t]\t%lld\t%15s", sp, &soff, dt, &rows, &cols, dp,
-                   &doff, qn) != 8 || rows < 1 || cols < 1 || cols > (1 << 30)) {
+        if (sscanf(line, "%4095[^\t]\t%lld\t%15[^\t]\t%lld\t%lld\t%4095[^\t]\t%lld\t%15s", sp, &soff, dt, &rows, &cols, dp, &doff,
+                   qn) != 8 ||
+            rows < 1 || cols < 1 || cols > (1 << 30)) {
             fprintf(stderr, "convert-jobs: malformed job line %ld\n", done + 1);
             rc = 2;
             break;
@@ -157,7 +182,11 @@ int convert_jobs_main(int argc, char **argv) {
             rc = 2;
             break;
         }
-        if (!in_row || qtype_from_name(qn, &qt)) { fprintf(stderr, "convert-jobs: unsupported dtype %s or qtype %s\n", dt, qn); rc = 2; break; }
+        if (!in_row || qtype_from_name(qn, &qt)) {
+            fprintf(stderr, "convert-jobs: unsupported dtype %s or qtype %s\n", dt, qn);
+            rc = 2;
+            break;
+        }
         free(bs.s);
         bs.s = NULL;
         if (!strcmp(dt, "F8_E4M3") && load_scale(line, rows, cols, &bs, &sc)) {
@@ -167,16 +196,26 @@ int convert_jobs_main(int argc, char **argv) {
             break;
         }
         int sfd = open_cached(&src, sp, O_RDONLY), dfd = open_cached(&dst, dp, O_WRONLY);
-        if (sfd < 0 || dfd < 0) { fprintf(stderr, "convert-jobs: cannot open %s\n", sfd < 0 ? sp : dp); rc = 2; break; }
+        if (sfd < 0 || dfd < 0) {
+            fprintf(stderr, "convert-jobs: cannot open %s\n", sfd < 0 ? sp : dp);
+            rc = 2;
+            break;
+        }
         size_t out_row = qtype_row_bytes(qt, (int)cols);
         long long per = (long long)(CHUNK_BYTES / (in_row + out_row));
         if (per < 1) per = 1;
-        free(rowf); free(in); free(out);
+        free(rowf);
+        free(in);
+        free(out);
         size_t padded = ((size_t)cols + 31) / 32 * 32;
         rowf = malloc(padded * sizeof(float) * (size_t)(per < rows ? per : rows));
         in = malloc(in_row * (size_t)(per < rows ? per : rows));
         out = malloc(out_row * (size_t)(per < rows ? per : rows));
-        if (!rowf || !in || !out) { fprintf(stderr, "convert-jobs: out of memory\n"); rc = 2; break; }
+        if (!rowf || !in || !out) {
+            fprintf(stderr, "convert-jobs: out of memory\n");
+            rc = 2;
+            break;
+        }
         for (long long r = 0; r < rows && !rc; r += per) {
             long long n = rows - r < per ? rows - r : per;
             if (full_pread(sfd, in, in_row * (size_t)n, (off_t)(soff + r * (long long)in_row))) {
@@ -209,8 +248,14 @@ int convert_jobs_main(int argc, char **argv) {
         if (rc) break;
         progress(++done, total, &last);
     }
-    if (!rc && dst.fd > 0 && fsync(dst.fd)) { fprintf(stderr, "convert-jobs: fsync failed\n"); rc = 2; }
-    free(rowf); free(in); free(out); free(bs.s);
+    if (!rc && dst.fd > 0 && fsync(dst.fd)) {
+        fprintf(stderr, "convert-jobs: fsync failed\n");
+        rc = 2;
+    }
+    free(rowf);
+    free(in);
+    free(out);
+    free(bs.s);
     if (sc.fd > 0) close(sc.fd);
     if (src.fd > 0) close(src.fd);
     if (dst.fd > 0) close(dst.fd);

@@ -78,14 +78,25 @@ static int hex4(Parser *p, unsigned *out) {
 }
 
 static size_t put_utf8(unsigned char *o, unsigned cp) {
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) { o[0] = 0xC0 | (cp >> 6); o[1] = 0x80 | (cp & 0x3F); return 2; }
+    if (cp < 0x80) {
+        o[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = 0xC0 | (cp >> 6);
+        o[1] = 0x80 | (cp & 0x3F);
+        return 2;
+    }
     if (cp < 0x10000) {
-        o[0] = 0xE0 | (cp >> 12); o[1] = 0x80 | ((cp >> 6) & 0x3F); o[2] = 0x80 | (cp & 0x3F);
+        o[0] = 0xE0 | (cp >> 12);
+        o[1] = 0x80 | ((cp >> 6) & 0x3F);
+        o[2] = 0x80 | (cp & 0x3F);
         return 3;
     }
-    o[0] = 0xF0 | (cp >> 18); o[1] = 0x80 | ((cp >> 12) & 0x3F);
-    o[2] = 0x80 | ((cp >> 6) & 0x3F); o[3] = 0x80 | (cp & 0x3F);
+    o[0] = 0xF0 | (cp >> 18);
+    o[1] = 0x80 | ((cp >> 12) & 0x3F);
+    o[2] = 0x80 | ((cp >> 6) & 0x3F);
+    o[3] = 0x80 | (cp & 0x3F);
     return 4;
 }
 
@@ -94,8 +105,13 @@ static int parse_string(Parser *p, const char **out, size_t *out_len) {
     size_t start = p->pos, end = start;
     int has_escape = 0;
     while (end < p->len && p->s[end] != '"') {
-        if (p->s[end] == '\\') { has_escape = 1; end++; }
-        else if ((unsigned char)p->s[end] < 0x20) { p->pos = end; return fail(p, "control character in string"); }
+        if (p->s[end] == '\\') {
+            has_escape = 1;
+            end++;
+        } else if ((unsigned char)p->s[end] < 0x20) {
+            p->pos = end;
+            return fail(p, "control character in string");
+        }
         end++;
     }
     if (end >= p->len) return fail(p, "unterminated string");
@@ -112,7 +128,10 @@ static int parse_string(Parser *p, const char **out, size_t *out_len) {
     size_t n = 0;
     while (p->pos < end) {
         char c = p->s[p->pos++];
-        if (c != '\\') { o[n++] = (unsigned char)c; continue; }
+        if (c != '\\') {
+            o[n++] = (unsigned char)c;
+            continue;
+        }
         char e = p->s[p->pos++];
         switch (e) {
         case '"': o[n++] = '"'; break;
@@ -156,8 +175,10 @@ static int parse_number(Parser *p, JsonValue *v) {
     while (p->pos < p->len) {
         char c = p->s[p->pos];
         if (c >= '0' && c <= '9') p->pos++;
-        else if (c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-') { integral = 0; p->pos++; }
-        else break;
+        else if (c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-') {
+            integral = 0;
+            p->pos++;
+        } else break;
     }
     size_t n = p->pos - start;
     if (n > 63) return fail(p, "number too long");
@@ -185,38 +206,65 @@ static int parse_container(Parser *p, JsonValue *v, int depth, int is_obj) {
     const char **keys = is_obj ? malloc(cap * sizeof(char *)) : NULL;
     size_t *klens = is_obj ? malloc(cap * sizeof(size_t)) : NULL;
     int rc = 0;
-    if (!vals || (is_obj && (!keys || !klens))) { rc = fail(p, "out of memory"); goto done; }
+    if (!vals || (is_obj && (!keys || !klens))) {
+        rc = fail(p, "out of memory");
+        goto done;
+    }
     char close = is_obj ? '}' : ']';
     skip_ws(p);
-    if (p->pos < p->len && p->s[p->pos] == close) { p->pos++; goto finish; }
+    if (p->pos < p->len && p->s[p->pos] == close) {
+        p->pos++;
+        goto finish;
+    }
     for (;;) {
         if (n == cap) { /* up to three arrays, one capacity: each grows from a copy of it */
             size_t vcap = cap, kcap = cap, lcap = cap;
             JsonValue *nv = grow_array(vals, &vcap, n + 1, sizeof(JsonValue), 8);
-            if (!nv) { rc = fail(p, "out of memory"); goto done; }
+            if (!nv) {
+                rc = fail(p, "out of memory");
+                goto done;
+            }
             vals = nv;
             if (is_obj) {
                 const char **nk = grow_array(keys, &kcap, n + 1, sizeof(char *), 8);
                 if (nk) keys = nk;
                 size_t *nl = grow_array(klens, &lcap, n + 1, sizeof(size_t), 8);
                 if (nl) klens = nl;
-                if (!nk || !nl) { rc = fail(p, "out of memory"); goto done; }
+                if (!nk || !nl) {
+                    rc = fail(p, "out of memory");
+                    goto done;
+                }
             }
             cap = vcap;
         }
         skip_ws(p);
         if (is_obj) {
-            if (p->pos >= p->len || p->s[p->pos] != '"') { rc = fail(p, "expected object key"); goto done; }
+            if (p->pos >= p->len || p->s[p->pos] != '"') {
+                rc = fail(p, "expected object key");
+                goto done;
+            }
             p->pos++;
-            if (parse_string(p, &keys[n], &klens[n])) { rc = -1; goto done; }
+            if (parse_string(p, &keys[n], &klens[n])) {
+                rc = -1;
+                goto done;
+            }
             skip_ws(p);
-            if (p->pos >= p->len || p->s[p->pos] != ':') { rc = fail(p, "expected ':'"); goto done; }
+            if (p->pos >= p->len || p->s[p->pos] != ':') {
+                rc = fail(p, "expected ':'");
+                goto done;
+            }
             p->pos++;
         }
-        if (parse_value(p, &vals[n], depth + 1)) { rc = -1; goto done; }
+        if (parse_value(p, &vals[n], depth + 1)) {
+            rc = -1;
+            goto done;
+        }
         n++;
         skip_ws(p);
-        if (p->pos >= p->len) { rc = fail(p, "unterminated container"); goto done; }
+        if (p->pos >= p->len) {
+            rc = fail(p, "unterminated container");
+            goto done;
+        }
         char c = p->s[p->pos++];
         if (c == ',') continue;
         if (c == close) break;
@@ -227,12 +275,18 @@ finish:
     v->type = is_obj ? JSON_OBJ : JSON_ARR;
     v->len = n;
     v->items = arena_alloc(p->doc, n * sizeof(JsonValue) + 1);
-    if (!v->items) { rc = fail(p, "out of memory"); goto done; }
+    if (!v->items) {
+        rc = fail(p, "out of memory");
+        goto done;
+    }
     memcpy(v->items, vals, n * sizeof(JsonValue));
     if (is_obj) {
         v->keys = arena_alloc(p->doc, n * sizeof(char *) + 1);
         v->key_lens = arena_alloc(p->doc, n * sizeof(size_t) + 1);
-        if (!v->keys || !v->key_lens) { rc = fail(p, "out of memory"); goto done; }
+        if (!v->keys || !v->key_lens) {
+            rc = fail(p, "out of memory");
+            goto done;
+        }
         memcpy(v->keys, keys, n * sizeof(char *));
         memcpy(v->key_lens, klens, n * sizeof(size_t));
     }
@@ -259,9 +313,18 @@ static int parse_value(Parser *p, JsonValue *v, int depth) {
     switch (c) {
     case '{': p->pos++; return parse_container(p, v, depth, 1);
     case '[': p->pos++; return parse_container(p, v, depth, 0);
-    case '"': p->pos++; v->type = JSON_STR; return parse_string(p, &v->str, &v->len);
-    case 't': v->type = JSON_BOOL; v->boolean = 1; return parse_literal(p, "true");
-    case 'f': v->type = JSON_BOOL; v->boolean = 0; return parse_literal(p, "false");
+    case '"':
+        p->pos++;
+        v->type = JSON_STR;
+        return parse_string(p, &v->str, &v->len);
+    case 't':
+        v->type = JSON_BOOL;
+        v->boolean = 1;
+        return parse_literal(p, "true");
+    case 'f':
+        v->type = JSON_BOOL;
+        v->boolean = 0;
+        return parse_literal(p, "false");
     case 'n': v->type = JSON_NULL; return parse_literal(p, "null");
     default: return parse_number(p, v);
     }
@@ -269,13 +332,19 @@ static int parse_value(Parser *p, JsonValue *v, int depth) {
 
 JsonDoc *json_parse(const char *text, size_t len, char *err, size_t errlen) {
     JsonDoc *doc = calloc(1, sizeof(JsonDoc));
-    if (!doc) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!doc) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     Parser p = {text, len, 0, doc, err, errlen, 0};
     if (parse_value(&p, &doc->root, 0) == 0) {
         skip_ws(&p);
         if (p.pos != p.len) fail(&p, "trailing data after JSON value");
     }
-    if (p.failed) { json_free(doc); return NULL; }
+    if (p.failed) {
+        json_free(doc);
+        return NULL;
+    }
     return doc;
 }
 
@@ -284,7 +353,11 @@ const JsonValue *json_root(const JsonDoc *doc) { return &doc->root; }
 void json_free(JsonDoc *doc) {
     if (!doc) return;
     ArenaBlock *b = doc->blocks;
-    while (b) { ArenaBlock *next = b->next; free(b); b = next; }
+    while (b) {
+        ArenaBlock *next = b->next;
+        free(b);
+        b = next;
+    }
     free(doc);
 }
 

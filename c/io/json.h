@@ -11,15 +11,15 @@ typedef enum { JSON_NULL, JSON_BOOL, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ } Js
 typedef struct JsonValue JsonValue;
 struct JsonValue {
     JsonType type;
-    int boolean;         /* JSON_BOOL */
-    int is_int;          /* JSON_NUM: written without fraction/exponent and fits int64 */
-    int64_t i;           /* JSON_NUM when is_int */
-    double num;          /* JSON_NUM */
-    const char *str;     /* JSON_STR (NUL-terminated copy) */
-    size_t len;          /* JSON_STR byte length; JSON_ARR / JSON_OBJ element count */
-    JsonValue *items;    /* JSON_ARR elements, JSON_OBJ values */
-    const char **keys;   /* JSON_OBJ keys (NUL-terminated) */
-    size_t *key_lens;    /* JSON_OBJ key byte lengths */
+    int boolean;       /* JSON_BOOL */
+    int is_int;        /* JSON_NUM: written without fraction/exponent and fits int64 */
+    int64_t i;         /* JSON_NUM when is_int */
+    double num;        /* JSON_NUM */
+    const char *str;   /* JSON_STR (NUL-terminated copy) */
+    size_t len;        /* JSON_STR byte length; JSON_ARR / JSON_OBJ element count */
+    JsonValue *items;  /* JSON_ARR elements, JSON_OBJ values */
+    const char **keys; /* JSON_OBJ keys (NUL-terminated) */
+    size_t *key_lens;  /* JSON_OBJ key byte lengths */
 };
 
 typedef struct JsonDoc JsonDoc;

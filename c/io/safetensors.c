@@ -11,9 +11,11 @@
 #define ST_MAX_HEADER (256u << 20)
 
 size_t st_dtype_size(const char *d) {
-    static const struct { const char *n; size_t s; } T[] = {
-        {"F64", 8}, {"I64", 8}, {"U64", 8}, {"F32", 4}, {"I32", 4}, {"U32", 4}, {"F16", 2}, {"BF16", 2},
-        {"I16", 2}, {"U16", 2}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+    static const struct {
+        const char *n;
+        size_t s;
+    } T[] = {{"F64", 8}, {"I64", 8}, {"U64", 8}, {"F32", 4}, {"I32", 4},  {"U32", 4},     {"F16", 2},    {"BF16", 2},
+             {"I16", 2}, {"U16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
     for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
         if (strcmp(d, T[i].n) == 0) return T[i].s;
     return 0;
@@ -24,21 +26,35 @@ static int by_offset(const void *a, const void *b) {
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
+#define FAIL(...)                           \
+    do {                                    \
+        snprintf(err, errlen, __VA_ARGS__); \
+        goto fail;                          \
+    } while (0)
 
 int st_open(StFile *f, const char *path, char *err, size_t errlen) {
     memset(f, 0, sizeof(*f));
     StTensor **order = NULL;
     int fd = open(path, O_RDONLY);
-    if (fd < 0) { snprintf(err, errlen, "%s: cannot open", path); return -1; }
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot open", path);
+        return -1;
+    }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { close(fd); snprintf(err, errlen, "%s: not a regular file", path); return -1; }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(err, errlen, "%s: not a regular file", path);
+        return -1;
+    }
     f->size = (size_t)st.st_size;
     f->path = strdup(path);
     if (!f->path) FAIL("%s: out of memory", path);
     if (f->size < 8) FAIL("%s: file too short for a safetensors header (%zu bytes)", path, f->size);
     f->map = mmap(NULL, f->size, PROT_READ, MAP_SHARED, fd, 0);
-    if (f->map == MAP_FAILED) { f->map = NULL; FAIL("%s: mmap failed", path); }
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        FAIL("%s: mmap failed", path);
+    }
     close(fd);
     fd = -1;
     uint64_t hlen = 0;
@@ -89,12 +105,12 @@ int st_open(StFile *f, const char *path, char *err, size_t errlen) {
         if (a->type != JSON_NUM || !a->is_int || b->type != JSON_NUM || !b->is_int || a->i < 0 || b->i < a->i)
             FAIL("%s: tensor '%s' has bad data_offsets", path, name);
         if ((uint64_t)b->i > data_size)
-            FAIL("%s: tensor '%s' ends at byte %lld past the end of the data (%llu bytes); the file is truncated",
-                 path, name, (long long)b->i, (unsigned long long)data_size);
+            FAIL("%s: tensor '%s' ends at byte %lld past the end of the data (%llu bytes); the file is truncated", path, name,
+                 (long long)b->i, (unsigned long long)data_size);
         t->nbytes = (uint64_t)(b->i - a->i);
         if (count > UINT64_MAX / es || count * es != t->nbytes)
-            FAIL("%s: tensor '%s' has %llu bytes but its dtype and shape need %llu", path, name,
-                 (unsigned long long)t->nbytes, (unsigned long long)(count * es));
+            FAIL("%s: tensor '%s' has %llu bytes but its dtype and shape need %llu", path, name, (unsigned long long)t->nbytes,
+                 (unsigned long long)(count * es));
         t->offset = f->data_start + (uint64_t)a->i;
         t->data = f->map + t->offset;
         order[f->n] = t;

@@ -14,7 +14,7 @@ typedef struct {
     char dtype[12];
     int ndim;
     int64_t shape[ST_MAX_DIMS];
-    uint64_t offset;  /* absolute file offset of the first byte */
+    uint64_t offset; /* absolute file offset of the first byte */
     uint64_t nbytes;
     const unsigned char *data; /* inside the mapping */
 } StTensor;

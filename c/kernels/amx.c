@@ -54,9 +54,7 @@ AMX static void tiles_config(int n) {
 static int tile_groups(int T) { return T / AMX_TILE_T + (T % AMX_TILE_T > VNNI_SMALL_T); }
 static int small_tail(int T) { return T - tile_groups(T) * AMX_TILE_T > 0 ? T - tile_groups(T) * AMX_TILE_T : 0; }
 
-size_t amx_pack_bytes(int T, int nb) {
-    return (size_t)tile_groups(T) * nb * 1024 + vnni_small_pack_bytes(small_tail(T), nb);
-}
+size_t amx_pack_bytes(int T, int nb) { return (size_t)tile_groups(T) * nb * 1024 + vnni_small_pack_bytes(small_tail(T), nb); }
 
 /* Position group g (16 positions, zero past T), block b: a 512-byte tile of high bytes, then
  * one of low bytes; tile row k/4 holds, for each position n, elements k..k+3 at n*4. */
@@ -115,8 +113,15 @@ static int strip_reserve(int nb) {
     if ((size_t)nb <= tl_strip.cap) return 0;
     int8_t *wq = aligned_alloc(64, (size_t)nb * 512);
     float *dw = aligned_alloc(64, (size_t)nb * 64), *mw = aligned_alloc(64, (size_t)nb * 64);
-    if (!wq || !dw || !mw) { free(wq); free(dw); free(mw); return -1; }
-    free(tl_strip.wq); free(tl_strip.dw); free(tl_strip.mw);
+    if (!wq || !dw || !mw) {
+        free(wq);
+        free(dw);
+        free(mw);
+        return -1;
+    }
+    free(tl_strip.wq);
+    free(tl_strip.dw);
+    free(tl_strip.mw);
     tl_strip = (Strip){wq, dw, mw, (size_t)nb};
     return 0;
 }
@@ -168,8 +173,13 @@ AMX_INLINE void tile16(const QType qt, const unsigned char *w, size_t row_bytes,
         _tile_loadd(2, pk + 512, 64);
         _tile_zero(3);
         _tile_zero(4);
-        if (q4) { _tile_dpbusd(3, 0, 1); _tile_dpbuud(4, 0, 2); }
-        else { _tile_dpbssd(3, 0, 1); _tile_dpbsud(4, 0, 2); }
+        if (q4) {
+            _tile_dpbusd(3, 0, 1);
+            _tile_dpbuud(4, 0, 2);
+        } else {
+            _tile_dpbssd(3, 0, 1);
+            _tile_dpbsud(4, 0, 2);
+        }
         _tile_stored(3, chi, 64);
         _tile_stored(4, clo, 64);
         const float *dw = st->dw + 16 * b, *mw = st->mw + 16 * b;
@@ -219,7 +229,9 @@ AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, i
             }
         } else if (full) { /* decode and short tails: each weight block once for all n positions */
             void (*small)(const unsigned char *, size_t, int, const QAct *, int, int, const int8_t *, float *, size_t) =
-                qt == QT_Q4 ? vnni_small_q4 : qt == QT_Q6 ? vnni_small_q6 : vnni_small_q8;
+                qt == QT_Q4   ? vnni_small_q4
+                : qt == QT_Q6 ? vnni_small_q6
+                              : vnni_small_q8;
             small(w, row_bytes, full, a, t0, n, packed + (size_t)full_groups * a->nb * 1024, y + (size_t)t0 * ldy, ldy);
         }
     }
@@ -227,18 +239,18 @@ AMX_INLINE void gemm(const QType qt, const unsigned char *w, size_t row_bytes, i
     if (full < nr) qdot_all_portable(qt, w + (size_t)full * row_bytes, row_bytes, nr - full, a, y + full, ldy);
 }
 
-AMX void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
-                      float *y, size_t ldy) {
+AMX void qgemm_q8_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y,
+                      size_t ldy) {
     gemm(QT_Q8, w, row_bytes, nr, a, packed, y, ldy);
 }
 
-AMX void qgemm_q4_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
-                      float *y, size_t ldy) {
+AMX void qgemm_q4_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y,
+                      size_t ldy) {
     gemm(QT_Q4, w, row_bytes, nr, a, packed, y, ldy);
 }
 
-AMX void qgemm_q6_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
-                      float *y, size_t ldy) {
+AMX void qgemm_q6_amx(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y,
+                      size_t ldy) {
     gemm(QT_Q6, w, row_bytes, nr, a, packed, y, ldy);
 }
 

@@ -27,11 +27,14 @@ AVX2 void dequant_row_avx2(QType q, const void *src, int cols, float *dst) {
     case QT_F32: memcpy(dst, src, (size_t)cols * 4); return;
     case QT_BF16:
         for (; i + 8 <= cols; i += 8) _mm256_storeu_ps(dst + i, load8_bf16(s + 2 * i));
-        for (; i < cols; i++) { unsigned short h; memcpy(&h, s + 2 * i, 2); dst[i] = bf16_to_f32(h); }
+        for (; i < cols; i++) {
+            unsigned short h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = bf16_to_f32(h);
+        }
         return;
     case QT_F16:
-        for (; i + 8 <= cols; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
+        for (; i + 8 <= cols; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
         for (; i < cols; i++) dst[i] = f16s(s + 2 * i);
         return;
     case QT_Q8:
@@ -201,8 +204,8 @@ AVX2_INLINE __m256 lane(__m128 v, const int r) {
 /* One weight block (q8, or q6 when q6) against one block of nt activation rows (x: row 0's
  * block, later rows xrow int16 apart; d: their scales): acc[r] += (dw*d[r]) * dot_r, the
  * scales as one vector. */
-AVX2_INLINE void q8_block(const int q6, const unsigned char *w, const int16_t *x, size_t xrow, const float *d,
-                          const int nt, __m256 *acc) {
+AVX2_INLINE void q8_block(const int q6, const unsigned char *w, const int16_t *x, size_t xrow, const float *d, const int nt,
+                          __m256 *acc) {
     __m128i q_lo, q_hi;
     if (q6) q6_unpack_avx2(w, &q_lo, &q_hi);
     else q_lo = _mm_loadu_si128((const __m128i *)(w + 2)), q_hi = _mm_loadu_si128((const __m128i *)(w + 18));
@@ -213,8 +216,8 @@ AVX2_INLINE void q8_block(const int q6, const unsigned char *w, const int16_t *x
 }
 
 /* As q8_block, plus the min term: lane r of mins += mw * s[r]. */
-AVX2_INLINE void q4_block(const unsigned char *w, const int16_t *x, size_t xrow, const float *d, const float *s,
-                          const int nt, __m256 *acc, __m128 *mins) {
+AVX2_INLINE void q4_block(const unsigned char *w, const int16_t *x, size_t xrow, const float *d, const float *s, const int nt,
+                          __m256 *acc, __m128 *mins) {
     /* byte j widened to int16: its low nibble is element j, the byte >> 4 is element j+16 */
     const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 4)));
     const __m256i lo = _mm256_and_si256(bytes, _mm256_set1_epi16(15)), hi = _mm256_srli_epi16(bytes, 4);
@@ -257,8 +260,8 @@ AVX2_INLINE void qdot_q4_row(const unsigned char *w, const QAct *a, int t0, cons
 
 /* Weight rows one after another; nt (and ds for decode) are constants in each instance, so the
  * accumulators live in registers. */
-AVX2_INLINE void q8_rows(const int q6, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0,
-                         const int nt, const size_t ds, float *y, size_t ldy) {
+AVX2_INLINE void q8_rows(const int q6, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, const int nt,
+                         const size_t ds, float *y, size_t ldy) {
     for (int r = 0; r < nr; r++, w += row_bytes) {
         float out[QDOT_MAX_ROWS];
         qdot_q8_row(q6, w, a, t0, nt, ds, out);
@@ -266,8 +269,8 @@ AVX2_INLINE void q8_rows(const int q6, const unsigned char *w, size_t row_bytes,
     }
 }
 
-AVX2_INLINE void q4_rows(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, const int nt,
-                         const size_t ds, float *y, size_t ldy) {
+AVX2_INLINE void q4_rows(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, const int nt, const size_t ds,
+                         float *y, size_t ldy) {
     for (int r = 0; r < nr; r++, w += row_bytes) {
         float out[QDOT_MAX_ROWS];
         qdot_q4_row(w, a, t0, nt, ds, out);
@@ -275,30 +278,27 @@ AVX2_INLINE void q4_rows(const unsigned char *w, size_t row_bytes, int nr, const
     }
 }
 
-#define SIGNED_CASES(q6)                                                                  \
-    const size_t ds = (size_t)a->rows;                                                    \
-    switch (nt) {                                                                         \
-    case 1:                                                                               \
-        if (ds == 1) q8_rows(q6, w, row_bytes, nr, a, t0, 1, 1, y, ldy);                  \
-        else q8_rows(q6, w, row_bytes, nr, a, t0, 1, ds, y, ldy);                         \
-        return;                                                                           \
-    case 2: q8_rows(q6, w, row_bytes, nr, a, t0, 2, ds, y, ldy); return;                  \
-    case 3: q8_rows(q6, w, row_bytes, nr, a, t0, 3, ds, y, ldy); return;                  \
-    default: q8_rows(q6, w, row_bytes, nr, a, t0, 4, ds, y, ldy); return;                 \
+#define SIGNED_CASES(q6)                                                  \
+    const size_t ds = (size_t)a->rows;                                    \
+    switch (nt) {                                                         \
+    case 1:                                                               \
+        if (ds == 1) q8_rows(q6, w, row_bytes, nr, a, t0, 1, 1, y, ldy);  \
+        else q8_rows(q6, w, row_bytes, nr, a, t0, 1, ds, y, ldy);         \
+        return;                                                           \
+    case 2: q8_rows(q6, w, row_bytes, nr, a, t0, 2, ds, y, ldy); return;  \
+    case 3: q8_rows(q6, w, row_bytes, nr, a, t0, 3, ds, y, ldy); return;  \
+    default: q8_rows(q6, w, row_bytes, nr, a, t0, 4, ds, y, ldy); return; \
     }
 
-AVX2 void qdot_q8_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
-                       size_t ldy) {
+AVX2 void qdot_q8_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     SIGNED_CASES(0)
 }
 
-AVX2 void qdot_q6_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
-                       size_t ldy) {
+AVX2 void qdot_q6_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     SIGNED_CASES(1)
 }
 
-AVX2 void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
-                       size_t ldy) {
+AVX2 void qdot_q4_avx2(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     const size_t ds = (size_t)a->rows;
     switch (nt) {
     case 1:

@@ -47,7 +47,10 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
 /* y += a x and z += b x at once */
 static inline void axpy2(float *restrict y, float a, float *restrict z, float b, const float *restrict x, int n) {
 #pragma omp simd
-    for (int i = 0; i < n; i++) { y[i] += a * x[i]; z[i] += b * x[i]; }
+    for (int i = 0; i < n; i++) {
+        y[i] += a * x[i];
+        z[i] += b * x[i];
+    }
 }
 
 /* One position of the rule, the decay per row of S (dec[d]) or for all of it (dec == NULL,
@@ -60,15 +63,24 @@ static inline void rule_step(float *restrict S, const float *restrict q, const f
         float *restrict row = S + (size_t)d * dv;
         const float e = dec ? dec[d] : decay, kd = k[d];
 #pragma omp simd
-        for (int j = 0; j < dv; j++) { row[j] *= e; delta[j] += kd * row[j]; }
+        for (int j = 0; j < dv; j++) {
+            row[j] *= e;
+            delta[j] += kd * row[j];
+        }
     }
 #pragma omp simd
-    for (int j = 0; j < dv; j++) { delta[j] = (v[j] - delta[j]) * beta; ot[j] = 0; }
+    for (int j = 0; j < dv; j++) {
+        delta[j] = (v[j] - delta[j]) * beta;
+        ot[j] = 0;
+    }
     for (int d = 0; d < dk; d++) {
         float *restrict row = S + (size_t)d * dv;
         const float kd = k[d], qd = q[d];
 #pragma omp simd
-        for (int j = 0; j < dv; j++) { row[j] += kd * delta[j]; ot[j] += qd * row[j]; }
+        for (int j = 0; j < dv; j++) {
+            row[j] += kd * delta[j];
+            ot[j] += qd * row[j];
+        }
     }
 }
 
@@ -91,8 +103,8 @@ size_t delta_rule_work_floats(int dk, int dv) {
  * sub-chunks of KDA_SUB; for j before i's sub-chunk (starting at b) the decay factors exactly as
  * exp(G_i - G_b) exp(G_b - G_j), both at most 1 since G only falls, so nothing overflows.
  * kE_i = k_i exp(G_i - G_b), qE_i likewise, kF[b / KDA_SUB][j] = k_j exp(G_b - G_j) for j < b. */
-static void kda_pair_decays(const float *G, const float *k, const float *q, size_t ks, size_t qs, int n, int dk,
-                            float *kE, float *qE, float *kF) {
+static void kda_pair_decays(const float *G, const float *k, const float *q, size_t ks, size_t qs, int n, int dk, float *kE,
+                            float *qE, float *kF) {
     for (int i = 0; i < n; i++) {
         const float *gb = G + (i / KDA_SUB * KDA_SUB) * dk, *gi = G + i * dk;
         for (int d = 0; d < dk; d++) {

@@ -16,7 +16,7 @@
 typedef struct {
     const float *q, *k, *v; /* [T] rows of dk, dk, dv */
     size_t qs, ks, vs, os;
-    const float *g, *beta;  /* [T]; with gs > 0, g holds [T] rows of dk per-channel decays, gs apart */
+    const float *g, *beta; /* [T]; with gs > 0, g holds [T] rows of dk per-channel decays, gs apart */
     int T, dk, dv;
     size_t gs;
 } DeltaIn;

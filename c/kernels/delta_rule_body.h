@@ -18,8 +18,7 @@ DR_ATTR void DR(delta_rule_chunked)(const DeltaIn *in, float *S, float *o, float
         float acc = 0;
         for (int i = 0; i < n; i++) G[i] = acc += in->g[c0 + i];
         for (int i = 0; i < n; i++)
-            for (int j = 0; j < i; j++)
-                A[i * C + j] = beta[i] * dot(k + i * in->ks, k + j * in->ks, dk) * expf(G[i] - G[j]);
+            for (int j = 0; j < i; j++) A[i * C + j] = beta[i] * dot(k + i * in->ks, k + j * in->ks, dk) * expf(G[i] - G[j]);
         for (int i = 0; i < n; i++) {
             float *u = U + i * dv, *w = W + i * dk;
             const float eg = expf(G[i]);
@@ -68,8 +67,8 @@ DR_ATTR void DR(kda_recurrent)(const DeltaIn *in, float *S, float *o) {
     for (int t = 0; t < in->T; t++) {
         const float *g = in->g + t * in->gs;
         for (int d = 0; d < in->dk; d++) dec[d] = expf(g[d]);
-        rule_step(S, in->q + t * in->qs, in->k + t * in->ks, in->v + t * in->vs, dec, 0, in->beta[t], o + t * in->os,
-                  in->dk, in->dv);
+        rule_step(S, in->q + t * in->qs, in->k + t * in->ks, in->v + t * in->vs, dec, 0, in->beta[t], o + t * in->os, in->dk,
+                  in->dv);
     }
 }
 
@@ -88,8 +87,7 @@ DR_ATTR void DR(kda_chunked)(const DeltaIn *in, float *S, float *o, float *work)
         }
         kda_pair_decays(G, k, q, in->ks, in->qs, n, dk, kE, qE, kF);
         for (int i = 0; i < n; i++)
-            for (int j = 0; j < i; j++)
-                A[i * C + j] = beta[i] * pair_dot(kE, kF, G, k, k, in->ks, in->ks, i, j, dk);
+            for (int j = 0; j < i; j++) A[i * C + j] = beta[i] * pair_dot(kE, kF, G, k, k, in->ks, in->ks, i, j, dk);
         for (int i = 0; i < n; i++) {
             float *u = U + i * dv, *w = W + i * dk;
             for (int x = 0; x < dv; x++) u[x] = beta[i] * v[i * in->vs + x];
@@ -112,8 +110,7 @@ DR_ATTR void DR(kda_chunked)(const DeltaIn *in, float *S, float *o, float *work)
         }
         for (int i = 0; i < n; i++) {
             float *ot = oc + i * in->os;
-            for (int j = 0; j <= i; j++)
-                axpy(ot, pair_dot(qE, kF, G, q, k, in->qs, in->ks, i, j, dk), Vn + j * dv, dv);
+            for (int j = 0; j <= i; j++) axpy(ot, pair_dot(qE, kF, G, q, k, in->qs, in->ks, i, j, dk), Vn + j * dv, dv);
         }
         const float *last = G + (n - 1) * dk;
         for (int d = 0; d < dk; d++) {

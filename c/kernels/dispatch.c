@@ -15,7 +15,10 @@ const char *kernels_all_names(void) { return "portable, avx2, avx512, vnni, amx,
 
 int kernels_isa_from_name(const char *name, KernIsa *out) {
     for (int i = 0; i < KI_COUNT; i++)
-        if (!strcmp(name, ISA_NAMES[i])) { *out = (KernIsa)i; return 0; }
+        if (!strcmp(name, ISA_NAMES[i])) {
+            *out = (KernIsa)i;
+            return 0;
+        }
     return -1;
 }
 
@@ -83,15 +86,30 @@ static const Kernels *built(KernIsa isa) {
  * without them), so they are no fallbacks. */
 typedef void (*AnyFn)(void);
 #define ENTRY(field) {#field, offsetof(Kernels, field)}
-static const struct { const char *name; size_t off; } ENTRIES[] = {
-    ENTRY(dequant_row), ENTRY(dot), ENTRY(quantize_act),
-    {"qdot.q8", offsetof(Kernels, qdot[QT_Q8])}, {"qdot.q4", offsetof(Kernels, qdot[QT_Q4])},
-    {"qdot.mxfp4", offsetof(Kernels, qdot[QT_MXFP4])}, {"qdot.q6", offsetof(Kernels, qdot[QT_Q6])},
-#define KV_ENTRIES(I, T)                                                                          \
+static const struct {
+    const char *name;
+    size_t off;
+} ENTRIES[] = {
+    ENTRY(dequant_row),
+    ENTRY(dot),
+    ENTRY(quantize_act),
+    {"qdot.q8", offsetof(Kernels, qdot[QT_Q8])},
+    {"qdot.q4", offsetof(Kernels, qdot[QT_Q4])},
+    {"qdot.mxfp4", offsetof(Kernels, qdot[QT_MXFP4])},
+    {"qdot.q6", offsetof(Kernels, qdot[QT_Q6])},
+#define KV_ENTRIES(I, T)                                                                              \
     {"kv." T ".dot", offsetof(Kernels, kv[I].dot)}, {"kv." T ".axpy", offsetof(Kernels, kv[I].axpy)}, \
-    {"kv." T ".attend", offsetof(Kernels, kv[I].attend)}, {"kv." T ".attend_block", offsetof(Kernels, kv[I].attend_block)}
-    KV_ENTRIES(0, "f32"), KV_ENTRIES(1, "f16"), KV_ENTRIES(2, "bf16"),
-    ENTRY(mla_absorb), ENTRY(dsa_scores), ENTRY(delta_recurrent), ENTRY(delta_chunked), ENTRY(kda_recurrent),
+        {"kv." T ".attend", offsetof(Kernels, kv[I].attend)}, {                                       \
+        "kv." T ".attend_block", offsetof(Kernels, kv[I].attend_block)                                \
+    }
+    KV_ENTRIES(0, "f32"),
+    KV_ENTRIES(1, "f16"),
+    KV_ENTRIES(2, "bf16"),
+    ENTRY(mla_absorb),
+    ENTRY(dsa_scores),
+    ENTRY(delta_recurrent),
+    ENTRY(delta_chunked),
+    ENTRY(kda_recurrent),
     ENTRY(kda_chunked),
 };
 #define N_ENTRIES (sizeof ENTRIES / sizeof ENTRIES[0])
@@ -144,7 +162,10 @@ int kernels_use(KernIsa isa) {
 void kernels_init(int force_portable) {
     KernIsa best = KI_PORTABLE;
     for (int i = KI_COUNT - 1; i > 0 && !force_portable; i--)
-        if (kernels_supported((KernIsa)i)) { best = (KernIsa)i; break; }
+        if (kernels_supported((KernIsa)i)) {
+            best = (KernIsa)i;
+            break;
+        }
     kernels_use(best);
 }
 

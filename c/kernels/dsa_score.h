@@ -9,12 +9,12 @@
 #include <stddef.h>
 
 
-typedef void (*DsaScoreFn)(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride,
-                           int n, float scale, float wscale, float *s);
+typedef void (*DsaScoreFn)(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n,
+                           float scale, float wscale, float *s);
 
 /* Through the current kernel set (kern.dsa_scores). */
-void dsa_scores(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n,
-                float scale, float wscale, float *s);
+void dsa_scores(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n, float scale,
+                float wscale, float *s);
 /* Per-thread scratch floats the x86 versions take (slot 4: the query transposed, heads padded). */
 size_t dsa_score_scratch(int nh, int hd);
 

@@ -7,13 +7,12 @@ void delta_rule_chunked(const DeltaIn *in, float *S, float *o, float *work) { ke
 void kda_recurrent(const DeltaIn *in, float *S, float *o) { kern.kda_recurrent(in, S, o); }
 void kda_chunked(const DeltaIn *in, float *S, float *o, float *work) { kern.kda_chunked(in, S, o, work); }
 
-void mla_absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn,
-                int kl) {
+void mla_absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn, int kl) {
     kern.mla_absorb(o, ostep, q, qstep, tn, w, wstride, dn, kl);
 }
 
-void dsa_scores(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n,
-                float scale, float wscale, float *s) {
+void dsa_scores(const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n, float scale,
+                float wscale, float *s) {
     kern.dsa_scores(q, w, nh, hd, keys, stride, n, scale, wscale, s);
 }
 

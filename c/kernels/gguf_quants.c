@@ -6,7 +6,10 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef struct { const char *name; int type, block, bytes; } GgufType;
+typedef struct {
+    const char *name;
+    int type, block, bytes;
+} GgufType;
 
 static const GgufType TYPES[] = {
     {"GGUF_F32", GGUF_T_F32, 1, 4},       {"GGUF_F16", GGUF_T_F16, 1, 2},       {"GGUF_BF16", GGUF_T_BF16, 1, 2},
@@ -34,7 +37,11 @@ size_t gguf_row_bytes(int type, long long cols) {
     return (size_t)(cols / t->block) * (size_t)t->bytes;
 }
 
-static float h2f(const unsigned char *p) { uint16_t h; memcpy(&h, p, 2); return f16_to_f32(h); }
+static float h2f(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
 
 /* 6-bit scale and min j of a K-quant super-block (ggml's get_scale_min_k4). */
 static void scale_min_k4(int j, const unsigned char *q, int *d, int *m) {
@@ -137,9 +144,15 @@ void gguf_dequant_row(int type, const void *src, long long cols, float *dst) {
     long long nb = cols / t->block;
     switch (type) {
     case GGUF_T_F32: memcpy(dst, src, (size_t)cols * 4); return;
-    case GGUF_T_F16: for (long long i = 0; i < cols; i++) dst[i] = h2f(s + 2 * i); return;
+    case GGUF_T_F16:
+        for (long long i = 0; i < cols; i++) dst[i] = h2f(s + 2 * i);
+        return;
     case GGUF_T_BF16:
-        for (long long i = 0; i < cols; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); dst[i] = bf16_to_f32(h); }
+        for (long long i = 0; i < cols; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = bf16_to_f32(h);
+        }
         return;
     case GGUF_T_MXFP4: mxfp4_dequant_block_row(src, (int)cols, dst); return; /* colibri's mxfp4 block */
     default: break;
@@ -170,11 +183,20 @@ static int f16_finite(float v, unsigned char *p) {
 int gguf_keep_row(int type, const void *src, long long cols, QType qt, void *dst) {
     const unsigned char *s = src;
     unsigned char *o = dst;
-    if (type == GGUF_T_MXFP4 && qt == QT_MXFP4 && gguf_row_bytes(type, cols)) { memcpy(dst, src, (size_t)cols / 32 * 17); return 1; }
+    if (type == GGUF_T_MXFP4 && qt == QT_MXFP4 && gguf_row_bytes(type, cols)) {
+        memcpy(dst, src, (size_t)cols / 32 * 17);
+        return 1;
+    }
     if (gguf_row_bytes(type, cols) == 0 || (qt != QT_Q8 && qt != QT_Q4)) return 0;
     long long nb = cols / 32;
-    if (type == GGUF_T_Q8_0 && qt == QT_Q8) { memcpy(dst, src, (size_t)nb * 34); return 1; } /* same block */
-    if (type == GGUF_T_Q4_1 && qt == QT_Q4) { memcpy(dst, src, (size_t)nb * 20); return 1; } /* same block */
+    if (type == GGUF_T_Q8_0 && qt == QT_Q8) {
+        memcpy(dst, src, (size_t)nb * 34);
+        return 1;
+    } /* same block */
+    if (type == GGUF_T_Q4_1 && qt == QT_Q4) {
+        memcpy(dst, src, (size_t)nb * 20);
+        return 1;
+    } /* same block */
     if (type == GGUF_T_Q4_0 && qt == QT_Q4) { /* x = d(q-8) = dq + m with m = -8d, exact in f16 */
         for (long long i = 0; i < nb; i++, s += 18, o += 20) {
             memcpy(o, s, 2);

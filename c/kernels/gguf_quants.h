@@ -8,8 +8,18 @@
 #include "kernels/quant.h"
 
 enum {
-    GGUF_T_F32 = 0, GGUF_T_F16 = 1, GGUF_T_Q4_0 = 2, GGUF_T_Q4_1 = 3, GGUF_T_Q5_0 = 6, GGUF_T_Q5_1 = 7,
-    GGUF_T_Q8_0 = 8, GGUF_T_Q4_K = 12, GGUF_T_Q5_K = 13, GGUF_T_Q6_K = 14, GGUF_T_BF16 = 30, GGUF_T_MXFP4 = 39
+    GGUF_T_F32 = 0,
+    GGUF_T_F16 = 1,
+    GGUF_T_Q4_0 = 2,
+    GGUF_T_Q4_1 = 3,
+    GGUF_T_Q5_0 = 6,
+    GGUF_T_Q5_1 = 7,
+    GGUF_T_Q8_0 = 8,
+    GGUF_T_Q4_K = 12,
+    GGUF_T_Q5_K = 13,
+    GGUF_T_Q6_K = 14,
+    GGUF_T_BF16 = 30,
+    GGUF_T_MXFP4 = 39
 };
 
 /* ggml type id for "GGUF_Q4_K" etc., -1 if unknown or unsupported. */

@@ -6,30 +6,30 @@
 
 #define QDOT_ARGS const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy
 #define QGEMM_ARGS const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy
-#define KV_ATTEND_ARGS                                                                                                \
+#define KV_ATTEND_ARGS                                                                                                  \
     const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks, \
         float *sc, float *o
-#define KV_ATTEND_BLOCK_ARGS                                                                                           \
+#define KV_ATTEND_BLOCK_ARGS                                                                                             \
     const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride, int n, int window, \
         float scale, const float *sinks, float *sc, float *o, size_t ostep
 #define MLA_ABSORB_ARGS \
     float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn, int kl
-#define DSA_SCORE_ARGS                                                                                                 \
-    const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n, float scale, \
-        float wscale, float *s
+#define DSA_SCORE_ARGS                                                                                                          \
+    const float *q, const float *w, int nh, int hd, const unsigned char *keys, size_t stride, int n, float scale, float wscale, \
+        float *s
 
 /* Every family of one set: the quantized dots, the KV kernels of each storage type, the MLA
  * absorption, the DSA scores and the delta rule, as far as the set has them. */
-#define KV_ROW_DECL(SET, T)                                  \
+#define KV_ROW_DECL(SET, T)                                           \
     float kv_dot_##T##_##SET(const float *q, const void *row, int n); \
     void kv_axpy_##T##_##SET(float w, const void *row, int n, float *o);
-#define KV_ATTEND_DECL(SET, T)                              \
-    void kv_attend_##SET##_##T(KV_ATTEND_ARGS);            \
+#define KV_ATTEND_DECL(SET, T)                  \
+    void kv_attend_##SET##_##T(KV_ATTEND_ARGS); \
     void kv_attend_##SET##_##T##_block(KV_ATTEND_BLOCK_ARGS);
-#define DELTA_DECL(SET)                                                        \
-    void delta_rule_recurrent_##SET(const DeltaIn *in, float *S, float *o);           \
+#define DELTA_DECL(SET)                                                                \
+    void delta_rule_recurrent_##SET(const DeltaIn *in, float *S, float *o);            \
     void delta_rule_chunked_##SET(const DeltaIn *in, float *S, float *o, float *work); \
-    void kda_recurrent_##SET(const DeltaIn *in, float *S, float *o);                  \
+    void kda_recurrent_##SET(const DeltaIn *in, float *S, float *o);                   \
     void kda_chunked_##SET(const DeltaIn *in, float *S, float *o, float *work);
 
 /* portable (quant.c, mxfp4.c, kv_kernels.c, mla_absorb.c, dsa_score.c, delta_rule.c) */

@@ -55,8 +55,8 @@ const char *kernels_isa_name(KernIsa isa);
 int kernels_isa_from_name(const char *name, KernIsa *out); /* 0 ok, -1 unknown */
 /* "portable, avx2, avx512, vnni, amx, neon": every set's name, for messages. */
 const char *kernels_all_names(void);
-int kernels_supported(KernIsa isa);                        /* this CPU and build run it */
-int kernels_use(KernIsa isa);                              /* 0 ok, -1 not supported here */
+int kernels_supported(KernIsa isa); /* this CPU and build run it */
+int kernels_use(KernIsa isa);       /* 0 ok, -1 not supported here */
 /* A set's table with its portable fallbacks filled in (tests compare each set with portable);
  * NULL when this build has no such set (neon on x86, the x86 sets on AArch64). */
 const Kernels *kernels_table(KernIsa isa);

@@ -17,13 +17,25 @@
 
 NI float32x4_t n_fma(float32x4_t a, float32x4_t b, float32x4_t c) { return vfmaq_f32(c, a, b); }
 NI float32x4_t n_fnma(float32x4_t a, float32x4_t b, float32x4_t c) { return vfmsq_f32(c, a, b); }
-NI int32x4_t n_slli23(int32x4_t x, int s) { (void)s; return vshlq_n_s32(x, 23); }
-NI float32x4_t n_exp(float32x4_t x) { ATT_EXP_BODY(float32x4_t, vdupq_n_f32, vmaxq_f32, vmulq_f32, vaddq_f32, n_fma, n_fnma, vrndnq_f32, vcvtq_s32_f32, n_slli23, vaddq_s32, vdupq_n_s32, vreinterpretq_f32_s32) }
-NI float32x4_t n_zero(void) { return vdupq_n_f32(0); }
-NI float32x4_t n_sellt(float32x4_t x, float32x4_t lim, float32x4_t a, float32x4_t b) { return vbslq_f32(vcltq_f32(x, lim), a, b); }
+NI int32x4_t n_slli23(int32x4_t x, int s) {
+    (void)s;
+    return vshlq_n_s32(x, 23);
+}
+NI float32x4_t n_exp(float32x4_t x){ATT_EXP_BODY(float32x4_t, vdupq_n_f32, vmaxq_f32, vmulq_f32, vaddq_f32, n_fma, n_fnma,
+                                                 vrndnq_f32, vcvtq_s32_f32, n_slli23, vaddq_s32, vdupq_n_s32,
+                                                 vreinterpretq_f32_s32)} NI float32x4_t n_zero(void) {
+    return vdupq_n_f32(0);
+}
+NI float32x4_t n_sellt(float32x4_t x, float32x4_t lim, float32x4_t a, float32x4_t b) {
+    return vbslq_f32(vcltq_f32(x, lim), a, b);
+}
 NI float32x4_t n_f32(const unsigned char *r, int i) { return vld1q_f32((const float *)r + i); }
-NI float32x4_t n_f16(const unsigned char *r, int i) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)r + i))); }
-NI float32x4_t n_bf16(const unsigned char *r, int i) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)r + i), 16)); }
+NI float32x4_t n_f16(const unsigned char *r, int i) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)r + i)));
+}
+NI float32x4_t n_bf16(const unsigned char *r, int i) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)r + i), 16));
+}
 
 #define VT float32x4_t
 #define W 4

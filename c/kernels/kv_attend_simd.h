@@ -20,18 +20,18 @@
 /* exp for x <= 0 (softmax numerators): 2^round(x/ln2) times a degree-6 polynomial on the
  * remainder (Cephes expf), within 2 ulp of expf; below -87.3 it clamps to ~1e-38 (not 0).
  * FMA(a, b, c) = a*b + c, FNMA(a, b, c) = c - a*b. */
-#define ATT_EXP_BODY(VT, SET1, MAX, MUL, ADD, FMA, FNMA, ROUND, CVTI, SLLI, ADDI, SET1I, CASTI)                \
-    x = MAX(x, SET1(-87.33654f));                                                                       \
-    VT nf = ROUND(MUL(x, SET1(1.44269504088896341f)));                                                  \
-    VT r = FNMA(nf, SET1(0.693359375f), x);                                                             \
-    r = FNMA(nf, SET1(-2.12194440e-4f), r);                                                             \
-    VT p = SET1(1.9875691500e-4f);                                                                      \
-    p = FMA(p, r, SET1(1.3981999507e-3f));                                                              \
-    p = FMA(p, r, SET1(8.3334519073e-3f));                                                              \
-    p = FMA(p, r, SET1(4.1665795894e-2f));                                                              \
-    p = FMA(p, r, SET1(1.6666665459e-1f));                                                              \
-    p = FMA(p, r, SET1(5.0000001201e-1f));                                                              \
-    VT y = ADD(FMA(MUL(p, r), r, r), SET1(1.0f));                                                       \
+#define ATT_EXP_BODY(VT, SET1, MAX, MUL, ADD, FMA, FNMA, ROUND, CVTI, SLLI, ADDI, SET1I, CASTI) \
+    x = MAX(x, SET1(-87.33654f));                                                               \
+    VT nf = ROUND(MUL(x, SET1(1.44269504088896341f)));                                          \
+    VT r = FNMA(nf, SET1(0.693359375f), x);                                                     \
+    r = FNMA(nf, SET1(-2.12194440e-4f), r);                                                     \
+    VT p = SET1(1.9875691500e-4f);                                                              \
+    p = FMA(p, r, SET1(1.3981999507e-3f));                                                      \
+    p = FMA(p, r, SET1(8.3334519073e-3f));                                                      \
+    p = FMA(p, r, SET1(4.1665795894e-2f));                                                      \
+    p = FMA(p, r, SET1(1.6666665459e-1f));                                                      \
+    p = FMA(p, r, SET1(5.0000001201e-1f));                                                      \
+    VT y = ADD(FMA(MUL(p, r), r, r), SET1(1.0f));                                               \
     return MUL(y, CASTI(SLLI(ADDI(CVTI(nf), SET1I(127)), 23)));
 #endif
 
@@ -74,8 +74,8 @@ TGT_INLINE void ATT_QK(const float *qt, int Rp, const float *kt, int hd, float *
  * lanes at ja <= j < jb, none below j0 or from N: s = exp(s - max) where valid (0 elsewhere
  * from j0); sum[l] = the valid weights summed in position order, plus exp(sink - max) for a
  * sink (sink lanes -INFINITY: none). */
-TGT_INLINE void ATT_SOFTMAX(float *s, int Rp, int j0, int ja, int jb, int N, const float *lo, const float *lim,
-                            const float *sink, int has_sink, float *sum) {
+TGT_INLINE void ATT_SOFTMAX(float *s, int Rp, int j0, int ja, int jb, int N, const float *lo, const float *lim, const float *sink,
+                            int has_sink, float *sum) {
     const VT vlo = VLOADF(lo), vl = VLOADF(lim), ninf = VSET1(-INFINITY);
     if (ja >= jb) ja = jb = N; /* no position every lane sees */
     VT m = VLOADF(sink);
@@ -124,8 +124,8 @@ TGT_INLINE void ATT_CAT(ATT_NAME, _normalize)(float *o, int g, int hd, const flo
 /* o[i*hd + d0 ..] += for hc rows and nvc vectors of dimensions, positions j0..j1-1 of the tile
  * vt (its row 0 is position t0): w[j*ps + i*rs] * V_j, each an FMA chain in position order;
  * first: start from 0 instead of o. */
-TGT_INLINE void ATT_VACC(const float *w, size_t ps, size_t rs, const float *vt, const unsigned char *vb, size_t stride,
-                         int hd, int t0, int j0, int j1, int d0, const int hc, const int nvc, int first, float *o) {
+TGT_INLINE void ATT_VACC(const float *w, size_t ps, size_t rs, const float *vt, const unsigned char *vb, size_t stride, int hd,
+                         int t0, int j0, int j1, int d0, const int hc, const int nvc, int first, float *o) {
     VT acc[HCMAX][4];
 #pragma GCC unroll 4
     for (int i = 0; i < hc; i++)
@@ -158,8 +158,8 @@ TGT_INLINE void ATT_VACC(const float *w, size_t ps, size_t rs, const float *vt, 
 
 /* Every row i < g: o[i*hd ..] += positions js..je-1 of the V tile vt (row 0 is position t0)
  * weighted by w[j*ps + i*rs], in register tiles of HCMAX rows and 4 vectors (ATT_VACC). */
-TGT_INLINE void ATT_VROWS(const float *w, size_t ps, size_t rs, const float *vt, const unsigned char *vb, size_t stride,
-                          int hd, int t0, int js, int je, int g, int first, float *o) {
+TGT_INLINE void ATT_VROWS(const float *w, size_t ps, size_t rs, const float *vt, const unsigned char *vb, size_t stride, int hd,
+                          int t0, int js, int je, int g, int first, float *o) {
     const int nv = hd / W;
     for (int i0 = 0; i0 < g; i0 += HCMAX) {
         const int hc = g - i0 < HCMAX ? g - i0 : HCMAX;
@@ -167,17 +167,30 @@ TGT_INLINE void ATT_VROWS(const float *w, size_t ps, size_t rs, const float *vt,
         float *oi = o + (size_t)i0 * hd;
         for (int c0 = 0; c0 < nv; c0 += 4) {
             const int nvc = nv - c0 < 4 ? nv - c0 : 4, d0 = c0 * W;
-#define ATT_CASE(H, C) case (H) * 8 + (C): ATT_VACC(wi, ps, rs, vt, vb, stride, hd, t0, js, je, d0, H, C, first, oi); break;
+#define ATT_CASE(H, C) \
+    case (H) * 8 + (C): ATT_VACC(wi, ps, rs, vt, vb, stride, hd, t0, js, je, d0, H, C, first, oi); break;
             switch (hc * 8 + nvc) {
-                ATT_CASE(1, 1) ATT_CASE(1, 2) ATT_CASE(1, 3) ATT_CASE(1, 4)
+                ATT_CASE(1, 1)
+                ATT_CASE(1, 2)
+                ATT_CASE(1, 3)
+                ATT_CASE(1, 4)
 #if HCMAX >= 2
-                ATT_CASE(2, 1) ATT_CASE(2, 2) ATT_CASE(2, 3) ATT_CASE(2, 4)
+                ATT_CASE(2, 1)
+                ATT_CASE(2, 2)
+                ATT_CASE(2, 3)
+                ATT_CASE(2, 4)
 #endif
 #if HCMAX >= 3
-                ATT_CASE(3, 1) ATT_CASE(3, 2) ATT_CASE(3, 3) ATT_CASE(3, 4)
+                ATT_CASE(3, 1)
+                ATT_CASE(3, 2)
+                ATT_CASE(3, 3)
+                ATT_CASE(3, 4)
 #endif
 #if HCMAX >= 4
-                ATT_CASE(4, 1) ATT_CASE(4, 2) ATT_CASE(4, 3) ATT_CASE(4, 4)
+                ATT_CASE(4, 1)
+                ATT_CASE(4, 2)
+                ATT_CASE(4, 3)
+                ATT_CASE(4, 4)
 #endif
             default: break;
             }
@@ -210,7 +223,7 @@ TGT_INLINE void ATT_CAT(ATT_NAME, _widen)(const unsigned char *b, size_t stride,
  * FMA chain over d = 0..hd-1 of ATT_QK. Rows past N-1 are read as row N-1 (their scores are not
  * used); vectors that start at or past N are not stored. */
 TGT_INLINE void ATT_CAT(ATT_NAME, _qk_pos)(const float *q, int hd, const unsigned char *kb, size_t stride, int p0, int N,
-                                            float *s, size_t rs, float scale, const int R, const int nb) {
+                                           float *s, size_t rs, float scale, const int R, const int nb) {
     VT acc[4][ATT_POS_ROWS];
 #pragma GCC unroll 4
     for (int b = 0; b < nb; b++)
@@ -272,8 +285,8 @@ TGT_INLINE void ATT_CAT(ATT_NAME, _softmax_pos)(float *s, size_t rs, int R, int 
     }
 }
 
-TGT void ATT_CAT(ATT_NAME, _decode_pos)(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n,
-                                         int lo, float scale, const float *sinks, float *sc, float *o) {
+TGT void ATT_CAT(ATT_NAME, _decode_pos)(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, int lo,
+                                        float scale, const float *sinks, float *sc, float *o) {
     const size_t rs = (size_t)(n + W - 1) / W * W;
     float *s = sc, *sum = s + (size_t)g * rs;
     const unsigned char *kb = k, *vb = v;
@@ -285,10 +298,17 @@ TGT void ATT_CAT(ATT_NAME, _decode_pos)(const float *q, int g, int hd, const voi
     for (int p0 = lo / W * W; p0 < n; p0 += nb * W) {
         ATT_CAT(ATT_NAME, _prefetch)(kb, stride, p0 + 2 * nb * W, nb * W, n, rowb);
         switch (g) {
-#define ATT_CASE(R) case R: ATT_CAT(ATT_NAME, _qk_pos)(q, hd, kb, stride, p0, n, s, rs, scale, R, ATT_POS_NB(R)); break;
-            ATT_CASE(1) ATT_CASE(2) ATT_CASE(3)
+#define ATT_CASE(R) \
+    case R: ATT_CAT(ATT_NAME, _qk_pos)(q, hd, kb, stride, p0, n, s, rs, scale, R, ATT_POS_NB(R)); break;
+            ATT_CASE(1)
+            ATT_CASE(2)
+            ATT_CASE(3)
 #if ATT_POS_ROWS >= 8
-            ATT_CASE(4) ATT_CASE(5) ATT_CASE(6) ATT_CASE(7) ATT_CASE(8)
+            ATT_CASE(4)
+            ATT_CASE(5)
+            ATT_CASE(6)
+            ATT_CASE(7)
+            ATT_CASE(8)
 #endif
 #undef ATT_CASE
         default: break;
@@ -302,8 +322,8 @@ TGT void ATT_CAT(ATT_NAME, _decode_pos)(const float *q, int g, int hd, const voi
 #undef ATT_POS_NB
 #endif
 
-TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride,
-                        int n, int window, float scale, const float *sinks, float *sc, float *o, size_t ostep) {
+TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride, int n,
+                        int window, float scale, const float *sinks, float *sc, float *o, size_t ostep) {
 #define ATT_LO(t) (window > 0 && n + (t) > window ? n + (t) - window : 0) /* position t's first */
     if (hd % W) {
         for (int t = 0; t < tq; t++)
@@ -356,8 +376,8 @@ TGT void ATT_BLOCK_NAME(const float *q, size_t qstep, int tq, int g, int hd, con
     }
     for (int v0 = 0; v0 < nrv; v0++) { /* rows v0*W .. last, of positions first/g .. last/g */
         const int first = v0 * W, last = ((v0 + 1) * W < R ? (v0 + 1) * W : R) - 1;
-        ATT_SOFTMAX(s + v0 * W, Rp, ATT_LO(first / g), ATT_LO(last / g), n, N, lo + v0 * W, lim + v0 * W, sk + v0 * W, sinks != NULL,
-                    sum + v0 * W);
+        ATT_SOFTMAX(s + v0 * W, Rp, ATT_LO(first / g), ATT_LO(last / g), n, N, lo + v0 * W, lim + v0 * W, sk + v0 * W,
+                    sinks != NULL, sum + v0 * W);
     }
     for (int j0 = ATT_LO(0) / KV_ATT_PT * KV_ATT_PT; j0 < N; j0 += KV_ATT_PT) {
         const int cnt = N - j0 < KV_ATT_PT ? N - j0 : KV_ATT_PT;

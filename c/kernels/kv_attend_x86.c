@@ -19,12 +19,19 @@
 #define A2I A2 __attribute__((always_inline)) static inline
 
 A2I __m256 a2_round(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-A2I __m256 a2_exp(__m256 x) { ATT_EXP_BODY(__m256, _mm256_set1_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, a2_round, _mm256_cvtps_epi32, _mm256_slli_epi32, _mm256_add_epi32, _mm256_set1_epi32, _mm256_castsi256_ps) }
-A2I __m256 a2_sellt(__m256 x, __m256 lim, __m256 a, __m256 b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, lim, _CMP_LT_OQ)); }
+A2I __m256 a2_exp(__m256 x){ATT_EXP_BODY(__m256, _mm256_set1_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_fmadd_ps,
+                                         _mm256_fnmadd_ps, a2_round, _mm256_cvtps_epi32, _mm256_slli_epi32, _mm256_add_epi32,
+                                         _mm256_set1_epi32, _mm256_castsi256_ps)} A2I __m256
+    a2_sellt(__m256 x, __m256 lim, __m256 a, __m256 b) {
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, lim, _CMP_LT_OQ));
+}
 A2I __m256 a2_f32(const unsigned char *r, int i) { return _mm256_loadu_ps((const float *)r + i); }
-A2I __m256 a2_f16(const unsigned char *r, int i) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i))); }
+A2I __m256 a2_f16(const unsigned char *r, int i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i)));
+}
 A2I __m256 a2_bf16(const unsigned char *r, int i) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i))), 16));
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i))), 16));
 }
 
 A2I void a2_transpose8(__m256 r[8]) { /* r[i][j] -> r[j][i] */
@@ -125,12 +132,19 @@ A2I void a2_transpose8(__m256 r[8]) { /* r[i][j] -> r[j][i] */
 #define A5I A5 __attribute__((always_inline)) static inline
 
 A5I __m512 a5_round(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-A5I __m512 a5_exp(__m512 x) { ATT_EXP_BODY(__m512, _mm512_set1_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps, _mm512_fnmadd_ps, a5_round, _mm512_cvtps_epi32, _mm512_slli_epi32, _mm512_add_epi32, _mm512_set1_epi32, _mm512_castsi512_ps) }
-A5I __m512 a5_sellt(__m512 x, __m512 lim, __m512 a, __m512 b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lim, _CMP_LT_OQ), b, a); }
+A5I __m512 a5_exp(__m512 x){ATT_EXP_BODY(__m512, _mm512_set1_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps,
+                                         _mm512_fnmadd_ps, a5_round, _mm512_cvtps_epi32, _mm512_slli_epi32, _mm512_add_epi32,
+                                         _mm512_set1_epi32, _mm512_castsi512_ps)} A5I __m512
+    a5_sellt(__m512 x, __m512 lim, __m512 a, __m512 b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lim, _CMP_LT_OQ), b, a);
+}
 A5I __m512 a5_f32(const unsigned char *r, int i) { return _mm512_loadu_ps((const float *)r + i); }
-A5I __m512 a5_f16(const unsigned char *r, int i) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i))); }
+A5I __m512 a5_f16(const unsigned char *r, int i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i)));
+}
 A5I __m512 a5_bf16(const unsigned char *r, int i) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i))), 16));
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i))), 16));
 }
 
 A5I void a5_transpose16(__m512 r[16]) { /* r[i][j] -> r[j][i] */

@@ -16,10 +16,15 @@ int kv_type_from_name(const char *s, QType *out) {
 }
 
 void kv_store_row(QType t, const float *x, int n, void *dst) {
-    if (t == QT_F32) { memcpy(dst, x, sizeof(float) * (size_t)n); return; }
+    if (t == QT_F32) {
+        memcpy(dst, x, sizeof(float) * (size_t)n);
+        return;
+    }
     uint16_t *h = dst;
-    if (t == QT_F16) for (int i = 0; i < n; i++) h[i] = f32_to_f16(x[i]);
-    else for (int i = 0; i < n; i++) h[i] = f32_to_bf16(x[i]);
+    if (t == QT_F16)
+        for (int i = 0; i < n; i++) h[i] = f32_to_f16(x[i]);
+    else
+        for (int i = 0; i < n; i++) h[i] = f32_to_bf16(x[i]);
 }
 
 float kv_dot_f16_portable(const float *q, const void *row, int n) {
@@ -58,7 +63,10 @@ void kv_axpy_f32_portable(float w, const void *row, int n, float *o) {
 static void softmax_sink(float *s, int n, float sink) {
     float mx = sink, sum = 0;
     for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
-    for (int j = 0; j < n; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
     sum += expf(sink - mx);
     const float inv = 1.0f / sum;
     for (int j = 0; j < n; j++) s[j] *= inv;
@@ -66,8 +74,8 @@ static void softmax_sink(float *s, int n, float sink) {
 
 /* The reference attention: per head, every score, a softmax, then the weighted V rows. */
 static void attend_ref(float (*dot)(const float *, const void *, int), void (*axpy)(float, const void *, int, float *),
-                       const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, const float *sinks,
-                       float *sc, float *o) {
+                       const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale,
+                       const float *sinks, float *sc, float *o) {
     const unsigned char *kb = k, *vb = v;
     for (int i = 0; i < g; i++) {
         float *s = sc + (size_t)i * n, *oi = o + (size_t)i * hd;
@@ -78,20 +86,21 @@ static void attend_ref(float (*dot)(const float *, const void *, int), void (*ax
         for (int j = 0; j < n; j++) axpy(s[j], vb + (size_t)j * stride, hd, oi);
     }
 }
-#define ATTEND_REF(NAME)                                                                                      \
-    void kv_attend_ref_##NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, \
-                              float scale, const float *sinks, float *sc, float *o) {                                              \
-        attend_ref(kv_dot_##NAME##_portable, kv_axpy_##NAME##_portable, q, g, hd, k, v, stride, n, scale, sinks, sc, o);                        \
+#define ATTEND_REF(NAME)                                                                                                      \
+    void kv_attend_ref_##NAME(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale, \
+                              const float *sinks, float *sc, float *o) {                                                      \
+        attend_ref(kv_dot_##NAME##_portable, kv_axpy_##NAME##_portable, q, g, hd, k, v, stride, n, scale, sinks, sc, o);      \
     }
-#define ATTEND_REF_BLOCK(NAME)                                                                                          \
-    void kv_attend_ref_##NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, \
-                                        size_t stride, int n, int window, float scale, const float *sinks, float *sc,        \
-                                        float *o, size_t ostep) {                                                            \
-        for (int t = 0; t < tq; t++) {                                                                                       \
-            const size_t lo = window > 0 && n + t > window ? (size_t)(n + t - window) : 0;                                   \
-            attend_ref(kv_dot_##NAME##_portable, kv_axpy_##NAME##_portable, q + t * qstep, g, hd, (const unsigned char *)k + lo * stride,                \
-                       (const unsigned char *)v + lo * stride, stride, n + t - (int)lo, scale, sinks, sc, o + t * ostep);    \
-        }                                                                                                                    \
+#define ATTEND_REF_BLOCK(NAME)                                                                                                  \
+    void kv_attend_ref_##NAME##_block(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v,        \
+                                      size_t stride, int n, int window, float scale, const float *sinks, float *sc, float *o,   \
+                                      size_t ostep) {                                                                           \
+        for (int t = 0; t < tq; t++) {                                                                                          \
+            const size_t lo = window > 0 && n + t > window ? (size_t)(n + t - window) : 0;                                      \
+            attend_ref(kv_dot_##NAME##_portable, kv_axpy_##NAME##_portable, q + t * qstep, g, hd,                               \
+                       (const unsigned char *)k + lo * stride, (const unsigned char *)v + lo * stride, stride, n + t - (int)lo, \
+                       scale, sinks, sc, o + t * ostep);                                                                        \
+        }                                                                                                                       \
     }
 ATTEND_REF(f32)
 ATTEND_REF(f16)
@@ -131,26 +140,26 @@ AVX2 static inline float hsum(__m256 v) {
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
 }
-#define KV_AVX2(NAME, WIDE, SCALAR)                                                                   \
-    AVX2 float kv_dot_##NAME##_avx2(const float *q, const void *row, int n) {                     \
-        const uint16_t *h = row;                                                                      \
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                                    \
-        int i = 0;                                                                                    \
-        for (; i + 16 <= n; i += 16) {                                                                \
-            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), WIDE(h + i), s0);                            \
-            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), WIDE(h + i + 8), s1);                    \
-        }                                                                                             \
-        for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), WIDE(h + i), s0);     \
-        float s = hsum(_mm256_add_ps(s0, s1));                                                        \
-        for (; i < n; i++) s += q[i] * SCALAR(h[i]);                                                  \
-        return s;                                                                                     \
-    }                                                                                                 \
-    AVX2 void kv_axpy_##NAME##_avx2(float w, const void *row, int n, float *o) {                  \
-        const uint16_t *h = row;                                                                      \
-        const __m256 vw = _mm256_set1_ps(w);                                                          \
-        int i = 0;                                                                                    \
+#define KV_AVX2(NAME, WIDE, SCALAR)                                                                                   \
+    AVX2 float kv_dot_##NAME##_avx2(const float *q, const void *row, int n) {                                         \
+        const uint16_t *h = row;                                                                                      \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                                                    \
+        int i = 0;                                                                                                    \
+        for (; i + 16 <= n; i += 16) {                                                                                \
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), WIDE(h + i), s0);                                            \
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), WIDE(h + i + 8), s1);                                    \
+        }                                                                                                             \
+        for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), WIDE(h + i), s0);                     \
+        float s = hsum(_mm256_add_ps(s0, s1));                                                                        \
+        for (; i < n; i++) s += q[i] * SCALAR(h[i]);                                                                  \
+        return s;                                                                                                     \
+    }                                                                                                                 \
+    AVX2 void kv_axpy_##NAME##_avx2(float w, const void *row, int n, float *o) {                                      \
+        const uint16_t *h = row;                                                                                      \
+        const __m256 vw = _mm256_set1_ps(w);                                                                          \
+        int i = 0;                                                                                                    \
         for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(vw, WIDE(h + i), _mm256_loadu_ps(o + i))); \
-        for (; i < n; i++) o[i] += w * SCALAR(h[i]);                                                  \
+        for (; i < n; i++) o[i] += w * SCALAR(h[i]);                                                                  \
     }
 KV_AVX2(f16, wide_f16, f16_to_f32)
 KV_AVX2(bf16, wide_bf16, bf16_to_f32)

@@ -14,20 +14,19 @@
  * a value row, so the weights sum to less than one (gpt-oss).
  * sc is scratch for kv_attend_scratch(1, g, hd, n) floats. Each head's result depends only on
  * its own inputs (not on g, the batch or the thread), so batched prefill equals token by token. */
-typedef void (*KvAttendFn)(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n,
-                           float scale, const float *sinks, float *sc, float *o);
+typedef void (*KvAttendFn)(const float *q, int g, int hd, const void *k, const void *v, size_t stride, int n, float scale,
+                           const float *sinks, float *sc, float *o);
 /* The same for tq consecutive query positions at once (causal): position t < tq, whose g heads
  * are q + t*qstep (floats) and whose result goes to o + t*ostep, attends over positions
  * 0..n+t-1, or with window > 0 only its last window of them (n <= window). Each K/V row read
  * then serves all tq*g query rows. Every row gets the bits that KvAttendFn gives it alone over
  * its own positions. sc: kv_attend_scratch(tq, g, hd, n) floats. */
-typedef void (*KvAttendBlockFn)(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v,
-                                size_t stride, int n, int window, float scale, const float *sinks, float *sc, float *o,
-                                size_t ostep);
+typedef void (*KvAttendBlockFn)(const float *q, size_t qstep, int tq, int g, int hd, const void *k, const void *v, size_t stride,
+                                int n, int window, float scale, const float *sinks, float *sc, float *o, size_t ostep);
 
 typedef struct {
-    float (*dot)(const float *q, const void *row, int n);            /* q . row */
-    void (*axpy)(float w, const void *row, int n, float *o);         /* o += w * row */
+    float (*dot)(const float *q, const void *row, int n);    /* q . row */
+    void (*axpy)(float w, const void *row, int n, float *o); /* o += w * row */
     KvAttendFn attend;
     KvAttendBlockFn attend_block;
 } KvKernels;

@@ -44,7 +44,10 @@ int membw_main(int argc, char **argv) {
     }
     const size_t words = (size_t)mib << 17; /* 8-byte words in M MiB */
     uint64_t *buf = aligned_alloc(64, words * sizeof *buf);
-    if (!buf) { fprintf(stderr, "colibri membw: cannot allocate %ld MiB\n", mib); return 1; }
+    if (!buf) {
+        fprintf(stderr, "colibri membw: cannot allocate %ld MiB\n", mib);
+        return 1;
+    }
 #pragma omp parallel for num_threads((int)threads) schedule(static) /* each thread's pages first touched by it */
     for (size_t i = 0; i < words; i++) buf[i] = i;
     double best = 0;

@@ -25,8 +25,7 @@ INLINE float absorb_one(const float *q, const float *w, size_t wstride, int dn, 
 
 /* ABS_T positions from q (rows qstep apart) into o (rows ostep apart): one column vector of
  * all of them per pass over d. */
-INLINE void absorb_block(float *o, size_t ostep, const float *q, size_t qstep, const float *w, size_t wstride, int dn,
-                         int kl) {
+INLINE void absorb_block(float *o, size_t ostep, const float *q, size_t qstep, const float *w, size_t wstride, int dn, int kl) {
     const float *q0 = q, *q1 = q + qstep, *q2 = q + 2 * qstep, *q3 = q + 3 * qstep;
     int c = 0;
     for (; c + ABS_C <= kl; c += ABS_C) {
@@ -71,18 +70,17 @@ INLINE void absorb_row(float *o, const float *q, const float *w, size_t wstride,
     for (; c < kl; c++) o[c] = absorb_one(q, w, wstride, dn, c);
 }
 
-INLINE void absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn,
-                   int kl) {
+INLINE void absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn, int kl) {
     int t = 0;
     for (; t + ABS_T <= tn; t += ABS_T)
         absorb_block(o + (size_t)t * ostep, ostep, q + (size_t)t * qstep, qstep, w, wstride, dn, kl);
     for (; t < tn; t++) absorb_row(o + (size_t)t * ostep, q + (size_t)t * qstep, w, wstride, dn, kl);
 }
 
-#define ABSORB_ENTRY(NAME, ATTR)                                                                              \
-    ATTR void NAME(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w,       \
-                          size_t wstride, int dn, int kl) {                                                   \
-        absorb(o, ostep, q, qstep, tn, w, wstride, dn, kl);                                                   \
+#define ABSORB_ENTRY(NAME, ATTR)                                                                                         \
+    ATTR void NAME(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn, \
+                   int kl) {                                                                                             \
+        absorb(o, ostep, q, qstep, tn, w, wstride, dn, kl);                                                              \
     }
 ABSORB_ENTRY(mla_absorb_portable, )
 #if defined(__x86_64__) || defined(__i386__)

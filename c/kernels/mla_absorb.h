@@ -8,11 +8,10 @@
 
 
 /* o rows ostep floats apart, q rows qstep, w (dequantized W_uk rows of the head) wstride. */
-typedef void (*MlaAbsorbFn)(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w,
-                            size_t wstride, int dn, int kl);
+typedef void (*MlaAbsorbFn)(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn,
+                            int kl);
 
 /* Through the current kernel set (kern.mla_absorb). */
-void mla_absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn,
-                int kl);
+void mla_absorb(float *o, size_t ostep, const float *q, size_t qstep, int tn, const float *w, size_t wstride, int dn, int kl);
 
 #endif

@@ -74,7 +74,10 @@ void mxfp4_from_release(const unsigned char *blocks, const unsigned char *scales
     unsigned char *o = dst;
     for (int b = 0; b < cols / QBLOCK; b++, o += MX_BYTES) {
         unsigned char q[QBLOCK];
-        for (int j = 0; j < 16; j++) { q[2 * j] = blocks[b * 16 + j] & 15; q[2 * j + 1] = blocks[b * 16 + j] >> 4; }
+        for (int j = 0; j < 16; j++) {
+            q[2 * j] = blocks[b * 16 + j] & 15;
+            q[2 * j + 1] = blocks[b * 16 + j] >> 4;
+        }
         o[0] = scales[b];
         for (int j = 0; j < 16; j++) o[1 + j] = (unsigned char)(q[j] | q[j + 16] << 4);
     }
@@ -85,7 +88,10 @@ static void mx_row_portable(const unsigned char *s, const QAct *a, int t0, int n
     for (int b = 0; b < a->nb; b++, s += MX_BYTES) {
         const float dw = mx_half_scale(s[0]);
         int16_t w[QBLOCK];
-        for (int j = 0; j < 16; j++) { w[j] = MX_INT[s[1 + j] & 15]; w[j + 16] = MX_INT[s[1 + j] >> 4]; }
+        for (int j = 0; j < 16; j++) {
+            w[j] = MX_INT[s[1 + j] & 15];
+            w[j + 16] = MX_INT[s[1 + j] >> 4];
+        }
         for (int r = 0; r < nt; r++) {
             const int16_t *xq = a->q + ((size_t)(t0 + r) * a->nb + b) * QBLOCK;
             int32_t isum = 0;
@@ -96,8 +102,7 @@ static void mx_row_portable(const unsigned char *s, const QAct *a, int t0, int n
     for (int r = 0; r < nt; r++) out[r] = acc[r];
 }
 
-void qdot_mxfp4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
-                         size_t ldy) {
+void qdot_mxfp4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     for (int r = 0; r < nr; r++) {
         float out[QDOT_MAX_ROWS];
         mx_row_portable(w + (size_t)r * row_bytes, a, t0, nt, out);
@@ -191,8 +196,7 @@ static void mx_row_neon(const unsigned char *s, const QAct *a, int t0, int nt, f
     for (int r = 0; r < nt; r++) out[r] = acc[r];
 }
 
-void qdot_mxfp4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,
-                     size_t ldy) {
+void qdot_mxfp4_neon(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     for (int r = 0; r < nr; r++) {
         float out[QDOT_MAX_ROWS];
         mx_row_neon(w + (size_t)r * row_bytes, a, t0, nt, out);

@@ -79,14 +79,13 @@ static void q6_row(const unsigned char *s, const QAct *a, int t0, int nt, float 
     for (int r = 0; r < nt; r++) out[r] = acc[r];
 }
 
-#define QDOT_NEON(NAME, ROW)                                                                                  \
-    void NAME(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y,      \
-              size_t ldy) {                                                                                   \
-        for (int r = 0; r < nr; r++) {                                                                        \
-            float out[QDOT_MAX_ROWS];                                                                         \
-            ROW(w + (size_t)r * row_bytes, a, t0, nt, out);                                                   \
-            for (int i = 0; i < nt; i++) y[i * ldy + r] = out[i];                                             \
-        }                                                                                                     \
+#define QDOT_NEON(NAME, ROW)                                                                                           \
+    void NAME(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) { \
+        for (int r = 0; r < nr; r++) {                                                                                 \
+            float out[QDOT_MAX_ROWS];                                                                                  \
+            ROW(w + (size_t)r * row_bytes, a, t0, nt, out);                                                            \
+            for (int i = 0; i < nt; i++) y[i * ldy + r] = out[i];                                                      \
+        }                                                                                                              \
     }
 QDOT_NEON(qdot_q8_neon, q8_row)
 QDOT_NEON(qdot_q4_neon, q4_row)

@@ -88,7 +88,10 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
 }
 
 void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
-    if (kern.qdot[w->qt]) { matmul_quant(y, x, T, w, bias); return; }
+    if (kern.qdot[w->qt]) {
+        matmul_quant(y, x, T, w, bias);
+        return;
+    }
     const int rows = w->rows, cols = w->cols;
     const size_t padded = ((size_t)cols + 31) / 32 * 32;
     const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;
@@ -120,10 +123,13 @@ void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
 }
 
 
-
 void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out) {
     float *g = fwd_malloc(sizeof(float) * (size_t)T * inter), *u = fwd_malloc(sizeof(float) * (size_t)T * inter);
-    if (!g || !u) { free(g); free(u); return; } /* fwd_oom() tells the caller */
+    if (!g || !u) {
+        free(g);
+        free(u);
+        return;
+    } /* fwd_oom() tells the caller */
     matmul(g, x, T, &p->gate, p->gate_b);
     matmul(u, x, T, &p->up, p->up_b);
     if (p->act == ACT_SWIGLU_CLAMP) {

@@ -9,7 +9,7 @@
 
 /* blk: the block (its f16 scale first); q_lo: elements 0..15, q_hi: 16..31. */
 __attribute__((target("avx2"), always_inline)) static inline void q6_unpack_avx2(const unsigned char *blk, __m128i *q_lo,
-                                                                                __m128i *q_hi) {
+                                                                                 __m128i *q_hi) {
     const __m128i nib = _mm_loadu_si128((const __m128i *)(blk + 2));
     long long hb;
     memcpy(&hb, blk + 18, sizeof hb);

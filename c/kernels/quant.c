@@ -9,7 +9,10 @@ const char *qtype_name(QType q) { return (unsigned)q < QT_COUNT ? QT_NAMES[q] : 
 
 int qtype_from_name(const char *name, QType *out) {
     for (int i = 0; i < QT_COUNT; i++)
-        if (strcmp(name, QT_NAMES[i]) == 0) { *out = (QType)i; return 0; }
+        if (strcmp(name, QT_NAMES[i]) == 0) {
+            *out = (QType)i;
+            return 0;
+        }
     return -1;
 }
 
@@ -31,9 +34,11 @@ float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
     if (exp == 0) {
         if (man == 0) bits = sign;
-        else { /* subnormal: normalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) { man <<= 1; exp--; }
+        else { /* subnormal: normalise */ exp = 127 - 15 + 1;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
             bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
         }
     } else if (exp == 31) bits = sign | 0x7F800000 | (man << 13);
@@ -53,7 +58,7 @@ uint16_t f32_to_f16(float f) {
     const uint32_t sign = (x >> 16) & 0x8000;
     x &= 0x7fffffff;
     if (x >= 0x47800000u) return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00 : 0x7c00)); /* >= 65536, inf, NaN */
-    if (x < 0x38800000u) { /* below 2^-14: subnormal or zero */
+    if (x < 0x38800000u) {                                                               /* below 2^-14: subnormal or zero */
         const uint32_t magic_bits = 126u << 23;
         float a, magic;
         memcpy(&a, &x, 4);
@@ -81,8 +86,15 @@ uint16_t f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
-static void store_f16(unsigned char *p, float v) { uint16_t h = f32_to_f16(v); memcpy(p, &h, 2); }
-static float load_f16(const unsigned char *p) { uint16_t h; memcpy(&h, p, 2); return f16_to_f32(h); }
+static void store_f16(unsigned char *p, float v) {
+    uint16_t h = f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+static float load_f16(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
 
 /* Copies block b of x into a 32-wide buffer, zero-padding past cols. */
 static void load_block(const float *x, int cols, int b, float out[QBLOCK]) {
@@ -105,7 +117,10 @@ void quantize_row(QType q, const float *x, int cols, void *dst) {
     switch (q) {
     case QT_F32: memcpy(dst, x, (size_t)cols * 4); return;
     case QT_BF16:
-        for (int i = 0; i < cols; i++) { uint16_t h = f32_to_bf16(x[i]); memcpy(o + 2 * i, &h, 2); }
+        for (int i = 0; i < cols; i++) {
+            uint16_t h = f32_to_bf16(x[i]);
+            memcpy(o + 2 * i, &h, 2);
+        }
         return;
     case QT_F16:
         for (int i = 0; i < cols; i++) store_f16(o + 2 * i, x[i]);
@@ -128,7 +143,10 @@ void quantize_row(QType q, const float *x, int cols, void *dst) {
             /* the padded tail of a short last block must not widen the range */
             int n = cols - b * QBLOCK < QBLOCK ? cols - b * QBLOCK : QBLOCK;
             float lo = v[0], hi = v[0];
-            for (int j = 1; j < n; j++) { lo = fminf(lo, v[j]); hi = fmaxf(hi, v[j]); }
+            for (int j = 1; j < n; j++) {
+                lo = fminf(lo, v[j]);
+                hi = fmaxf(hi, v[j]);
+            }
             store_f16(o, (hi - lo) / 15.0f);
             store_f16(o + 2, lo);
             float d = load_f16(o), m = load_f16(o + 2), id = d != 0 ? 1.0f / d : 0.0f;
@@ -174,7 +192,11 @@ void dequant_row_portable(QType q, const void *src, int cols, float *dst) {
     switch (q) {
     case QT_F32: memcpy(dst, src, (size_t)cols * 4); return;
     case QT_BF16:
-        for (int i = 0; i < cols; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); dst[i] = bf16_to_f32(h); }
+        for (int i = 0; i < cols; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = bf16_to_f32(h);
+        }
         return;
     case QT_F16:
         for (int i = 0; i < cols; i++) dst[i] = load_f16(s + 2 * i);
@@ -195,7 +217,7 @@ void dequant_row_portable(QType q, const void *src, int cols, float *dst) {
         }
         return;
     case QT_MXFP4: mxfp4_dequant_block_row(src, cols, dst); return; /* whole blocks, as q8 */
-    case QT_Q6: /* whole blocks, as q8 */
+    case QT_Q6:                                                     /* whole blocks, as q8 */
         for (int b = 0; b < blocks; b++, s += 26) {
             float d = load_f16(s);
             int8_t q[QBLOCK];
@@ -280,7 +302,10 @@ static void qdot_q4_row(const unsigned char *s, const QAct *a, int t0, int nt, f
     for (int b = 0; b < a->nb; b++, s += 20) {
         float mw = load_f16(s + 2);
         int8_t q[QBLOCK];
-        for (int j = 0; j < 16; j++) { q[j] = (int8_t)(s[4 + j] & 15); q[j + 16] = (int8_t)(s[4 + j] >> 4); }
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)(s[4 + j] & 15);
+            q[j + 16] = (int8_t)(s[4 + j] >> 4);
+        }
         int_block(q, load_f16(s), a, b, t0, nt, acc);
         for (int r = 0; r < nt; r++) mins[r] += mw * a->s[(size_t)b * a->rows + t0 + r];
     }
@@ -296,18 +321,15 @@ static void qdot_rows(void (*row)(const unsigned char *, const QAct *, int, int,
     }
 }
 
-void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
-                             float *y, size_t ldy) {
+void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     qdot_rows(qdot_q8_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 
-void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
-                             float *y, size_t ldy) {
+void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     qdot_rows(qdot_q4_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 
-void qdot_q6_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
-                      float *y, size_t ldy) {
+void qdot_q6_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     qdot_rows(qdot_q6_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 

@@ -70,8 +70,7 @@ typedef struct {
 /* y[i*ldy + r] = (weight row r; rows row_bytes apart) . (activation row t0+i) for r < nr and
  * i < nt <= QDOT_MAX_ROWS: an integer dot per block and one float multiply-add per block.
  * A row pair's result does not depend on nr, nt or t0 (batched prefill = token by token). */
-typedef void (*QDotFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt,
-                       float *y, size_t ldy);
+typedef void (*QDotFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 
 /* The portable q8/q4/q6 dots (qt) over every activation row of a: the rows a matrix kernel's
  * tiles leave over, with the same bits. */
@@ -80,8 +79,8 @@ void qdot_all_portable(QType qt, const unsigned char *w, size_t row_bytes, int n
 /* Matrix x matrix over every activation row of a (a->rows positions): y[t*ldy + r] for r < nr,
  * from the activations also packed once per matmul by pack_act (pack_bytes(T, nb) bytes).
  * Same bits as qdot, so a set may use either for any batch. */
-typedef void (*QGemmFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
-                        float *y, size_t ldy);
+typedef void (*QGemmFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y,
+                        size_t ldy);
 /* Positions per AMX tile. */
 #define AMX_TILE_T 16
 

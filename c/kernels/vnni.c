@@ -20,8 +20,8 @@ void vnni_pack_act(const QAct *a, int8_t *dst) { vnni_small_pack(a, 0, a->rows, 
 
 typedef void (*SmallFn)(const unsigned char *, size_t, int, const QAct *, int, int, const int8_t *, float *, size_t);
 
-static void gemm(SmallFn small, QType qt, const unsigned char *w, size_t row_bytes, int nr, const QAct *a,
-                 const int8_t *packed, float *y, size_t ldy) {
+static void gemm(SmallFn small, QType qt, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed,
+                 float *y, size_t ldy) {
     const int T = a->rows, full = nr / 16 * 16;
     int strip = (int)(STRIP_BYTES / row_bytes) / 16 * 16;
     if (strip < 16) strip = 16;

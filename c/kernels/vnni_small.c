@@ -91,8 +91,8 @@ VNNI_INLINE __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_ep
 
 /* 16 weight rows (w: row 0) x n positions (packed by vnni_small_pack; scales from position t0
  * of a), the whole row; results to y[i*ldy + r]. n is a constant in each instance. */
-VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_bytes, const QAct *a, int t0,
-                         const int8_t *packed, const int n, const unsigned char *next, float *y, size_t ldy) {
+VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_bytes, const QAct *a, int t0, const int8_t *packed,
+                         const int n, const unsigned char *next, float *y, size_t ldy) {
     const int nb = a->nb, q4 = qt == QT_Q4;
     const size_t bb = q4 ? 20 : qt == QT_Q6 ? 26 : 34, ds = (size_t)a->rows;
     const __m512i perm = lane_rows();
@@ -106,7 +106,8 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
         /* the next 16 rows (contiguous) into cache, a block's share of them per block: the
          * rows are read 16 at a time, a pattern the hardware prefetcher does not follow */
         if (next)
-            for (size_t o = (size_t)b * 16 * bb; o < (size_t)(b + 1) * 16 * bb; o += 64) _mm_prefetch((const char *)next + o, _MM_HINT_T0);
+            for (size_t o = (size_t)b * 16 * bb; o < (size_t)(b + 1) * 16 * bb; o += 64)
+                _mm_prefetch((const char *)next + o, _MM_HINT_T0);
         const __m512i heads = _mm512_i32gather_epi32(rowoff, wb, 1);
         const __m512 dw = f16_lo(heads), mw = q4 ? f16_hi(heads) : dw;
         __m512i v[8], sw = _mm512_setzero_si512();
@@ -123,8 +124,10 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
             for (int k = 0; k < 8; k++) {
                 const __m512i lo = k < 4 ? p[k] : _mm512_srli_epi16(p[k - 4], 4);
                 const int j = k >> 1;
-                const __m512i h = j == 0 ? _mm512_slli_epi16(hb[k & 1], 4) : j == 1 ? _mm512_slli_epi16(hb[k & 1], 2)
-                                : j == 2 ? hb[k & 1] : _mm512_srli_epi16(hb[k & 1], 2);
+                const __m512i h = j == 0   ? _mm512_slli_epi16(hb[k & 1], 4)
+                                  : j == 1 ? _mm512_slli_epi16(hb[k & 1], 2)
+                                  : j == 2 ? hb[k & 1]
+                                           : _mm512_srli_epi16(hb[k & 1], 2);
                 /* (lo & 0x0f) | (h & 0x30): 0xf8 is A | (B & C) with A = lo & 0x0f */
                 v[k] = _mm512_ternarylogic_epi32(_mm512_and_si512(lo, m4), h, m30, 0xf8);
             }
@@ -172,7 +175,8 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
                     h = dpbusd_bcast(h, v[k], pk + 4 * k);
                     l = dpbusd_bcast(l, v[k], pk + 32 + 4 * k);
                 }
-                isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), _mm512_add_epi32(sw, bcast(pk + SMALL_Q8C)));
+                isum =
+                    _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), _mm512_add_epi32(sw, bcast(pk + SMALL_Q8C)));
             }
             const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[kd + i]));
             acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(isum)));
@@ -187,34 +191,34 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
 VNNI_INLINE void small_rows(const QType qt, const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0,
                             const int8_t *packed, const int n, float *y, size_t ldy) {
     for (int r = 0; r < nr16; r += 16)
-        small16(qt, w + (size_t)r * row_bytes, row_bytes, a, t0, packed, n, r + 16 < nr16 ? w + (size_t)(r + 16) * row_bytes : NULL,
-                y + r, ldy);
+        small16(qt, w + (size_t)r * row_bytes, row_bytes, a, t0, packed, n,
+                r + 16 < nr16 ? w + (size_t)(r + 16) * row_bytes : NULL, y + r, ldy);
 }
 
-#define SMALL_CASES(qt)                                                                  \
-    switch (n) {                                                                         \
-    case 1: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 1, y, ldy); return;       \
-    case 2: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 2, y, ldy); return;       \
-    case 3: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 3, y, ldy); return;       \
-    case 4: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 4, y, ldy); return;       \
-    case 5: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 5, y, ldy); return;       \
-    case 6: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 6, y, ldy); return;       \
-    case 7: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 7, y, ldy); return;       \
+#define SMALL_CASES(qt)                                                                       \
+    switch (n) {                                                                              \
+    case 1: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 1, y, ldy); return;             \
+    case 2: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 2, y, ldy); return;             \
+    case 3: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 3, y, ldy); return;             \
+    case 4: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 4, y, ldy); return;             \
+    case 5: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 5, y, ldy); return;             \
+    case 6: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 6, y, ldy); return;             \
+    case 7: small_rows(qt, w, row_bytes, nr16, a, t0, packed, 7, y, ldy); return;             \
     default: small_rows(qt, w, row_bytes, nr16, a, t0, packed, VNNI_SMALL_T, y, ldy); return; \
     }
 
-VNNI void vnni_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
-                       const int8_t *packed, float *y, size_t ldy) {
+VNNI void vnni_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n, const int8_t *packed,
+                        float *y, size_t ldy) {
     SMALL_CASES(QT_Q4)
 }
 
-VNNI void vnni_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
-                       const int8_t *packed, float *y, size_t ldy) {
+VNNI void vnni_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n, const int8_t *packed,
+                        float *y, size_t ldy) {
     SMALL_CASES(QT_Q8)
 }
 
-VNNI void vnni_small_q6(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
-                       const int8_t *packed, float *y, size_t ldy) {
+VNNI void vnni_small_q6(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n, const int8_t *packed,
+                        float *y, size_t ldy) {
     SMALL_CASES(QT_Q6)
 }
 

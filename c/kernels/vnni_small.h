@@ -14,11 +14,11 @@ size_t vnni_small_pack_bytes(int n, int nb);
 /* Positions t0..t0+n-1 of a into the small layout. */
 void vnni_small_pack(const QAct *a, int t0, int n, int8_t *dst);
 /* y[i*ldy + r] = row r . position t0+i for r < nr16 (a multiple of 16), i < n <= VNNI_SMALL_T. */
-void vnni_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
-                  const int8_t *packed, float *y, size_t ldy);
-void vnni_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
-                  const int8_t *packed, float *y, size_t ldy);
-void vnni_small_q6(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n,
-                  const int8_t *packed, float *y, size_t ldy);
+void vnni_small_q4(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n, const int8_t *packed,
+                   float *y, size_t ldy);
+void vnni_small_q8(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n, const int8_t *packed,
+                   float *y, size_t ldy);
+void vnni_small_q6(const unsigned char *w, size_t row_bytes, int nr16, const QAct *a, int t0, int n, const int8_t *packed,
+                   float *y, size_t ldy);
 
 #endif

@@ -22,7 +22,8 @@ int kv_dir_lock(const char *dir, char *err, size_t errlen) {
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
         char pid[32];
         int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-        if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid only improves the message */ }
+        if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid only improves the message */
+        }
         return fd;
     }
     int why = errno;

@@ -35,8 +35,7 @@ static int first_held(const KvLayer *y, int n0, int n1) { return n1 - y->cap > n
  * not fit a size_t. */
 static size_t record_len(const KvCache *kv, int n0, int n1, int n_ck) {
     size_t len = sizeof(RecHead) + sizeof(int32_t) * (size_t)(n1 - n0) + sizeof(uint64_t), ck;
-    if (__builtin_mul_overflow(sizeof(int32_t) + kv_ck_bytes(kv), (size_t)n_ck, &ck) ||
-        __builtin_add_overflow(len, ck, &len))
+    if (__builtin_mul_overflow(sizeof(int32_t) + kv_ck_bytes(kv), (size_t)n_ck, &ck) || __builtin_add_overflow(len, ck, &len))
         return 0;
     for (int l = 0; l < kv->n_layers; l++) {
         const KvLayer *y = &kv->layer[l];
@@ -156,11 +155,13 @@ static int write_all(int fd, const void *p, size_t n, off_t at) {
     return 0;
 }
 
-int kv_log_append(const char *log_path, uint64_t fp, uint64_t base_sum, off_t *len, const KvRecord *r, char *err,
-                  size_t errlen) {
+int kv_log_append(const char *log_path, uint64_t fp, uint64_t base_sum, off_t *len, const KvRecord *r, char *err, size_t errlen) {
     int fresh = *len == 0;
     int fd = open(log_path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (fresh ? O_TRUNC : 0), 0600);
-    if (fd < 0) { snprintf(err, errlen, "cannot write %s: %s", log_path, strerror(errno)); return -1; }
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot write %s: %s", log_path, strerror(errno));
+        return -1;
+    }
     int bad = 0;
     if (fresh) {
         LogHeader h = {LOG_MAGIC, fp, base_sum};
@@ -226,15 +227,19 @@ static int record_sane(const KvCache *kv, const Arch *a, const KvRecord *r) {
     return 1;
 }
 
-int kv_log_replay(KvCache *kv, const Arch *a, uint64_t fp, uint64_t base_sum, const char *log_path, off_t *good,
-                  char *note, size_t notelen) {
+int kv_log_replay(KvCache *kv, const Arch *a, uint64_t fp, uint64_t base_sum, const char *log_path, off_t *good, char *note,
+                  size_t notelen) {
     *good = 0;
     note[0] = 0;
     int fd = open(log_path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return errno == ENOENT ? 0 : -1;
     struct stat st;
     LogHeader h;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) { close(fd); snprintf(note, notelen, "not a regular file"); return -1; }
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(note, notelen, "not a regular file");
+        return -1;
+    }
     if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, LOG_MAGIC, 8) || h.fingerprint != fp ||
         h.base_sum != base_sum) {
         close(fd);
@@ -245,23 +250,35 @@ int kv_log_replay(KvCache *kv, const Arch *a, uint64_t fp, uint64_t base_sum, co
     for (;;) {
         RecHead rh;
         if (at == st.st_size) break;
-        if (pread(fd, &rh, sizeof rh, at) != (ssize_t)sizeof rh) { snprintf(note, notelen, "its last record is cut off"); break; }
+        if (pread(fd, &rh, sizeof rh, at) != (ssize_t)sizeof rh) {
+            snprintf(note, notelen, "its last record is cut off");
+            break;
+        }
         if (rh.magic != REC_MAGIC || rh.n_ck > KV_MAX_CHECKPOINTS || (rh.n_ck && !kv_keeps_checkpoints(kv)) ||
             rh.n0 > (uint32_t)kv->n || rh.n1 < rh.n0 || rh.n1 > (uint32_t)kv->ctx) {
             snprintf(note, notelen, "a record does not fit this slot");
             break;
         }
         size_t len = record_len(kv, (int)rh.n0, (int)rh.n1, (int)rh.n_ck);
-        if (!len || (off_t)len > st.st_size - at) { snprintf(note, notelen, "its last record is cut off"); break; }
+        if (!len || (off_t)len > st.st_size - at) {
+            snprintf(note, notelen, "its last record is cut off");
+            break;
+        }
         KvRecord r = {malloc(len), len, (int)rh.n0, (int)rh.n1};
-        if (!r.buf) { snprintf(note, notelen, "no memory to read it"); break; }
+        if (!r.buf) {
+            snprintf(note, notelen, "no memory to read it");
+            break;
+        }
         uint64_t sum;
         int ok = pread(fd, r.buf, len, at) == (ssize_t)len;
         if (ok) memcpy(&sum, r.buf + len - sizeof sum, sizeof sum);
         ok = ok && sum == fnv(1469598103934665603ull, r.buf, len - sizeof sum) && record_sane(kv, a, &r);
         if (ok) kv_record_apply(kv, &r);
         kv_record_free(&r);
-        if (!ok) { snprintf(note, notelen, "a record is corrupt (checksum, token or value)"); break; }
+        if (!ok) {
+            snprintf(note, notelen, "a record is corrupt (checksum, token or value)");
+            break;
+        }
         at += (off_t)len;
         applied++;
     }

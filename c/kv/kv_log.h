@@ -36,13 +36,12 @@ void kv_record_apply(KvCache *kv, const KvRecord *r);
 int kv_file_sum(const char *path, uint64_t *sum);
 /* Appends r to the log at log_path (created, with its header, when absent or not this base's);
  * fdatasyncs. *len is the log's valid length (0: none yet), updated. 0 ok, -1 with err. */
-int kv_log_append(const char *log_path, uint64_t fp, uint64_t base_sum, off_t *len, const KvRecord *r, char *err,
-                  size_t errlen);
+int kv_log_append(const char *log_path, uint64_t fp, uint64_t base_sum, off_t *len, const KvRecord *r, char *err, size_t errlen);
 /* Replays the log onto kv (just restored from its base). Returns the records applied (0: no
  * log, or one for another base) and sets *good to the log's valid length (a torn tail is cut
  * off the file); -1 when the log cannot be read. A damaged record stops the replay; *note then
  * says why (empty otherwise). */
-int kv_log_replay(KvCache *kv, const Arch *a, uint64_t fp, uint64_t base_sum, const char *log_path, off_t *good,
-                  char *note, size_t notelen);
+int kv_log_replay(KvCache *kv, const Arch *a, uint64_t fp, uint64_t base_sum, const char *log_path, off_t *good, char *note,
+                  size_t notelen);
 
 #endif

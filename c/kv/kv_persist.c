@@ -17,7 +17,7 @@ typedef struct {
     char magic[8];
     uint64_t fingerprint;
     uint32_t n, n_layers, kv_type;
-    uint32_t n_ck; /* turn-boundary checkpoints of the fixed state after the layers (0 in older files) */
+    uint32_t n_ck;           /* turn-boundary checkpoints of the fixed state after the layers (0 in older files) */
     uint64_t per_pos, fixed; /* sums over the layers' descriptors: a cross-check of the layout */
 } KvHeader;
 
@@ -67,7 +67,10 @@ int kv_save(const KvCache *kv, const Arch *a, uint64_t fp, const char *path, cha
     /* A fresh file, never through a link someone planted under the temporary's name. */
     unlink(tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) { snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno)); return -1; }
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+        return -1;
+    }
     KvHeader h = {KV_MAGIC, fp, (uint32_t)kv->n, (uint32_t)a->n_layers, (uint32_t)kv->type, (uint32_t)kv->n_ck, 0, 0};
     memcpy(h.magic, KV_MAGIC, 8);
     layout(kv, &h.per_pos, &h.fixed);
@@ -92,7 +95,10 @@ int kv_save(const KvCache *kv, const Arch *a, uint64_t fp, const char *path, cha
     char dir[4200];
     snprintf(dir, sizeof dir, "%s", path);
     int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) { fsync(dfd); close(dfd); }
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
     return 0;
 }
 
@@ -173,15 +179,18 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
         return -1;
     }
     FILE *f = fdopen(fd, "rb");
-    if (!f) { close(fd); snprintf(err, errlen, "%s: cannot read (%s); ignored", path, strerror(errno)); return -1; }
+    if (!f) {
+        close(fd);
+        snprintf(err, errlen, "%s: cannot read (%s); ignored", path, strerror(errno));
+        return -1;
+    }
     KvHeader h;
     uint64_t per_pos, fixed;
     layout(kv, &per_pos, &fixed);
     uint64_t sum = 1469598103934665603ull, check, want;
     int rc = -1;
     if (read_all(f, &h, sizeof h, &sum) || memcmp(h.magic, KV_MAGIC, 8)) {
-        snprintf(err, errlen, "%s: not a KV state file (or one saved by an older engine); ignored, the slot starts empty",
-                 path);
+        snprintf(err, errlen, "%s: not a KV state file (or one saved by an older engine); ignored, the slot starts empty", path);
         goto out;
     }
     if (h.n_ck > KV_MAX_CHECKPOINTS || (h.n_ck && !kv_keeps_checkpoints(kv))) {
@@ -193,13 +202,13 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
         goto out;
     }
     if (h.kv_type != (uint32_t)kv->type) {
-        snprintf(err, errlen, "%s: saved with a %s KV cache, this engine keeps %s (--kv); ignored, the slot starts empty",
-                 path, qtype_name((QType)(h.kv_type < QT_COUNT ? h.kv_type : 0)), qtype_name(kv->type));
+        snprintf(err, errlen, "%s: saved with a %s KV cache, this engine keeps %s (--kv); ignored, the slot starts empty", path,
+                 qtype_name((QType)(h.kv_type < QT_COUNT ? h.kv_type : 0)), qtype_name(kv->type));
         goto out;
     }
     if ((uint64_t)h.n > (uint64_t)kv->ctx) {
-        snprintf(err, errlen, "%s: %u positions exceed the context of %d (--ctx); ignored, the slot starts empty", path,
-                 h.n, kv->ctx);
+        snprintf(err, errlen, "%s: %u positions exceed the context of %d (--ctx); ignored, the slot starts empty", path, h.n,
+                 kv->ctx);
         goto out;
     }
     if (expected_size(kv, h.n, h.n_ck, &want)) {
@@ -207,8 +216,10 @@ int kv_restore(KvCache *kv, const Arch *a, uint64_t fp, const char *path, char *
         goto out;
     }
     if ((uint64_t)st.st_size != want) {
-        snprintf(err, errlen, "%s: %lld bytes where its header promises %llu: truncated or corrupt; ignored, the slot "
-                 "starts empty", path, (long long)st.st_size, (unsigned long long)want);
+        snprintf(err, errlen,
+                 "%s: %lld bytes where its header promises %llu: truncated or corrupt; ignored, the slot "
+                 "starts empty",
+                 path, (long long)st.st_size, (unsigned long long)want);
         goto out;
     }
     const size_t n = h.n; /* fits: at most ctx */

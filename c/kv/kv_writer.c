@@ -58,11 +58,17 @@ static int write_base(KvWriter *w, int slot, const KvRecord *r) {
     char base[4200], log[4200], err[600];
     kv_slot_paths(w->dir, slot, base, log, sizeof base);
     KvCache img;
-    if (kv_init(&img, w->a, w->ctx)) { fprintf(stderr, "colibri: no memory to save KV slot %d\n", slot); return -1; }
+    if (kv_init(&img, w->a, w->ctx)) {
+        fprintf(stderr, "colibri: no memory to save KV slot %d\n", slot);
+        return -1;
+    }
     kv_record_apply(&img, r);
     int rc = kv_save(&img, w->a, w->fp, base, err, sizeof err);
     kv_free(&img);
-    if (rc) { fprintf(stderr, "colibri: %s\n", err); return -1; }
+    if (rc) {
+        fprintf(stderr, "colibri: %s\n", err);
+        return -1;
+    }
     unlink(log);
     return 0;
 }
@@ -120,7 +126,10 @@ static void *run(void *arg) {
 
 KvWriter *kv_writer_start(const char *dir, int slots, const Arch *a, int ctx, uint64_t fingerprint) {
     KvWriter *w = calloc(1, sizeof *w);
-    if (!w || !(w->disk = calloc((size_t)slots, sizeof(SlotDisk)))) { free(w); return NULL; }
+    if (!w || !(w->disk = calloc((size_t)slots, sizeof(SlotDisk)))) {
+        free(w);
+        return NULL;
+    }
     snprintf(w->dir, sizeof w->dir, "%s", dir);
     w->a = a;
     w->ctx = ctx;
@@ -130,7 +139,11 @@ KvWriter *kv_writer_start(const char *dir, int slots, const Arch *a, int ctx, ui
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     pthread_cond_init(&w->room, NULL);
-    if (pthread_create(&w->th, NULL, run, w)) { free(w->disk); free(w); return NULL; }
+    if (pthread_create(&w->th, NULL, run, w)) {
+        free(w->disk);
+        free(w);
+        return NULL;
+    }
     return w;
 }
 
@@ -162,7 +175,11 @@ void kv_writer_admit(KvWriter *w, int slot, int full, size_t len) {
     pthread_mutex_lock(&w->mu);
     for (Job **p = &w->head, *prev = NULL; full && *p;) { /* superseded: the whole record's base replaces them */
         Job *j = *p;
-        if (j->slot != slot) { prev = j; p = &j->next; continue; }
+        if (j->slot != slot) {
+            prev = j;
+            p = &j->next;
+            continue;
+        }
         *p = j->next;
         if (w->tail == j) w->tail = prev;
         w->held -= j->r.len;
@@ -171,7 +188,8 @@ void kv_writer_admit(KvWriter *w, int slot, int full, size_t len) {
     }
     if (w->held && w->held + len > w->limit) {
         if (!w->waits++)
-            fprintf(stderr, "colibri: the KV writer is behind the disk (%.1f MB queued, its bound is %.1f MB); turns "
+            fprintf(stderr,
+                    "colibri: the KV writer is behind the disk (%.1f MB queued, its bound is %.1f MB); turns "
                     "wait for it to catch up (back-pressure, counted in END's kv_writer_waits; said once)\n",
                     w->held / 1e6, w->limit / 1e6);
         while (w->held && w->held + len > w->limit) pthread_cond_wait(&w->room, &w->mu);

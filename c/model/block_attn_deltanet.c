@@ -102,8 +102,19 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
 #pragma omp parallel for schedule(dynamic, 1)
     for (int h = 0; h < nv; h++) {
         const int kh = h / rep;
-        DeltaIn in = {qkv + (size_t)kh * dk, qkv + (size_t)(nk + kh) * dk, qkv + (size_t)2 * nk * dk + (size_t)h * dv,
-                      cd, cd, cd, vd, g + (size_t)h * T, beta + (size_t)h * T, T, dk, dv, 0};
+        DeltaIn in = {qkv + (size_t)kh * dk,
+                      qkv + (size_t)(nk + kh) * dk,
+                      qkv + (size_t)2 * nk * dk + (size_t)h * dv,
+                      cd,
+                      cd,
+                      cd,
+                      vd,
+                      g + (size_t)h * T,
+                      beta + (size_t)h * T,
+                      T,
+                      dk,
+                      dv,
+                      0};
         float *Sh = S + (size_t)h * dk * dv, *oh = o + (size_t)h * dv;
         if (T == 1) delta_rule_recurrent(&in, Sh, oh);
         else delta_rule_chunked(&in, Sh, oh, work + (size_t)h * wf);
@@ -119,13 +130,21 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         }
     if (!fwd_oom()) matmul(out, o, T, &p->wo, NULL);
 done:
-    free(qkv); free(z); free(gb); free(o); free(work);
+    free(qkv);
+    free(z);
+    free(gb);
+    free(o);
+    free(work);
 }
 
 static void release(void *self) {
     AttnGdn *p = self;
-    free((void *)p->wb); free((void *)p->wa); free((void *)p->conv);
-    free((void *)p->A_log); free((void *)p->dt_bias); free((void *)p->norm);
+    free((void *)p->wb);
+    free((void *)p->wa);
+    free((void *)p->conv);
+    free((void *)p->A_log);
+    free((void *)p->dt_bias);
+    free((void *)p->norm);
 }
 
 const BlockKind block_attn_deltanet = {ROLE_ATTN, "gated_deltanet", sizeof(AttnGdn), load, run, state, release, NULL};

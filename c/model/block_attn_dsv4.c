@@ -31,8 +31,8 @@ typedef struct {
     const float *q_a_norm, *kv_norm, *sinks;
     int compressed, indexed; /* a compressor; and an indexer (CSA) */
     Dsv4Comp comp, icomp;
-    int inh, ihd, topk;      /* indexer heads, head size, entries kept per query */
-    QMat iq_b, iw;           /* [inh * ihd][q_lora_rank], [inh][hidden] */
+    int inh, ihd, topk; /* indexer heads, head size, entries kept per query */
+    QMat iq_b, iw;      /* [inh * ihd][q_lora_rank], [inh][hidden] */
 } AttnDsv4;
 
 static int load_compress(AttnDsv4 *p, const JsonValue *c, BlockLoader *L) {
@@ -70,7 +70,8 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     p->rot = bl_int(L, rope, "dim", 0, p->hd);
     const JsonValue *inv = json_get(rope, "inv_freq");
     if (L->failed) return -1;
-    if (strcmp(style, "interleaved_tail")) return bl_fail(L, "dsv4: rope style '%s' is not implemented (interleaved_tail)", style);
+    if (strcmp(style, "interleaved_tail"))
+        return bl_fail(L, "dsv4: rope style '%s' is not implemented (interleaved_tail)", style);
     if (p->rot % 2 || !inv || inv->type != JSON_ARR || (int)inv->len != p->rot / 2)
         return bl_fail(L, "dsv4: rope.dim must be even and rope.inv_freq list rope.dim/2 = %d numbers", p->rot / 2);
     if (p->nh % p->groups) return bl_fail(L, "dsv4: %d heads do not split into %d output groups", p->nh, p->groups);
@@ -107,8 +108,11 @@ static StateDesc state(const void *self, QType kv_type) {
         return (StateDesc){.per_pos = (size_t)p->hd * kv_elem_size(kv_type), .truncatable = 1, .window = p->window};
     const int m = p->comp.rate;
     const size_t tail = p->indexed ? (size_t)piece(p->ihd, m) * 4 : 0;
-    return (StateDesc){.per_pos = (size_t)piece(p->hd, m) * kv_elem_size(kv_type) + tail, .fixed = 4 * fixed_floats(p),
-                       .truncatable = 0, .f32_tail = tail, .settle = m};
+    return (StateDesc){.per_pos = (size_t)piece(p->hd, m) * kv_elem_size(kv_type) + tail,
+                       .fixed = 4 * fixed_floats(p),
+                       .truncatable = 0,
+                       .f32_tail = tail,
+                       .settle = m};
 }
 
 static void unit_rms(float *v, int n, float eps) {
@@ -145,7 +149,10 @@ static int compress(const AttnDsv4 *y, const BlockRun *r, const float *x, int T,
     int w0, n;
     if (!e) return -1;
     memset(r->state->pos + (size_t)r->p0 * stride, 0, (size_t)T * stride); /* until their window closes */
-    if ((n = dsv4c_feed(&y->comp, cstate, x, T, r->p0, e, &w0)) < 0) { free(e); return -1; }
+    if ((n = dsv4c_feed(&y->comp, cstate, x, T, r->p0, e, &w0)) < 0) {
+        free(e);
+        return -1;
+    }
     for (int k = n - 1; k >= 0; k--) { /* spread to padded strides, last first (in place) */
         memmove(e + (size_t)k * wmax, e + (size_t)k * y->hd, sizeof(float) * y->hd);
         memset(e + (size_t)k * wmax + y->hd, 0, sizeof(float) * (size_t)(wmax - y->hd));
@@ -157,7 +164,10 @@ static int compress(const AttnDsv4 *y, const BlockRun *r, const float *x, int T,
             kv_store_row(r->kv_type, v + (size_t)s * pk, pk, r->state->pos + ((size_t)(w0 + k) * m + s) * stride);
     }
     if (y->indexed) {
-        if ((n = dsv4c_feed(&y->icomp, istate, x, T, r->p0, e, &w0)) < 0) { free(e); return -1; }
+        if ((n = dsv4c_feed(&y->icomp, istate, x, T, r->p0, e, &w0)) < 0) {
+            free(e);
+            return -1;
+        }
         for (int k = n - 1; k >= 0; k--) {
             memmove(e + (size_t)k * wmax, e + (size_t)k * y->ihd, sizeof(float) * y->ihd);
             memset(e + (size_t)k * wmax + y->ihd, 0, sizeof(float) * (size_t)(wmax - y->ihd));
@@ -190,8 +200,8 @@ static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float 
 #pragma omp parallel for schedule(static) if (par_worth((double)nc * y->inh * y->ihd / 32))
         for (int e = 0; e < nc; e++) {
             float key[m * pi];
-            for (int j = 0; j < m; j++) memcpy(key + j * pi, r->state->pos + (size_t)e * ent + j * stride + (size_t)pk * es,
-                                               sizeof(float) * pi);
+            for (int j = 0; j < m; j++)
+                memcpy(key + j * pi, r->state->pos + (size_t)e * ent + j * stride + (size_t)pk * es, sizeof(float) * pi);
             float v = 0;
             for (int h = 0; h < y->inh; h++) {
                 float d = 0;
@@ -205,7 +215,8 @@ static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float 
         for (int e = 0; e < nc; e++) sel[e] = e;
     memcpy(rows, win, sizeof(float) * (size_t)n_w * hd);
     for (int j = 0; j < k; j++) {
-        for (int s = 0; s < m; s++) dequant_row(r->kv_type, r->state->pos + (size_t)sel[j] * ent + s * stride, pk, ent_f + s * pk);
+        for (int s = 0; s < m; s++)
+            dequant_row(r->kv_type, r->state->pos + (size_t)sel[j] * ent + s * stride, pk, ent_f + s * pk);
         memcpy(rows + (size_t)(n_w + j) * hd, ent_f, sizeof(float) * hd);
     }
     const int chunks = (y->nh + HEADS_PER_TASK - 1) / HEADS_PER_TASK;
@@ -218,7 +229,10 @@ static void attend_compressed(const AttnDsv4 *y, const BlockRun *r, const float 
                                        1.0f / sqrtf((float)hd), y->sinks + h0, att, o + (size_t)h0 * hd);
     }
 out:
-    free(sel); free(sc); free(rows); free(ent_f);
+    free(sel);
+    free(sc);
+    free(rows);
+    free(ent_f);
 }
 
 static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
@@ -260,7 +274,8 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         matmul(iw, x, T, &y->iw, NULL);
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < y->inh; h++)
-                dsv4_rope_tail(iq + (size_t)t * iqd + (size_t)h * y->ihd, y->ihd, y->rot, y->inv_freq, y->rope_scale, p0 + t, 1.0f);
+                dsv4_rope_tail(iq + (size_t)t * iqd + (size_t)h * y->ihd, y->ihd, y->rot, y->inv_freq, y->rope_scale, p0 + t,
+                               1.0f);
             for (int h = 0; h < y->inh; h++) iw[(size_t)t * y->inh + h] *= 1.0f / sqrtf((float)y->inh);
         }
     }
@@ -270,8 +285,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         if (y->compressed) memcpy(dst, kv + (size_t)t * hd, stride);
         else kv_store_row(r->kv_type, kv + (size_t)t * hd, hd, dst);
     }
-    for (int t = 0; t < T; t++)
-        memcpy(ring + (size_t)((p0 + t) % cap) * stride, view + (size_t)(p0 + t - base) * stride, stride);
+    for (int t = 0; t < T; t++) memcpy(ring + (size_t)((p0 + t) % cap) * stride, view + (size_t)(p0 + t - base) * stride, stride);
     if (y->compressed && compress(y, r, x, T, cstate, istate)) goto done;
     const KvKernels *kk = kv_kernels(r->kv_type);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -312,13 +326,24 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     }
     matmul(out, oa, T, &y->o_b, NULL);
 done:
-    free(qa); free(q); free(kv); free(att); free(gx); free(gy); free(oa); free(iq); free(iw); free(view);
+    free(qa);
+    free(q);
+    free(kv);
+    free(att);
+    free(gx);
+    free(gy);
+    free(oa);
+    free(iq);
+    free(iw);
+    free(view);
 }
 
 static void release(void *self) {
     AttnDsv4 *p = self;
     free(p->inv_freq);
-    free((void *)p->q_a_norm); free((void *)p->kv_norm); free((void *)p->sinks);
+    free((void *)p->q_a_norm);
+    free((void *)p->kv_norm);
+    free((void *)p->sinks);
     dsv4c_free(&p->comp);
     dsv4c_free(&p->icomp);
 }

@@ -23,15 +23,15 @@
 
 typedef struct {
     int nh, nkv, hd, rot, qk_full; /* qk_full: q/k norms span all heads */
-    int vd;                         /* v head size (hd unless v_head_dim says otherwise) */
-    float v_scale;                  /* values times this before caching (1: none) */
-    int window;                     /* positions each query attends to, 0 = all */
-    int ring;                       /* the state keeps only the window */
-    float qk_eps, clip;             /* clip: 0 = none */
-    QMat wq, wk, wv, wo, wg; /* wg: output gate, or rows 0 */
+    int vd;                        /* v head size (hd unless v_head_dim says otherwise) */
+    float v_scale;                 /* values times this before caching (1: none) */
+    int window;                    /* positions each query attends to, 0 = all */
+    int ring;                      /* the state keeps only the window */
+    float qk_eps, clip;            /* clip: 0 = none */
+    QMat wq, wk, wv, wo, wg;       /* wg: output gate, or rows 0 */
     const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
-    const float *sinks;             /* [nh] or NULL */
-    float *inv_freq, rope_scale;    /* the block's own RoPE table, or NULL: the model's */
+    const float *sinks;          /* [nh] or NULL */
+    float *inv_freq, rope_scale; /* the block's own RoPE table, or NULL: the model's */
 } AttnGqa;
 
 /* rope.inv_freq (rot/2 numbers) and rope.scale: a RoPE of this layer's own. */
@@ -64,13 +64,14 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
     if (strcmp(style, "neox")) return bl_fail(L, "gqa: rope style '%s' is not implemented (neox)", style);
     if (load_rope_table(p, rope, L)) return -1;
     if (!p->inv_freq && p->rot != L->a->rotary_dim)
-        return bl_fail(L, "gqa: rope.dim %d differs from the model's RoPE table (%d) and the block has no rope.inv_freq",
-                       p->rot, L->a->rotary_dim);
+        return bl_fail(L, "gqa: rope.dim %d differs from the model's RoPE table (%d) and the block has no rope.inv_freq", p->rot,
+                       L->a->rotary_dim);
     if (json_get(spec, "window")) p->window = bl_int(L, spec, "window", 0, 1 << 30);
     p->ring = json_get_bool(spec, "ring", 0);
     if (p->ring && !p->window) return bl_fail(L, "gqa: ring (a state of window size) needs a window");
     const char *qkn = json_get_str(spec, "qk_norm");
-    if (qkn && strcmp(qkn, "none") && strcmp(qkn, "per_head") && strcmp(qkn, "full")) return bl_fail(L, "gqa: qk_norm '%s' is not implemented", qkn);
+    if (qkn && strcmp(qkn, "none") && strcmp(qkn, "per_head") && strcmp(qkn, "full"))
+        return bl_fail(L, "gqa: qk_norm '%s' is not implemented", qkn);
     p->vd = json_get(spec, "v_head_dim") ? bl_int(L, spec, "v_head_dim", 1, 4096) : p->hd;
     p->v_scale = json_get(spec, "v_scale") ? (float)bl_num(L, spec, "v_scale", 1e-6, 1e6) : 1.0f;
     const int qd = p->nh * p->hd, kvd = p->nkv * p->hd, vd = p->nkv * p->vd;
@@ -90,7 +91,10 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
         p->k_norm = bl_vec(L, t, "k_norm", 1, p->hd, 0);
         if (!L->failed && json_get(spec, "qk_norm_offset")) { /* (1 + w) norms, as block_norm_rms */
             float off = (float)bl_num(L, spec, "qk_norm_offset", -16.0, 16.0);
-            for (int i = 0; i < p->hd && !L->failed; i++) { ((float *)p->q_norm)[i] += off; ((float *)p->k_norm)[i] += off; }
+            for (int i = 0; i < p->hd && !L->failed; i++) {
+                ((float *)p->q_norm)[i] += off;
+                ((float *)p->k_norm)[i] += off;
+            }
         }
     } else if (qkn && !strcmp(qkn, "full")) {
         p->qk_full = 1;
@@ -105,8 +109,8 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
 
 static StateDesc state(const void *self, QType kv_type) {
     const AttnGqa *p = self;
-    StateDesc s = {.per_pos = (size_t)p->nkv * (p->hd + p->vd) * kv_elem_size(kv_type), .truncatable = 1,
-                   .window = p->ring ? p->window : 0};
+    StateDesc s = {
+        .per_pos = (size_t)p->nkv * (p->hd + p->vd) * kv_elem_size(kv_type), .truncatable = 1, .window = p->ring ? p->window : 0};
     return s;
 }
 
@@ -142,7 +146,13 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     float *k = fwd_malloc(sizeof(float) * (size_t)T * kvd);
     float *v = fwd_malloc(sizeof(float) * (size_t)T * vd);
     float *att = fwd_malloc(sizeof(float) * (size_t)T * od);
-    if (!q || !k || !v || !att) { free(q); free(k); free(v); free(att); return; } /* fwd_oom() tells the caller */
+    if (!q || !k || !v || !att) {
+        free(q);
+        free(k);
+        free(v);
+        free(att);
+        return;
+    } /* fwd_oom() tells the caller */
     matmul(q, x, T, &y->wq, y->bq);
     matmul(k, x, T, &y->wk, y->bk);
     matmul(v, x, T, &y->wv, y->bv);
@@ -186,7 +196,13 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         const int cap = r->state->cap;
         base = p0 - (y->window - 1) > 0 ? p0 - (y->window - 1) : 0;
         lin = fwd_malloc(stride * (size_t)(p0 - base + T));
-        if (!lin) { free(q); free(k); free(v); free(att); return; }
+        if (!lin) {
+            free(q);
+            free(k);
+            free(v);
+            free(att);
+            return;
+        }
         for (int j = base; j < p0; j++) memcpy(lin + (size_t)(j - base) * stride, cache + (size_t)(j % cap) * stride, stride);
         view = lin;
     }
@@ -217,7 +233,8 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
                 const unsigned char *row = view + (size_t)(start - base) * stride;
                 kk->attend_block(q + (size_t)t0 * qd + (size_t)kh * group * hd, qd, tc, group, hd, row + (size_t)kh * hd * es,
                                  row + ((size_t)kvd + kh * vh) * es, stride, n, y->window, scale,
-                                 y->sinks ? y->sinks + kh * group : NULL, sc, att + (size_t)t0 * od + (size_t)kh * group * vh, od);
+                                 y->sinks ? y->sinks + kh * group : NULL, sc, att + (size_t)t0 * od + (size_t)kh * group * vh,
+                                 od);
             }
         }
     } else {
@@ -232,8 +249,8 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
                 const size_t off = (size_t)t * qd + (size_t)kh * group * hd, ooff = (size_t)t * od + (size_t)kh * group * vh;
                 const unsigned char *kc = view + (size_t)(start - base) * stride + (size_t)kh * hd * es;
                 const unsigned char *vc = view + (size_t)(start - base) * stride + ((size_t)kvd + kh * vh) * es;
-                kv_attend_split(kk, q + off, group, hd, vh, kc, vc, stride, n, scale, y->sinks ? y->sinks + kh * group : NULL,
-                                sc, att + ooff);
+                kv_attend_split(kk, q + off, group, hd, vh, kc, vc, stride, n, scale, y->sinks ? y->sinks + kh * group : NULL, sc,
+                                att + ooff);
             }
         }
     }
@@ -243,14 +260,22 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         for (size_t i = 0; i < (size_t)T * qd; i++) att[i] *= 1.0f / (1.0f + expf(-q[i]));
     }
     matmul(out, att, T, &y->wo, y->bo);
-    free(q); free(k); free(v); free(att);
+    free(q);
+    free(k);
+    free(v);
+    free(att);
 }
 
 static void release(void *self) {
     AttnGqa *p = self;
-    free((void *)p->bq); free((void *)p->bk); free((void *)p->bv); free((void *)p->bo);
-    free((void *)p->q_norm); free((void *)p->k_norm);
-    free((void *)p->sinks); free(p->inv_freq);
+    free((void *)p->bq);
+    free((void *)p->bk);
+    free((void *)p->bv);
+    free((void *)p->bo);
+    free((void *)p->q_norm);
+    free((void *)p->k_norm);
+    free((void *)p->sinks);
+    free(p->inv_freq);
 }
 
 const BlockKind block_attn_gqa = {ROLE_ATTN, "gqa", sizeof(AttnGqa), load, run, state, release, NULL};

@@ -105,8 +105,19 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int h = 0; h < nh; h++) {
-        DeltaIn in = {qkv + (size_t)h * hd, qkv + (size_t)(nh + h) * hd, qkv + (size_t)(2 * nh + h) * hd,
-                      cd, cd, cd, qd, g + (size_t)h * hd, bt + (size_t)h * T, T, hd, hd, qd};
+        DeltaIn in = {qkv + (size_t)h * hd,
+                      qkv + (size_t)(nh + h) * hd,
+                      qkv + (size_t)(2 * nh + h) * hd,
+                      cd,
+                      cd,
+                      cd,
+                      qd,
+                      g + (size_t)h * hd,
+                      bt + (size_t)h * T,
+                      T,
+                      hd,
+                      hd,
+                      qd};
         float *Sh = S + (size_t)h * hd * hd, *oh = o + (size_t)h * hd;
         if (T == 1) kda_recurrent(&in, Sh, oh);
         else kda_chunked(&in, Sh, oh, work + (size_t)h * wf);
@@ -122,13 +133,28 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         }
     if (!fwd_oom()) matmul(out, o, T, &p->wo, NULL);
 done:
-    free(qkv); free(g); free(gate); free(tmp); free(beta); free(o); free(bt); free(q); free(work);
+    free(qkv);
+    free(g);
+    free(gate);
+    free(tmp);
+    free(beta);
+    free(o);
+    free(bt);
+    free(q);
+    free(work);
 }
 
 static void release(void *self) {
     AttnKda *p = self;
-    free((void *)p->conv); free((void *)p->fa); free((void *)p->fb); free((void *)p->dt_bias); free((void *)p->A_log);
-    free((void *)p->wb); free((void *)p->ga); free((void *)p->gb); free((void *)p->norm);
+    free((void *)p->conv);
+    free((void *)p->fa);
+    free((void *)p->fb);
+    free((void *)p->dt_bias);
+    free((void *)p->A_log);
+    free((void *)p->wb);
+    free((void *)p->ga);
+    free((void *)p->gb);
+    free((void *)p->norm);
 }
 
 const BlockKind block_attn_kda = {ROLE_ATTN, "kda", sizeof(AttnKda), load, run, state, release, NULL};

@@ -27,8 +27,8 @@ typedef struct {
     float scale, eps;
     QMat wq, wqa, wqb, wkva, wkvb, wo;
     const float *qa_norm, *kva_norm, *bqa, *bkva, *bo;
-    int has_idx;     /* a DSA indexer picks each query's keys (GLM-5, DeepSeek-V3.2) */
-    int shared_idx;  /* GLM "shared" layers: no indexer, the last full layer's selection */
+    int has_idx;    /* a DSA indexer picks each query's keys (GLM-5, DeepSeek-V3.2) */
+    int shared_idx; /* GLM "shared" layers: no indexer, the last full layer's selection */
     DsaIndexer idx;
 } AttnMla;
 
@@ -128,7 +128,8 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
 
 static StateDesc state(const void *self, QType kv_type) {
     const AttnMla *p = self;
-    StateDesc s = {.per_pos = row_stride(p, kv_type), .truncatable = 1,
+    StateDesc s = {.per_pos = row_stride(p, kv_type),
+                   .truncatable = 1,
                    .f32_tail = p->has_idx ? (size_t)p->idx.hd * sizeof(float) : 0}; /* the indexer's keys */
     return s;
 }
@@ -143,7 +144,10 @@ static QMat rows_of(const QMat *w, int r0, int n) {
 
 /* dst[0..n) = cached row (kv element type) as floats. */
 static void load_row(const KvKernels *kk, const unsigned char *row, int n, float *dst) {
-    if (!kk) { memcpy(dst, row, sizeof(float) * n); return; }
+    if (!kk) {
+        memcpy(dst, row, sizeof(float) * n);
+        return;
+    }
     memset(dst, 0, sizeof(float) * n);
     kk->axpy(1.0f, row, n, dst);
 }
@@ -180,8 +184,7 @@ static int absorbed_positions(int nh, int hd, int T) {
  * run by the block kernel (the last dr output dimensions are the k_rope sum, unused); then
  * out = W_uv o per head. A row's bits do not depend on the chunk, its heads' grouping or the
  * thread (kv_kernels.h), so prefill through here equals decode. */
-static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q, int T, const unsigned char *keep,
-                            float *att) {
+static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q, int T, const unsigned char *keep, float *att) {
     const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr, nh = y->nh, hd = kl + dr, p0 = r->p0;
     const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type), rowb = (size_t)hd * es;
     const size_t pad = ((size_t)kl + 31) / 32 * 32, n_all = (size_t)p0 + T;
@@ -202,7 +205,8 @@ static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q,
                 kern.dequant_row(y->wkvb.qt, y->wkvb.data + (size_t)(r0 + d) * y->wkvb.row_bytes, kl, wh + (size_t)d * pad);
             for (int t = 0; t < tn; t++)
                 memcpy(qa + ((size_t)t * nh + h) * hd + kl, q + ((size_t)(t0 + t) * nh + h) * qkd + dn, sizeof(float) * dr);
-            mla_absorb(qa + (size_t)h * hd, (size_t)nh * hd, q + ((size_t)t0 * nh + h) * qkd, (size_t)nh * qkd, tn, wh, pad, dn, kl);
+            mla_absorb(qa + (size_t)h * hd, (size_t)nh * hd, q + ((size_t)t0 * nh + h) * qkd, (size_t)nh * qkd, tn, wh, pad, dn,
+                       kl);
         }
         /* Without a selection, tq consecutive positions share each row read too (causal). */
         const int tq = keep ? 1 : kv_attend_block_positions(hc, p0 + t0 + tn), nblk = (tn + tq - 1) / tq;
@@ -238,12 +242,14 @@ static void attend_absorbed(const AttnMla *y, const BlockRun *r, const float *q,
             for (int t = 0; t < tn; t++) memcpy(olat + (size_t)t * kl, oa + ((size_t)t * nh + h) * hd, sizeof(float) * kl);
             QMat uv = rows_of(&y->wkvb, h * (dn + dv) + dn, dv);
             matmul(ov, olat, tn, &uv, NULL);
-            for (int t = 0; t < tn; t++)
-                memcpy(att + ((size_t)(t0 + t) * nh + h) * dv, ov + (size_t)t * dv, sizeof(float) * dv);
+            for (int t = 0; t < tn; t++) memcpy(att + ((size_t)(t0 + t) * nh + h) * dv, ov + (size_t)t * dv, sizeof(float) * dv);
         }
     }
 out:
-    free(qa); free(oa); free(olat); free(ov);
+    free(qa);
+    free(oa);
+    free(olat);
+    free(ov);
 }
 
 /* Positions whose latents are expanded per matmul: the expansion is a matrix product (the
@@ -265,8 +271,7 @@ static int keeps_all(const unsigned char *keep, size_t n_all, int t, int n) {
  * the padded output dimensions are dropped), then attend head by head with the block kernel,
  * tq consecutive positions per K/V row read. A position whose selection dropped keys attends
  * over its kept ones with a row loop. */
-static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q, int T, const unsigned char *keep,
-                            float *att) {
+static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q, int T, const unsigned char *keep, float *att) {
     const int kl = y->kl, dn = y->dn, dr = y->dr, dv = y->dv, qkd = dn + dr, nh = y->nh, w = dn + dv, p0 = r->p0;
     const int xd = qkd > dv ? qkd : dv, n_all = p0 + T;
     const size_t stride = row_stride(y, r->kv_type), estride = (size_t)nh * 2 * xd * sizeof(float);
@@ -276,7 +281,7 @@ static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q,
     float *lat = fwd_malloc(sizeof(float) * EXPAND_ROWS * (kl + dr)), *c = fwd_malloc(sizeof(float) * EXPAND_ROWS * kl);
     float *kv = fwd_malloc(sizeof(float) * EXPAND_ROWS * nh * w);
     float *qp = qkd < xd ? fwd_malloc(sizeof(float) * (size_t)T * nh * xd) : NULL; /* queries padded to xd */
-    float *op = dv < xd ? fwd_malloc(sizeof(float) * (size_t)T * nh * xd) : NULL; /* outputs before the drop */
+    float *op = dv < xd ? fwd_malloc(sizeof(float) * (size_t)T * nh * xd) : NULL;  /* outputs before the drop */
     unsigned char *full = fwd_malloc((size_t)T);
     if (!e || !lat || !c || !kv || (qkd < xd && !qp) || (dv < xd && !op) || !full) goto out;
     for (int j0 = 0; j0 < n_all && !fwd_oom(); j0 += EXPAND_ROWS) {
@@ -346,7 +351,13 @@ static void attend_expanded(const AttnMla *y, const BlockRun *r, const float *q,
     if (op)
         for (size_t i = 0; i < (size_t)T * nh; i++) memcpy(att + i * dv, op + i * xd, sizeof(float) * dv);
 out:
-    free(e); free(lat); free(c); free(kv); free(qp); free(op); free(full);
+    free(e);
+    free(lat);
+    free(c);
+    free(kv);
+    free(qp);
+    free(op);
+    free(full);
 }
 
 static void run(const void *self, const BlockRun *r, const float *x, int T, float *out) {
@@ -355,7 +366,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     float *q = fwd_malloc(sizeof(float) * (size_t)T * qd), *kva = fwd_malloc(sizeof(float) * (size_t)T * (kl + dr));
     float *att = fwd_malloc(sizeof(float) * (size_t)T * nh * y->dv);
     float *qa = y->ql ? fwd_malloc(sizeof(float) * (size_t)T * y->ql) : NULL;
-    unsigned char *keep = NULL; /* [T][p0 + T] from the DSA indexer; NULL: every causal key */
+    unsigned char *keep = NULL;                         /* [T][p0 + T] from the DSA indexer; NULL: every causal key */
     if (!q || !kva || !att || (y->ql && !qa)) goto out; /* fwd_oom() tells the caller */
     if (y->ql) {
         matmul(qa, x, T, &y->wqa, y->bqa);
@@ -369,7 +380,8 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     const size_t es = kv_elem_size(r->kv_type), stride = row_stride(y, r->kv_type);
     for (int t = 0; t < T; t++) {
         const int pos = r->p0 + t;
-        for (int h = 0; h < nh && !y->norope; h++) rope_rotate(q + (size_t)t * qd + h * qkd + y->dn, r->a, dr, pos, y->interleaved);
+        for (int h = 0; h < nh && !y->norope; h++)
+            rope_rotate(q + (size_t)t * qd + h * qkd + y->dn, r->a, dr, pos, y->interleaved);
         float *lat = kva + (size_t)t * (kl + dr);
         rmsnorm(lat, lat, y->kva_norm, kl, y->eps);
         if (!y->norope) rope_rotate(lat + kl, r->a, dr, pos, y->interleaved);
@@ -381,7 +393,10 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         const size_t off = (size_t)(kl + dr) * es;
         dsa_store_keys(&y->idx, r, x, T, stride, off);
         if (!fwd_oom()) keep = dsa_select(&y->idx, r, x, qa, T, stride, off);
-        if (fwd_oom()) { free(keep); goto out; } /* a selection cut short is nobody's */
+        if (fwd_oom()) {
+            free(keep);
+            goto out;
+        } /* a selection cut short is nobody's */
         keep_selection(r->state - r->layer, keep, r->p0, T); /* owned there now, for the shared layers that follow */
     }
     if (y->shared_idx) {
@@ -402,13 +417,19 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     else attend_absorbed(y, r, q, T, keep, att);
     if (!fwd_oom()) matmul(out, att, T, &y->wo, y->bo);
 out:
-    free(q); free(kva); free(att); free(qa); /* keep belongs to last_sel */
+    free(q);
+    free(kva);
+    free(att);
+    free(qa); /* keep belongs to last_sel */
 }
 
 static void release(void *self) {
     AttnMla *p = self;
-    free((void *)p->qa_norm); free((void *)p->kva_norm);
-    free((void *)p->bqa); free((void *)p->bkva); free((void *)p->bo);
+    free((void *)p->qa_norm);
+    free((void *)p->kva_norm);
+    free((void *)p->bqa);
+    free((void *)p->bkva);
+    free((void *)p->bo);
     if (p->has_idx) dsa_release(&p->idx);
 }
 

@@ -35,8 +35,8 @@ static const CtTensor *need(BlockLoader *L, const char *name, long long rows, lo
         return NULL;
     }
     if (t->rows != rows || t->cols != cols) {
-        snprintf(L->err, L->errlen, "tensor '%s' is [%lld, %lld], the architecture needs [%lld, %lld]", name, t->rows,
-                 t->cols, rows, cols);
+        snprintf(L->err, L->errlen, "tensor '%s' is [%lld, %lld], the architecture needs [%lld, %lld]", name, t->rows, t->cols,
+                 rows, cols);
         L->failed = 1;
         return NULL;
     }
@@ -77,7 +77,10 @@ const float *bl_vec_named(BlockLoader *L, const char *name, int rows, int cols) 
         return NULL;
     }
     float *p = malloc((size_t)rows * cols * sizeof(float));
-    if (!p) { bl_fail(L, "out of memory"); return NULL; }
+    if (!p) {
+        bl_fail(L, "out of memory");
+        return NULL;
+    }
     memcpy(p, t->st->data, (size_t)rows * cols * sizeof(float));
     return p;
 }
@@ -91,8 +94,8 @@ int bl_int(BlockLoader *L, const JsonValue *spec, const char *key, int lo, int h
     const JsonValue *v = json_get(spec, key);
     if (L->failed) return 0;
     if (!v || v->type != JSON_NUM || !v->is_int || v->i < lo || v->i > hi) {
-        bl_fail(L, "%s.%s missing or outside [%d, %d]", json_get_str(spec, "kind") ? json_get_str(spec, "kind") : "block",
-                key, lo, hi);
+        bl_fail(L, "%s.%s missing or outside [%d, %d]", json_get_str(spec, "kind") ? json_get_str(spec, "kind") : "block", key,
+                lo, hi);
         return 0;
     }
     return (int)v->i;
@@ -116,6 +119,9 @@ const char *bl_str(BlockLoader *L, const JsonValue *spec, const char *key) {
 
 const JsonValue *bl_obj(BlockLoader *L, const JsonValue *spec, const char *key) {
     const JsonValue *o = json_get(spec, key);
-    if (!o || o->type != JSON_OBJ) { bl_fail(L, "%s missing (an object)", key); return NULL; }
+    if (!o || o->type != JSON_OBJ) {
+        bl_fail(L, "%s missing (an object)", key);
+        return NULL;
+    }
     return o;
 }

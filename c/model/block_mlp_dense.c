@@ -27,7 +27,10 @@ void mlp_load(BlockLoader *L, Mlp *m, const JsonValue *tensors, int e, int hidde
         char buf[512];
         const char *name = expand(tensors, keys[i], e, buf, sizeof buf);
         int rows = i == 2 ? hidden : inter, cols = i == 2 ? inter : hidden;
-        if (!name) { bl_fail(L, "MLP names no usable '%s' tensor%s", keys[i], e >= 0 ? " template ({e})" : ""); return; }
+        if (!name) {
+            bl_fail(L, "MLP names no usable '%s' tensor%s", keys[i], e >= 0 ? " template ({e})" : "");
+            return;
+        }
         *mats[i] = bl_mat_named(L, name, rows, cols);
         const char *bname = bias ? expand(tensors, bias_keys[i], e, buf, sizeof buf) : NULL;
         if (bname) *biases[i] = bl_vec_named(L, bname, 1, rows);
@@ -37,7 +40,10 @@ void mlp_load(BlockLoader *L, Mlp *m, const JsonValue *tensors, int e, int hidde
 int mlp_act_load(BlockLoader *L, const JsonValue *spec, Mlp *m) {
     const char *act = bl_str(L, spec, "act");
     if (L->failed) return -1;
-    if (!strcmp(act, "silu")) { m->act = ACT_SILU; return 0; }
+    if (!strcmp(act, "silu")) {
+        m->act = ACT_SILU;
+        return 0;
+    }
     if (!strcmp(act, "silu_clamp")) {
         m->act = ACT_SILU_CLAMP;
         m->limit = (float)bl_num(L, spec, "swiglu_limit", 1e-6, 1e30);

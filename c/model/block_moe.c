@@ -12,7 +12,7 @@ typedef struct {
     int E, K, width;
     const RouterKind *router;
     void *router_self;
-    Mlp *experts; /* [E] */
+    Mlp *experts;   /* [E] */
     ExpertLayer xl; /* where the experts come from: the mapping or the expert store */
 } Moe;
 
@@ -37,8 +37,14 @@ static int load(void *self, const JsonValue *spec, BlockLoader *L) {
         p->experts[e] = (Mlp){.act = act.act, .alpha = act.alpha, .limit = act.limit};
         mlp_load(L, &p->experts[e], ex, e, L->a->hidden, p->width, bias);
     }
-    p->xl = (ExpertLayer){.layer = L->layer, .E = p->E, .K = p->K, .H = L->a->hidden, .width = p->width,
-                          .experts = p->experts, .predict = p->router->route, .predict_self = p->router_self};
+    p->xl = (ExpertLayer){.layer = L->layer,
+                          .E = p->E,
+                          .K = p->K,
+                          .H = L->a->hidden,
+                          .width = p->width,
+                          .experts = p->experts,
+                          .predict = p->router->route,
+                          .predict_self = p->router_self};
     return L->failed ? -1 : 0;
 }
 

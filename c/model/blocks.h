@@ -27,10 +27,10 @@ typedef struct {
 typedef struct {
     const Arch *a;
     int layer;
-    int p0;           /* position of x's first row */
-    int ctx;          /* positions the state holds */
-    QType kv_type;    /* element type of the per-position state */
-    KvLayer *state;   /* NULL for stateless blocks */
+    int p0;                /* position of x's first row */
+    int ctx;               /* positions the state holds */
+    QType kv_type;         /* element type of the per-position state */
+    KvLayer *state;        /* NULL for stateless blocks */
     const int32_t *tokens; /* the T token ids of x's rows (hash routing), or NULL */
 } BlockRun;
 

@@ -67,9 +67,14 @@ static float kth_largest(float *c, int n, int k) {
         int gt = lo, i = lo, lt = hi; /* [lo,gt) > p, [gt,i) == p, [lt,hi) < p */
         while (i < lt) {
             const float x = c[i];
-            if (x > p) { c[i] = c[gt]; c[gt++] = x; i++; }
-            else if (x < p) { c[i] = c[--lt]; c[lt] = x; }
-            else i++;
+            if (x > p) {
+                c[i] = c[gt];
+                c[gt++] = x;
+                i++;
+            } else if (x < p) {
+                c[i] = c[--lt];
+                c[lt] = x;
+            } else i++;
         }
         if (want < gt) hi = gt;
         else if (want < lt) return p;
@@ -81,9 +86,12 @@ static float kth_largest(float *c, int n, int k) {
  * kept by insertion cost a few million moves per query at 4k positions. */
 void dsa_mark_top(const float *s, int n, int k, unsigned char *keep) {
     if (n <= 0 || k <= 0) return;
-    if (k >= n) { memset(keep, 1, (size_t)n); return; }
+    if (k >= n) {
+        memset(keep, 1, (size_t)n);
+        return;
+    }
     float *c = fwd_malloc(sizeof(float) * (size_t)n);
-    if (!c) return; /* fwd_oom() fails the pass */
+    if (!c) return;                                                     /* fwd_oom() fails the pass */
     for (int j = 0; j < n; j++) c[j] = s[j] == s[j] ? s[j] : -INFINITY; /* a NaN ranks last */
     const float v = kth_largest(c, n, k);
     int kept = 0;
@@ -102,7 +110,10 @@ static void select_query(const DsaIndexer *d, const BlockRun *r, int t, const fl
     const int n = r->p0 + t + 1, nh = d->nh, hd = d->hd;
     unsigned char *kt = keep + (size_t)t * n_all;
     memset(kt, 0, (size_t)n_all);
-    if (n <= d->topk) { memset(kt, 1, (size_t)n); return; }
+    if (n <= d->topk) {
+        memset(kt, 1, (size_t)n);
+        return;
+    }
     float *s = scratch(1, (size_t)n);
     if (!s) return; /* out of memory: fwd_oom() fails the pass */
     const float *qt = q + (size_t)t * nh * hd, *wt = w + (size_t)t * nh;
@@ -114,13 +125,17 @@ static void select_query(const DsaIndexer *d, const BlockRun *r, int t, const fl
     dsa_mark_top(s, n, d->topk, kt);
 }
 
-unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x, const float *qa, int T,
-                          size_t stride, size_t off) {
+unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x, const float *qa, int T, size_t stride,
+                          size_t off) {
     const int n_all = r->p0 + T, nh = d->nh, hd = d->hd;
     if (n_all <= d->topk) return NULL; /* every query keeps all its keys */
     unsigned char *keep = fwd_malloc((size_t)T * n_all);
     float *q = fwd_malloc(sizeof(float) * (size_t)T * nh * hd), *w = fwd_malloc(sizeof(float) * (size_t)T * nh);
-    if (!keep || !q || !w) { free(keep); keep = NULL; goto out; }
+    if (!keep || !q || !w) {
+        free(keep);
+        keep = NULL;
+        goto out;
+    }
     matmul(q, qa, T, &d->wq_b, NULL);
     matmul(w, x, T, &d->wproj, NULL);
     const float scale = 1.0f / sqrtf((float)hd), wscale = 1.0f / sqrtf((float)nh);
@@ -139,7 +154,8 @@ unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x
         for (int t = 0; t < T; t++) select_query(d, r, t, q, w, cache, stride, n_all, scale, wscale, 1, keep);
     }
 out:
-    free(q); free(w);
+    free(q);
+    free(w);
     return keep;
 }
 

@@ -21,8 +21,8 @@ void dsa_store_keys(const DsaIndexer *d, const BlockRun *r, const float *x, int 
 /* keep[t][j] for j < n_all = p0 + T: 1 where query t attends to key j (its top-k of the keys
  * up to itself; all of them while there are at most topk). Returns keep (malloc'd, [T][n_all])
  * or NULL when every query keeps every causal key (or memory ran out: fwd_oom()). */
-unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x, const float *qa, int T,
-                          size_t stride, size_t off);
+unsigned char *dsa_select(const DsaIndexer *d, const BlockRun *r, const float *x, const float *qa, int T, size_t stride,
+                          size_t off);
 /* Marks the k best of s[0..n) in keep, which the caller has zeroed (ties: the lower index; a NaN
  * ranks below every number). */
 void dsa_mark_top(const float *s, int n, int k, unsigned char *keep);

@@ -42,7 +42,10 @@ int dsv4c_feed(const Dsv4Comp *c, float *state, const float *x, int T, int p0, f
     float *lg = fwd_malloc(sizeof(float) * 2 * m), *vv = fwd_malloc(sizeof(float) * 2 * m);
     int n = 0;
     *first_w = p0 / m; /* the window open at p0 is the first that can close in this batch */
-    if (!kv || !g || !lg || !vv) { n = -1; goto out; }
+    if (!kv || !g || !lg || !vv) {
+        n = -1;
+        goto out;
+    }
     matmul(kv, x, T, &c->kv, NULL);
     matmul(g, x, T, &c->gate, NULL);
     for (int t = 0; t < T; t++) {
@@ -79,7 +82,10 @@ int dsv4c_feed(const Dsv4Comp *c, float *state, const float *x, int T, int p0, f
         n++;
     }
 out:
-    free(kv); free(g); free(lg); free(vv);
+    free(kv);
+    free(g);
+    free(lg);
+    free(vv);
     return n;
 }
 

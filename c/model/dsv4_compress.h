@@ -12,9 +12,9 @@
 typedef struct {
     int rate, width, overlap; /* entry width; overlap: two series (CSA) */
     float eps;
-    QMat kv, gate;            /* [(1 + overlap) * width][hidden] */
-    const float *bias;        /* [rate][(1 + overlap) * width] */
-    const float *norm;        /* [width] */
+    QMat kv, gate;     /* [(1 + overlap) * width][hidden] */
+    const float *bias; /* [rate][(1 + overlap) * width] */
+    const float *norm; /* [width] */
 } Dsv4Comp;
 
 /* Reads {rate, overlap, tensors: kv, gate, position_bias, norm} at `width`; 0 ok. */

@@ -21,8 +21,8 @@ static void run_block(const Block *b, const BlockRun *r, const float *x, int T, 
  * slot, exactly as a one-row pass would; every other block sees all rows at once (one read of
  * each weight and routed expert per step), and computes each row the same whatever rows
  * surround it (the kernels' batch invariance), so a row's result never depends on the batch. */
-static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows, const int32_t *tokens, const float *x,
-                      int T, float *out) {
+static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows, const int32_t *tokens, const float *x, int T,
+                      float *out) {
     for (int t = 0; t < T && !fwd_oom(); t++) {
         KvCache *kv = rows[t];
         BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens + t};
@@ -45,7 +45,13 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
     float *post = hc ? fwd_malloc(sizeof(float) * (size_t)T * S) : NULL;
     float *comb = hc ? fwd_malloc(sizeof(float) * (size_t)T * S * S) : NULL;
     if (!x || !xn || !o || !row || (hc && (!c || !post || !comb))) {
-        free(x); free(xn); free(o); free(row); free(c); free(post); free(comb);
+        free(x);
+        free(xn);
+        free(o);
+        free(row);
+        free(c);
+        free(post);
+        free(comb);
         return -1;
     }
     for (int t = 0; t < T; t++) {
@@ -65,7 +71,8 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
             else run_block(halves[h][1], &r, xn, T, o);
             if (fwd_oom()) break; /* o is incomplete; forward() fails the pass */
             if (hc) hc_post(S, x, T, H, o, post, comb);
-            else for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
+            else
+                for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
         }
     }
     if (logits && !fwd_oom()) {
@@ -82,7 +89,12 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
         memcpy(kv->tokens + kv->n, tokens, sizeof(int32_t) * (size_t)T);
         kv->n += T;
     }
-    free(x); free(xn); free(o); free(c); free(post); free(comb);
+    free(x);
+    free(xn);
+    free(o);
+    free(c);
+    free(post);
+    free(comb);
     return failed ? -1 : 0;
 }
 

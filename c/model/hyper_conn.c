@@ -9,26 +9,40 @@
 #include "kernels/ops.h"
 
 HyperConn *hc_load(BlockLoader *L, const JsonValue *spec, int head) {
-    if (!spec || spec->type != JSON_OBJ) { bl_fail(L, "hyper-connection spec is not an object; re-run coli convert"); return NULL; }
+    if (!spec || spec->type != JSON_OBJ) {
+        bl_fail(L, "hyper-connection spec is not an object; re-run coli convert");
+        return NULL;
+    }
     HyperConn *h = calloc(1, sizeof *h);
-    if (!h) { bl_fail(L, "out of memory"); return NULL; }
+    if (!h) {
+        bl_fail(L, "out of memory");
+        return NULL;
+    }
     h->n = bl_int(L, spec, "n", 1, 64);
     h->iters = head ? 0 : bl_int(L, spec, "iters", 1, 1000);
     h->eps = (float)bl_num(L, spec, "eps", 0.0, 1.0);
     h->norm_eps = (float)bl_num(L, spec, "norm_eps", 0.0, 1.0);
     const JsonValue *t = bl_obj(L, spec, "tensors");
-    if (L->failed) { free(h); return NULL; }
+    if (L->failed) {
+        free(h);
+        return NULL;
+    }
     const int m = head ? h->n : (2 + h->n) * h->n;
     h->fn = bl_vec(L, t, "fn", m, h->n * L->a->hidden, 0);
     h->base = bl_vec(L, t, "base", 1, m, 0);
     h->scale = bl_vec(L, t, "scale", 1, head ? 1 : 3, 0);
-    if (L->failed) { hc_free(h); return NULL; }
+    if (L->failed) {
+        hc_free(h);
+        return NULL;
+    }
     return h;
 }
 
 void hc_free(HyperConn *h) {
     if (!h) return;
-    free((void *)h->fn); free((void *)h->base); free((void *)h->scale);
+    free((void *)h->fn);
+    free((void *)h->base);
+    free((void *)h->scale);
     free(h);
 }
 
@@ -38,7 +52,11 @@ static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 static float *mixes(const HyperConn *h, const float *xs, int T, int H, int m) {
     const int nH = h->n * H;
     float *flat = fwd_malloc(sizeof(float) * (size_t)T * nH), *mix = fwd_malloc(sizeof(float) * (size_t)T * m);
-    if (!flat || !mix) { free(flat); free(mix); return NULL; }
+    if (!flat || !mix) {
+        free(flat);
+        free(mix);
+        return NULL;
+    }
     for (int t = 0; t < T; t++) {
         const float *x = xs + (size_t)t * nH;
         float ss = 0;

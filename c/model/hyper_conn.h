@@ -7,11 +7,11 @@
 #include "model/blocks.h"
 
 typedef struct HyperConn {
-    int n, iters;          /* streams; Sinkhorn iterations (0: a head, which only collapses) */
+    int n, iters; /* streams; Sinkhorn iterations (0: a head, which only collapses) */
     float eps, norm_eps;
-    const float *fn;       /* [(2 + n) * n or n][n * hidden] */
-    const float *base;     /* [(2 + n) * n or n] */
-    const float *scale;    /* [3] or [1] */
+    const float *fn;    /* [(2 + n) * n or n][n * hidden] */
+    const float *base;  /* [(2 + n) * n or n] */
+    const float *scale; /* [3] or [1] */
 } HyperConn;
 
 /* Loads {n, iters, eps, norm_eps, tensors: fn/base/scale}; head: the final collapse (no iters). */

@@ -40,7 +40,10 @@ int kv_init(KvCache *kv, const Arch *a, int ctx) {
     kv->truncatable = 1;
     kv->layer = calloc((size_t)a->n_layers, sizeof(KvLayer));
     kv->tokens = malloc(sizeof(int32_t) * (size_t)ctx);
-    if (!kv->layer || !kv->tokens) { kv_free(kv); return -1; }
+    if (!kv->layer || !kv->tokens) {
+        kv_free(kv);
+        return -1;
+    }
     for (int l = 0; l < a->n_layers; l++) {
         const StateDesc *s = &a->state[l];
         KvLayer *y = &kv->layer[l];
@@ -50,8 +53,14 @@ int kv_init(KvCache *kv, const Arch *a, int ctx) {
         y->settle = s->settle;
         y->cap = ring_cap(s, ctx);
         y->truncatable = s->truncatable;
-        if (s->per_pos && !(y->pos = malloc(s->per_pos * (size_t)y->cap))) { kv_free(kv); return -1; }
-        if (s->fixed && !(y->fixed = calloc(1, s->fixed))) { kv_free(kv); return -1; }
+        if (s->per_pos && !(y->pos = malloc(s->per_pos * (size_t)y->cap))) {
+            kv_free(kv);
+            return -1;
+        }
+        if (s->fixed && !(y->fixed = calloc(1, s->fixed))) {
+            kv_free(kv);
+            return -1;
+        }
         kv->fixed_total += s->fixed;
         if (y->cap < ctx) kv->ring_total += s->per_pos * (size_t)y->cap;
         kv->truncatable &= s->truncatable;

@@ -5,8 +5,8 @@
 
 #include "model/kv_attend_split.h"
 
-void kv_attend_split(const KvKernels *kk, const float *q, int g, int hd, int vd, const void *k, const void *v,
-                     size_t stride, int n, float scale, const float *sinks, float *sc, float *o) {
+void kv_attend_split(const KvKernels *kk, const float *q, int g, int hd, int vd, const void *k, const void *v, size_t stride,
+                     int n, float scale, const float *sinks, float *sc, float *o) {
     const unsigned char *kb = k, *vb = v;
     for (int i = 0; i < g; i++) {
         const float *qi = q + (size_t)i * hd;

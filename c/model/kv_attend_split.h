@@ -11,7 +11,7 @@
  * hd values; V row j at v + j*stride, vd values): o[i*vd ..] = sum_j p_ij V_j with p_i the
  * softmax of scale * q_i . K_j, joined by sinks[i] (a logit without a value row) when sinks
  * is not NULL. sc: scratch for n floats. Same result whatever g, the batch or the thread. */
-void kv_attend_split(const KvKernels *kk, const float *q, int g, int hd, int vd, const void *k, const void *v,
-                     size_t stride, int n, float scale, const float *sinks, float *sc, float *o);
+void kv_attend_split(const KvKernels *kk, const float *q, int g, int hd, int vd, const void *k, const void *v, size_t stride,
+                     int n, float scale, const float *sinks, float *sc, float *o);
 
 #endif

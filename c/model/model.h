@@ -30,13 +30,13 @@ typedef struct {
 typedef struct {
     char family[32];
     int vocab, hidden, n_layers, max_pos, tie_embeddings;
-    int rotary_dim;            /* RoPE table shared by the attention blocks that rotate */
-    float rope_scale;          /* multiplies cos/sin (YaRN attention factor) */
-    float *inv_freq;           /* [rotary_dim / 2] */
+    int rotary_dim;   /* RoPE table shared by the attention blocks that rotate */
+    float rope_scale; /* multiplies cos/sin (YaRN attention factor) */
+    float *inv_freq;  /* [rotary_dim / 2] */
     int eos[MAX_EOS], n_eos;
     int bos;
-    QType kv_type;             /* element type of per-position state: QT_F16 (default), QT_BF16, QT_F32 */
-    const StateDesc *state;    /* [n_layers], filled by model_load for kv_type */
+    QType kv_type;          /* element type of per-position state: QT_F16 (default), QT_BF16, QT_F32 */
+    const StateDesc *state; /* [n_layers], filled by model_load for kv_type */
 } Arch;
 
 /* One block of a layer: an entry of the block table and its loaded parameters. */
@@ -79,9 +79,9 @@ typedef struct {
     unsigned char *pos;   /* [cap][per_pos]: position j in slot j % cap */
     unsigned char *fixed; /* [fixed_bytes], the state after the slot's n positions */
     size_t per_pos, fixed_bytes;
-    size_t f32_tail;      /* bytes at the end of each row that are f32 (StateDesc.f32_tail) */
-    int settle;           /* StateDesc.settle */
-    int cap;              /* positions held: ctx, or min(ctx, window) for a windowed layer */
+    size_t f32_tail; /* bytes at the end of each row that are f32 (StateDesc.f32_tail) */
+    int settle;      /* StateDesc.settle */
+    int cap;         /* positions held: ctx, or min(ctx, window) for a windowed layer */
     int truncatable;
 } KvLayer;
 
@@ -89,24 +89,24 @@ typedef struct {
 
 /* One KV slot: its token history lets a new prompt reuse the common prefix. */
 typedef struct {
-    int ctx;         /* capacity in positions */
-    int n;           /* positions filled */
+    int ctx; /* capacity in positions */
+    int n;   /* positions filled */
     int n_layers;
-    QType type;      /* per-position element type */
-    KvLayer *layer;  /* [n_layers] */
-    int32_t *tokens; /* [ctx]; non-NULL once initialised */
-    size_t fixed_total;     /* sum of the layers' fixed state */
-    size_t ring_total;      /* sum of the windowed layers' rings (cap < ctx) */
-    int truncatable;        /* every layer truncatable: any prefix can be reused */
-    int n_ck;               /* checkpoints of the fixed state and the rings, oldest first */
+    QType type;         /* per-position element type */
+    KvLayer *layer;     /* [n_layers] */
+    int32_t *tokens;    /* [ctx]; non-NULL once initialised */
+    size_t fixed_total; /* sum of the layers' fixed state */
+    size_t ring_total;  /* sum of the windowed layers' rings (cap < ctx) */
+    int truncatable;    /* every layer truncatable: any prefix can be reused */
+    int n_ck;           /* checkpoints of the fixed state and the rings, oldest first */
     int ck_pos[KV_MAX_CHECKPOINTS];
     unsigned char *ck[KV_MAX_CHECKPOINTS]; /* [fixed_total + ring_total] each */
-    int last_common;        /* kv_reuse: positions the prompt shared with the slot (before any fallback) */
+    int last_common;                       /* kv_reuse: positions the prompt shared with the slot (before any fallback) */
 } KvCache;
 
 int kv_init(KvCache *kv, const Arch *a, int ctx);
 void kv_free(KvCache *kv);
-size_t kv_bytes(const Arch *a, int ctx); /* what kv_init allocates for ctx positions */
+size_t kv_bytes(const Arch *a, int ctx);  /* what kv_init allocates for ctx positions */
 size_t kv_bytes_per_token(const Arch *a); /* per-position state over the layers (no token id, no fixed state) */
 /* Positions of layer l's per-position state held in the slot: min(n, cap). */
 int kv_held(const KvCache *kv, int l);

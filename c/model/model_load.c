@@ -23,12 +23,18 @@ static int get_int(BlockLoader *L, const JsonValue *o, const char *key, int lo, 
 }
 
 /* Families whose layer specs this engine has blocks for (family_registry.py must agree). */
-const char *const ENGINE_FAMILIES[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "deepseek_v3", "glm_moe_dsa", "deepseek_v32", "olmoe", "qwen2_moe", "mixtral", "gpt_oss", "minimax_m2", "mimo_v2_flash", "qwen3_5_moe", "kimi_linear", "deepseek_v4", NULL};
+const char *const ENGINE_FAMILIES[] = {
+    "llama",         "qwen2",        "qwen3",       "qwen3_moe",   "glm4_moe", "glm4_moe_lite", "deepseek_v3",
+    "glm_moe_dsa",   "deepseek_v32", "olmoe",       "qwen2_moe",   "mixtral",  "gpt_oss",       "minimax_m2",
+    "mimo_v2_flash", "qwen3_5_moe",  "kimi_linear", "deepseek_v4", NULL};
 
 /* The facts that hold for every layer. */
 static int parse_globals(BlockLoader *L, Arch *a, const JsonValue *man) {
     const JsonValue *o = json_get(man, "arch");
-    if (!o || o->type != JSON_OBJ) { snprintf(L->err, L->errlen, "colibri.json: no arch object"); return -1; }
+    if (!o || o->type != JSON_OBJ) {
+        snprintf(L->err, L->errlen, "colibri.json: no arch object");
+        return -1;
+    }
     const char *fam = json_get_str(man, "family");
     int known = 0;
     for (int i = 0; fam && ENGINE_FAMILIES[i]; i++) known |= !strcmp(fam, ENGINE_FAMILIES[i]);
@@ -43,7 +49,10 @@ static int parse_globals(BlockLoader *L, Arch *a, const JsonValue *man) {
     a->rotary_dim = get_int(L, o, "rotary_dim", 0, 4096);
     a->max_pos = get_int(L, o, "max_position_embeddings", 1, 1 << 30);
     if (L->failed) return -1;
-    if (a->rotary_dim % 2) { snprintf(L->err, L->errlen, "colibri.json: arch.rotary_dim must be even"); return -1; }
+    if (a->rotary_dim % 2) {
+        snprintf(L->err, L->errlen, "colibri.json: arch.rotary_dim must be even");
+        return -1;
+    }
     a->tie_embeddings = json_get_bool(o, "tie_word_embeddings", 0);
     a->rope_scale = (float)json_get_num(o, "rope_attention_scaling", 1.0);
     const JsonValue *inv = json_get(o, "rope_inv_freq");
@@ -52,7 +61,10 @@ static int parse_globals(BlockLoader *L, Arch *a, const JsonValue *man) {
         return -1;
     }
     a->inv_freq = malloc(sizeof(float) * (inv->len + 1));
-    if (!a->inv_freq) { snprintf(L->err, L->errlen, "out of memory loading the architecture"); return -1; }
+    if (!a->inv_freq) {
+        snprintf(L->err, L->errlen, "out of memory loading the architecture");
+        return -1;
+    }
     for (size_t i = 0; i < inv->len; i++) a->inv_freq[i] = (float)inv->items[i].num;
     a->bos = (int)json_get_int(man, "bos_token_id", -1);
     const JsonValue *eos = json_get(man, "eos_token_ids");
@@ -75,8 +87,7 @@ static int load_layer(BlockLoader *L, Layer *y, const JsonValue *spec, int hc_mo
     if (!L->failed && ((y->attn.kind && !y->attn_norm.kind) || (y->mlp.kind && !y->mlp_norm.kind)))
         return bl_fail(L, "a block has no norm before it (attn_norm / mlp_norm)");
     if (!L->failed && hc_model) /* hyper-connection streams: both halves mix them */
-        for (int h = 0; h < 2 && !L->failed; h++)
-            y->hc[h] = hc_load(L, json_get(spec, h ? "mlp_hc" : "attn_hc"), 0);
+        for (int h = 0; h < 2 && !L->failed; h++) y->hc[h] = hc_load(L, json_get(spec, h ? "mlp_hc" : "attn_hc"), 0);
     if (!L->failed && !hc_model && (json_get(spec, "attn_hc") || json_get(spec, "mlp_hc")))
         return bl_fail(L, "layer names hyper-connections but the trunk has no hc_head; re-run coli convert");
     /* The planner sizes memory from the state the spec declares: it must be what the block keeps. */
@@ -90,10 +101,12 @@ static int load_layer(BlockLoader *L, Layer *y, const JsonValue *spec, int hc_mo
         size_t half = y->attn.kind->state ? y->attn.kind->state(y->attn.self, QT_F16).per_pos : 0;
         if (values + f32v != (long long)(s.per_pos / 4) || (size_t)(2 * values + 4 * f32v) != half ||
             fixed != (long long)s.fixed || trunc != s.truncatable || window != s.window)
-            return bl_fail(L, "attn.state declares %lld values per position (%lld of them f32), %lld fixed bytes, "
+            return bl_fail(L,
+                           "attn.state declares %lld values per position (%lld of them f32), %lld fixed bytes, "
                            "truncatable %d, window %d; the %s block keeps %zu bytes (f32 cache), %zu bytes (f16), %zu, %d, %d; "
-                           "re-run coli convert", values + f32v, f32v, fixed, trunc, window, y->attn.kind->name, s.per_pos,
-                           half, s.fixed, s.truncatable, s.window);
+                           "re-run coli convert",
+                           values + f32v, f32v, fixed, trunc, window, y->attn.kind->name, s.per_pos, half, s.fixed, s.truncatable,
+                           s.window);
     }
     return L->failed ? -1 : 0;
 }
@@ -131,11 +144,17 @@ int model_load(Model *m, const char *dir, char *err, size_t errlen) {
     BlockLoader L = {m->ct, &m->a, -1, err, errlen, 0};
     Arch *a = &m->a;
     const JsonValue *man = ct_manifest(m->ct);
-    if (parse_globals(&L, a, man)) { model_free(m); return -1; }
+    if (parse_globals(&L, a, man)) {
+        model_free(m);
+        return -1;
+    }
     JsonDoc *legacy = NULL;
     const JsonValue *trunk = json_get(man, "trunk"), *layers = json_get(man, "layers");
     if (!layers) { /* an older manifest: map its arch (spec_legacy.c) */
-        if (!(legacy = legacy_specs(json_get(man, "arch"), err, errlen))) { model_free(m); return -1; }
+        if (!(legacy = legacy_specs(json_get(man, "arch"), err, errlen))) {
+            model_free(m);
+            return -1;
+        }
         trunk = json_get(json_root(legacy), "trunk");
         layers = json_get(json_root(legacy), "layers");
     }
@@ -163,11 +182,14 @@ int model_load(Model *m, const char *dir, char *err, size_t errlen) {
         load_layer(&L, &m->layers[l], &layers->items[l], m->hc_head != NULL);
         if (!L.failed && m->hc_head)
             for (int h = 0; h < 2; h++)
-                if (m->layers[l].hc[h]->n != m->hc_head->n) bl_fail(&L, "hyper-connections of %d streams, the head collapses %d",
-                                                                     m->layers[l].hc[h]->n, m->hc_head->n);
+                if (m->layers[l].hc[h]->n != m->hc_head->n)
+                    bl_fail(&L, "hyper-connections of %d streams, the head collapses %d", m->layers[l].hc[h]->n, m->hc_head->n);
     }
     json_free(legacy);
-    if (L.failed) { model_free(m); return -1; }
+    if (L.failed) {
+        model_free(m);
+        return -1;
+    }
     a->state = m->state;
     model_set_kv_type(m, a->kv_type, err, errlen);
     return 0;

@@ -39,7 +39,10 @@ static int load(void *self, const JsonValue *spec, int experts, int top_k, Block
 /* Indices of the k largest of v[0..n) where ok[i]; ties go to the lower index. */
 static void top_k(const float *v, const unsigned char *ok, int n, int k, int *idx) {
     float best[k > 0 ? k : 1];
-    for (int j = 0; j < k; j++) { idx[j] = -1; best[j] = -INFINITY; }
+    for (int j = 0; j < k; j++) {
+        idx[j] = -1;
+        best[j] = -INFINITY;
+    }
     for (int i = 0; i < n; i++) {
         if (ok && !ok[i]) continue;
         int j = k;
@@ -85,7 +88,11 @@ static void route(const void *self, const float *x, int T, int *sel, float *wts)
         for (int j = 0; j < K; j++) w[j] = (p->renorm ? w[j] / (sum + 1e-20f) : w[j]) * p->scale;
     }
 out:
-    free(score); free(choice); free(gscore); free(gidx); free(ok);
+    free(score);
+    free(choice);
+    free(gscore);
+    free(gidx);
+    free(ok);
 }
 
 const RouterKind router_sigmoid_group = {"sigmoid_group", sizeof(SigmoidGroup), load, route, router_gate_release, NULL};

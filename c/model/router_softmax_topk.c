@@ -22,7 +22,10 @@ static int load(void *self, const JsonValue *spec, int experts, int top_k, Block
 
 /* Picks the k largest probabilities; ties go to the lower expert index. */
 static void top_k(const float *p, int n, int k, int *idx, float *val) {
-    for (int j = 0; j < k; j++) { idx[j] = -1; val[j] = -1.0f; }
+    for (int j = 0; j < k; j++) {
+        idx[j] = -1;
+        val[j] = -1.0f;
+    }
     for (int e = 0; e < n; e++) {
         int j = k;
         while (j > 0 && p[e] > val[j - 1]) j--;

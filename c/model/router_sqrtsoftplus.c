@@ -34,8 +34,8 @@ static int load(void *self, const JsonValue *spec, int experts, int top_k, Block
     for (long i = 0; p->tid2eid && i < (long)p->vocab * top_k; i++) {
         float e = p->tid2eid[i];
         if (!(e >= 0 && e < experts) || e != floorf(e))
-            return bl_fail(L, "sqrtsoftplus: tid2eid[%ld][%ld] = %g is not an expert index below %d", i / top_k,
-                           i % top_k, e, experts);
+            return bl_fail(L, "sqrtsoftplus: tid2eid[%ld][%ld] = %g is not an expert index below %d", i / top_k, i % top_k, e,
+                           experts);
     }
     return 0;
 }
@@ -64,7 +64,10 @@ static void route(const void *self, const float *x, int T, int *sel, float *wts)
         const float *st = s + (size_t)t * E;
         int *si = sel + (size_t)t * K;
         float best[K];
-        for (int j = 0; j < K; j++) { si[j] = -1; best[j] = -INFINITY; }
+        for (int j = 0; j < K; j++) {
+            si[j] = -1;
+            best[j] = -INFINITY;
+        }
         for (int e = 0; e < E; e++) {
             float v = st[e] + (p->g.bias ? p->g.bias[e] : 0.0f);
             int j = K;
@@ -82,7 +85,10 @@ static void route(const void *self, const float *x, int T, int *sel, float *wts)
 
 static void route_ids(const void *self, const float *x, const int32_t *ids, int T, int *sel, float *wts) {
     const SqrtSoftplus *p = self;
-    if (!p->tid2eid) { route(self, x, T, sel, wts); return; }
+    if (!p->tid2eid) {
+        route(self, x, T, sel, wts);
+        return;
+    }
     float *s = fwd_malloc(sizeof(float) * (size_t)T * p->g.E);
     if (!s) return;
     scores(p, x, T, s);

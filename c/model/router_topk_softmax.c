@@ -30,7 +30,10 @@ static void route(const void *self, const float *x, int T, int *sel, float *wts)
         int *s = sel + (size_t)t * K;
         if (p->g.bias)
             for (int e = 0; e < E; e++) lg[e] += p->g.bias[e];
-        for (int j = 0; j < K; j++) { s[j] = -1; w[j] = -INFINITY; }
+        for (int j = 0; j < K; j++) {
+            s[j] = -1;
+            w[j] = -INFINITY;
+        }
         for (int e = 0; e < E; e++) { /* insertion into the sorted top K */
             int j = K;
             while (j > 0 && lg[e] > w[j - 1]) j--;

@@ -6,11 +6,7 @@
 extern const RouterKind router_softmax_topk, router_sigmoid_group, router_topk_softmax, router_sqrtsoftplus;
 
 static const RouterKind *const routers[] = {
-    &router_softmax_topk,
-    &router_sigmoid_group,
-    &router_topk_softmax,
-    &router_sqrtsoftplus,
-    NULL,
+    &router_softmax_topk, &router_sigmoid_group, &router_topk_softmax, &router_sqrtsoftplus, NULL,
 };
 
 const RouterKind *router_find(const char *name) {

@@ -22,7 +22,10 @@ static void put(Str *s, const char *fmt, ...) {
         int n = vsnprintf(s->buf ? s->buf + s->len : NULL, s->buf ? s->cap - s->len : 0, fmt, ap);
         va_end(ap);
         if (n < 0) return;
-        if (s->buf && s->len + (size_t)n < s->cap) { s->len += (size_t)n; return; }
+        if (s->buf && s->len + (size_t)n < s->cap) {
+            s->len += (size_t)n;
+            return;
+        }
         size_t cap = (s->cap + (size_t)n + 1) * 2;
         char *nb = realloc(s->buf, cap);
         if (!nb) return;
@@ -44,7 +47,8 @@ JsonDoc *legacy_specs(const JsonValue *arch, char *err, size_t errlen) {
         return NULL;
     }
     Str s = {0};
-    put(&s, "{\"trunk\":{\"embed\":\"model.embed_tokens.weight\",\"lm_head\":\"%s\",\"final_norm\":{\"kind\":\"rmsnorm\","
+    put(&s,
+        "{\"trunk\":{\"embed\":\"model.embed_tokens.weight\",\"lm_head\":\"%s\",\"final_norm\":{\"kind\":\"rmsnorm\","
         "\"eps\":%.17g,\"tensors\":{\"weight\":\"model.norm.weight\"}}},\"layers\":[",
         json_get_bool(arch, "tie_word_embeddings", 0) ? "model.embed_tokens.weight" : "lm_head.weight", eps);
     for (int l = 0; l < L; l++) {
@@ -57,10 +61,13 @@ JsonDoc *legacy_specs(const JsonValue *arch, char *err, size_t errlen) {
             snprintf(err, errlen, "colibri.json: arch.layer_mlp[%d] is not a usable 'moe' or 'dense'", l);
             return NULL;
         }
-        put(&s, "%s{\"attn_norm\":{\"kind\":\"rmsnorm\",\"eps\":%.17g,\"tensors\":{\"weight\":\"%s.%d.input_layernorm.weight\"}},",
+        put(&s,
+            "%s{\"attn_norm\":{\"kind\":\"rmsnorm\",\"eps\":%.17g,\"tensors\":{\"weight\":\"%s.%d.input_layernorm.weight\"}},",
             l ? "," : "", eps, p, l);
-        put(&s, "\"attn\":{\"kind\":\"gqa\",\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,\"qk_norm\":\"%s\",\"qk_norm_eps\":%.17g,"
-            "\"rope\":{\"style\":\"neox\",\"dim\":%d},\"tensors\":{", nh, nkv, hd, qkn ? "per_head" : "none", eps, rot);
+        put(&s,
+            "\"attn\":{\"kind\":\"gqa\",\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,\"qk_norm\":\"%s\",\"qk_norm_eps\":%.17g,"
+            "\"rope\":{\"style\":\"neox\",\"dim\":%d},\"tensors\":{",
+            nh, nkv, hd, qkn ? "per_head" : "none", eps, rot);
         static const char *const proj[4] = {"q", "k", "v", "o"};
         for (int i = 0; i < 4; i++) {
             put(&s, "%s\"%s\":\"%s.%d.self_attn.%s_proj.weight\"", i ? "," : "", proj[i], p, l, proj[i]);
@@ -70,10 +77,12 @@ JsonDoc *legacy_specs(const JsonValue *arch, char *err, size_t errlen) {
         }
         if (qkn)
             put(&s, ",\"q_norm\":\"%s.%d.self_attn.q_norm.weight\",\"k_norm\":\"%s.%d.self_attn.k_norm.weight\"", p, l, p, l);
-        put(&s, "}},\"mlp_norm\":{\"kind\":\"rmsnorm\",\"eps\":%.17g,\"tensors\":{\"weight\":\"%s.%d.post_attention_layernorm.weight\"}},",
+        put(&s,
+            "}},\"mlp_norm\":{\"kind\":\"rmsnorm\",\"eps\":%.17g,\"tensors\":{\"weight\":\"%s.%d.post_attention_layernorm.weight\"}},",
             eps, p, l);
         if (moe) {
-            put(&s, "\"mlp\":{\"kind\":\"moe\",\"act\":\"silu\",\"experts\":%d,\"top_k\":%d,\"width\":%d,"
+            put(&s,
+                "\"mlp\":{\"kind\":\"moe\",\"act\":\"silu\",\"experts\":%d,\"top_k\":%d,\"width\":%d,"
                 "\"router\":{\"kind\":\"softmax_topk\",\"renorm\":%s,\"tensors\":{\"weight\":\"%s.%d.mlp.gate.weight\"}},"
                 "\"expert_tensors\":{\"gate\":\"%s.%d.mlp.experts.{e}.gate_proj.weight\",\"up\":\"%s.%d.mlp.experts.{e}.up_proj.weight\","
                 "\"down\":\"%s.%d.mlp.experts.{e}.down_proj.weight\"}}}",
@@ -90,7 +99,10 @@ JsonDoc *legacy_specs(const JsonValue *arch, char *err, size_t errlen) {
         }
     }
     put(&s, "]}");
-    if (!s.buf) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!s.buf) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     JsonDoc *d = json_parse(s.buf, s.len, err, errlen);
     free(s.buf);
     return d;

@@ -15,7 +15,7 @@ extern int checks_passed, checks_failed;
         }                                                                   \
     } while (0)
 
-void test_grow(void);  /* grow_array: the growable-array doubling */
+void test_grow(void); /* grow_array: the growable-array doubling */
 void test_quant(void);
 void test_safetensors(void);
 void test_protocol(void);

@@ -8,11 +8,15 @@
 #include "check.h"
 #include "model/kv_attend_split.h"
 
-static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
+static float rnd(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return ((*s >> 8) / 16777216.0f) * 2 - 1;
+}
 
 static float stored(QType t, const unsigned char *row, int i) {
-    return t == QT_F32 ? ((const float *)row)[i] : t == QT_F16 ? f16_to_f32(((const uint16_t *)row)[i])
-                                                               : bf16_to_f32(((const uint16_t *)row)[i]);
+    return t == QT_F32   ? ((const float *)row)[i]
+           : t == QT_F16 ? f16_to_f32(((const uint16_t *)row)[i])
+                         : bf16_to_f32(((const uint16_t *)row)[i]);
 }
 
 void test_attend_split(void) {
@@ -40,8 +44,7 @@ void test_attend_split(void) {
                     }
                     const float scale = 1.0f / sqrtf((float)hd);
                     const KvKernels *kk = kv_kernels(t);
-                    kv_attend_split(kk, q, g, hd, vd, cache, cache + hd * es, stride, n, scale,
-                                    with_sinks ? sinks : NULL, sc, o);
+                    kv_attend_split(kk, q, g, hd, vd, cache, cache + hd * es, stride, n, scale, with_sinks ? sinks : NULL, sc, o);
                     for (int i = 0; i < g; i++) {
                         double s[70], mx = with_sinks ? sinks[i] : -INFINITY, sum = 0;
                         for (int j = 0; j < n; j++) {

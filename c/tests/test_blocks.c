@@ -44,7 +44,8 @@ static void toy_run(const void *self, const BlockRun *r, const float *x, int T, 
 }
 
 static StateDesc toy_state(const void *self, QType kv) {
-    (void)self; (void)kv;
+    (void)self;
+    (void)kv;
     StateDesc s = {.fixed = sizeof(float) * H};
     return s;
 }
@@ -52,12 +53,13 @@ static StateDesc toy_state(const void *self, QType kv) {
 static const BlockKind toy_mean = {ROLE_ATTN, "toy_mean", sizeof(ToyMean), toy_load, toy_run, toy_state, NULL, NULL};
 
 /* ---- a container on disk: one f32 safetensors shard + colibri.json ---- */
-typedef struct { const char *name; int rows, cols; } Spec;
+typedef struct {
+    const char *name;
+    int rows, cols;
+} Spec;
 static const Spec TENSORS[] = {
-    {"embed", V, H}, {"head", V, H}, {"final_norm", 1, H},
-    {"n0", 1, H}, {"q0", 2 * HD, H}, {"k0", HD, H}, {"v0", HD, H}, {"o0", H, 2 * HD},
-    {"m0", 1, H}, {"gate0", 8, H}, {"up0", 8, H}, {"down0", H, 8},
-    {"n1", 1, H}, {"w1", H, H},
+    {"embed", V, H},   {"head", V, H}, {"final_norm", 1, H}, {"n0", 1, H},  {"q0", 2 * HD, H}, {"k0", HD, H}, {"v0", HD, H},
+    {"o0", H, 2 * HD}, {"m0", 1, H},   {"gate0", 8, H},      {"up0", 8, H}, {"down0", H, 8},   {"n1", 1, H},  {"w1", H, H},
 };
 #define NT (sizeof TENSORS / sizeof TENSORS[0])
 
@@ -69,14 +71,19 @@ static void write_container(const char *dir) {
     for (size_t i = 0; i < NT; i++) {
         const Spec *s = &TENSORS[i];
         size_t bytes = (size_t)s->rows * s->cols * 4;
-        ml += (size_t)snprintf(meta + ml, sizeof meta - ml, "%s\\\"%s\\\":[\\\"f32\\\",%d,%d]", i ? "," : "", s->name, s->rows, s->cols);
-        if (s->rows == 1) hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],", s->name, s->cols);
-        else hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", s->name, s->rows, s->cols);
+        ml += (size_t)snprintf(meta + ml, sizeof meta - ml, "%s\\\"%s\\\":[\\\"f32\\\",%d,%d]", i ? "," : "", s->name, s->rows,
+                               s->cols);
+        if (s->rows == 1)
+            hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],", s->name, s->cols);
+        else
+            hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", s->name, s->rows,
+                                   s->cols);
         hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"data_offsets\":[%zu,%zu]},", off, off + bytes);
         off += bytes;
     }
     snprintf(meta + ml, sizeof meta - ml, "}");
-    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"__metadata__\":{\"format\":\"colibri\",\"colibri.tensors\":\"%s\"}}", meta);
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "\"__metadata__\":{\"format\":\"colibri\",\"colibri.tensors\":\"%s\"}}",
+                           meta);
     while ((8 + hl) % 64) hdr[hl++] = ' ';
     snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
     FILE *f = fopen(path, "wb");
@@ -96,20 +103,21 @@ static void write_container(const char *dir) {
     fclose(f);
     snprintf(path, sizeof path, "%s/colibri.json", dir);
     f = fopen(path, "w");
-    fprintf(f,
-            "{\"format\":\"colibri-container\",\"format_version\":1,\"family\":\"llama\",\"shards\":[\"model-00001-of-00001.safetensors\"],"
-            "\"arch\":{\"vocab_size\":%d,\"hidden_size\":%d,\"num_layers\":2,\"rotary_dim\":%d,\"rope_inv_freq\":[1.0,0.01],"
-            "\"max_position_embeddings\":64},"
-            "\"trunk\":{\"embed\":\"embed\",\"lm_head\":\"head\",\"final_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"final_norm\"}}},"
-            "\"layers\":["
-            "{\"attn_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"n0\"}},"
-            "\"attn\":{\"kind\":\"gqa\",\"heads\":2,\"kv_heads\":1,\"head_dim\":%d,\"rope\":{\"style\":\"neox\",\"dim\":%d},"
-            "\"tensors\":{\"q\":\"q0\",\"k\":\"k0\",\"v\":\"v0\",\"o\":\"o0\"}},"
-            "\"mlp_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"m0\"}},"
-            "\"mlp\":{\"kind\":\"dense\",\"act\":\"silu\",\"width\":8,\"tensors\":{\"gate\":\"gate0\",\"up\":\"up0\",\"down\":\"down0\"}}},"
-            "{\"attn_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"n1\"}},"
-            "\"attn\":{\"kind\":\"toy_mean\",\"tensors\":{\"w\":\"w1\"}},\"mlp\":null}]}",
-            V, H, HD, HD, HD);
+    fprintf(
+        f,
+        "{\"format\":\"colibri-container\",\"format_version\":1,\"family\":\"llama\",\"shards\":[\"model-00001-of-00001.safetensors\"],"
+        "\"arch\":{\"vocab_size\":%d,\"hidden_size\":%d,\"num_layers\":2,\"rotary_dim\":%d,\"rope_inv_freq\":[1.0,0.01],"
+        "\"max_position_embeddings\":64},"
+        "\"trunk\":{\"embed\":\"embed\",\"lm_head\":\"head\",\"final_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"final_norm\"}}},"
+        "\"layers\":["
+        "{\"attn_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"n0\"}},"
+        "\"attn\":{\"kind\":\"gqa\",\"heads\":2,\"kv_heads\":1,\"head_dim\":%d,\"rope\":{\"style\":\"neox\",\"dim\":%d},"
+        "\"tensors\":{\"q\":\"q0\",\"k\":\"k0\",\"v\":\"v0\",\"o\":\"o0\"}},"
+        "\"mlp_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"m0\"}},"
+        "\"mlp\":{\"kind\":\"dense\",\"act\":\"silu\",\"width\":8,\"tensors\":{\"gate\":\"gate0\",\"up\":\"up0\",\"down\":\"down0\"}}},"
+        "{\"attn_norm\":{\"kind\":\"rmsnorm\",\"eps\":1e-6,\"tensors\":{\"weight\":\"n1\"}},"
+        "\"attn\":{\"kind\":\"toy_mean\",\"tensors\":{\"w\":\"w1\"}},\"mlp\":null}]}",
+        V, H, HD, HD, HD);
     fclose(f);
 }
 
@@ -151,7 +159,10 @@ static void test_reuse_rule_without_model(void) {
     kv_free(&kv);
 }
 
-static float rnd01(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
+static float rnd01(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return ((*s >> 8) / 16777216.0f) * 2 - 1;
+}
 
 /* Every attention kernel this CPU runs agrees with the portable reference on the same inputs:
  * each cache type, head dims on and off the vector width, group sizes past the register tile,
@@ -182,7 +193,8 @@ static void test_kv_attend(void) {
                                 for (int d = 0; d < hd; d++) row[d] = rnd01(&seed) * (kv ? 2 : 1);
                                 kv_store_row(types[ti], row, hd, cache + j * stride + kv * hd * es);
                             }
-                        const KvKernels *port = kv_kernels_for(KI_PORTABLE, types[ti]), *fast = kv_kernels_for((KernIsa)isa, types[ti]);
+                        const KvKernels *port = kv_kernels_for(KI_PORTABLE, types[ti]),
+                                        *fast = kv_kernels_for((KernIsa)isa, types[ti]);
                         const float scale = 1.0f / sqrtf((float)hd);
                         port->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, NULL, sc, o1);
                         fast->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, NULL, sc, o2);
@@ -194,7 +206,13 @@ static void test_kv_attend(void) {
                         port->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, sinks, sc, o1);
                         fast->attend(q, g, hd, cache, cache + hd * es, stride, n, scale, sinks, sc, o2);
                         for (int i = 0; i < g * hd; i++) worst = fmax(worst, fabs(o1[i] - o2[i]) / (1 + fabs(o1[i])));
-                        free(cache); free(q); free(row); free(sc); free(o1); free(o2); free(o3);
+                        free(cache);
+                        free(q);
+                        free(row);
+                        free(sc);
+                        free(o1);
+                        free(o2);
+                        free(o3);
                     }
         CHECK(worst < 2e-5, "%s attention differs from portable by %g (relative)", kernels_isa_name((KernIsa)isa), worst);
         CHECK(same_alone, "%s attention: a head's result depends on its group", kernels_isa_name((KernIsa)isa));
@@ -282,7 +300,13 @@ static void test_kv_attend_block(void) {
                                     for (int i = 0; i < g * hd; i++) worst = fmax(worst, fabs(op[i] - o1[i]) / (1 + fabs(op[i])));
                                 }
                             }
-                            free(cache); free(q); free(row); free(sc); free(ob); free(o1); free(op);
+                            free(cache);
+                            free(q);
+                            free(row);
+                            free(sc);
+                            free(ob);
+                            free(o1);
+                            free(op);
                         }
         CHECK(same, "%s attention: a block's position differs from the same position alone", kernels_isa_name((KernIsa)isa));
         CHECK(worst < 2e-5, "%s block attention differs from portable by %g (relative)", kernels_isa_name((KernIsa)isa), worst);
@@ -294,7 +318,11 @@ static void test_kv_attend_block(void) {
 static void test_kv_attend_sink(void) {
     const int hd = 16;
     float q[16], row[32], o[16], sink = 0.7f, *sc = malloc(sizeof(float) * kv_attend_scratch(1, 1, 16, 1));
-    for (int d = 0; d < hd; d++) { q[d] = 0.1f * (float)(d - 5); row[d] = 0.05f * (float)d; row[hd + d] = 1.0f + 0.25f * (float)d; }
+    for (int d = 0; d < hd; d++) {
+        q[d] = 0.1f * (float)(d - 5);
+        row[d] = 0.05f * (float)d;
+        row[hd + d] = 1.0f + 0.25f * (float)d;
+    }
     float s0 = 0;
     for (int d = 0; d < hd; d++) s0 += q[d] * row[d];
     s0 *= 0.25f;
@@ -320,7 +348,10 @@ static void test_kv_kernels(void) {
         kernels_init(0);
         float q[133], x[133], back[133], o1[133], o2[133];
         uint16_t row[133];
-        for (int i = 0; i < 133; i++) { q[i] = (float)((i * 37) % 19) / 7.0f - 1.3f; x[i] = (float)((i * 11) % 23) / 5.0f - 2.1f; }
+        for (int i = 0; i < 133; i++) {
+            q[i] = (float)((i * 37) % 19) / 7.0f - 1.3f;
+            x[i] = (float)((i * 11) % 23) / 5.0f - 2.1f;
+        }
         kv_store_row(t, x, 133, row);
         for (int i = 0; i < 133; i++) back[i] = t == QT_F16 ? f16_to_f32(row[i]) : bf16_to_f32(row[i]);
         int ok = 1;
@@ -448,20 +479,30 @@ static void test_dsa_scores(void) {
     }
 }
 
-void test_kv_kernel_sets(void) { test_kv_kernels(); test_mla_absorb(); test_dsa_scores(); }
+void test_kv_kernel_sets(void) {
+    test_kv_kernels();
+    test_mla_absorb();
+    test_dsa_scores();
+}
 
 void test_blocks(void) {
     test_kv_kernel_sets();
     test_dsa_mark_top();
     test_reuse_rule_without_model();
     char dir[] = "/tmp/coli_blocks_XXXXXX", err[512];
-    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
     write_container(dir);
     Model m;
     CHECK(model_load(&m, dir, err, sizeof err) == -1 && strstr(err, "toy_mean") && strstr(err, "not implemented"),
           "an unknown kind is refused by name: %s", err);
     CHECK(blocks_register(&toy_mean) == 0 && blocks_register(&toy_mean) == -1, "register once");
-    if (model_load(&m, dir, err, sizeof err)) { CHECK(0, "load: %s", err); return; }
+    if (model_load(&m, dir, err, sizeof err)) {
+        CHECK(0, "load: %s", err);
+        return;
+    }
     CHECK(m.state[0].per_pos == 2 * HD * 2 && m.state[0].fixed == 0 && m.state[0].truncatable, "gqa: f16 K+V per position");
     CHECK(m.state[1].per_pos == 0 && m.state[1].fixed == sizeof(float) * H && !m.state[1].truncatable, "toy: fixed state");
     CHECK(kv_bytes(&m.a, 10) == 10 * (2 * HD * 2 + 4) + sizeof(float) * H, "kv_bytes sums the descriptors");
@@ -523,7 +564,8 @@ void test_blocks(void) {
     CHECK(kv.n_ck == 2 && kv_save(&kv, &m.a, 42, path, err, sizeof err) == 0, "save with checkpoints: %s", err);
     kv_init(&back, &m.a, 32);
     CHECK(kv_restore(&back, &m.a, 42, path, err, sizeof err) == 1 && back.n_ck == 2 && back.ck_pos[0] == SEQ + 1 &&
-          !memcmp(back.ck[0], kv.ck[0], kv.fixed_total), "checkpoints restored byte for byte: %s", err);
+              !memcmp(back.ck[0], kv.ck[0], kv.fixed_total),
+          "checkpoints restored byte for byte: %s", err);
     /* E leaves D at its last token: both go back to the checkpoint at SEQ + 1 */
     CHECK(kv_reuse(&kv, E, SEQ + 2) == SEQ + 1 && kv_reuse(&back, E, SEQ + 2) == SEQ + 1, "both fall back to SEQ + 1");
     feed(&m, &kv, E, SEQ + 1, SEQ + 2, want);
@@ -534,7 +576,8 @@ void test_blocks(void) {
     CHECK(kv_save(&kv, &m.a, 42, path, err, sizeof err) == 0, "save: %s", err);
     FILE *pf = fopen(path, "r+b");
     long ck_at = 48 + 4L * kv.n; /* header, tokens, then the layers' state */
-    for (int l = 0; l < kv.n_layers; l++) ck_at += (long)(kv.layer[l].per_pos * (size_t)kv_held(&kv, l) + kv.layer[l].fixed_bytes);
+    for (int l = 0; l < kv.n_layers; l++)
+        ck_at += (long)(kv.layer[l].per_pos * (size_t)kv_held(&kv, l) + kv.layer[l].fixed_bytes);
     int32_t past = kv.n + 5;
     fseek(pf, ck_at, SEEK_SET);
     fwrite(&past, sizeof past, 1, pf);

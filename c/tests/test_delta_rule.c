@@ -27,9 +27,18 @@ void test_delta_rule(void) {
     unsigned seed = 7;
     for (int t = 0; t < T; t++) {
         float nq = 0, nk = 0;
-        for (int d = 0; d < DK; d++) { q[t * DK + d] = rnd(&seed); k[t * DK + d] = rnd(&seed); }
-        for (int d = 0; d < DK; d++) { nq += q[t * DK + d] * q[t * DK + d]; nk += k[t * DK + d] * k[t * DK + d]; }
-        for (int d = 0; d < DK; d++) { q[t * DK + d] /= sqrtf(nq) * sqrtf((float)DK); k[t * DK + d] /= sqrtf(nk); }
+        for (int d = 0; d < DK; d++) {
+            q[t * DK + d] = rnd(&seed);
+            k[t * DK + d] = rnd(&seed);
+        }
+        for (int d = 0; d < DK; d++) {
+            nq += q[t * DK + d] * q[t * DK + d];
+            nk += k[t * DK + d] * k[t * DK + d];
+        }
+        for (int d = 0; d < DK; d++) {
+            q[t * DK + d] /= sqrtf(nq) * sqrtf((float)DK);
+            k[t * DK + d] /= sqrtf(nk);
+        }
         for (int d = 0; d < DV; d++) v[t * DV + d] = 2 * rnd(&seed);
         g[t] = -0.3f * (rnd(&seed) + 0.5f) - (t % 37 == 0 ? 4.0f : 0.0f); /* a few strong decays */
         beta[t] = 0.5f + rnd(&seed);
@@ -47,7 +56,12 @@ void test_delta_rule(void) {
     /* prefill of 70 positions, then 80 more from the state it left: the same as all at once */
     DeltaIn a = in, b = in;
     a.T = 70;
-    b.q += 70 * DK; b.k += 70 * DK; b.v += 70 * DV; b.g += 70; b.beta += 70; b.T = T - 70;
+    b.q += 70 * DK;
+    b.k += 70 * DK;
+    b.v += 70 * DV;
+    b.g += 70;
+    b.beta += 70;
+    b.T = T - 70;
     delta_rule_chunked(&a, S3, o3, work);
     delta_rule_chunked(&b, S3, o3 + 70 * DV, work);
     CHECK(max_diff(o1, o3, T * DV) <= 1e-5f * om, "split prefill differs by %g", max_diff(o1, o3, T * DV));
@@ -87,7 +101,12 @@ void test_delta_rule(void) {
     CHECK(max_diff(S4, S5, DK * DV) <= 1e-5f, "KDA chunked vs recurrent states differ by %g", max_diff(S4, S5, DK * DV));
     DeltaIn ka = kin, kb = kin;
     ka.T = 70;
-    kb.q += 70 * DK; kb.k += 70 * DK; kb.v += 70 * DV; kb.g += 70 * DK; kb.beta += 70; kb.T = T - 70;
+    kb.q += 70 * DK;
+    kb.k += 70 * DK;
+    kb.v += 70 * DV;
+    kb.g += 70 * DK;
+    kb.beta += 70;
+    kb.T = T - 70;
     kda_chunked(&ka, S6, o5, work);
     kda_chunked(&kb, S6, o5 + 70 * DV, work);
     CHECK(max_diff(o4, o5, T * DV) <= 1e-5f * om, "KDA split prefill differs by %g", max_diff(o4, o5, T * DV));

@@ -14,8 +14,13 @@ static void test_budget(void) {
     char err[512];
     BudgetOut o;
     /* 40 MB fixed, 4 layers x 1 MB slots: 100 MB leaves 60 MB = 15 slots per layer */
-    BudgetIn in = {.ram = 100000000, .dense = 30000000, .kv = 6000000, .runtime = 4000000, .moe_layers = 4,
-                   .experts = 64, .slot_bytes = 1000000};
+    BudgetIn in = {.ram = 100000000,
+                   .dense = 30000000,
+                   .kv = 6000000,
+                   .runtime = 4000000,
+                   .moe_layers = 4,
+                   .experts = 64,
+                   .slot_bytes = 1000000};
     CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0, "%s", err);
     CHECK(o.streaming && o.cap == 15 && o.cache == 60000000ull, "cap %d cache %llu", o.cap, (unsigned long long)o.cache);
     CHECK(o.min_ram == 44000000ull, "min_ram %llu", (unsigned long long)o.min_ram);
@@ -46,8 +51,15 @@ static void test_budget(void) {
     dense.ram = 39000000;
     CHECK(ram_budget_split(&dense, &o, err, sizeof err) == -1 && strstr(err, "--ram 0.04"), "%s", err);
     /* checkpoints and the grammar are fixed; the mask cache takes 1/16 of the spare budget */
-    BudgetIn g = {.ram = 100000000, .dense = 30000000, .kv = 6000000, .runtime = 4000000, .checkpoints = 8000000,
-                  .grammar = 2000000, .moe_layers = 4, .experts = 64, .slot_bytes = 1000000};
+    BudgetIn g = {.ram = 100000000,
+                  .dense = 30000000,
+                  .kv = 6000000,
+                  .runtime = 4000000,
+                  .checkpoints = 8000000,
+                  .grammar = 2000000,
+                  .moe_layers = 4,
+                  .experts = 64,
+                  .slot_bytes = 1000000};
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.min_ram == 54000000ull, "min_ram %llu",
           (unsigned long long)o.min_ram);
     /* spare 46 MB: mask cache 2.875 MB; 100 - 50 - 2.875 = 47.1 MB: 11 slots per layer */
@@ -58,16 +70,19 @@ static void test_budget(void) {
     g.ram = 54000000; /* the minimum: no mask is kept, each is rebuilt on use */
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.mask_cache == 0 && o.cap == 1, "at the minimum");
     g.ram = 53999999;
-    CHECK(ram_budget_split(&g, &o, err, sizeof err) == -1 && strstr(err, "checkpoints 8.0 MB") &&
-          strstr(err, "grammar 2.0 MB") && strstr(err, "--ram 0.06"), "%s", err);
+    CHECK(ram_budget_split(&g, &o, err, sizeof err) == -1 && strstr(err, "checkpoints 8.0 MB") && strstr(err, "grammar 2.0 MB") &&
+              strstr(err, "--ram 0.06"),
+          "%s", err);
     g.persist = 5000000; /* --kv-dir: the writer's bound is fixed too, and named when it does not fit */
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == -1 && strstr(err, "kv writer 5.0 MB (--kv-dir)") &&
-          strstr(err, "--ram 0.06"), "%s", err);
+              strstr(err, "--ram 0.06"),
+          "%s", err);
     g.ram = 59000000;
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.min_ram == 59000000ull && o.cap == 1, "min_ram %llu",
           (unsigned long long)o.min_ram);
     g.persist = 0;
-    g.grammar = 0; g.ram = 0; /* no tokenizer: no grammar, no masks */
+    g.grammar = 0;
+    g.ram = 0; /* no tokenizer: no grammar, no masks */
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.mask_cache == 0, "no grammar: no mask cache");
 }
 
@@ -90,8 +105,8 @@ static void test_pool(void) {
         CHECK(posix_memalign((void **)&buf[i], 4096, 4 * 4096) == 0, "memalign");
         /* the last page is short: an aligned request past the end still gets what exists */
         r[i].nseg = 1;
-        r[i].seg[0] = (IoSeg){fdd, fd, (uint64_t)(i % 4) * 4096, 4 * 4096 - (size_t)(i % 4) * 4096,
-                              (size_t)N - (size_t)(i % 4) * 4096, buf[i]};
+        r[i].seg[0] = (IoSeg){
+            fdd, fd, (uint64_t)(i % 4) * 4096, 4 * 4096 - (size_t)(i % 4) * 4096, (size_t)N - (size_t)(i % 4) * 4096, buf[i]};
         io_submit(&p, &r[i], i % 2);
     }
     io_promote(&p, &r[7]);

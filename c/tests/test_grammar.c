@@ -11,7 +11,10 @@ static Grammar *parse(const char *s, char *err) { return grammar_parse(s, strlen
 static int accepts(const char *gram, const char *text, int *complete) {
     char err[256];
     Grammar *g = parse(gram, err);
-    if (!g) { fprintf(stderr, "%s\n", err); return -2; }
+    if (!g) {
+        fprintf(stderr, "%s\n", err);
+        return -2;
+    }
     GrammarRun *r = grammar_run_new(g, NULL);
     size_t at;
     int rc = r ? grammar_accept_bytes(r, text, strlen(text), &at) : -3;
@@ -22,7 +25,9 @@ static int accepts(const char *gram, const char *text, int *complete) {
 }
 
 static void test_errors(void) {
-    struct { const char *text, *needle; } bad[] = {
+    struct {
+        const char *text, *needle;
+    } bad[] = {
         {"root ::= foo", "at byte 9: rule 'foo' is used but never defined"},
         {"a ::= \"x\"", "no 'root' rule"},
         {"root ::= root \"a\" | \"b\"", "rule 'root' can reach itself without consuming input"},
@@ -47,7 +52,8 @@ static void test_errors(void) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char err[256];
         Grammar *g = parse(bad[i].text, err);
-        CHECK(!g && strstr(err, bad[i].needle) && !strncmp(err, "grammar: at byte ", 17), "'%s' -> '%s'", bad[i].text, g ? "ok" : err);
+        CHECK(!g && strstr(err, bad[i].needle) && !strncmp(err, "grammar: at byte ", 17), "'%s' -> '%s'", bad[i].text,
+              g ? "ok" : err);
         grammar_free(g);
     }
 }
@@ -87,12 +93,29 @@ static GrammarVocab *vocab(void) {
     size_t len[VOCAB];
     uint8_t kind[VOCAB];
     static char single[256];
-    for (int i = 0; i < 256; i++) { single[i] = (char)i; bytes[i] = &single[i]; len[i] = 1; kind[i] = GV_TEXT; }
-    for (int i = 0; i < NEXTRA; i++) { bytes[256 + i] = extra[i]; len[256 + i] = strlen(extra[i]); kind[256 + i] = GV_TEXT; }
-    bytes[ADDED] = "<tool_call>"; len[ADDED] = 11; kind[ADDED] = GV_ADDED;
-    bytes[ADDED2] = "<|im_end|>"; len[ADDED2] = 10; kind[ADDED2] = GV_ADDED;
-    bytes[EOS] = "</s>"; len[EOS] = 4; kind[EOS] = GV_EOS;
-    bytes[NONE] = ""; len[NONE] = 0; kind[NONE] = GV_NONE;
+    for (int i = 0; i < 256; i++) {
+        single[i] = (char)i;
+        bytes[i] = &single[i];
+        len[i] = 1;
+        kind[i] = GV_TEXT;
+    }
+    for (int i = 0; i < NEXTRA; i++) {
+        bytes[256 + i] = extra[i];
+        len[256 + i] = strlen(extra[i]);
+        kind[256 + i] = GV_TEXT;
+    }
+    bytes[ADDED] = "<tool_call>";
+    len[ADDED] = 11;
+    kind[ADDED] = GV_ADDED;
+    bytes[ADDED2] = "<|im_end|>";
+    len[ADDED2] = 10;
+    kind[ADDED2] = GV_ADDED;
+    bytes[EOS] = "</s>";
+    len[EOS] = 4;
+    kind[EOS] = GV_EOS;
+    bytes[NONE] = "";
+    len[NONE] = 0;
+    kind[NONE] = GV_NONE;
     return grammar_vocab_new(VOCAB, bytes, len, kind);
 }
 
@@ -112,7 +135,10 @@ static void mask_agrees(GrammarVocab *v, const char *gram, const int *path, int 
             for (int t = 0; t < VOCAB; t++) {
                 int a = grammar_allows(r, t, budget);
                 seen += a;
-                if (a != bit(m, t)) { same = 0; fprintf(stderr, "token %d: allows %d, mask %d\n", t, a, bit(m, t)); }
+                if (a != bit(m, t)) {
+                    same = 0;
+                    fprintf(stderr, "token %d: allows %d, mask %d\n", t, a, bit(m, t));
+                }
             }
             CHECK(same && count == seen, "mask of step %d (budget %d) of '%s': count %d vs %d", step, budget, gram, count, seen);
         }
@@ -140,7 +166,8 @@ static void test_masks(void) {
     CHECK(r && grammar_allows(r, ADDED, -1) && !grammar_allows(r, ADDED2, -1), "added token spelled by a literal");
     CHECK(r && grammar_allows(r, '<', -1), "or its text byte by byte");
     CHECK(r && !grammar_allows(r, EOS, -1) && !grammar_allows(r, NONE, -1), "no EOS before complete");
-    CHECK(r && grammar_accept(r, ADDED) == 0 && grammar_accept(r, 'x') == 0 && grammar_complete(r) && !grammar_finished(r), "accept");
+    CHECK(r && grammar_accept(r, ADDED) == 0 && grammar_accept(r, 'x') == 0 && grammar_complete(r) && !grammar_finished(r),
+          "accept");
     CHECK(r && grammar_allows(r, EOS, -1), "EOS once complete");
     grammar_run_free(r);
     grammar_free(g);
@@ -172,7 +199,8 @@ static void test_masks(void) {
     g = parse("root ::= [a-z] | \"\u03a9x\"", err);
     r = grammar_run_new(g, v);
     CHECK(r && grammar_min_bytes(r) == 1 && grammar_allows(r, 0xCE, 2) && !grammar_allows(r, 0xCE, 1), "budget mid-character");
-    CHECK(r && grammar_accept(r, 0xCE) == 0 && grammar_min_bytes(r) == 2, "min bytes mid-character: %d", r ? grammar_min_bytes(r) : -1);
+    CHECK(r && grammar_accept(r, 0xCE) == 0 && grammar_min_bytes(r) == 2, "min bytes mid-character: %d",
+          r ? grammar_min_bytes(r) : -1);
     grammar_run_free(r);
     grammar_free(g);
     grammar_vocab_free(v);
@@ -215,7 +243,10 @@ static int masks_built_over(GrammarVocab *v, size_t bound, int *last) {
     char err[256];
     Grammar *g = parse("root ::= (\"a\" \"b\")*", err);
     GrammarRun *r = g ? grammar_run_new(g, v) : NULL;
-    if (!r) { grammar_free(g); return -1; }
+    if (!r) {
+        grammar_free(g);
+        return -1;
+    }
     grammar_run_set_mask_cache(r, bound);
     const uint32_t *m;
     for (int i = 0; i < 6; i++) { /* states alternate: before an a, before a b */

@@ -11,15 +11,32 @@
 typedef void (*AnyFn)(void);
 
 /* Every entry a set may have, as (name, the raw table's pointer, the filled table's, portable's). */
-#define FIELDS(X)                                                                                              \
-    X("dequant_row", dequant_row) X("dot", dot) X("quantize_act", quantize_act) X("qdot.q8", qdot[QT_Q8])     \
-    X("qdot.q4", qdot[QT_Q4]) X("qdot.mxfp4", qdot[QT_MXFP4]) X("qdot.q6", qdot[QT_Q6])                       \
-    X("kv.f32.dot", kv[0].dot) X("kv.f32.axpy", kv[0].axpy) X("kv.f32.attend", kv[0].attend)                    \
-    X("kv.f32.attend_block", kv[0].attend_block) X("kv.f16.dot", kv[1].dot) X("kv.f16.axpy", kv[1].axpy)        \
-    X("kv.f16.attend", kv[1].attend) X("kv.f16.attend_block", kv[1].attend_block) X("kv.bf16.dot", kv[2].dot)   \
-    X("kv.bf16.axpy", kv[2].axpy) X("kv.bf16.attend", kv[2].attend) X("kv.bf16.attend_block", kv[2].attend_block) \
-    X("mla_absorb", mla_absorb) X("dsa_scores", dsa_scores) X("delta_recurrent", delta_recurrent)              \
-    X("delta_chunked", delta_chunked) X("kda_recurrent", kda_recurrent) X("kda_chunked", kda_chunked)
+#define FIELDS(X)                                 \
+    X("dequant_row", dequant_row)                 \
+    X("dot", dot)                                 \
+    X("quantize_act", quantize_act)               \
+    X("qdot.q8", qdot[QT_Q8])                     \
+    X("qdot.q4", qdot[QT_Q4])                     \
+    X("qdot.mxfp4", qdot[QT_MXFP4])               \
+    X("qdot.q6", qdot[QT_Q6])                     \
+    X("kv.f32.dot", kv[0].dot)                    \
+    X("kv.f32.axpy", kv[0].axpy)                  \
+    X("kv.f32.attend", kv[0].attend)              \
+    X("kv.f32.attend_block", kv[0].attend_block)  \
+    X("kv.f16.dot", kv[1].dot)                    \
+    X("kv.f16.axpy", kv[1].axpy)                  \
+    X("kv.f16.attend", kv[1].attend)              \
+    X("kv.f16.attend_block", kv[1].attend_block)  \
+    X("kv.bf16.dot", kv[2].dot)                   \
+    X("kv.bf16.axpy", kv[2].axpy)                 \
+    X("kv.bf16.attend", kv[2].attend)             \
+    X("kv.bf16.attend_block", kv[2].attend_block) \
+    X("mla_absorb", mla_absorb)                   \
+    X("dsa_scores", dsa_scores)                   \
+    X("delta_recurrent", delta_recurrent)         \
+    X("delta_chunked", delta_chunked)             \
+    X("kda_recurrent", kda_recurrent)             \
+    X("kda_chunked", kda_chunked)
 
 static const Kernels *raw_table(KernIsa isa) {
     switch (isa) {
@@ -56,17 +73,15 @@ static void test_tables_complete(void) {
         CHECK(!raw == !t && (raw ? nfb >= 0 : nfb == -1), "%s: a table exactly where this build has the set",
               kernels_isa_name((KernIsa)isa));
         if (!raw) continue;
-        CHECK(t->isa == (KernIsa)isa && !strcmp(t->name, kernels_isa_name((KernIsa)isa)), "%s: the table names its set",
-              t->name);
+        CHECK(t->isa == (KernIsa)isa && !strcmp(t->name, kernels_isa_name((KernIsa)isa)), "%s: the table names its set", t->name);
         int nulls = 0;
-#define CHECK_FIELD(NAME, F)                                                                                       \
-    {                                                                                                              \
-        const int missing = raw->F == NULL;                                                                        \
-        nulls += missing;                                                                                          \
-        CHECK(t->F != NULL && (AnyFn)t->F == (missing ? (AnyFn)port->F : (AnyFn)raw->F), "%s: %s filled", raw->name, \
-              NAME);                                                                                               \
-        CHECK(listed(fb, NAME) == missing, "%s: %s %s the fallbacks '%s'", raw->name, NAME,                       \
-              missing ? "missing from" : "wrongly in", fb);                                                        \
+#define CHECK_FIELD(NAME, F)                                                                                                \
+    {                                                                                                                       \
+        const int missing = raw->F == NULL;                                                                                 \
+        nulls += missing;                                                                                                   \
+        CHECK(t->F != NULL && (AnyFn)t->F == (missing ? (AnyFn)port->F : (AnyFn)raw->F), "%s: %s filled", raw->name, NAME); \
+        CHECK(listed(fb, NAME) == missing, "%s: %s %s the fallbacks '%s'", raw->name, NAME,                                 \
+              missing ? "missing from" : "wrongly in", fb);                                                                 \
     }
         FIELDS(CHECK_FIELD)
 #undef CHECK_FIELD

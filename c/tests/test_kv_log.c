@@ -70,7 +70,10 @@ static int replay(const Arch *a, KvCache *out, char *note) {
     uint64_t sum;
     off_t good;
     kv_init(out, a, CTX);
-    if (kv_restore(out, a, FP, base, err, sizeof err) != 1) { CHECK(0, "base: %s", err); return -1; }
+    if (kv_restore(out, a, FP, base, err, sizeof err) != 1) {
+        CHECK(0, "base: %s", err);
+        return -1;
+    }
     CHECK(kv_file_sum(base, &sum) == 0, "sum");
     return kv_log_replay(out, a, FP, sum, logp, &good, note, 200);
 }
@@ -84,13 +87,13 @@ static void test_round_trips(void) {
     CHECK(kv_save(&kv, &a, FP, base, err, sizeof err) == 0, "base: %s", err);
     off_t len = 0;
     grow(&kv, 9, 1);
-    save_turn(&kv, 5, &len);                       /* a plain next turn */
+    save_turn(&kv, 5, &len); /* a plain next turn */
     CHECK(replay(&a, &back, note) == 1 && same(&kv, &back) && !note[0], "one record: '%s'", note);
     kv_free(&back);
-    kv.n = 7;                                      /* an edited conversation: cut back, regrown */
+    kv.n = 7; /* an edited conversation: cut back, regrown */
     grow(&kv, 12, 2);
     save_turn(&kv, 7, &len);
-    grow(&kv, 20, 3);                              /* the ring (6) wraps: only the last 6 are held */
+    grow(&kv, 20, 3); /* the ring (6) wraps: only the last 6 are held */
     save_turn(&kv, 12, &len);
     CHECK(replay(&a, &back, note) == 3 && same(&kv, &back), "rewind + wrapped ring: '%s'", note);
     kv_free(&back);
@@ -163,7 +166,10 @@ static void test_writer(void) {
 
 void test_kv_log(void) {
     snprintf(dir, sizeof dir, "/tmp/coli_kvlog_XXXXXX");
-    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp: %s", strerror(errno)); return; }
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
     snprintf(base, sizeof base, "%s/.coli_kv", dir);
     snprintf(logp, sizeof logp, "%s/.coli_kv.log", dir);
     test_round_trips();

@@ -36,7 +36,10 @@ typedef struct { /* kv_persist.c's v2 header */
 /* Writes a header, then body bytes, then (if with_sum) the checksum over both. */
 static void craft(Header h, const void *body, size_t len, int with_sum) {
     FILE *f = fopen(path, "wb");
-    if (!f) { CHECK(0, "cannot write %s", path); return; }
+    if (!f) {
+        CHECK(0, "cannot write %s", path);
+        return;
+    }
     uint64_t sum = fnv(fnv(1469598103934665603ull, &h, sizeof h), body, len);
     fwrite(&h, sizeof h, 1, f);
     if (len) fwrite(body, 1, len, f);
@@ -65,7 +68,10 @@ static Arch arch(QType kv_type) {
 /* Restores into a fresh slot; returns rc and checks that a refusal leaves the slot empty. */
 static int restore(const Arch *a, char *err, size_t errlen) {
     KvCache kv;
-    if (kv_init(&kv, a, CTX)) { CHECK(0, "kv_init"); return -9; }
+    if (kv_init(&kv, a, CTX)) {
+        CHECK(0, "kv_init");
+        return -9;
+    }
     kv.n = 3; /* a refusal must not leave a stale count behind */
     err[0] = 0;
     int rc = kv_restore(&kv, a, FP, path, err, errlen);
@@ -85,7 +91,10 @@ static void test_restore(void) {
     const size_t kvd = 4; /* values of K (and of V) per position */
     KvCache kv;
     char err[512];
-    if (kv_init(&kv, &a, CTX)) { CHECK(0, "kv_init"); return; }
+    if (kv_init(&kv, &a, CTX)) {
+        CHECK(0, "kv_init");
+        return;
+    }
     kv.n = 5;
     for (int i = 0; i < CTX; i++) kv.tokens[i] = i + 1;
     for (int l = 0; l < a.n_layers; l++)
@@ -95,8 +104,9 @@ static void test_restore(void) {
     kv_init(&back, &a, CTX);
     CHECK(kv_restore(&back, &a, FP, path, err, sizeof err) == 1 && back.n == 5, "round trip: %s", err);
     CHECK(!memcmp(back.tokens, kv.tokens, 5 * sizeof(int32_t)) &&
-          !memcmp(back.layer[0].pos, kv.layer[0].pos, 5 * a.state[0].per_pos) &&
-          !memcmp(back.layer[1].pos, kv.layer[1].pos, 5 * a.state[1].per_pos), "round trip data");
+              !memcmp(back.layer[0].pos, kv.layer[0].pos, 5 * a.state[0].per_pos) &&
+              !memcmp(back.layer[1].pos, kv.layer[1].pos, 5 * a.state[1].per_pos),
+          "round trip data");
     kv_free(&back);
     struct stat st;
     stat(path, &st);
@@ -256,12 +266,16 @@ static void test_dir_lock_and_clean(void) {
     CHECK(kv_dir_clean(dir) == 2, "two temporaries removed");
     CHECK(!exists(".coli_kv.tmp") && !exists(".coli_kv.3.tmp"), "slot temporaries gone");
     CHECK(exists(".coli_kv.x.tmp") && exists(".coli_kv") && exists(".coli_kv.2") && exists("other.tmp") &&
-          exists(".coli_kv.lock"), "everything else kept");
+              exists(".coli_kv.lock"),
+          "everything else kept");
 }
 
 void test_kv_persist(void) {
     snprintf(dir, sizeof dir, "/tmp/coli_kvtest_XXXXXX");
-    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp: %s", strerror(errno)); return; }
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
     snprintf(path, sizeof path, "%s/.coli_kv", dir);
     test_restore();
     test_dir_lock_and_clean();

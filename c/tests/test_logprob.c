@@ -14,11 +14,14 @@ static int parse_fields(const char *line) {
     int n = 0, field = 0;
     for (w = strtok_r(copy, " ", &save); w; w = strtok_r(NULL, " ", &save), field++) {
         char *lp = NULL, *end;
-        if (field == 3) lp = w;                         /* LOGPROB id token LP hex count */
-        else if (field >= 6) lp = strchr(w, ':') + 1;   /* tok:LP:hex */
+        if (field == 3) lp = w;                       /* LOGPROB id token LP hex count */
+        else if (field >= 6) lp = strchr(w, ':') + 1; /* tok:LP:hex */
         if (!lp) continue;
         strtod(lp, &end);
-        if (end == lp || (*end != 0 && *end != ':')) { n = -1; break; }
+        if (end == lp || (*end != 0 && *end != ':')) {
+            n = -1;
+            break;
+        }
         n++;
     }
     free(copy);

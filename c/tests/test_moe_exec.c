@@ -11,7 +11,10 @@
 
 enum { E = 6, K = 2, H = 40, WIDTH = 24, T = 5 };
 
-static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
+static float rnd(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return ((*s >> 8) / 16777216.0f) * 2 - 1;
+}
 
 static QMat random_mat(int rows, int cols, unsigned *seed) {
     QMat m = {QT_Q4, rows, cols, qtype_row_bytes(QT_Q4, cols), NULL};
@@ -54,5 +57,9 @@ void test_moe_exec(void) {
     CHECK(moe_run_experts_parallel(ex, E, K, WIDTH, H, sel, wts, x, T, got) == 0 && !fwd_oom(), "parallel experts ran");
     CHECK(!memcmp(got, want, sizeof got), "parallel experts equal the serial loop bit for bit");
     omp_set_num_threads(threads);
-    for (int e = 0; e < E; e++) { free((void *)ex[e].gate.data); free((void *)ex[e].up.data); free((void *)ex[e].down.data); }
+    for (int e = 0; e < E; e++) {
+        free((void *)ex[e].gate.data);
+        free((void *)ex[e].up.data);
+        free((void *)ex[e].down.data);
+    }
 }

@@ -12,20 +12,24 @@ static int parse(const char *s, Frame *f, char *err) { return frame_parse(s, str
 void test_protocol(void) {
     Frame f;
     char err[256];
-    CHECK(parse("SUBMIT r1 5 slot=2 temp=0.7 top_p=0.9 top_k=40 min_p=0.05 seed=42 max_tokens=16 ids=1", &f, err) == 0, "%s", err);
+    CHECK(parse("SUBMIT r1 5 slot=2 temp=0.7 top_p=0.9 top_k=40 min_p=0.05 seed=42 max_tokens=16 ids=1", &f, err) == 0, "%s",
+          err);
     CHECK(f.kind == FR_SUBMIT && !strcmp(f.id, "r1") && f.payload_len == 5 && f.slot == 2 && f.ids == 1, "fields");
     CHECK(f.sp.top_k == 40 && f.has_seed && f.sp.seed == 42 && f.max_tokens == 16 && f.sp.temperature > 0.69f, "sampling");
     CHECK(parse("SUBMIT r2 0", &f, err) == 0 && f.max_tokens == -1 && f.sp.top_p == 1.0f && f.parse_special &&
-          f.pen.repeat == 1.0f && f.pen.last_n == 64 && !f.pen.frequency, "defaults");
-    CHECK(parse("SUBMIT r2 0 repeat_penalty=1.3 frequency_penalty=-0.5 presence_penalty=2 repeat_last_n=-1", &f,
-                err) == 0 && f.pen.repeat > 1.29f && f.pen.frequency == -0.5f &&
-          f.pen.presence == 2.0f && f.pen.last_n == -1, "penalties: %s", err);
+              f.pen.repeat == 1.0f && f.pen.last_n == 64 && !f.pen.frequency,
+          "defaults");
+    CHECK(parse("SUBMIT r2 0 repeat_penalty=1.3 frequency_penalty=-0.5 presence_penalty=2 repeat_last_n=-1", &f, err) == 0 &&
+              f.pen.repeat > 1.29f && f.pen.frequency == -0.5f && f.pen.presence == 2.0f && f.pen.last_n == -1,
+          "penalties: %s", err);
     CHECK(parse("SUBMIT r3 20 literal=4", &f, err) == 0 && f.literal == 4 && !f.ids, "literal: %s", err);
     CHECK(parse("SUBMIT r4 20 grammar=10 literal=4", &f, err) == 0 && f.grammar == 10 && f.literal == 4, "grammar: %s", err);
     CHECK(parse("SUBMIT r5 20 grammar=12 ids=1", &f, err) == 0 && f.grammar == 12 && f.ids, "grammar ids: %s", err);
     CHECK(parse("STOP r1", &f, err) == 0 && f.kind == FR_STOP, "STOP");
     CHECK(parse("CANCEL abc-9", &f, err) == 0 && f.kind == FR_CANCEL, "CANCEL");
-    struct { const char *line, *needle; } bad[] = {
+    struct {
+        const char *line, *needle;
+    } bad[] = {
         {"", "empty"},
         {"SUBMIT", "request id"},
         {"SUBMIT r1", "payload byte count"},
@@ -63,7 +67,10 @@ void test_protocol(void) {
 
     /* reader: frames split across writes, payload with newlines, garbage between frames */
     int fds[2];
-    if (pipe(fds)) { CHECK(0, "pipe"); return; }
+    if (pipe(fds)) {
+        CHECK(0, "pipe");
+        return;
+    }
     FrameReader r;
     reader_init(&r, fds[0]);
     char *payload;

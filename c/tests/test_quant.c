@@ -8,7 +8,10 @@
 #include "kernels/ops.h"
 #include "kernels/kernels.h"
 
-static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
+static float rnd(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return ((*s >> 8) / 16777216.0f) * 2 - 1;
+}
 
 static void test_qdot(void);
 static void test_quant_kernels(void);
@@ -38,7 +41,8 @@ void test_quant(void) {
         test_quant_kernels();
     }
     KernIsa isa;
-    CHECK(kernels_isa_from_name("avx512", &isa) == 0 && isa == KI_AVX512 && kernels_isa_from_name("sse", &isa) == -1, "kernel names");
+    CHECK(kernels_isa_from_name("avx512", &isa) == 0 && isa == KI_AVX512 && kernels_isa_from_name("sse", &isa) == -1,
+          "kernel names");
     CHECK(kernels_use(KI_COUNT) == -1, "an unknown kernel set is refused");
     kernels_init(0);
 }
@@ -74,7 +78,10 @@ static void test_quant_kernels(void) {
         double ref = 0;
         for (int i = 0; i < cols; i++) ref += (double)x[i] * x[i];
         CHECK(fabs(kern.dot(x, x, cols) - ref) <= 1e-4 * ref + 1e-6, "dot(x, x) cols=%d", cols);
-        free(x); free(y); free(z); free(buf);
+        free(x);
+        free(y);
+        free(z);
+        free(buf);
     }
     /* exact cases */
     CHECK(f16_to_f32(f32_to_f16(1.5f)) == 1.5f, "f16 1.5");
@@ -107,7 +114,11 @@ static QAct act_alloc(int T, int cols) {
     return a;
 }
 
-static void act_free(QAct *a) { free(a->q); free(a->d); free(a->s); }
+static void act_free(QAct *a) {
+    free(a->q);
+    free(a->d);
+    free(a->s);
+}
 
 static int act_equal(const QAct *a, const QAct *b, int T) {
     size_t n = (size_t)a->nb * T;
@@ -131,7 +142,10 @@ static void check_qdot_random(QType qt, int cols, const Kernels *port, const Ker
         dequant_row(qt, w + r * rb, cols, wd + (size_t)r * nb * QBLOCK);
     }
     QAct ap = act_alloc(T, cols), af = act_alloc(T, cols);
-    for (int t = 0; t < T; t++) { port->quantize_act(x + t * cols, cols, &ap, t); fast->quantize_act(x + t * cols, cols, &af, t); }
+    for (int t = 0; t < T; t++) {
+        port->quantize_act(x + t * cols, cols, &ap, t);
+        fast->quantize_act(x + t * cols, cols, &af, t);
+    }
     CHECK(act_equal(&ap, &af, T), "%s cols=%d: activation quantization differs between kernels", qtype_name(qt), cols);
     int pad_ok = 1;
     for (int t = 0; t < T; t++)
@@ -167,14 +181,20 @@ static void check_qdot_random(QType qt, int cols, const Kernels *port, const Ker
             /* float sums of <= 32 block terms, in different orders: a few ulps of the magnitude;
              * the q4 terms d*q and m can be ~3x the dequantized weight, hence 1e-5 */
             double sum_tol = 1e-5 * (mag + 1e-3);
-            CHECK(fabs(gp - gf) <= sum_tol, "%s cols=%d t=%d r=%d: portable %g vs %s %g", qtype_name(qt), cols, t, r, gp, fast->name, gf);
+            CHECK(fabs(gp - gf) <= sum_tol, "%s cols=%d t=%d r=%d: portable %g vs %s %g", qtype_name(qt), cols, t, r, gp,
+                  fast->name, gf);
             if (fast->isa == KI_NEON) /* the portable arithmetic, with SIMD integer block dots */
                 CHECK(gp == gf, "%s cols=%d t=%d r=%d: neon %g is not portable's %g", qtype_name(qt), cols, t, r, gf, gp);
-            CHECK(fabs(gf - ref) <= 1.01 * bound + sum_tol, "%s cols=%d t=%d r=%d: %g vs double %g (bound %g)", qtype_name(qt), cols, t, r, gf, ref, bound);
+            CHECK(fabs(gf - ref) <= 1.01 * bound + sum_tol, "%s cols=%d t=%d r=%d: %g vs double %g (bound %g)", qtype_name(qt),
+                  cols, t, r, gf, ref, bound);
         }
     }
-    act_free(&ap); act_free(&af);
-    free(x); free(wf); free(wd); free(w);
+    act_free(&ap);
+    act_free(&af);
+    free(x);
+    free(wf);
+    free(wd);
+    free(w);
 }
 
 /* Integer inputs whose every product and partial sum is exact in float: each kernel must give
@@ -211,10 +231,13 @@ static void check_qdot_exact(QType qt, int cols, const Kernels *k, unsigned *see
     k->quantize_act(x, cols, &a, 0);
     float got;
     k->qdot[qt](w, rb, 1, &a, 0, 1, &got, 1);
-    CHECK(got == (float)want && fabs(want) < 8388608.0, "%s %s cols=%d: exact integer dot %g, want %.1f",
-          k->name, qtype_name(qt), cols, got, want);
+    CHECK(got == (float)want && fabs(want) < 8388608.0, "%s %s cols=%d: exact integer dot %g, want %.1f", k->name, qtype_name(qt),
+          cols, got, want);
     act_free(&a);
-    free(x); free(wf); free(wd); free(w);
+    free(x);
+    free(wf);
+    free(wd);
+    free(w);
 }
 
 /* matmul over q8/q4 weights: a batch gives each row exactly what it gets alone, bias included. */
@@ -238,7 +261,9 @@ static void check_matmul_batch(QType qt, int cols, unsigned *seed) {
         same &= !memcmp(y1, yb + t * ROWS, sizeof y1);
     }
     CHECK(same, "%s cols=%d: batched matmul differs from row by row", qtype_name(qt), cols);
-    free(data); free(x); free(wf);
+    free(data);
+    free(x);
+    free(wf);
 }
 
 /* A set's matrix x matrix kernel (AMX tiles, and the small-batch kernel for decode steps of 1 to
@@ -274,7 +299,12 @@ static void check_qgemm(QType qt, int cols, const Kernels *port, const Kernels *
             CHECK(!memcmp(yp, yf, sizeof(float) * T * R), "%s %s cols=%d rows=%d T=%d: matrix kernel differs from portable",
                   fast->name, qtype_name(qt), cols, R, T);
             act_free(&a);
-            free(w); free(x); free(wf); free(yp); free(yf); free(packed);
+            free(w);
+            free(x);
+            free(wf);
+            free(yp);
+            free(yf);
+            free(packed);
         }
 }
 

@@ -48,11 +48,14 @@ static float logit(float p) { return logf(p / (1.0f - p)); }
 
 /* Routes one position through router kind `kind`: x[e] = logit(p[e]) (sigmoid scores p), or
  * p itself when raw; 0 ok. */
-static int route_kind(const char *dir, const char *kind, int raw, const char *spec_json, const float *p, int *sel,
-                      float *wts, int k) {
+static int route_kind(const char *dir, const char *kind, int raw, const char *spec_json, const float *p, int *sel, float *wts,
+                      int k) {
     char err[512];
     Container *ct = ct_open(dir, err, sizeof err);
-    if (!ct) { CHECK(0, "ct_open: %s", err); return -1; }
+    if (!ct) {
+        CHECK(0, "ct_open: %s", err);
+        return -1;
+    }
     Arch a = {.hidden = HID};
     BlockLoader L = {ct, &a, 0, err, sizeof err, 0};
     JsonDoc *doc = json_parse(spec_json, strlen(spec_json), err, sizeof err);
@@ -86,15 +89,18 @@ static void test_topk_softmax(const char *dir) {
     float w[3];
     if (write_router_container(dir, bias) || route_kind(dir, "topk_softmax", 1, spec, x, sel, w, 3)) return;
     const double z = exp(3.5) + 2 * exp(3.0);
-    CHECK(sel[0] == 2 && sel[1] == 1 && sel[2] == 3, "top-3 of biased logits, ties to the lower index: %d %d %d", sel[0],
-          sel[1], sel[2]);
+    CHECK(sel[0] == 2 && sel[1] == 1 && sel[2] == 3, "top-3 of biased logits, ties to the lower index: %d %d %d", sel[0], sel[1],
+          sel[2]);
     CHECK(fabs(w[0] - exp(3.5) / z) < 1e-6 && fabs(w[1] - exp(3.0) / z) < 1e-6 && fabs(w[2] - w[1]) < 1e-7,
           "softmax over the chosen logits: %g %g %g", w[0], w[1], w[2]);
 }
 
 void test_router(void) {
     char dir[] = "/tmp/coli_router_XXXXXX";
-    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
     /* groups of two: {0.95, 0.05} (best single expert, top-2 sum 1.0), {0.6, 0.6} (1.2),
      * {0.55, 0.5} (1.05), {0.1, 0.1} (0.2) */
     const float p[E] = {0.95f, 0.05f, 0.6f, 0.6f, 0.55f, 0.5f, 0.1f, 0.1f};
@@ -119,8 +125,8 @@ void test_router(void) {
     const char *flat = "{\"kind\":\"sigmoid_group\",\"groups\":1,\"topk_group\":1,\"renorm\":false,\"scale\":1.0,"
                        "\"tensors\":{\"weight\":\"w\",\"bias\":\"b\"}}";
     if (route_one(dir, flat, p, sel, w, 3)) return;
-    CHECK(sel[0] == 0 && sel[1] == 5 && (sel[2] == 2 || sel[2] == 3) && fabsf(w[0] - 0.95f) < 1e-5f &&
-              fabsf(w[1] - 0.5f) < 1e-5f, "ungrouped: %d %d %d (%g %g)", sel[0], sel[1], sel[2], w[0], w[1]);
+    CHECK(sel[0] == 0 && sel[1] == 5 && (sel[2] == 2 || sel[2] == 3) && fabsf(w[0] - 0.95f) < 1e-5f && fabsf(w[1] - 0.5f) < 1e-5f,
+          "ungrouped: %d %d %d (%g %g)", sel[0], sel[1], sel[2], w[0], w[1]);
     test_topk_softmax(dir);
     char path[600];
     snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);

@@ -37,12 +37,16 @@ static void expect_refused(const char *label, const char *header, size_t data_le
 
 void test_safetensors(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/coli_ctest_XXXXXX");
-    if (!mkdtemp(tmpdir)) { CHECK(0, "mkdtemp"); return; }
+    if (!mkdtemp(tmpdir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
     StFile f;
     char err[512];
     const char *ok = write_st("ok.safetensors",
-        "{\"__metadata__\":{\"a\":\"b\"},\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
-        "\"y\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]}}", 22, -1);
+                              "{\"__metadata__\":{\"a\":\"b\"},\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+                              "\"y\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]}}",
+                              22, -1);
     CHECK(st_open(&f, ok, err, sizeof err) == 0, "valid file refused: %s", err);
     if (f.n == 2) {
         const StTensor *x = strcmp(f.tensors[0].name, "x") == 0 ? &f.tensors[0] : &f.tensors[1];
@@ -58,18 +62,23 @@ void test_safetensors(void) {
     expect_refused("unknown dtype", "{\"x\":{\"dtype\":\"Q9\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, -1, "unknown dtype");
     expect_refused("size mismatch", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8, -1, "need");
     expect_refused("past the end", "{\"x\":{\"dtype\":\"U8\",\"shape\":[100],\"data_offsets\":[0,100]}}", 10, -1, "truncated");
-    expect_refused("reversed offsets", "{\"x\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[5,1]}}", 10, -1, "bad data_offsets");
+    expect_refused("reversed offsets", "{\"x\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[5,1]}}", 10, -1,
+                   "bad data_offsets");
     expect_refused("negative dim", "{\"x\":{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,0]}}", 0, -1, "bad shape");
     expect_refused("overflowing shape",
                    "{\"x\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,4]}}", 4, -1,
                    "overflows");
-    expect_refused("overlap",
-                   "{\"x\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"y\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}",
-                   8, -1, "overlap");
+    expect_refused(
+        "overlap",
+        "{\"x\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"y\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}",
+        8, -1, "overlap");
     expect_refused("missing fields", "{\"x\":{\"dtype\":\"U8\"}}", 0, -1, "lacks");
     expect_refused("non-string metadata", "{\"__metadata__\":{\"a\":1}}", 0, -1, "not a string");
-    expect_refused("deep nesting", "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]", 0, -1, "too deep");
-    {   /* a file shorter than the length prefix */
+    expect_refused(
+        "deep nesting",
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]",
+        0, -1, "too deep");
+    { /* a file shorter than the length prefix */
         char path[512];
         snprintf(path, sizeof path, "%s/short.safetensors", tmpdir);
         FILE *s = fopen(path, "wb");

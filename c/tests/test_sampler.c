@@ -18,18 +18,23 @@ static void test_penalties(void) {
     CHECK(sampler_set_penalties(&s, &rep) == 0 && s.recent, "a window");
     CHECK(sampler_penalize(&s, logits) == logits, "an empty window changes nothing");
     CHECK(sampler_sample(&s, logits) == 0, "greedy picks token 0 unpenalized");
-    sampler_accept(&s, 0); sampler_accept(&s, 2); sampler_accept(&s, 2);
+    sampler_accept(&s, 0);
+    sampler_accept(&s, 2);
+    sampler_accept(&s, 2);
     const float *x = sampler_penalize(&s, logits);
     CHECK(x != logits && x[0] == 2.0f / 2.5f && x[1] == 1.0f && x[2] == -1.0f * 2.5f && x[3] == 0.5f,
-          "repeat: positive logits divided, negative multiplied, once per distinct token (%g %g %g %g)",
-          x[0], x[1], x[2], x[3]);
+          "repeat: positive logits divided, negative multiplied, once per distinct token (%g %g %g %g)", x[0], x[1], x[2], x[3]);
     CHECK(sampler_sample(&s, x) == 1 && logits[0] == 2.0f, "greedy on the penalized copy; the input untouched");
     sampler_accept(&s, 3); /* the window holds 3: token 0 slides out */
     x = sampler_penalize(&s, logits);
     CHECK(x[0] == 2.0f && x[3] == 0.5f / 2.5f && x[2] == -2.5f, "the window slides (%g %g %g)", x[0], x[2], x[3]);
     SamplerPenalties fp = {1.0f, 0.25f, 0.5f, 8};
     sampler_set_penalties(&s, &fp);
-    sampler_accept(&s, 0); sampler_accept(&s, 0); sampler_accept(&s, 0); sampler_accept(&s, 1); sampler_accept(&s, 9);
+    sampler_accept(&s, 0);
+    sampler_accept(&s, 0);
+    sampler_accept(&s, 0);
+    sampler_accept(&s, 1);
+    sampler_accept(&s, 9);
     x = sampler_penalize(&s, logits);
     CHECK(x[0] == 2.0f - (3 * 0.25f + 0.5f) && x[1] == 1.0f - (0.25f + 0.5f) && x[2] == -1.0f && x[3] == 0.5f,
           "frequency (count x f) and presence (once); an id outside the vocabulary is not kept (%g %g)", x[0], x[1]);
@@ -55,7 +60,8 @@ void test_sampler(void) {
     sampler_init(&s, &minp, 6);
     int seen[6] = {0};
     for (int i = 0; i < 300; i++) seen[sampler_sample(&s, logits)]++;
-    CHECK(!seen[0] && !seen[3] && !seen[5] && seen[1] && seen[2] && seen[4], "min_p=0.5 keeps only tokens within half of the best");
+    CHECK(!seen[0] && !seen[3] && !seen[5] && seen[1] && seen[2] && seen[4],
+          "min_p=0.5 keeps only tokens within half of the best");
     sampler_free(&s);
     int a[20], b[20];
     SamplerParams seeded = {0.8f, 0.95f, 0, 0, 1234};
@@ -81,7 +87,10 @@ static int smallest_set_reaching(const float *probs, int n, double target) {
         double mass = 0;
         int size = 0;
         for (int i = 0; i < n; i++)
-            if (m & (1u << i)) { mass += probs[i]; size++; }
+            if (m & (1u << i)) {
+                mass += probs[i];
+                size++;
+            }
         if (mass >= target && size < best) best = size;
     }
     return best;

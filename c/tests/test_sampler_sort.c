@@ -52,7 +52,10 @@ static int ref_sample(RefSampler *s, const float *logits) {
         for (int i = 0; i < keep; i++) mass += s->prob[s->idx[i]];
         for (int i = 0; i < keep; i++) {
             kept += s->prob[s->idx[i]];
-            if (kept >= s->p.top_p * mass) { keep = i + 1; break; }
+            if (kept >= s->p.top_p * mass) {
+                keep = i + 1;
+                break;
+            }
         }
     }
     if (s->p.min_p > 0) {
@@ -71,14 +74,17 @@ static int ref_sample(RefSampler *s, const float *logits) {
     return s->idx[keep - 1];
 }
 
-static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
+static float rnd(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return ((*s >> 8) / 16777216.0f) * 2 - 1;
+}
 
 void test_sampler_sort(void) {
     enum { N = 3000, DRAWS = 60 };
     const SamplerParams reqs[] = {
-        {1.0f, 1.0f, 0, 0, 1},    {0.7f, 1.0f, 0, 40, 2},   {1.0f, 0.9f, 0, 0, 3},   {1.3f, 0.95f, 0, 0, 4},
-        {1.0f, 1.0f, 0.05f, 0, 5}, {0.8f, 0.9f, 0.1f, 0, 6}, {1.0f, 0.8f, 0, 50, 7}, {1.0f, 0.95f, 0.02f, 20, 8},
-        {2.0f, 1.0f, 0, 1, 9},    {1.0f, 0.5f, 0.5f, 0, 10}, {1.0f, 1.0f, 0, N, 11},  {5.0f, 0.99f, 0, 0, 12},
+        {1.0f, 1.0f, 0, 0, 1},     {0.7f, 1.0f, 0, 40, 2},    {1.0f, 0.9f, 0, 0, 3},  {1.3f, 0.95f, 0, 0, 4},
+        {1.0f, 1.0f, 0.05f, 0, 5}, {0.8f, 0.9f, 0.1f, 0, 6},  {1.0f, 0.8f, 0, 50, 7}, {1.0f, 0.95f, 0.02f, 20, 8},
+        {2.0f, 1.0f, 0, 1, 9},     {1.0f, 0.5f, 0.5f, 0, 10}, {1.0f, 1.0f, 0, N, 11}, {5.0f, 0.99f, 0, 0, 12},
     };
     float *logits = malloc(sizeof(float) * N);
     RefSampler ref = {.n = N, .prob = malloc(sizeof(float) * N), .idx = malloc(sizeof(int) * N)};
@@ -107,5 +113,7 @@ void test_sampler_sort(void) {
         }
     }
     CHECK(same && draws == 3 * DRAWS * (int)(sizeof reqs / sizeof *reqs), "head-sorted sampling equals the full sort");
-    free(logits); free(ref.prob); free(ref.idx);
+    free(logits);
+    free(ref.prob);
+    free(ref.idx);
 }

@@ -31,9 +31,7 @@ static char *make_json(const char **extra, int nextra, const char *merges, const
     return s;
 }
 
-static Tokenizer *load_str(const char *json, char *err) {
-    return tok_load_buffer(json, strlen(json), err, 256);
-}
+static Tokenizer *load_str(const char *json, char *err) { return tok_load_buffer(json, strlen(json), err, 256); }
 
 static int encode_eq(const Tokenizer *t, const char *text, int ps, int as, const int32_t *want, size_t nwant) {
     int32_t *ids;
@@ -80,12 +78,13 @@ static int encode_lit_eq(const Tokenizer *t, const char *text, const char *spans
  * normalized added token under NFC (offsets move when the text before the span composes). */
 static void test_literal(void) {
     char err[256];
-    char *j = make_json(NULL, 0, "[]",
-                        "\"normalizer\":{\"type\":\"NFC\"},"
-                        "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false},"
-                        "\"added_tokens\":[{\"id\":256,\"content\":\"<a>\",\"special\":true,\"lstrip\":true,\"normalized\":false},"
-                        "{\"id\":257,\"content\":\"<b>\",\"special\":false,\"normalized\":true},"
-                        "{\"id\":258,\"content\":\"<c>\",\"special\":true,\"rstrip\":true,\"normalized\":false}],");
+    char *j =
+        make_json(NULL, 0, "[]",
+                  "\"normalizer\":{\"type\":\"NFC\"},"
+                  "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false},"
+                  "\"added_tokens\":[{\"id\":256,\"content\":\"<a>\",\"special\":true,\"lstrip\":true,\"normalized\":false},"
+                  "{\"id\":257,\"content\":\"<b>\",\"special\":false,\"normalized\":true},"
+                  "{\"id\":258,\"content\":\"<c>\",\"special\":true,\"rstrip\":true,\"normalized\":false}],");
     Tokenizer *t = load_str(j, err);
     CHECK(t != NULL, "%s", err);
     if (t) {
@@ -131,7 +130,8 @@ static void test_bpe(void) {
         size_t n;
         CHECK(tok_encode(t, "a\0b", 3, 1, 0, &ids, &n, err, sizeof err) == 0 && n == 3 && ids[1] == 0, "NUL byte");
         if (n) free(ids);
-        CHECK(tok_encode(t, "ab\xC3(", 4, 1, 0, &ids, &n, err, sizeof err) == -1 && strstr(err, "offset 2"), "invalid UTF-8: %s", err);
+        CHECK(tok_encode(t, "ab\xC3(", 4, 1, 0, &ids, &n, err, sizeof err) == -1 && strstr(err, "offset 2"), "invalid UTF-8: %s",
+              err);
         CHECK(tok_encode(t, "\xED\xA0\x80", 3, 1, 0, &ids, &n, err, sizeof err) == -1, "surrogate rejected");
         CHECK(tok_encode(t, "\xC0\xAF", 2, 1, 0, &ids, &n, err, sizeof err) == -1, "overlong rejected");
         tok_free(t);
@@ -165,7 +165,10 @@ static void test_bpe(void) {
     sprintf(j2, "%.*s\"ignore_merges\":true,%s", (int)(k - j), j, k);
     t = load_str(j2, err);
     CHECK(t != NULL, "%s", err);
-    if (t) { CHECK(encode_eq(t, "xyz xyzz", 1, 0, IDS(256, ' ', 'x', 'y', 'z', 'z')), "ignore_merges"); tok_free(t); }
+    if (t) {
+        CHECK(encode_eq(t, "xyz xyzz", 1, 0, IDS(256, ' ', 'x', 'y', 'z', 'z')), "ignore_merges");
+        tok_free(t);
+    }
     free(j);
     free(j2);
 }
@@ -173,7 +176,8 @@ static void test_bpe(void) {
 static void test_added_and_template(void) {
     const char *extra[] = {"he"};
     char err[256];
-    char *j = make_json(extra, 1, "[\"h e\"]",
+    char *j = make_json(
+        extra, 1, "[\"h e\"]",
         "\"added_tokens\":["
         "{\"id\":300,\"content\":\"<s>\",\"special\":true,\"normalized\":false},"
         "{\"id\":301,\"content\":\"<think>\",\"special\":false,\"normalized\":false},"
@@ -190,7 +194,8 @@ static void test_added_and_template(void) {
         CHECK(tok_find(t, "<s>") == 257 && tok_find(t, "<think>") == 258 && tok_find(t, "<thinker>") == 259, "added ids");
         CHECK(encode_eq(t, "he<s>he", 1, 0, IDS(256, 257, 256)), "special parsed");
         CHECK(encode_eq(t, "<s>", 0, 0, IDS('<', 's', '>')), "special as text");
-        CHECK(encode_eq(t, "<think><thinker>", 0, 0, IDS(258, '<', 't', 'h', 'i', 'n', 'k', 'e', 'r', '>')), "non-special always parsed");
+        CHECK(encode_eq(t, "<think><thinker>", 0, 0, IDS(258, '<', 't', 'h', 'i', 'n', 'k', 'e', 'r', '>')),
+              "non-special always parsed");
         CHECK(encode_eq(t, "<thinker>", 1, 0, IDS(259)), "longest match first");
         CHECK(encode_eq(t, "he", 1, 1, IDS(257, 256)), "template adds BOS");
         CHECK(encode_eq(t, "e\xCC\x81", 1, 0, IDS(0xC3, 0xA9)), "NFC composes e + acute");
@@ -212,7 +217,11 @@ static void test_added_and_template(void) {
         CHECK(n == 3 && !memcmp(out, "\xE4\xBD\xA0", 3), "character completed");
         n = tok_stream_push(t, &st, 0xE4, 0, out, sizeof out);
         n = tok_stream_push(t, &st, 'a', 0, out, sizeof out);
-        CHECK(n == 4 && !memcmp(out, "\xEF\xBF\xBD" "a", 4), "broken sequence -> U+FFFD then the byte");
+        CHECK(n == 4 && !memcmp(out,
+                                "\xEF\xBF\xBD"
+                                "a",
+                                4),
+              "broken sequence -> U+FFFD then the byte");
         n = tok_stream_push(t, &st, 0xF0, 0, out, sizeof out);
         n += tok_stream_push(t, &st, 0x9F, 0, out + n, sizeof out - n);
         n += tok_stream_flush(&st, out + n, sizeof out - n);
@@ -228,7 +237,9 @@ static void test_added_and_template(void) {
     free(j);
 }
 
-typedef struct { const char *pat, *text, *want; } RxCase;
+typedef struct {
+    const char *pat, *text, *want;
+} RxCase;
 
 static void test_regex(void) {
     /* want: the matches joined by '|' */
@@ -239,7 +250,10 @@ static void test_regex(void) {
         {"\\p{N}{1,3}", "1234567", "123|456|7"},
         {"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+", " hello,world", " hello|,world"},
         {"[\\p{Lu}]*[\\p{Ll}]+", "HTTPServer ABC xY", "HTTPServer|x"},
-        {"[\xe4\xb8\x80-\xe9\xbe\xa5]+", "ab\xe4\xbd\xa0\xe5\xa5\xbd" "c", "\xe4\xbd\xa0\xe5\xa5\xbd"},
+        {"[\xe4\xb8\x80-\xe9\xbe\xa5]+",
+         "ab\xe4\xbd\xa0\xe5\xa5\xbd"
+         "c",
+         "\xe4\xbd\xa0\xe5\xa5\xbd"},
         {"\\d+?x|a{2,}?|b{,2}", "12x aaa bbb", "12x|aa|bb|b"},
         {"^\\w+|\\w+$", "ab cd\nef gh", "ab|cd|ef|gh"},
         {"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+", "x.foo-bar[baz", ".foo|-bar|[baz"},
@@ -254,7 +268,10 @@ static void test_regex(void) {
         size_t pos = 0, ms, me, n = strlen(cases[c].text);
         uint64_t steps = 100000;
         while (pos <= n && tok_regex_search(re, (const unsigned char *)cases[c].text, n, pos, &ms, &me, &steps) == 1) {
-            if (me == ms) { pos = me + 1; continue; }
+            if (me == ms) {
+                pos = me + 1;
+                continue;
+            }
             if (*got) strcat(got, "|");
             strncat(got, cases[c].text + ms, me - ms);
             pos = me;
@@ -262,7 +279,8 @@ static void test_regex(void) {
         CHECK(!strcmp(got, cases[c].want), "/%s/ on '%s': got '%s' want '%s'", cases[c].pat, cases[c].text, got, cases[c].want);
         tok_regex_free(re);
     }
-    static const char *refused[] = {"\\p{Han}+", "(?<=a)b", "(ab)+", "a**", "[[:alpha:]]", "\\1", "(?i:\xc3\xa9)", "(a", "a)", "[a-", "\\"};
+    static const char *refused[] = {"\\p{Han}+",     "(?<=a)b", "(ab)+", "a**", "[[:alpha:]]", "\\1",
+                                    "(?i:\xc3\xa9)", "(a",      "a)",    "[a-", "\\"};
     for (size_t c = 0; c < sizeof refused / sizeof *refused; c++) {
         char err[160] = "";
         TokRegex *re = tok_regex_compile(refused[c], strlen(refused[c]), err, sizeof err);
@@ -282,7 +300,9 @@ static void test_regex(void) {
 }
 
 static void test_hostile(void) {
-    static const struct { const char *json, *needle; } bad[] = {
+    static const struct {
+        const char *json, *needle;
+    } bad[] = {
         {"", "JSON"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]", "JSON"},
         {"[1,2]", "object"},
@@ -297,16 +317,20 @@ static void test_hostile(void) {
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[7]}}", "merges"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\xff\":0},\"merges\":[]}}", "UTF-8"},
         {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\p{Han}+\"},\"behavior\":\"Isolated\",\"invert\":false},"
-         "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", "\\p{Han}+"},
-        {"{\"pre_tokenizer\":{\"type\":\"Metaspace\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", "Metaspace"},
+         "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+         "\\p{Han}+"},
+        {"{\"pre_tokenizer\":{\"type\":\"Metaspace\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+         "Metaspace"},
         {"{\"normalizer\":{\"type\":\"NFKC\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", "NFKC"},
         {"{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<x>\",\"type_id\":0}},"
-         "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"special_tokens\":{}},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", "<x>"},
+         "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"special_tokens\":{}},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+         "<x>"},
         /* found by fuzz_tokenizer_load: id 1 is below the largest id but no token has it, so
          * encoding with add_special emitted an id that decodes to nothing */
         {"{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<x>\",\"type_id\":0}},"
          "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"special_tokens\":{\"<x>\":{\"id\":\"<x>\",\"ids\":[1]}}},"
-         "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":2},\"merges\":[]}}", "token id 1 is not in the vocabulary"},
+         "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":2},\"merges\":[]}}",
+         "token id 1 is not in the vocabulary"},
         {"{\"added_tokens\":[{\"id\":0}],\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", "content"},
         {"{\"version\":\"2.0\",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", "version"},
         {"{\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{\"a\":0},\"merges\":[]}}", "dropout"},

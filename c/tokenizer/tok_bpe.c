@@ -83,7 +83,10 @@ int tok_strmap_put(TokStrMap *m, const void *key, size_t len, int32_t id) {
         uint32_t s = m->slots[j];
         if (!s) break;
         struct TokStrEnt *e = &m->ents[s - 1];
-        if (e->hash == h && e->len == len && !memcmp(m->pool.p + e->off, key, len)) { e->id = id; return 0; }
+        if (e->hash == h && e->len == len && !memcmp(m->pool.p + e->off, key, len)) {
+            e->id = id;
+            return 0;
+        }
         j = (j + 1) & (m->cap - 1);
     }
     struct TokStrEnt *ents = grow_array(m->ents, &m->ents_cap, m->n + 1, sizeof *ents, 1024);
@@ -105,13 +108,17 @@ void tok_strmap_free(TokStrMap *m) {
 
 /* ------------------------------------------------------------------ pair map */
 
-typedef struct { uint64_t key; uint32_t rank; int32_t new_id; } PairEnt;
+typedef struct {
+    uint64_t key;
+    uint32_t rank;
+    int32_t new_id;
+} PairEnt;
 #define PAIR_EMPTY UINT64_MAX
 
 struct TokBpe {
     TokBpeOpts o;
-    TokStrMap vocab;            /* model-domain key -> id */
-    int32_t byte_id[256];       /* byte_units: id of each single-byte token, -1 if none */
+    TokStrMap vocab;      /* model-domain key -> id */
+    int32_t byte_id[256]; /* byte_units: id of each single-byte token, -1 if none */
     PairEnt *pairs;
     size_t pairs_cap, pairs_n;
     /* rank_mode needs each id's key to concatenate pairs */
@@ -122,9 +129,17 @@ struct TokBpe {
 };
 
 struct TokBpeScratch {
-    struct Sym { int32_t id; int32_t prev, next; uint32_t len; } *sym;
+    struct Sym {
+        int32_t id;
+        int32_t prev, next;
+        uint32_t len;
+    } *sym;
     size_t sym_cap;
-    struct HeapEnt { uint32_t rank; uint32_t pos; int32_t new_id; } *heap;
+    struct HeapEnt {
+        uint32_t rank;
+        uint32_t pos;
+        int32_t new_id;
+    } *heap;
     size_t heap_cap;
     TokBuf cat; /* rank_mode concatenation */
 };
@@ -228,9 +243,7 @@ int tok_bpe_add_token(TokBpe *b, const unsigned char *key, size_t len, int32_t i
     return 0;
 }
 
-int32_t tok_bpe_lookup(const TokBpe *b, const unsigned char *key, size_t len) {
-    return tok_strmap_get(&b->vocab, key, len);
-}
+int32_t tok_bpe_lookup(const TokBpe *b, const unsigned char *key, size_t len) { return tok_strmap_get(&b->vocab, key, len); }
 
 int tok_bpe_finish(TokBpe *b, char *err, size_t errlen) {
     (void)b;
@@ -261,8 +274,7 @@ static inline int find_merge(const TokBpe *b, TokBpeScratch *s, int32_t x, int32
     size_t lx = b->key_len[x], ly = b->key_len[y];
     if (lx + ly > b->max_key) return 0;
     s->cat.n = 0;
-    if (tok_buf_put(&s->cat, b->keys.p + b->key_off[x], lx) ||
-        tok_buf_put(&s->cat, b->keys.p + b->key_off[y], ly)) return 0;
+    if (tok_buf_put(&s->cat, b->keys.p + b->key_off[x], lx) || tok_buf_put(&s->cat, b->keys.p + b->key_off[y], ly)) return 0;
     int32_t id = tok_strmap_get(&b->vocab, s->cat.p, lx + ly);
     if (id < 0) return 0;
     *rank = (uint32_t)id;
@@ -315,15 +327,21 @@ static int add_sym(TokBpeScratch *s, size_t *n, int32_t id, uint32_t len) {
 
 #define SCAN_MAX 48 /* below this many symbols, a direct scan beats the heap */
 
-int tok_bpe_encode(const TokBpe *b, const unsigned char *w, size_t n, TokIds *out,
-                   TokBpeScratch **scratch, char *err, size_t errlen) {
+int tok_bpe_encode(const TokBpe *b, const unsigned char *w, size_t n, TokIds *out, TokBpeScratch **scratch, char *err,
+                   size_t errlen) {
     if (!n) return 0;
-    if (n > 0x7FFFFFF0u) { snprintf(err, errlen, "piece too long"); return -1; }
+    if (n > 0x7FFFFFF0u) {
+        snprintf(err, errlen, "piece too long");
+        return -1;
+    }
     if (b->o.ignore_merges) {
         int32_t id = tok_strmap_get(&b->vocab, w, n);
         if (id >= 0) return tok_ids_push(out, id) ? (snprintf(err, errlen, "out of memory"), -1) : 0;
     }
-    if (!*scratch && !(*scratch = calloc(1, sizeof **scratch))) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!*scratch && !(*scratch = calloc(1, sizeof **scratch))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     TokBpeScratch *s = *scratch;
     size_t ns = 0;
     int32_t unk = -1;
@@ -339,7 +357,10 @@ int tok_bpe_encode(const TokBpe *b, const unsigned char *w, size_t n, TokIds *ou
             id = tok_strmap_get(&b->vocab, w + i, ul);
         }
         if (id >= 0) {
-            if (unk >= 0) { if (add_sym(s, &ns, unk, unk_len)) goto oom; unk = -1; }
+            if (unk >= 0) {
+                if (add_sym(s, &ns, unk, unk_len)) goto oom;
+                unk = -1;
+            }
             if (add_sym(s, &ns, id, (uint32_t)ul)) goto oom;
             i += ul;
             continue;
@@ -353,13 +374,17 @@ int tok_bpe_encode(const TokBpe *b, const unsigned char *w, size_t n, TokIds *ou
                 if ((bids[k] = tok_strmap_get(&b->vocab, code, 6)) < 0) break;
             }
             if (k == ul) {
-                for (k = 0; k < ul; k++) if (add_sym(s, &ns, bids[k], 1)) goto oom;
+                for (k = 0; k < ul; k++)
+                    if (add_sym(s, &ns, bids[k], 1)) goto oom;
                 i += ul;
                 continue;
             }
         }
         if (b->o.unk_id != -1) {
-            if (b->o.unk_id == -2) { snprintf(err, errlen, "unk_token is not in the vocabulary"); return -1; }
+            if (b->o.unk_id == -2) {
+                snprintf(err, errlen, "unk_token is not in the vocabulary");
+                return -1;
+            }
             if (unk >= 0 && b->o.fuse_unk) unk_len += (uint32_t)ul;
             else {
                 if (unk >= 0 && add_sym(s, &ns, unk, unk_len)) goto oom;
@@ -390,12 +415,16 @@ int tok_bpe_encode(const TokBpe *b, const unsigned char *w, size_t n, TokIds *ou
             if (rk[best] == UINT32_MAX) break;
             ids[best] = nid[best];
             for (size_t i = best + 1; i + 1 < m; i++) ids[i] = ids[i + 1];
-            for (size_t i = best + 1; i + 2 < m; i++) { rk[i] = rk[i + 1]; nid[i] = nid[i + 1]; }
+            for (size_t i = best + 1; i + 2 < m; i++) {
+                rk[i] = rk[i + 1];
+                nid[i] = nid[i + 1];
+            }
             m--;
             if (best > 0 && !find_merge(b, s, ids[best - 1], ids[best], &rk[best - 1], &nid[best - 1])) rk[best - 1] = UINT32_MAX;
             if (best + 1 < m && !find_merge(b, s, ids[best], ids[best + 1], &rk[best], &nid[best])) rk[best] = UINT32_MAX;
         }
-        for (size_t i = 0; i < m; i++) if (tok_ids_push(out, ids[i])) goto oom;
+        for (size_t i = 0; i < m; i++)
+            if (tok_ids_push(out, ids[i])) goto oom;
         return 0;
     }
 
@@ -403,8 +432,8 @@ int tok_bpe_encode(const TokBpe *b, const unsigned char *w, size_t n, TokIds *ou
     for (size_t i = 0; i + 1 < ns; i++) {
         uint32_t r;
         int32_t id;
-        if (find_merge(b, s, sym[i].id, sym[i + 1].id, &r, &id) &&
-            heap_push(s, &nh, (struct HeapEnt){r, (uint32_t)i, id})) goto oom;
+        if (find_merge(b, s, sym[i].id, sym[i + 1].id, &r, &id) && heap_push(s, &nh, (struct HeapEnt){r, (uint32_t)i, id}))
+            goto oom;
     }
     while (nh) {
         struct HeapEnt top = heap_pop(s, &nh);
@@ -421,9 +450,11 @@ int tok_bpe_encode(const TokBpe *b, const unsigned char *w, size_t n, TokIds *ou
         right->len = 0;
         if (cur->next >= 0) sym[cur->next].prev = (int32_t)top.pos;
         if (cur->prev >= 0 && find_merge(b, s, sym[cur->prev].id, cur->id, &r, &id) &&
-            heap_push(s, &nh, (struct HeapEnt){r, (uint32_t)cur->prev, id})) goto oom;
+            heap_push(s, &nh, (struct HeapEnt){r, (uint32_t)cur->prev, id}))
+            goto oom;
         if (cur->next >= 0 && find_merge(b, s, cur->id, sym[cur->next].id, &r, &id) &&
-            heap_push(s, &nh, (struct HeapEnt){r, top.pos, id})) goto oom;
+            heap_push(s, &nh, (struct HeapEnt){r, top.pos, id}))
+            goto oom;
     }
     for (int32_t i = 0; i >= 0; i = sym[i].next)
         if (tok_ids_push(out, sym[i].id)) goto oom;

@@ -13,12 +13,12 @@ size_t tok_u8_valid_len(const unsigned char *s, size_t n) {
     if (c >= 0xC2 && c <= 0xDF) need = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
         need = 3;
-        if (c == 0xE0) lo = 0xA0;       /* overlong */
-        else if (c == 0xED) hi = 0x9F;  /* surrogates */
+        if (c == 0xE0) lo = 0xA0;      /* overlong */
+        else if (c == 0xED) hi = 0x9F; /* surrogates */
     } else if (c >= 0xF0 && c <= 0xF4) {
         need = 4;
-        if (c == 0xF0) lo = 0x90;       /* overlong */
-        else if (c == 0xF4) hi = 0x8F;  /* > U+10FFFF */
+        if (c == 0xF0) lo = 0x90;      /* overlong */
+        else if (c == 0xF4) hi = 0x8F; /* > U+10FFFF */
     } else return 0;
     if (n < need) return 0;
     if (s[1] < lo || s[1] > hi) return 0;
@@ -30,7 +30,10 @@ size_t tok_u8_valid_len(const unsigned char *s, size_t n) {
 size_t tok_u8_first_invalid(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
-        if (s[i] < 0x80) { i++; continue; }
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
         size_t l = tok_u8_valid_len(s + i, n - i);
         if (!l) return i;
         i += l;
@@ -42,7 +45,10 @@ int tok_buf_reserve(TokBuf *b, size_t extra) {
     if (b->oom) return -1;
     if (b->cap - b->n >= extra) return 0;
     unsigned char *p = extra > SIZE_MAX - b->n ? NULL : grow_array(b->p, &b->cap, b->n + extra, 1, 64);
-    if (!p) { b->oom = 1; return -1; }
+    if (!p) {
+        b->oom = 1;
+        return -1;
+    }
     b->p = p;
     return 0;
 }
@@ -50,7 +56,10 @@ int tok_buf_reserve(TokBuf *b, size_t extra) {
 int tok_ids_push(TokIds *a, int32_t id) {
     if (a->oom) return -1;
     int32_t *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 64);
-    if (!v) { a->oom = 1; return -1; }
+    if (!v) {
+        a->oom = 1;
+        return -1;
+    }
     a->v = v;
     a->v[a->n++] = id;
     return 0;

@@ -15,8 +15,10 @@ int tok_literal_check(const char *text, size_t len, const size_t *pairs, size_t 
     for (size_t i = 0; i < npairs; i++) {
         size_t a = pairs[2 * i], b = pairs[2 * i + 1];
         if (a >= b || b > len || (i && a < prev_end)) {
-            snprintf(err, errlen, "literal span %zu (%zu-%zu) must be non-empty, ascending, disjoint and inside the "
-                     "%zu-byte prompt", i, a, b, len);
+            snprintf(err, errlen,
+                     "literal span %zu (%zu-%zu) must be non-empty, ascending, disjoint and inside the "
+                     "%zu-byte prompt",
+                     i, a, b, len);
             return -1;
         }
         if ((s[a] & 0xC0) == 0x80 || (b < len && (s[b] & 0xC0) == 0x80)) {
@@ -47,7 +49,10 @@ int tok_literal_parse(const char *spec, size_t n, size_t **pairs_out, size_t *np
     size_t cap = 1;
     for (size_t i = 0; i < n; i++) cap += spec[i] == ',';
     size_t *pairs = malloc(2 * cap * sizeof *pairs), np = 0;
-    if (!pairs) { snprintf(err, errlen, "out of memory for literal spans"); return -1; }
+    if (!pairs) {
+        snprintf(err, errlen, "out of memory for literal spans");
+        return -1;
+    }
     const char *p = spec, *end = spec + n;
     while (p < end) {
         size_t a, b;
@@ -62,7 +67,11 @@ int tok_literal_parse(const char *spec, size_t n, size_t **pairs_out, size_t *np
         pairs[2 * np + 1] = b;
         np++;
     }
-    if (!np) { snprintf(err, errlen, "literal span list is empty"); free(pairs); return -1; }
+    if (!np) {
+        snprintf(err, errlen, "literal span list is empty");
+        free(pairs);
+        return -1;
+    }
     *pairs_out = pairs;
     *npairs_out = np;
     return 0;

@@ -5,10 +5,22 @@
 
 /* ---- NFC / NFD ---- */
 
-enum { SBASE = 0xAC00, LBASE = 0x1100, VBASE = 0x1161, TBASE = 0x11A7,
-       LCOUNT = 19, VCOUNT = 21, TCOUNT = 28, NCOUNT = VCOUNT * TCOUNT, SCOUNT = LCOUNT * NCOUNT };
+enum {
+    SBASE = 0xAC00,
+    LBASE = 0x1100,
+    VBASE = 0x1161,
+    TBASE = 0x11A7,
+    LCOUNT = 19,
+    VCOUNT = 21,
+    TCOUNT = 28,
+    NCOUNT = VCOUNT * TCOUNT,
+    SCOUNT = LCOUNT * NCOUNT
+};
 
-typedef struct { uint32_t *v; size_t n, cap; } CpVec;
+typedef struct {
+    uint32_t *v;
+    size_t n, cap;
+} CpVec;
 
 static int cp_push(CpVec *a, uint32_t cp) {
     uint32_t *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 64);
@@ -53,8 +65,7 @@ static void canonical_order(uint32_t *v, size_t n) {
 static uint32_t compose_pair(uint32_t a, uint32_t b) {
     if (a >= LBASE && a < LBASE + LCOUNT && b >= VBASE && b < VBASE + VCOUNT)
         return SBASE + ((a - LBASE) * VCOUNT + (b - VBASE)) * TCOUNT;
-    if (a >= SBASE && a < SBASE + SCOUNT && (a - SBASE) % TCOUNT == 0 && b > TBASE && b < TBASE + TCOUNT)
-        return a + (b - TBASE);
+    if (a >= SBASE && a < SBASE + SCOUNT && (a - SBASE) % TCOUNT == 0 && b > TBASE && b < TBASE + TCOUNT) return a + (b - TBASE);
     return uni_compose(a, b);
 }
 
@@ -69,9 +80,15 @@ static size_t compose(uint32_t *v, size_t n) {
         int cc = uni_ccc(ch);
         if (have_starter && (last < cc || last == 0)) {
             uint32_t c = compose_pair(v[starter], ch);
-            if (c) { v[starter] = c; continue; }
+            if (c) {
+                v[starter] = c;
+                continue;
+            }
         }
-        if (cc == 0) { starter = out; have_starter = 1; }
+        if (cc == 0) {
+            starter = out;
+            have_starter = 1;
+        }
         last = cc;
         v[out++] = ch;
     }
@@ -83,7 +100,10 @@ static int norm_one(int kind, const unsigned char *s, size_t n, TokBuf *out, int
     size_t i = 0, adv;
     int needed = 0;
     while (i < n) {
-        if (s[i] < 0x80) { i++; continue; }
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
         uint32_t cp = u8_decode(s + i, &adv);
         size_t dn;
         /* NFD must also act on characters that merely have a decomposition. */
@@ -98,12 +118,20 @@ static int norm_one(int kind, const unsigned char *s, size_t n, TokBuf *out, int
     CpVec d = {0};
     for (i = 0; i < n; i += adv) {
         uint32_t cp = u8_decode(s + i, &adv);
-        if (decompose_into(&d, cp)) { *err = 1; free(d.v); return 0; }
+        if (decompose_into(&d, cp)) {
+            *err = 1;
+            free(d.v);
+            return 0;
+        }
     }
     canonical_order(d.v, d.n);
     size_t m = kind == TOK_NORM_NFC ? compose(d.v, d.n) : d.n;
     out->n = 0;
-    if (tok_buf_reserve(out, m * 4)) { *err = 1; free(d.v); return 0; }
+    if (tok_buf_reserve(out, m * 4)) {
+        *err = 1;
+        free(d.v);
+        return 0;
+    }
     for (size_t k = 0; k < m; k++) out->n += u8_encode(out->p + out->n, d.v[k]);
     free(d.v);
     return 0;
@@ -120,7 +148,10 @@ static int norm_string(const TokNorm *st, int at_start, const unsigned char *s, 
     if (st->kind == TOK_NORM_PREPEND) {
         if (!at_start || !n || !st->an) return 1;
         out->n = 0;
-        if (tok_buf_put(out, st->a, st->an) || tok_buf_put(out, s, n)) { *err = 1; return 0; }
+        if (tok_buf_put(out, st->a, st->an) || tok_buf_put(out, s, n)) {
+            *err = 1;
+            return 0;
+        }
         return 0;
     }
     if (!st->an || n < st->an) return 1;
@@ -130,11 +161,17 @@ static int norm_string(const TokNorm *st, int at_start, const unsigned char *s, 
     size_t i = 0;
     while (hit) {
         size_t at = (size_t)(hit - s);
-        if (tok_buf_put(out, s + i, at - i) || tok_buf_put(out, st->b, st->bn)) { *err = 1; return 0; }
+        if (tok_buf_put(out, s + i, at - i) || tok_buf_put(out, st->b, st->bn)) {
+            *err = 1;
+            return 0;
+        }
         i = at + st->an;
         hit = find_bytes(s + i, n - i, st->a, st->an);
     }
-    if (tok_buf_put(out, s + i, n - i)) { *err = 1; return 0; }
+    if (tok_buf_put(out, s + i, n - i)) {
+        *err = 1;
+        return 0;
+    }
     return 0;
 }
 
@@ -147,13 +184,17 @@ int tok_normalize(const TokNorm *steps, int nsteps, int at_start, const unsigned
         int err = 0;
         TokBuf *dst = (cur == buf->p && buf->p) ? &tmp : buf;
         int kind = steps[k].kind;
-        int same = kind == TOK_NORM_PREPEND || kind == TOK_NORM_REPLACE
-                       ? norm_string(&steps[k], at_start, cur, cur_n, dst, &err)
-                       : norm_one(kind, cur, cur_n, dst, &err);
+        int same = kind == TOK_NORM_PREPEND || kind == TOK_NORM_REPLACE ? norm_string(&steps[k], at_start, cur, cur_n, dst, &err)
+                                                                        : norm_one(kind, cur, cur_n, dst, &err);
         if (same) continue;
-        if (err) { free(tmp.p); return -1; }
+        if (err) {
+            free(tmp.p);
+            return -1;
+        }
         if (dst == &tmp) { /* swap so the result always lives in buf */
-            TokBuf t = *buf; *buf = tmp; tmp = t;
+            TokBuf t = *buf;
+            *buf = tmp;
+            tmp = t;
         }
         cur = buf->p;
         cur_n = buf->n;

@@ -27,15 +27,26 @@ typedef struct {
     int individual_digits;
 } Step;
 
-struct TokPreTok { Step *v; int n; size_t cap; int byte_level; };
+struct TokPreTok {
+    Step *v;
+    int n;
+    size_t cap;
+    int byte_level;
+};
 
-struct TokArena { struct TokArena *next; unsigned char data[]; };
+struct TokArena {
+    struct TokArena *next;
+    unsigned char data[];
+};
 
-static const char GPT2_PATTERN[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 void tok_arena_free(TokArena *a) {
-    while (a) { TokArena *n = a->next; free(a); a = n; }
+    while (a) {
+        TokArena *n = a->next;
+        free(a);
+        a = n;
+    }
 }
 
 static unsigned char *arena_new(TokArena **a, size_t n) {
@@ -68,14 +79,26 @@ static int add_step(TokPreTok *pt, Step st) {
 
 static int load_one(TokPreTok *pt, const JsonValue *v, int depth, char *err, size_t errlen) {
     if (!v || v->type == JSON_NULL) return 0;
-    if (v->type != JSON_OBJ) { snprintf(err, errlen, "pre_tokenizer: expected an object"); return -1; }
-    if (depth > 8) { snprintf(err, errlen, "pre_tokenizer: Sequence nested too deeply"); return -1; }
+    if (v->type != JSON_OBJ) {
+        snprintf(err, errlen, "pre_tokenizer: expected an object");
+        return -1;
+    }
+    if (depth > 8) {
+        snprintf(err, errlen, "pre_tokenizer: Sequence nested too deeply");
+        return -1;
+    }
     const char *type = json_get_str(v, "type");
-    if (!type) { snprintf(err, errlen, "pre_tokenizer: missing \"type\""); return -1; }
+    if (!type) {
+        snprintf(err, errlen, "pre_tokenizer: missing \"type\"");
+        return -1;
+    }
     Step st = {0};
     if (!strcmp(type, "Sequence")) {
         const JsonValue *list = json_get(v, "pretokenizers");
-        if (!list || list->type != JSON_ARR) { snprintf(err, errlen, "pre_tokenizer Sequence: missing \"pretokenizers\" list"); return -1; }
+        if (!list || list->type != JSON_ARR) {
+            snprintf(err, errlen, "pre_tokenizer Sequence: missing \"pretokenizers\" list");
+            return -1;
+        }
         for (size_t i = 0; i < list->len; i++)
             if (load_one(pt, &list->items[i], depth + 1, err, errlen)) return -1;
         return 0;
@@ -87,8 +110,12 @@ static int load_one(TokPreTok *pt, const JsonValue *v, int depth, char *err, siz
         const char *beh = json_get_str(v, "behavior");
         static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
         st.behavior = -1;
-        for (int i = 0; beh && i < 5; i++) if (!strcmp(beh, names[i])) st.behavior = i;
-        if (st.behavior < 0) { snprintf(err, errlen, "pre_tokenizer Split: unknown behavior '%s'", beh ? beh : "(missing)"); return -1; }
+        for (int i = 0; beh && i < 5; i++)
+            if (!strcmp(beh, names[i])) st.behavior = i;
+        if (st.behavior < 0) {
+            snprintf(err, errlen, "pre_tokenizer Split: unknown behavior '%s'", beh ? beh : "(missing)");
+            return -1;
+        }
         st.invert = json_get_bool(v, "invert", 0);
         if (rx && rx->type == JSON_STR) {
             char rerr[160];
@@ -104,18 +131,30 @@ static int load_one(TokPreTok *pt, const JsonValue *v, int depth, char *err, siz
                 return -1;
             }
             st.literal = malloc(lit->len + 1);
-            if (!st.literal) { snprintf(err, errlen, "out of memory"); return -1; }
+            if (!st.literal) {
+                snprintf(err, errlen, "out of memory");
+                return -1;
+            }
             memcpy(st.literal, lit->str, lit->len);
             st.lit_len = lit->len;
-        } else { snprintf(err, errlen, "pre_tokenizer Split: pattern must be {\"Regex\": ...} or {\"String\": ...}"); return -1; }
+        } else {
+            snprintf(err, errlen, "pre_tokenizer Split: pattern must be {\"Regex\": ...} or {\"String\": ...}");
+            return -1;
+        }
     } else if (!strcmp(type, "ByteLevel")) {
-        if (pt->byte_level) { snprintf(err, errlen, "pre_tokenizer: more than one ByteLevel step is not supported"); return -1; }
+        if (pt->byte_level) {
+            snprintf(err, errlen, "pre_tokenizer: more than one ByteLevel step is not supported");
+            return -1;
+        }
         st.type = PT_BYTELEVEL;
         st.add_prefix_space = json_get_bool(v, "add_prefix_space", 1);
         if (json_get_bool(v, "use_regex", 1)) {
             char rerr[160];
             st.re = tok_regex_compile(GPT2_PATTERN, sizeof GPT2_PATTERN - 1, rerr, sizeof rerr);
-            if (!st.re) { snprintf(err, errlen, "internal: GPT-2 pattern: %s", rerr); return -1; }
+            if (!st.re) {
+                snprintf(err, errlen, "internal: GPT-2 pattern: %s", rerr);
+                return -1;
+            }
         }
         pt->byte_level = 1;
     } else if (!strcmp(type, "Digits")) {
@@ -136,15 +175,27 @@ static int load_one(TokPreTok *pt, const JsonValue *v, int depth, char *err, siz
 
 TokPreTok *tok_pretok_load(const JsonValue *v, char *err, size_t errlen) {
     TokPreTok *pt = calloc(1, sizeof *pt);
-    if (!pt) { snprintf(err, errlen, "out of memory"); return NULL; }
-    if (load_one(pt, v, 0, err, errlen)) { tok_pretok_free(pt); return NULL; }
+    if (!pt) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (load_one(pt, v, 0, err, errlen)) {
+        tok_pretok_free(pt);
+        return NULL;
+    }
     return pt;
 }
 
 /* ------------------------------------------------------------------ running */
 
-typedef struct { size_t s, e; int m; } Span;
-typedef struct { Span *v; size_t n, cap; } Spans;
+typedef struct {
+    size_t s, e;
+    int m;
+} Span;
+typedef struct {
+    Span *v;
+    size_t n, cap;
+} Spans;
 
 static int span_push(Spans *a, size_t s, size_t e, int m) {
     Span *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 64);
@@ -157,15 +208,18 @@ static int span_push(Spans *a, size_t s, size_t e, int m) {
 static int piece_push(TokPieces *a, const unsigned char *p, size_t n) {
     if (!n) return 0; /* HF drops empty splits */
     TokPiece *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 64);
-    if (!v) { a->oom = 1; return -1; }
+    if (!v) {
+        a->oom = 1;
+        return -1;
+    }
     a->v = v;
     a->v[a->n++] = (TokPiece){p, n};
     return 0;
 }
 
 /* Match spans covering s[0..n) like HF find_matches (regex via onig's find_iter rules). */
-static int find_spans(const Step *st, const TokRegex *re, const unsigned char *s, size_t n, Spans *out,
-                      uint64_t *steps, char *err, size_t errlen) {
+static int find_spans(const Step *st, const TokRegex *re, const unsigned char *s, size_t n, Spans *out, uint64_t *steps,
+                      char *err, size_t errlen) {
     out->n = 0;
     size_t prev = 0;
     if (st && st->type == PT_DIGITS) {
@@ -194,7 +248,10 @@ static int find_spans(const Step *st, const TokRegex *re, const unsigned char *s
         size_t last_match_end = 0;
         while (last_end <= n) {
             int r = tok_regex_search(re, s, n, last_end, &ms, &me, steps);
-            if (r < 0) { snprintf(err, errlen, "pre-tokenizer regex exceeded its backtracking budget"); return -2; }
+            if (r < 0) {
+                snprintf(err, errlen, "pre-tokenizer regex exceeded its backtracking budget");
+                return -2;
+            }
             if (!r) break;
             if (ms == me && have_last && last_match_end == me) {
                 /* onig's find_iter: no empty match right after the previous match */
@@ -224,7 +281,8 @@ static int apply_behavior(int behavior, const unsigned char *s, Spans *sp, TokPi
     switch (behavior) {
     case SB_ISOLATED: break;
     case SB_REMOVED:
-        for (size_t i = 0; i < n; i++) if (!v[i].m) v[k++] = v[i];
+        for (size_t i = 0; i < n; i++)
+            if (!v[i].m) v[k++] = v[i];
         n = k;
         break;
     case SB_CONTIGUOUS: {
@@ -265,7 +323,11 @@ static int apply_behavior(int behavior, const unsigned char *s, Spans *sp, TokPi
     return 0;
 }
 
-static void swap_pieces(TokPieces *a, TokPieces *b) { TokPieces t = *a; *a = *b; *b = t; }
+static void swap_pieces(TokPieces *a, TokPieces *b) {
+    TokPieces t = *a;
+    *a = *b;
+    *b = t;
+}
 
 /* Re-encodes every piece through the byte map (map=1) or back to raw bytes (map=0). */
 static int remap(TokPieces *cur, TokPieces *nxt, TokArena **arena, int map) {
@@ -292,8 +354,8 @@ static int remap(TokPieces *cur, TokPieces *nxt, TokArena **arena, int map) {
     return 0;
 }
 
-int tok_pretok_run(const TokPreTok *pt, const unsigned char *s, size_t n, TokPieces *out,
-                   TokArena **arena, uint64_t *steps, char *err, size_t errlen) {
+int tok_pretok_run(const TokPreTok *pt, const unsigned char *s, size_t n, TokPieces *out, TokArena **arena, uint64_t *steps,
+                   char *err, size_t errlen) {
     TokPieces cur = {0}, nxt = {0};
     Spans sp = {0};
     int rc = -1, mapped = 0, pending_map = 0;
@@ -325,9 +387,11 @@ int tok_pretok_run(const TokPreTok *pt, const unsigned char *s, size_t n, TokPie
             for (size_t i = 0; i < cur.n; i++) {
                 int r = find_spans(st, st->re, cur.v[i].p, cur.v[i].n, &sp, steps, err, errlen);
                 if (r == -2) goto fail;
-                if (r || apply_behavior(st->type == PT_BYTELEVEL ? SB_ISOLATED : st->type == PT_DIGITS
-                                        ? (st->individual_digits ? SB_ISOLATED : SB_CONTIGUOUS) : st->behavior,
-                                        cur.v[i].p, &sp, &nxt)) goto oom;
+                if (r || apply_behavior(st->type == PT_BYTELEVEL ? SB_ISOLATED
+                                        : st->type == PT_DIGITS  ? (st->individual_digits ? SB_ISOLATED : SB_CONTIGUOUS)
+                                                                 : st->behavior,
+                                        cur.v[i].p, &sp, &nxt))
+                    goto oom;
             }
             swap_pieces(&cur, &nxt);
         }

@@ -18,7 +18,10 @@
 #define REPEAT_INF 0x7fffffff
 
 enum { IT_RANGE, IT_CATS, IT_SPACE, IT_WORD, IT_ANY };
-typedef struct { uint8_t type, neg; uint32_t lo, hi; } Item; /* IT_CATS: lo = category mask */
+typedef struct {
+    uint8_t type, neg;
+    uint32_t lo, hi;
+} Item; /* IT_CATS: lo = category mask */
 typedef struct {
     Item *items;
     int n;
@@ -36,9 +39,19 @@ typedef struct {
     Class *cls;
     Alt *alt;
 } Node;
-typedef struct { Node *v; int n; size_t cap; } Seq;
-struct Alt { Seq *v; int n; size_t cap; };
-struct TokRegex { Alt *root; };
+typedef struct {
+    Node *v;
+    int n;
+    size_t cap;
+} Seq;
+struct Alt {
+    Seq *v;
+    int n;
+    size_t cap;
+};
+struct TokRegex {
+    Alt *root;
+};
 
 /* ------------------------------------------------------------------ classes */
 
@@ -176,31 +189,94 @@ static uint32_t next_cp(Parser *ps) {
 }
 
 static int property_mask(const char *name, uint32_t *mask) {
-    static const struct { const char *n; uint32_t m; } tab[] = {
-        {"l", M_L}, {"letter", M_L}, {"lc", CAT(Lu) | CAT(Ll) | CAT(Lt)}, {"l&", CAT(Lu) | CAT(Ll) | CAT(Lt)},
+    static const struct {
+        const char *n;
+        uint32_t m;
+    } tab[] = {
+        {"l", M_L},
+        {"letter", M_L},
+        {"lc", CAT(Lu) | CAT(Ll) | CAT(Lt)},
+        {"l&", CAT(Lu) | CAT(Ll) | CAT(Lt)},
         {"casedletter", CAT(Lu) | CAT(Ll) | CAT(Lt)},
-        {"lu", CAT(Lu)}, {"uppercaseletter", CAT(Lu)}, {"ll", CAT(Ll)}, {"lowercaseletter", CAT(Ll)},
-        {"lt", CAT(Lt)}, {"titlecaseletter", CAT(Lt)}, {"lm", CAT(Lm)}, {"modifierletter", CAT(Lm)},
-        {"lo", CAT(Lo)}, {"otherletter", CAT(Lo)},
-        {"m", M_M}, {"mark", M_M}, {"combiningmark", M_M}, {"mn", CAT(Mn)}, {"nonspacingmark", CAT(Mn)},
-        {"mc", CAT(Mc)}, {"spacingmark", CAT(Mc)}, {"me", CAT(Me)}, {"enclosingmark", CAT(Me)},
-        {"n", M_N}, {"number", M_N}, {"nd", CAT(Nd)}, {"decimalnumber", CAT(Nd)}, {"nl", CAT(Nl)},
-        {"letternumber", CAT(Nl)}, {"no", CAT(No)}, {"othernumber", CAT(No)},
-        {"p", M_P}, {"punctuation", M_P}, {"pc", CAT(Pc)}, {"connectorpunctuation", CAT(Pc)},
-        {"pd", CAT(Pd)}, {"dashpunctuation", CAT(Pd)}, {"ps", CAT(Ps)}, {"openpunctuation", CAT(Ps)},
-        {"pe", CAT(Pe)}, {"closepunctuation", CAT(Pe)}, {"pi", CAT(Pi)}, {"initialpunctuation", CAT(Pi)},
-        {"pf", CAT(Pf)}, {"finalpunctuation", CAT(Pf)}, {"po", CAT(Po)}, {"otherpunctuation", CAT(Po)},
-        {"s", M_S}, {"symbol", M_S}, {"sm", CAT(Sm)}, {"mathsymbol", CAT(Sm)}, {"sc", CAT(Sc)},
-        {"currencysymbol", CAT(Sc)}, {"sk", CAT(Sk)}, {"modifiersymbol", CAT(Sk)}, {"so", CAT(So)},
+        {"lu", CAT(Lu)},
+        {"uppercaseletter", CAT(Lu)},
+        {"ll", CAT(Ll)},
+        {"lowercaseletter", CAT(Ll)},
+        {"lt", CAT(Lt)},
+        {"titlecaseletter", CAT(Lt)},
+        {"lm", CAT(Lm)},
+        {"modifierletter", CAT(Lm)},
+        {"lo", CAT(Lo)},
+        {"otherletter", CAT(Lo)},
+        {"m", M_M},
+        {"mark", M_M},
+        {"combiningmark", M_M},
+        {"mn", CAT(Mn)},
+        {"nonspacingmark", CAT(Mn)},
+        {"mc", CAT(Mc)},
+        {"spacingmark", CAT(Mc)},
+        {"me", CAT(Me)},
+        {"enclosingmark", CAT(Me)},
+        {"n", M_N},
+        {"number", M_N},
+        {"nd", CAT(Nd)},
+        {"decimalnumber", CAT(Nd)},
+        {"nl", CAT(Nl)},
+        {"letternumber", CAT(Nl)},
+        {"no", CAT(No)},
+        {"othernumber", CAT(No)},
+        {"p", M_P},
+        {"punctuation", M_P},
+        {"pc", CAT(Pc)},
+        {"connectorpunctuation", CAT(Pc)},
+        {"pd", CAT(Pd)},
+        {"dashpunctuation", CAT(Pd)},
+        {"ps", CAT(Ps)},
+        {"openpunctuation", CAT(Ps)},
+        {"pe", CAT(Pe)},
+        {"closepunctuation", CAT(Pe)},
+        {"pi", CAT(Pi)},
+        {"initialpunctuation", CAT(Pi)},
+        {"pf", CAT(Pf)},
+        {"finalpunctuation", CAT(Pf)},
+        {"po", CAT(Po)},
+        {"otherpunctuation", CAT(Po)},
+        {"s", M_S},
+        {"symbol", M_S},
+        {"sm", CAT(Sm)},
+        {"mathsymbol", CAT(Sm)},
+        {"sc", CAT(Sc)},
+        {"currencysymbol", CAT(Sc)},
+        {"sk", CAT(Sk)},
+        {"modifiersymbol", CAT(Sk)},
+        {"so", CAT(So)},
         {"othersymbol", CAT(So)},
-        {"z", M_Z}, {"separator", M_Z}, {"zs", CAT(Zs)}, {"spaceseparator", CAT(Zs)}, {"zl", CAT(Zl)},
-        {"lineseparator", CAT(Zl)}, {"zp", CAT(Zp)}, {"paragraphseparator", CAT(Zp)},
-        {"c", M_C}, {"other", M_C}, {"cc", CAT(Cc)}, {"control", CAT(Cc)}, {"cf", CAT(Cf)},
-        {"format", CAT(Cf)}, {"cs", CAT(Cs)}, {"surrogate", CAT(Cs)}, {"co", CAT(Co)},
-        {"privateuse", CAT(Co)}, {"cn", CAT(Cn)}, {"unassigned", CAT(Cn)},
+        {"z", M_Z},
+        {"separator", M_Z},
+        {"zs", CAT(Zs)},
+        {"spaceseparator", CAT(Zs)},
+        {"zl", CAT(Zl)},
+        {"lineseparator", CAT(Zl)},
+        {"zp", CAT(Zp)},
+        {"paragraphseparator", CAT(Zp)},
+        {"c", M_C},
+        {"other", M_C},
+        {"cc", CAT(Cc)},
+        {"control", CAT(Cc)},
+        {"cf", CAT(Cf)},
+        {"format", CAT(Cf)},
+        {"cs", CAT(Cs)},
+        {"surrogate", CAT(Cs)},
+        {"co", CAT(Co)},
+        {"privateuse", CAT(Co)},
+        {"cn", CAT(Cn)},
+        {"unassigned", CAT(Cn)},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-        if (!strcmp(tab[i].n, name)) { *mask = tab[i].m; return 0; }
+        if (!strcmp(tab[i].n, name)) {
+            *mask = tab[i].m;
+            return 0;
+        }
     return -1;
 }
 
@@ -208,7 +284,10 @@ static int property_mask(const char *name, uint32_t *mask) {
 static int parse_property(Parser *ps, Class *c, int neg) {
     if (ps->pos >= ps->len || ps->p[ps->pos] != '{') return perr(ps, "regex: expected '{' after \\p");
     ps->pos++;
-    if (ps->pos < ps->len && ps->p[ps->pos] == '^') { neg = !neg; ps->pos++; }
+    if (ps->pos < ps->len && ps->p[ps->pos] == '^') {
+        neg = !neg;
+        ps->pos++;
+    }
     char name[40];
     size_t k = 0;
     while (ps->pos < ps->len && ps->p[ps->pos] != '}') {
@@ -235,8 +314,10 @@ static int hex_value(Parser *ps, int maxdigits, uint32_t *out) {
     int n = 0;
     while (n < maxdigits && ps->pos < ps->len) {
         unsigned ch = ps->p[ps->pos];
-        int d = ch >= '0' && ch <= '9' ? (int)ch - '0' : ch >= 'a' && ch <= 'f' ? (int)ch - 'a' + 10
-              : ch >= 'A' && ch <= 'F' ? (int)ch - 'A' + 10 : -1;
+        int d = ch >= '0' && ch <= '9'   ? (int)ch - '0'
+                : ch >= 'a' && ch <= 'f' ? (int)ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? (int)ch - 'A' + 10
+                                         : -1;
         if (d < 0) break;
         v = v * 16 + (uint32_t)d;
         if (v > 0x10FFFF) return perr(ps, "regex: code point out of range");
@@ -253,7 +334,10 @@ static int hex_value(Parser *ps, int maxdigits, uint32_t *out) {
 static int parse_escape(Parser *ps, Class *c, uint32_t *lit, int in_class) {
     if (ps->pos >= ps->len) return perr(ps, "regex: trailing backslash");
     unsigned char e = ps->p[ps->pos];
-    if (e >= 0x80) { *lit = next_cp(ps); return 0; }
+    if (e >= 0x80) {
+        *lit = next_cp(ps);
+        return 0;
+    }
     ps->pos++;
     switch (e) {
     case 'p': return parse_property(ps, c, 0) ? -1 : 1;
@@ -294,12 +378,18 @@ static int parse_escape(Parser *ps, Class *c, uint32_t *lit, int in_class) {
 
 static int parse_class(Parser *ps, Class *c) {
     /* ps->pos is just after '[' */
-    if (ps->pos < ps->len && ps->p[ps->pos] == '^') { c->negated = 1; ps->pos++; }
+    if (ps->pos < ps->len && ps->p[ps->pos] == '^') {
+        c->negated = 1;
+        ps->pos++;
+    }
     int first = 1;
     for (;;) {
         if (ps->pos >= ps->len) return perr(ps, "regex: unterminated character class");
         unsigned char ch = ps->p[ps->pos];
-        if (ch == ']' && !first) { ps->pos++; break; }
+        if (ch == ']' && !first) {
+            ps->pos++;
+            break;
+        }
         first = 0;
         if (ch == '[') return perr(ps, "regex: nested character classes / POSIX brackets are not supported");
         if (ch == '&' && ps->pos + 1 < ps->len && ps->p[ps->pos + 1] == '&')
@@ -378,14 +468,29 @@ static int parse_quant(Parser *ps, Node *nd) {
     if (ps->pos >= ps->len) return 0;
     unsigned char ch = ps->p[ps->pos];
     int mn, mx;
-    if (ch == '?') { mn = 0; mx = 1; ps->pos++; }
-    else if (ch == '*') { mn = 0; mx = REPEAT_INF; ps->pos++; }
-    else if (ch == '+') { mn = 1; mx = REPEAT_INF; ps->pos++; }
-    else if (ch == '{') { if (!parse_braces(ps, &mn, &mx)) return 0; }
-    else return 0;
+    if (ch == '?') {
+        mn = 0;
+        mx = 1;
+        ps->pos++;
+    } else if (ch == '*') {
+        mn = 0;
+        mx = REPEAT_INF;
+        ps->pos++;
+    } else if (ch == '+') {
+        mn = 1;
+        mx = REPEAT_INF;
+        ps->pos++;
+    } else if (ch == '{') {
+        if (!parse_braces(ps, &mn, &mx)) return 0;
+    } else return 0;
     if (mn > mx) return perr(ps, "regex: bad repeat range");
-    if (ps->pos < ps->len && ps->p[ps->pos] == '?') { nd->lazy = 1; ps->pos++; }
-    else if (ps->pos < ps->len && ps->p[ps->pos] == '+' && ch != '{') { nd->poss = 1; ps->pos++; }
+    if (ps->pos < ps->len && ps->p[ps->pos] == '?') {
+        nd->lazy = 1;
+        ps->pos++;
+    } else if (ps->pos < ps->len && ps->p[ps->pos] == '+' && ch != '{') {
+        nd->poss = 1;
+        ps->pos++;
+    }
     if (nd->kind == N_GROUP) {
         if (mx > 1) return perr(ps, "regex: repeated groups are not supported (only ? on a group)");
         if (nd->poss) return perr(ps, "regex: possessive group quantifier is not supported");
@@ -413,8 +518,11 @@ static int parse_seq(Parser *ps, Seq *s, int depth) {
                 ps->pos++;
                 unsigned char g = ps->pos < ps->len ? ps->p[ps->pos] : 0;
                 if (g == ':') ps->pos++;
-                else if (g == '=' || g == '!') { kind = N_LOOK; neg = g == '!'; ps->pos++; }
-                else if (g == 'i' || g == '-') {
+                else if (g == '=' || g == '!') {
+                    kind = N_LOOK;
+                    neg = g == '!';
+                    ps->pos++;
+                } else if (g == 'i' || g == '-') {
                     int on = g == 'i';
                     ps->pos++;
                     if (!on) {
@@ -437,7 +545,10 @@ static int parse_seq(Parser *ps, Seq *s, int depth) {
             nd.alt = parse_alt(ps, depth + 1);
             ps->ci = saved_ci;
             if (!nd.alt) return -1;
-            if (ps->pos >= ps->len || ps->p[ps->pos] != ')') { alt_free(nd.alt); return perr(ps, "regex: missing ')'"); }
+            if (ps->pos >= ps->len || ps->p[ps->pos] != ')') {
+                alt_free(nd.alt);
+                return perr(ps, "regex: missing ')'");
+            }
             ps->pos++;
         } else if (ch == '^' || ch == '$') {
             ps->pos++;
@@ -449,9 +560,13 @@ static int parse_seq(Parser *ps, Seq *s, int depth) {
             nd.cls->ci = ps->ci;
             int r = 0;
             uint32_t lit = 0;
-            if (ch == '[') { ps->pos++; r = parse_class(ps, nd.cls) ? -1 : 1; }
-            else if (ch == '.') { ps->pos++; r = class_add(ps, nd.cls, IT_ANY, 0, 0, 0) ? -1 : 1; }
-            else if (ch == '\\') {
+            if (ch == '[') {
+                ps->pos++;
+                r = parse_class(ps, nd.cls) ? -1 : 1;
+            } else if (ch == '.') {
+                ps->pos++;
+                r = class_add(ps, nd.cls, IT_ANY, 0, 0, 0) ? -1 : 1;
+            } else if (ch == '\\') {
                 unsigned char e = ps->pos + 1 < ps->len ? ps->p[ps->pos + 1] : 0;
                 if (e == 'A' || e == 'z' || e == 'Z') {
                     ps->pos += 2;
@@ -473,8 +588,14 @@ static int parse_seq(Parser *ps, Seq *s, int depth) {
                 class_free(nd.cls);
                 return perr(ps, "regex: quantifier without a target");
             } else lit = next_cp(ps);
-            if (r < 0) { class_free(nd.cls); return -1; }
-            if (r == 0 && class_add_range(ps, nd.cls, lit, lit)) { class_free(nd.cls); return -1; }
+            if (r < 0) {
+                class_free(nd.cls);
+                return -1;
+            }
+            if (r == 0 && class_add_range(ps, nd.cls, lit, lit)) {
+                class_free(nd.cls);
+                return -1;
+            }
             if (nd.cls) class_finish(nd.cls);
         }
         if (parse_quant(ps, &nd) || seq_push(ps, s, nd)) {
@@ -488,15 +609,28 @@ static int parse_seq(Parser *ps, Seq *s, int depth) {
 
 static Alt *parse_alt(Parser *ps, int depth) {
     Alt *a = calloc(1, sizeof(Alt));
-    if (!a) { perr(ps, "out of memory"); return NULL; }
+    if (!a) {
+        perr(ps, "out of memory");
+        return NULL;
+    }
     for (;;) {
         Seq *v = grow_array(a->v, &a->cap, (size_t)a->n + 1, sizeof *v, 4);
-        if (!v) { perr(ps, "out of memory"); alt_free(a); return NULL; }
+        if (!v) {
+            perr(ps, "out of memory");
+            alt_free(a);
+            return NULL;
+        }
         a->v = v;
         Seq *s = &a->v[a->n++];
         memset(s, 0, sizeof *s);
-        if (parse_seq(ps, s, depth)) { alt_free(a); return NULL; }
-        if (ps->pos < ps->len && ps->p[ps->pos] == '|') { ps->pos++; continue; }
+        if (parse_seq(ps, s, depth)) {
+            alt_free(a);
+            return NULL;
+        }
+        if (ps->pos < ps->len && ps->p[ps->pos] == '|') {
+            ps->pos++;
+            continue;
+        }
         return a;
     }
 }
@@ -515,7 +649,11 @@ TokRegex *tok_regex_compile(const char *pat, size_t len, char *err, size_t errle
         return NULL;
     }
     TokRegex *re = malloc(sizeof *re);
-    if (!re) { alt_free(root); snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!re) {
+        alt_free(root);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     re->root = root;
     return re;
 }
@@ -528,8 +666,17 @@ void tok_regex_free(TokRegex *re) {
 
 /* ------------------------------------------------------------------ matcher */
 
-typedef struct Cont { const Seq *seq; int idx; const struct Cont *next; } Cont;
-typedef struct { const unsigned char *s; size_t n; uint64_t *steps; int aborted; } Ctx;
+typedef struct Cont {
+    const Seq *seq;
+    int idx;
+    const struct Cont *next;
+} Cont;
+typedef struct {
+    const unsigned char *s;
+    size_t n;
+    uint64_t *steps;
+    int aborted;
+} Ctx;
 
 static long m_seq(Ctx *c, const Seq *q, int i, size_t pos, const Cont *k);
 
@@ -542,14 +689,18 @@ static long m_alt(Ctx *c, const Alt *a, size_t pos, const Cont *k) {
 }
 
 static inline int tick(Ctx *c) {
-    if (*c->steps == 0) { c->aborted = 1; return 1; }
+    if (*c->steps == 0) {
+        c->aborted = 1;
+        return 1;
+    }
     (*c->steps)--;
     return 0;
 }
 
 /* Steps one UTF-8 character back (input is valid UTF-8). */
 static inline size_t back1(const unsigned char *s, size_t p) {
-    do p--; while ((s[p] & 0xC0) == 0x80);
+    do p--;
+    while ((s[p] & 0xC0) == 0x80);
     return p;
 }
 
@@ -597,7 +748,11 @@ static long m_seq(Ctx *c, const Seq *q, int i, size_t pos, const Cont *k) {
                 cnt++;
             }
             if (cnt < nd->min) return -1;
-            if (nd->poss || (i + 1 == q->n && !k)) { pos = p; i++; continue; }
+            if (nd->poss || (i + 1 == q->n && !k)) {
+                pos = p;
+                i++;
+                continue;
+            }
             for (;;) {
                 long r = m_seq(c, q, i + 1, p, k);
                 if (r >= 0 || c->aborted) return r;
@@ -626,23 +781,41 @@ static long m_seq(Ctx *c, const Seq *q, int i, size_t pos, const Cont *k) {
             i++;
             continue;
         }
-        case N_BOL: if (pos != 0 && s[pos - 1] != '\n') return -1; i++; continue;
-        case N_EOL: if (pos != n && s[pos] != '\n') return -1; i++; continue;
-        case N_BOS: if (pos != 0) return -1; i++; continue;
-        case N_EOS: if (pos != n) return -1; i++; continue;
-        default: if (pos != n && !(pos + 1 == n && s[pos] == '\n')) return -1; i++; continue;
+        case N_BOL:
+            if (pos != 0 && s[pos - 1] != '\n') return -1;
+            i++;
+            continue;
+        case N_EOL:
+            if (pos != n && s[pos] != '\n') return -1;
+            i++;
+            continue;
+        case N_BOS:
+            if (pos != 0) return -1;
+            i++;
+            continue;
+        case N_EOS:
+            if (pos != n) return -1;
+            i++;
+            continue;
+        default:
+            if (pos != n && !(pos + 1 == n && s[pos] == '\n')) return -1;
+            i++;
+            continue;
         }
     }
 }
 
-int tok_regex_search(const TokRegex *re, const unsigned char *s, size_t n, size_t from,
-                     size_t *ms, size_t *me, uint64_t *steps) {
+int tok_regex_search(const TokRegex *re, const unsigned char *s, size_t n, size_t from, size_t *ms, size_t *me, uint64_t *steps) {
     Ctx c = {s, n, steps, 0};
     size_t adv;
     for (size_t p = from; p <= n; p += adv) {
         long r = m_alt(&c, re->root, p, NULL);
         if (c.aborted) return -1;
-        if (r >= 0) { *ms = p; *me = (size_t)r; return 1; }
+        if (r >= 0) {
+            *ms = p;
+            *me = (size_t)r;
+            return 1;
+        }
         if (p == n) break;
         u8_decode(s + p, &adv);
     }

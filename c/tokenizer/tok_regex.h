@@ -19,7 +19,6 @@ void tok_regex_free(TokRegex *re);
 
 /* Leftmost match starting at or after `from`: returns 1 and sets [*ms, *me), 0 when there is
  * none, -1 when the backtracking budget *steps ran out (pathological pattern/input). */
-int tok_regex_search(const TokRegex *re, const unsigned char *s, size_t n, size_t from,
-                     size_t *ms, size_t *me, uint64_t *steps);
+int tok_regex_search(const TokRegex *re, const unsigned char *s, size_t n, size_t from, size_t *ms, size_t *me, uint64_t *steps);
 
 #endif

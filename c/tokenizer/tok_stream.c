@@ -13,9 +13,7 @@ void tok_stream_init(TokStream *s) { memset(s, 0, sizeof *s); }
 /* Each input byte yields at most one U+FFFD (3 bytes), plus one for a held-back prefix. */
 size_t tok_stream_cap(const Tokenizer *t) { return 3 * (tok_max_token_bytes(t) + TOK_STREAM_GROUP + 8); }
 
-static size_t seq_need(unsigned char lead) {
-    return lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
-}
+static size_t seq_need(unsigned char lead) { return lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2; }
 
 /* Whether b may follow pending[0..k) (k >= 1) in a valid sequence (Rust/Unicode rules). */
 static int cont_ok(const unsigned char *pending, size_t k, unsigned char b) {
@@ -29,7 +27,10 @@ static int cont_ok(const unsigned char *pending, size_t k, unsigned char b) {
     return b >= lo && b <= hi;
 }
 
-typedef struct { char *out; size_t cap, n; } Out;
+typedef struct {
+    char *out;
+    size_t cap, n;
+} Out;
 
 static void emit(Out *o, const void *p, size_t n) {
     if (o->cap - o->n < n) return; /* cut at a character boundary */
@@ -45,15 +46,20 @@ static void stream_bytes(TokStream *s, const unsigned char *p, size_t n, Out *o)
         if (s->npending) {
             if (cont_ok(s->pending, s->npending, b)) {
                 s->pending[s->npending++] = b;
-                if (s->npending == seq_need(s->pending[0])) { emit(o, s->pending, s->npending); s->npending = 0; }
+                if (s->npending == seq_need(s->pending[0])) {
+                    emit(o, s->pending, s->npending);
+                    s->npending = 0;
+                }
                 continue;
             }
             emit_fffd(o); /* one U+FFFD per maximal invalid prefix, then b starts afresh */
             s->npending = 0;
         }
         if (b < 0x80) emit(o, &b, 1);
-        else if (b >= 0xC2 && b <= 0xF4) { s->pending[0] = b; s->npending = 1; }
-        else emit_fffd(o);
+        else if (b >= 0xC2 && b <= 0xF4) {
+            s->pending[0] = b;
+            s->npending = 1;
+        } else emit_fffd(o);
     }
 }
 
@@ -61,7 +67,10 @@ static void stream_bytes(TokStream *s, const unsigned char *p, size_t n, Out *o)
 static int valid_utf8(const unsigned char *g, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned char b = g[i];
-        if (b < 0x80) { i++; continue; }
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
         if (b < 0xC2 || b > 0xF4) return 0;
         size_t need = seq_need(b);
         if (i + need > n) return 0;
@@ -76,7 +85,8 @@ static int valid_utf8(const unsigned char *g, size_t n) {
 static void flush_group(TokStream *s, Out *o) {
     if (!s->ngroup) return;
     if (valid_utf8(s->group, s->ngroup)) emit(o, s->group, s->ngroup);
-    else for (size_t i = 0; i < s->ngroup; i++) emit_fffd(o);
+    else
+        for (size_t i = 0; i < s->ngroup; i++) emit_fffd(o);
     s->ngroup = 0;
 }
 
@@ -84,7 +94,10 @@ static void flush_group(TokStream *s, Out *o) {
 static void strip_start(TokStream *s, Out *o, size_t from) {
     size_t k = from;
     while (s->strip_left > 0 && k < o->n) {
-        if (o->out[k] != ' ') { s->strip_left = 0; break; }
+        if (o->out[k] != ' ') {
+            s->strip_left = 0;
+            break;
+        }
         k++;
         s->strip_left--;
     }
@@ -97,7 +110,10 @@ static void strip_start(TokStream *s, Out *o, size_t from) {
 size_t tok_stream_push(const Tokenizer *t, TokStream *s, int32_t id, int render_special, char *out, size_t cap) {
     size_t n;
     const char *p = tok_token_bytes(t, id, &n);
-    if (!s->started) { s->started = 1; s->strip_left = tok_strip_start(t); }
+    if (!s->started) {
+        s->started = 1;
+        s->strip_left = tok_strip_start(t);
+    }
     if (!p || (tok_is_special(t, id) && !render_special)) return 0;
     Out o = {out, cap, 0};
     if (tok_is_byte(t, id)) {

@@ -45,17 +45,27 @@ static char *read_stream(FILE *f, size_t *n_out) {
     if (!buf) return NULL;
     for (;;) {
         if (n == cap) {
-            if (cap >= MAX_INPUT) { free(buf); errno = EFBIG; return NULL; }
+            if (cap >= MAX_INPUT) {
+                free(buf);
+                errno = EFBIG;
+                return NULL;
+            }
             cap *= 2;
             char *nb = realloc(buf, cap + 1);
-            if (!nb) { free(buf); return NULL; }
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
             buf = nb;
         }
         size_t r = fread(buf + n, 1, cap - n, f);
         n += r;
         if (r == 0) break;
     }
-    if (ferror(f)) { free(buf); return NULL; }
+    if (ferror(f)) {
+        free(buf);
+        return NULL;
+    }
     buf[n] = 0;
     *n_out = n;
     return buf;
@@ -90,16 +100,45 @@ static Tokenizer *open_model(const char *cmd, const char *model) {
 static void print_piece(const unsigned char *p, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned char c = p[i];
-        if (c == '\\') { fputs("\\\\", stdout); i++; continue; }
-        if (c == '\n') { fputs("\\n", stdout); i++; continue; }
-        if (c == '\t') { fputs("\\t", stdout); i++; continue; }
-        if (c == '\r') { fputs("\\r", stdout); i++; continue; }
-        if (c < 0x20 || c == 0x7F) { printf("\\x%02X", c); i++; continue; }
-        if (c < 0x80) { putchar(c); i++; continue; }
+        if (c == '\\') {
+            fputs("\\\\", stdout);
+            i++;
+            continue;
+        }
+        if (c == '\n') {
+            fputs("\\n", stdout);
+            i++;
+            continue;
+        }
+        if (c == '\t') {
+            fputs("\\t", stdout);
+            i++;
+            continue;
+        }
+        if (c == '\r') {
+            fputs("\\r", stdout);
+            i++;
+            continue;
+        }
+        if (c < 0x20 || c == 0x7F) {
+            printf("\\x%02X", c);
+            i++;
+            continue;
+        }
+        if (c < 0x80) {
+            putchar(c);
+            i++;
+            continue;
+        }
         size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0, k = 1;
         while (need && k < need && i + k < n && (p[i + k] & 0xC0) == 0x80) k++;
-        if (need && k == need && c <= 0xF4) { fwrite(p + i, 1, k, stdout); i += k; }
-        else { printf("\\x%02X", c); i++; }
+        if (need && k == need && c <= 0xF4) {
+            fwrite(p + i, 1, k, stdout);
+            i += k;
+        } else {
+            printf("\\x%02X", c);
+            i++;
+        }
     }
 }
 
@@ -120,14 +159,23 @@ static int run_batch(Tokenizer *t, int parse_special, int add_special, int timin
         unsigned long long lit_len = 0; /* "<len> <K>": the record's first K bytes are literal spans */
         int c = getchar();
         if (c == ' ' && (scanf("%llu", &lit_len) != 1 || (c = getchar()) != '\n')) c = 0;
-        if (c != '\n' || len > MAX_INPUT || lit_len > len) { rc = fail("tokenize", "--batch: bad record header"); break; }
+        if (c != '\n' || len > MAX_INPUT || lit_len > len) {
+            rc = fail("tokenize", "--batch: bad record header");
+            break;
+        }
         if (len + 1 > cap) {
             char *nb = realloc(buf, (size_t)len + 1);
-            if (!nb) { rc = fail("tokenize", "out of memory"); break; }
+            if (!nb) {
+                rc = fail("tokenize", "out of memory");
+                break;
+            }
             buf = nb;
             cap = (size_t)len + 1;
         }
-        if (fread(buf, 1, (size_t)len, stdin) != len) { rc = fail("tokenize", "--batch: truncated record"); break; }
+        if (fread(buf, 1, (size_t)len, stdin) != len) {
+            rc = fail("tokenize", "--batch: truncated record");
+            break;
+        }
         int32_t *ids;
         size_t n;
         char err[300];
@@ -135,8 +183,8 @@ static int run_batch(Tokenizer *t, int parse_special, int add_special, int timin
         size_t *lit = NULL, nlit = 0;
         int erc = lit_len ? tok_literal_parse(buf, (size_t)lit_len, &lit, &nlit, err, sizeof err) : 0;
         if (!erc)
-            erc = tok_encode_literal(t, buf + lit_len, (size_t)(len - lit_len), parse_special, add_special, lit, nlit, &ids,
-                                     &n, err, sizeof err);
+            erc = tok_encode_literal(t, buf + lit_len, (size_t)(len - lit_len), parse_special, add_special, lit, nlit, &ids, &n,
+                                     err, sizeof err);
         free(lit);
         secs += now_s() - t0;
         total += len;
@@ -171,20 +219,26 @@ int tokenize_cli_main(int argc, char **argv) {
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: colibri tokenize --model DIR [--ids-only] [--no-special] [--add-special] (TEXT | - | --file PATH)\n");
             return 0;
-        } else if (!strcmp(a, "--")) { if (i + 1 < argc) { text = argv[++i]; ntext++; } }
-        else if (a[0] == '-' && a[1] == '-') {
+        } else if (!strcmp(a, "--")) {
+            if (i + 1 < argc) {
+                text = argv[++i];
+                ntext++;
+            }
+        } else if (a[0] == '-' && a[1] == '-') {
             char msg[300];
             snprintf(msg, sizeof msg, "unknown option '%.200s' (see --help)", a);
             return fail(cmd, msg);
-        } else { text = a; ntext++; }
+        } else {
+            text = a;
+            ntext++;
+        }
     }
     if (batch) {
         if (ntext || file) return fail(cmd, "--batch reads records from stdin only");
         Tokenizer *t = open_model(cmd, model);
         return t ? run_batch(t, parse_special, add_special, timing) : 2;
     }
-    if (ntext + (file != NULL) != 1)
-        return fail(cmd, "give exactly one input: TEXT, - (stdin) or --file PATH");
+    if (ntext + (file != NULL) != 1) return fail(cmd, "give exactly one input: TEXT, - (stdin) or --file PATH");
     char *buf = NULL;
     size_t len;
     if (file || !strcmp(text, "-")) {
@@ -199,13 +253,19 @@ int tokenize_cli_main(int argc, char **argv) {
         if (!buf) return fail(cmd, errno == EFBIG ? "input larger than 1 GiB" : "cannot read input");
     } else len = strlen(text);
     Tokenizer *t = open_model(cmd, model);
-    if (!t) { free(buf); return 2; }
+    if (!t) {
+        free(buf);
+        return 2;
+    }
     int32_t *ids;
     size_t n;
     char err[300];
     int rc = tok_encode(t, buf ? buf : text, len, parse_special, add_special, &ids, &n, err, sizeof err);
     free(buf);
-    if (rc) { tok_free(t); return fail(cmd, err); }
+    if (rc) {
+        tok_free(t);
+        return fail(cmd, err);
+    }
     if (ids_only) {
         for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
         putchar('\n');
@@ -233,13 +293,20 @@ static int decode_all(const Tokenizer *t, const int32_t *ids, size_t n, char **b
         }
     size_t size = 4 * cap;
     char *out = malloc(size);
-    if (!out) { snprintf(msg, msglen, "out of memory"); return -1; }
+    if (!out) {
+        snprintf(msg, msglen, "out of memory");
+        return -1;
+    }
     TokStream st;
     tok_stream_init(&st);
     for (size_t i = 0; i <= n; i++) {
         if (size - used < cap) { /* keep room for one worst-case push */
             char *nb = grow_array(out, &size, used + cap, 1, 4 * cap);
-            if (!nb) { free(out); snprintf(msg, msglen, "out of memory"); return -1; }
+            if (!nb) {
+                free(out);
+                snprintf(msg, msglen, "out of memory");
+                return -1;
+            }
             out = nb;
         }
         used += i < n ? tok_stream_push(t, &st, ids[i], 1, out + used, cap) : tok_stream_flush(&st, out + used, cap);
@@ -252,7 +319,10 @@ static int decode_all(const Tokenizer *t, const int32_t *ids, size_t n, char **b
 /* Parses ids separated by commas/whitespace; -1 and msg on garbage. */
 static int parse_ids(const char *p, int32_t **ids, size_t *n, size_t *cap, char *msg, size_t msglen) {
     while (*p) {
-        if (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') { p++; continue; }
+        if (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') {
+            p++;
+            continue;
+        }
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
@@ -262,7 +332,10 @@ static int parse_ids(const char *p, int32_t **ids, size_t *n, size_t *cap, char 
             return -1;
         }
         int32_t *nv = grow_array(*ids, cap, *n + 1, sizeof *nv, 256);
-        if (!nv) { snprintf(msg, msglen, "out of memory"); return -1; }
+        if (!nv) {
+            snprintf(msg, msglen, "out of memory");
+            return -1;
+        }
         *ids = nv;
         (*ids)[(*n)++] = (int32_t)v;
         p = end;
@@ -299,8 +372,14 @@ int detokenize_cli_main(int argc, char **argv) {
     int batch = 0, rc = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--model") && i + 1 < argc) { model = argv[++i]; continue; }
-        if (!strcmp(a, "--batch")) { batch = 1; continue; }
+        if (!strcmp(a, "--model") && i + 1 < argc) {
+            model = argv[++i];
+            continue;
+        }
+        if (!strcmp(a, "--batch")) {
+            batch = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: colibri detokenize --model DIR IDS...   (e.g. 1,2,3; - reads ids from stdin)\n");
             free(ids);
@@ -313,16 +392,30 @@ int detokenize_cli_main(int argc, char **argv) {
         }
         const char *p = a;
         if (!strcmp(a, "-")) {
-            if (stdin_buf) { free(ids); free(stdin_buf); return fail(cmd, "stdin given twice"); }
+            if (stdin_buf) {
+                free(ids);
+                free(stdin_buf);
+                return fail(cmd, "stdin given twice");
+            }
             stdin_buf = read_stream(stdin, &slen);
-            if (!stdin_buf) { free(ids); return fail(cmd, "cannot read stdin"); }
+            if (!stdin_buf) {
+                free(ids);
+                return fail(cmd, "cannot read stdin");
+            }
             p = stdin_buf;
         }
-        if (parse_ids(p, &ids, &n, &cap, msg, sizeof msg)) { free(ids); free(stdin_buf); return fail(cmd, msg); }
+        if (parse_ids(p, &ids, &n, &cap, msg, sizeof msg)) {
+            free(ids);
+            free(stdin_buf);
+            return fail(cmd, msg);
+        }
     }
     free(stdin_buf);
     Tokenizer *t = open_model(cmd, model);
-    if (!t) { free(ids); return 2; }
+    if (!t) {
+        free(ids);
+        return 2;
+    }
     if (batch) {
         rc = n ? fail(cmd, "--batch reads ids from stdin only") : detok_batch(t);
     } else {

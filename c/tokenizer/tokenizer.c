@@ -12,7 +12,7 @@
 #include "util/grow.h"
 
 #define MAX_JSON_BYTES ((size_t)256 << 20) /* real files are < 40 MB */
-#define MAX_TOKEN_ID ((int64_t)1 << 22) /* real vocabularies are < 300k; bounds the id tables */
+#define MAX_TOKEN_ID ((int64_t)1 << 22)    /* real vocabularies are < 300k; bounds the id tables */
 
 enum { TF_PRESENT = 1, TF_SPECIAL = 2, TF_ADDED = 4, TF_BYTE = 8 }; /* TF_BYTE: a <0xNN> byte-fallback token */
 
@@ -23,8 +23,15 @@ typedef struct {
     uint32_t coff, clen; /* original content in added_pool (what decoding shows) */
 } Added;
 
-typedef struct { int32_t child, sibling, tok; unsigned char byte; } TrieNode;
-typedef struct { TrieNode *v; size_t n, cap; uint32_t first[8]; } Trie;
+typedef struct {
+    int32_t child, sibling, tok;
+    unsigned char byte;
+} TrieNode;
+typedef struct {
+    TrieNode *v;
+    size_t n, cap;
+    uint32_t first[8];
+} Trie;
 
 struct Tokenizer {
     TokBpe *bpe;
@@ -97,7 +104,10 @@ static int32_t trie_longest(const Trie *t, const unsigned char *s, size_t n, siz
         while (c >= 0 && t->v[c].byte != s[i]) c = t->v[c].sibling;
         if (c < 0) break;
         cur = c;
-        if (t->v[cur].tok >= 0) { best = t->v[cur].tok; *len = i + 1; }
+        if (t->v[cur].tok >= 0) {
+            best = t->v[cur].tok;
+            *len = i + 1;
+        }
     }
     return best;
 }
@@ -116,8 +126,11 @@ static int load_normalizer(Tokenizer *t, const JsonValue *v, int depth, char *er
             if (load_normalizer(t, &list->items[i], depth + 1, err, errlen)) return -1;
         return 0;
     }
-    int kind = !strcmp(type, "NFC") ? TOK_NORM_NFC : !strcmp(type, "NFD") ? TOK_NORM_NFD
-             : !strcmp(type, "Prepend") ? TOK_NORM_PREPEND : !strcmp(type, "Replace") ? TOK_NORM_REPLACE : 0;
+    int kind = !strcmp(type, "NFC")       ? TOK_NORM_NFC
+               : !strcmp(type, "NFD")     ? TOK_NORM_NFD
+               : !strcmp(type, "Prepend") ? TOK_NORM_PREPEND
+               : !strcmp(type, "Replace") ? TOK_NORM_REPLACE
+                                          : 0;
     if (!kind) {
         snprintf(err, errlen, "unsupported normalizer type '%s' (supported: NFC, NFD, Prepend, Replace, Sequence)", type);
         return -1;
@@ -133,11 +146,15 @@ static int load_normalizer(Tokenizer *t, const JsonValue *v, int depth, char *er
         a = pat ? json_get(pat, "String") : NULL;
         b = json_get(v, "content");
         if (!a || a->type != JSON_STR || !b || b->type != JSON_STR)
-            return set_err(err, errlen, "normalizer Replace: only a {\"String\": ...} pattern with a \"content\" string "
-                                        "is supported");
+            return set_err(err, errlen,
+                           "normalizer Replace: only a {\"String\": ...} pattern with a \"content\" string "
+                           "is supported");
     }
     if (a && (!(st.a = malloc(a->len + 1)) || !memcpy(st.a, a->str, a->len))) return set_err(err, errlen, "out of memory");
-    if (b && (!(st.b = malloc(b->len + 1)) || !memcpy(st.b, b->str, b->len))) { free(st.a); return set_err(err, errlen, "out of memory"); }
+    if (b && (!(st.b = malloc(b->len + 1)) || !memcpy(st.b, b->str, b->len))) {
+        free(st.a);
+        return set_err(err, errlen, "out of memory");
+    }
     st.an = a ? a->len : 0;
     st.bn = b ? b->len : 0;
     t->norm[t->nnorm++] = st;
@@ -147,7 +164,11 @@ static int load_normalizer(Tokenizer *t, const JsonValue *v, int depth, char *er
 /* Flattens a post-processor into ids before and after the sequence (single-sequence case). */
 static int pp_wrap(Tokenizer *t, const int32_t *pre, size_t npre, const int32_t *post, size_t npost) {
     int32_t *p = malloc((t->npre + npre + 1) * sizeof *p), *q = malloc((t->npost + npost + 1) * sizeof *q);
-    if (!p || !q) { free(p); free(q); return -1; }
+    if (!p || !q) {
+        free(p);
+        free(q);
+        return -1;
+    }
     if (npre) memcpy(p, pre, npre * sizeof *p);
     if (t->npre) memcpy(p + npre, t->pp_pre, t->npre * sizeof *p);
     if (t->npost) memcpy(q, t->pp_post, t->npost * sizeof *q);
@@ -188,8 +209,10 @@ static int load_post(Tokenizer *t, const JsonValue *v, int depth, char *err, siz
         return pp_wrap(t, &cls, 1, &sep, 1) ? set_err(err, errlen, "out of memory") : 0;
     }
     if (strcmp(type, "TemplateProcessing")) {
-        snprintf(err, errlen, "unsupported post_processor type '%s' (supported: TemplateProcessing, ByteLevel, "
-                 "RobertaProcessing, BertProcessing, Sequence)", type);
+        snprintf(err, errlen,
+                 "unsupported post_processor type '%s' (supported: TemplateProcessing, ByteLevel, "
+                 "RobertaProcessing, BertProcessing, Sequence)",
+                 type);
         return -1;
     }
     const JsonValue *single = json_get(v, "single"), *specials = json_get(v, "special_tokens");
@@ -203,7 +226,10 @@ static int load_post(Tokenizer *t, const JsonValue *v, int depth, char *err, siz
         if (sq) {
             const char *which = json_get_str(sq, "id");
             if (which && !strcmp(which, "A")) {
-                if (seen_a++) { set_err(err, errlen, "post_processor TemplateProcessing: $A used twice"); goto out; }
+                if (seen_a++) {
+                    set_err(err, errlen, "post_processor TemplateProcessing: $A used twice");
+                    goto out;
+                }
             }
             continue; /* $B only occurs in pair templates */
         }
@@ -211,7 +237,8 @@ static int load_post(Tokenizer *t, const JsonValue *v, int depth, char *err, siz
         const JsonValue *st = name ? json_get(specials, name) : NULL;
         const JsonValue *ids = json_get(st, "ids");
         if (!ids || ids->type != JSON_ARR) {
-            snprintf(err, errlen, "post_processor TemplateProcessing: special token '%s' not in special_tokens", name ? name : "?");
+            snprintf(err, errlen, "post_processor TemplateProcessing: special token '%s' not in special_tokens",
+                     name ? name : "?");
             goto out;
         }
         for (size_t k = 0; k < ids->len; k++) {
@@ -220,11 +247,20 @@ static int load_post(Tokenizer *t, const JsonValue *v, int depth, char *err, siz
                 set_err(err, errlen, "post_processor TemplateProcessing: bad token id");
                 goto out;
             }
-            if (tok_ids_push(seen_a ? &post : &pre, (int32_t)x->i)) { set_err(err, errlen, "out of memory"); goto out; }
+            if (tok_ids_push(seen_a ? &post : &pre, (int32_t)x->i)) {
+                set_err(err, errlen, "out of memory");
+                goto out;
+            }
         }
     }
-    if (!seen_a) { set_err(err, errlen, "post_processor TemplateProcessing: single template lacks $A"); goto out; }
-    if (pp_wrap(t, pre.v, pre.n, post.v, post.n)) { set_err(err, errlen, "out of memory"); goto out; }
+    if (!seen_a) {
+        set_err(err, errlen, "post_processor TemplateProcessing: single template lacks $A");
+        goto out;
+    }
+    if (pp_wrap(t, pre.v, pre.n, post.v, post.n)) {
+        set_err(err, errlen, "out of memory");
+        goto out;
+    }
     rc = 0;
 out:
     free(pre.v);
@@ -245,8 +281,8 @@ static int byte_key(const char *s, size_t n, TokBuf *out) {
     return 0;
 }
 
-static int add_merge(Tokenizer *t, const char *a, size_t la, const char *b, size_t lb, uint32_t rank,
-                     TokBuf *tmp, char *err, size_t errlen) {
+static int add_merge(Tokenizer *t, const char *a, size_t la, const char *b, size_t lb, uint32_t rank, TokBuf *tmp, char *err,
+                     size_t errlen) {
     int32_t ia = tok_strmap_get(&t->vocab_content, a, la), ib = tok_strmap_get(&t->vocab_content, b, lb);
     tmp->n = 0;
     if (tok_buf_put(tmp, a, la) || tok_buf_put(tmp, b, lb)) return set_err(err, errlen, "out of memory");
@@ -286,8 +322,10 @@ static int load_model(Tokenizer *t, const JsonValue *m, char *err, size_t errlen
 
     TokBuf key = {0};
     int rc = -1;
-    if (tok_strmap_reserve(&t->vocab_content, vocab->len) ||
-        tok_bpe_reserve(t->bpe, vocab->len, merges ? merges->len : 0)) { set_err(err, errlen, "out of memory"); goto out; }
+    if (tok_strmap_reserve(&t->vocab_content, vocab->len) || tok_bpe_reserve(t->bpe, vocab->len, merges ? merges->len : 0)) {
+        set_err(err, errlen, "out of memory");
+        goto out;
+    }
     for (size_t i = 0; i < vocab->len; i++) {
         const JsonValue *idv = &vocab->items[i];
         const char *s = vocab->keys[i];
@@ -302,17 +340,26 @@ static int load_model(Tokenizer *t, const JsonValue *m, char *err, size_t errlen
             goto out;
         }
         int32_t id = (int32_t)idv->i;
-        if (tok_strmap_put(&t->vocab_content, s, n, id)) { set_err(err, errlen, "out of memory"); goto out; }
+        if (tok_strmap_put(&t->vocab_content, s, n, id)) {
+            set_err(err, errlen, "out of memory");
+            goto out;
+        }
         int kr = 0;
         const unsigned char *k = (const unsigned char *)s;
         size_t kn = n;
         if (o->byte_units) {
             kr = byte_key(s, n, &key);
-            if (kr < 0) { set_err(err, errlen, "out of memory"); goto out; }
+            if (kr < 0) {
+                set_err(err, errlen, "out of memory");
+                goto out;
+            }
             k = key.p;
             kn = key.n;
         }
-        if (kr == 0 && tok_bpe_add_token(t->bpe, k, kn, id)) { set_err(err, errlen, "out of memory"); goto out; }
+        if (kr == 0 && tok_bpe_add_token(t->bpe, k, kn, id)) {
+            set_err(err, errlen, "out of memory");
+            goto out;
+        }
     }
     const char *unk = json_get_str(m, "unk_token");
     if (unk) {
@@ -330,11 +377,13 @@ static int load_model(Tokenizer *t, const JsonValue *m, char *err, size_t errlen
                     snprintf(err, errlen, "model.merges: entry %zu is not \"a b\"", i);
                     goto out;
                 }
-                if (add_merge(t, mg->str, (size_t)(sp - mg->str), sp + 1, mg->len - (size_t)(sp + 1 - mg->str), rank++,
-                              &key, err, errlen)) goto out;
+                if (add_merge(t, mg->str, (size_t)(sp - mg->str), sp + 1, mg->len - (size_t)(sp + 1 - mg->str), rank++, &key, err,
+                              errlen))
+                    goto out;
             } else if (mg->type == JSON_ARR && mg->len == 2 && mg->items[0].type == JSON_STR && mg->items[1].type == JSON_STR) {
-                if (add_merge(t, mg->items[0].str, mg->items[0].len, mg->items[1].str, mg->items[1].len, rank++,
-                              &key, err, errlen)) goto out;
+                if (add_merge(t, mg->items[0].str, mg->items[0].len, mg->items[1].str, mg->items[1].len, rank++, &key, err,
+                              errlen))
+                    goto out;
             } else {
                 snprintf(err, errlen, "model.merges: entry %zu must be \"a b\" or [\"a\", \"b\"]", i);
                 goto out;
@@ -357,7 +406,10 @@ static int load_added(Tokenizer *t, const JsonValue *list, int32_t next_id, char
     for (size_t i = 0; i < list->len; i++) {
         const JsonValue *a = &list->items[i];
         const JsonValue *c = json_get(a, "content");
-        if (!c || c->type != JSON_STR) { snprintf(err, errlen, "added_tokens[%zu]: missing \"content\"", i); goto out; }
+        if (!c || c->type != JSON_STR) {
+            snprintf(err, errlen, "added_tokens[%zu]: missing \"content\"", i);
+            goto out;
+        }
         if (tok_u8_first_invalid((const unsigned char *)c->str, c->len) != c->len) {
             snprintf(err, errlen, "added_tokens[%zu]: content is not valid UTF-8", i);
             goto out;
@@ -374,34 +426,55 @@ static int load_added(Tokenizer *t, const JsonValue *list, int32_t next_id, char
         int32_t id = tok_strmap_get(&t->added_content, c->str, c->len);
         size_t slot = t->nadded;
         if (id >= 0) {
-            for (size_t k = 0; k < t->nadded; k++) if (t->added[k].id == id) slot = k;
+            for (size_t k = 0; k < t->nadded; k++)
+                if (t->added[k].id == id) slot = k;
         } else {
             id = tok_strmap_get(&t->vocab_content, c->str, c->len);
             if (id < 0) {
-                if (next_id >= MAX_TOKEN_ID) { set_err(err, errlen, "added_tokens: too many tokens"); goto out; }
+                if (next_id >= MAX_TOKEN_ID) {
+                    set_err(err, errlen, "added_tokens: too many tokens");
+                    goto out;
+                }
                 id = next_id++;
             }
-            if (tok_strmap_put(&t->added_content, c->str, c->len, id)) { set_err(err, errlen, "out of memory"); goto out; }
+            if (tok_strmap_put(&t->added_content, c->str, c->len, id)) {
+                set_err(err, errlen, "out of memory");
+                goto out;
+            }
         }
         ad.id = id;
         const unsigned char *form = (const unsigned char *)c->str;
         size_t form_n = c->len;
-        if (ad.normalized && t->nnorm &&
-            tok_normalize(t->norm, t->nnorm, 1, form, form_n, &norm, &form, &form_n)) { set_err(err, errlen, "out of memory"); goto out; }
-        if (t->added_pool.n + form_n + c->len > 0xFFFFFFFFu) { set_err(err, errlen, "added_tokens too large"); goto out; }
+        if (ad.normalized && t->nnorm && tok_normalize(t->norm, t->nnorm, 1, form, form_n, &norm, &form, &form_n)) {
+            set_err(err, errlen, "out of memory");
+            goto out;
+        }
+        if (t->added_pool.n + form_n + c->len > 0xFFFFFFFFu) {
+            set_err(err, errlen, "added_tokens too large");
+            goto out;
+        }
         ad.off = (uint32_t)t->added_pool.n;
         ad.len = (uint32_t)form_n;
-        if (tok_buf_put(&t->added_pool, form, form_n)) { set_err(err, errlen, "out of memory"); goto out; }
+        if (tok_buf_put(&t->added_pool, form, form_n)) {
+            set_err(err, errlen, "out of memory");
+            goto out;
+        }
         ad.coff = (uint32_t)t->added_pool.n;
         ad.clen = (uint32_t)c->len;
-        if (tok_buf_put(&t->added_pool, c->str, c->len)) { set_err(err, errlen, "out of memory"); goto out; }
+        if (tok_buf_put(&t->added_pool, c->str, c->len)) {
+            set_err(err, errlen, "out of memory");
+            goto out;
+        }
         t->added[slot] = ad;
         if (slot == t->nadded) t->nadded++;
     }
     for (size_t k = 0; k < t->nadded; k++) {
         Added *ad = &t->added[k];
         Trie *tr = ad->normalized ? &t->trie_norm : &t->trie_raw;
-        if (trie_insert(tr, t->added_pool.p + ad->off, ad->len, (int32_t)k)) { set_err(err, errlen, "out of memory"); goto out; }
+        if (trie_insert(tr, t->added_pool.p + ad->off, ad->len, (int32_t)k)) {
+            set_err(err, errlen, "out of memory");
+            goto out;
+        }
     }
     rc = 0;
 out:
@@ -429,7 +502,11 @@ static int load_decoder(Tokenizer *t, const JsonValue *d, int depth, char *err, 
             return set_err(err, errlen, "decoder Replace: only a non-empty {\"String\": ...} pattern is supported");
         if (t->ndec_replace == 4) return set_err(err, errlen, "decoder: too many Replace steps");
         TokNorm *r = &t->dec_replace[t->ndec_replace];
-        if (!(r->a = malloc(a->len + 1)) || !(r->b = malloc(c->len + 1))) { free(r->a); r->a = NULL; return set_err(err, errlen, "out of memory"); }
+        if (!(r->a = malloc(a->len + 1)) || !(r->b = malloc(c->len + 1))) {
+            free(r->a);
+            r->a = NULL;
+            return set_err(err, errlen, "out of memory");
+        }
         memcpy(r->a, a->str, a->len);
         memcpy(r->b, c->str, c->len);
         r->an = a->len;
@@ -503,8 +580,14 @@ static int build_decode_table(Tokenizer *t, const JsonValue *vocab, int byte_lev
             int bv = t->dec_byte_fallback && !byte_level ? byte_token(s, sn) : -1;
             if (byte_level) {
                 int r = byte_key(s, sn, &key);
-                if (r < 0) { free(key.p); return set_err(err, errlen, "out of memory"); }
-                if (r == 0) { bytes = key.p; bn = key.n; }
+                if (r < 0) {
+                    free(key.p);
+                    return set_err(err, errlen, "out of memory");
+                }
+                if (r == 0) {
+                    bytes = key.p;
+                    bn = key.n;
+                }
             } else if (bv >= 0) {
                 one = (unsigned char)bv;
                 bytes = &one;
@@ -520,12 +603,18 @@ static int build_decode_table(Tokenizer *t, const JsonValue *vocab, int byte_lev
                 bytes = o;
                 bn = on;
             }
-            if (t->dec_pool.n + bn > 0xFFFFFFFFu) { free(key.p); return set_err(err, errlen, "tokenizer.json: vocabulary too large"); }
+            if (t->dec_pool.n + bn > 0xFFFFFFFFu) {
+                free(key.p);
+                return set_err(err, errlen, "tokenizer.json: vocabulary too large");
+            }
             t->dec_off[id] = (uint32_t)t->dec_pool.n;
             t->dec_len[id] = (uint32_t)bn;
             t->flags[id] |= TF_PRESENT;
             if (bn > t->max_tok_bytes) t->max_tok_bytes = bn;
-            if (tok_buf_put(&t->dec_pool, bytes, bn)) { free(key.p); return set_err(err, errlen, "out of memory"); }
+            if (tok_buf_put(&t->dec_pool, bytes, bn)) {
+                free(key.p);
+                return set_err(err, errlen, "out of memory");
+            }
         }
     }
     free(key.p);
@@ -539,22 +628,37 @@ Tokenizer *tok_load_buffer(const char *json, size_t len, char *err, size_t errle
     }
     char jerr[200];
     JsonDoc *doc = json_parse(json, len, jerr, sizeof jerr);
-    if (!doc) { snprintf(err, errlen, "tokenizer.json: %s", jerr); return NULL; }
+    if (!doc) {
+        snprintf(err, errlen, "tokenizer.json: %s", jerr);
+        return NULL;
+    }
     Tokenizer *t = calloc(1, sizeof *t);
-    if (!t) { json_free(doc); snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!t) {
+        json_free(doc);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     const JsonValue *root = json_root(doc);
-    if (root->type != JSON_OBJ) { set_err(err, errlen, "tokenizer.json: top level must be an object"); goto fail; }
+    if (root->type != JSON_OBJ) {
+        set_err(err, errlen, "tokenizer.json: top level must be an object");
+        goto fail;
+    }
     const char *ver = json_get_str(root, "version");
-    if (ver && strcmp(ver, "1.0")) { snprintf(err, errlen, "tokenizer.json: unknown version '%.20s'", ver); goto fail; }
+    if (ver && strcmp(ver, "1.0")) {
+        snprintf(err, errlen, "tokenizer.json: unknown version '%.20s'", ver);
+        goto fail;
+    }
     if (load_normalizer(t, json_get(root, "normalizer"), 0, err, errlen)) goto fail;
     if (!(t->pt = tok_pretok_load(json_get(root, "pre_tokenizer"), err, errlen))) goto fail;
     const JsonValue *model = json_get(root, "model");
     if (load_model(t, model, err, errlen)) goto fail;
     const JsonValue *vocab = json_get(model, "vocab");
     int64_t max_id = -1;
-    for (size_t i = 0; i < vocab->len; i++) if (vocab->items[i].i > max_id) max_id = vocab->items[i].i;
+    for (size_t i = 0; i < vocab->len; i++)
+        if (vocab->items[i].i > max_id) max_id = vocab->items[i].i;
     if (load_added(t, json_get(root, "added_tokens"), (int32_t)t->vocab_content.n, err, errlen)) goto fail;
-    for (size_t i = 0; i < t->nadded; i++) if (t->added[i].id > max_id) max_id = t->added[i].id;
+    for (size_t i = 0; i < t->nadded; i++)
+        if (t->added[i].id > max_id) max_id = t->added[i].id;
     t->n_ids = (int32_t)(max_id + 1);
     if (load_post(t, json_get(root, "post_processor"), 0, err, errlen)) goto fail;
     if (load_decoder(t, json_get(root, "decoder"), 0, err, errlen)) goto fail;
@@ -577,7 +681,10 @@ fail:
 
 Tokenizer *tok_load(const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "cannot open %s", path); return NULL; }
+    if (!f) {
+        snprintf(err, errlen, "cannot open %s", path);
+        return NULL;
+    }
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -590,7 +697,12 @@ Tokenizer *tok_load(const char *path, char *err, size_t errlen) {
             }
             cap = cap ? cap * 2 : (1 << 20);
             char *nb = realloc(buf, cap + 1);
-            if (!nb) { fclose(f); free(buf); snprintf(err, errlen, "out of memory reading %s", path); return NULL; }
+            if (!nb) {
+                fclose(f);
+                free(buf);
+                snprintf(err, errlen, "out of memory reading %s", path);
+                return NULL;
+            }
             buf = nb;
         }
         size_t r = fread(buf + n, 1, cap - n, f);
@@ -599,7 +711,11 @@ Tokenizer *tok_load(const char *path, char *err, size_t errlen) {
     }
     int bad = ferror(f);
     fclose(f);
-    if (bad) { free(buf); snprintf(err, errlen, "read error on %s", path); return NULL; }
+    if (bad) {
+        free(buf);
+        snprintf(err, errlen, "read error on %s", path);
+        return NULL;
+    }
     char lerr[400];
     Tokenizer *t = tok_load_buffer(buf, n, lerr, sizeof lerr);
     free(buf);
@@ -611,8 +727,14 @@ void tok_free(Tokenizer *t) {
     if (!t) return;
     tok_bpe_free(t->bpe);
     tok_pretok_free(t->pt);
-    for (int i = 0; i < t->nnorm; i++) { free(t->norm[i].a); free(t->norm[i].b); }
-    for (int i = 0; i < t->ndec_replace; i++) { free(t->dec_replace[i].a); free(t->dec_replace[i].b); }
+    for (int i = 0; i < t->nnorm; i++) {
+        free(t->norm[i].a);
+        free(t->norm[i].b);
+    }
+    for (int i = 0; i < t->ndec_replace; i++) {
+        free(t->dec_replace[i].a);
+        free(t->dec_replace[i].b);
+    }
     free(t->flags);
     free(t->dec_off);
     free(t->dec_len);
@@ -639,13 +761,9 @@ const char *tok_token_bytes(const Tokenizer *t, int32_t id, size_t *len) {
 int tok_is_byte(const Tokenizer *t, int32_t id) { return id >= 0 && id < t->n_ids && (t->flags[id] & TF_BYTE); }
 int tok_strip_start(const Tokenizer *t) { return t->dec_strip_start; }
 
-int tok_is_special(const Tokenizer *t, int32_t id) {
-    return id >= 0 && id < t->n_ids && (t->flags[id] & TF_SPECIAL) != 0;
-}
+int tok_is_special(const Tokenizer *t, int32_t id) { return id >= 0 && id < t->n_ids && (t->flags[id] & TF_SPECIAL) != 0; }
 
-int tok_is_added(const Tokenizer *t, int32_t id) {
-    return id >= 0 && id < t->n_ids && (t->flags[id] & TF_ADDED) != 0;
-}
+int tok_is_added(const Tokenizer *t, int32_t id) { return id >= 0 && id < t->n_ids && (t->flags[id] & TF_ADDED) != 0; }
 
 int32_t tok_find(const Tokenizer *t, const char *content) {
     size_t n = strlen(content);
@@ -657,8 +775,14 @@ size_t tok_max_token_bytes(const Tokenizer *t) { return t->max_tok_bytes; }
 
 /* ------------------------------------------------------------------ encoding */
 
-typedef struct { size_t s, e; int32_t added; } Seg; /* added: index into t->added or -1 */
-typedef struct { Seg *v; size_t n, cap; } Segs;
+typedef struct {
+    size_t s, e;
+    int32_t added;
+} Seg; /* added: index into t->added or -1 */
+typedef struct {
+    Seg *v;
+    size_t n, cap;
+} Segs;
 
 static int seg_push(Segs *a, size_t s, size_t e, int32_t added) {
     Seg *v = grow_array(a->v, &a->cap, a->n + 1, sizeof *v, 16);
@@ -674,27 +798,34 @@ static int is_word_cp(uint32_t cp) { /* Rust regex \w: alphanumeric, marks, conn
 }
 
 static size_t prev_cp_start(const unsigned char *s, size_t p) {
-    do p--; while (p > 0 && (s[p] & 0xC0) == 0x80);
+    do p--;
+    while (p > 0 && (s[p] & 0xC0) == 0x80);
     return p;
 }
 
 /* HF AddedVocabulary::find_matches: leftmost-longest matches; skipped special tokens when
  * !parse_special, single_word/lstrip/rstrip rules with Unicode \w and \s. lit: literal spans
  * (pairs, see tok_encode_literal): no match inside one or across its edges, no strip into one. */
-static int split_added(const Tokenizer *t, const Trie *tr, const unsigned char *s, size_t n, int parse_special,
-                       const size_t *lit, size_t nlit, Segs *out) {
+static int split_added(const Tokenizer *t, const Trie *tr, const unsigned char *s, size_t n, int parse_special, const size_t *lit,
+                       size_t nlit, Segs *out) {
     out->n = 0;
     size_t start_off = 0, i = 0, adv, li = 0, floor = 0;
     while (i < n) {
         while (li < nlit && lit[2 * li + 1] <= i) floor = lit[2 * li++ + 1];
         size_t lim = n;
         if (li < nlit) {
-            if (lit[2 * li] <= i) { i = lit[2 * li + 1]; continue; } /* inside a literal span: text */
+            if (lit[2 * li] <= i) {
+                i = lit[2 * li + 1];
+                continue;
+            } /* inside a literal span: text */
             lim = lit[2 * li];
         }
         size_t mlen = 0;
         int32_t k = trie_longest(tr, s + i, lim - i, &mlen);
-        if (k < 0) { i++; continue; }
+        if (k < 0) {
+            i++;
+            continue;
+        }
         const Added *ad = &t->added[k];
         size_t start = i, stop = i + mlen;
         i = stop;
@@ -786,13 +917,13 @@ static int norm_segment(const Tokenizer *t, const unsigned char *s, size_t rs, s
     return 0;
 }
 
-int tok_encode(const Tokenizer *t, const char *text, size_t len, int parse_special, int add_special,
-               int32_t **ids_out, size_t *n_out, char *err, size_t errlen) {
+int tok_encode(const Tokenizer *t, const char *text, size_t len, int parse_special, int add_special, int32_t **ids_out,
+               size_t *n_out, char *err, size_t errlen) {
     return tok_encode_literal(t, text, len, parse_special, add_special, NULL, 0, ids_out, n_out, err, errlen);
 }
 
-int tok_encode_literal(const Tokenizer *t, const char *text, size_t len, int parse_special, int add_special,
-                       const size_t *lit, size_t nlit, int32_t **ids_out, size_t *n_out, char *err, size_t errlen) {
+int tok_encode_literal(const Tokenizer *t, const char *text, size_t len, int parse_special, int add_special, const size_t *lit,
+                       size_t nlit, int32_t **ids_out, size_t *n_out, char *err, size_t errlen) {
     *ids_out = NULL;
     *n_out = 0;
     const unsigned char *s = (const unsigned char *)text;
@@ -813,7 +944,8 @@ int tok_encode_literal(const Tokenizer *t, const char *text, size_t len, int par
     size_t *sub = NULL, nsub = 0, subcap = 0;
     uint64_t steps = 2000 * (uint64_t)len + 1000000; /* ~30 per byte in practice */
     int rc = -1;
-    for (size_t i = 0; i < t->npre && add_special; i++) if (tok_ids_push(&ids, t->pp_pre[i])) goto oom;
+    for (size_t i = 0; i < t->npre && add_special; i++)
+        if (tok_ids_push(&ids, t->pp_pre[i])) goto oom;
     if (split_added(t, &t->trie_raw, s, len, parse_special, lit, nlit, &raw)) goto oom;
     for (size_t a = 0; a < raw.n; a++) {
         if (raw.v[a].added >= 0) {
@@ -830,15 +962,15 @@ int tok_encode_literal(const Tokenizer *t, const char *text, size_t len, int par
                 continue;
             }
             pieces.n = 0;
-            if (tok_pretok_run(t->pt, ns + nrm.v[b].s, nrm.v[b].e - nrm.v[b].s, &pieces, &arena, &steps, err, errlen))
-                goto done;
+            if (tok_pretok_run(t->pt, ns + nrm.v[b].s, nrm.v[b].e - nrm.v[b].s, &pieces, &arena, &steps, err, errlen)) goto done;
             for (size_t p = 0; p < pieces.n; p++)
                 if (tok_bpe_encode(t->bpe, pieces.v[p].p, pieces.v[p].n, &ids, &scratch, err, errlen)) goto done;
             tok_arena_free(arena);
             arena = NULL;
         }
     }
-    for (size_t i = 0; i < t->npost && add_special; i++) if (tok_ids_push(&ids, t->pp_post[i])) goto oom;
+    for (size_t i = 0; i < t->npost && add_special; i++)
+        if (tok_ids_push(&ids, t->pp_post[i])) goto oom;
     if (ids.oom) goto oom;
     if (!ids.v && !(ids.v = malloc(sizeof(int32_t)))) goto oom; /* non-NULL even when empty */
     *ids_out = ids.v;
