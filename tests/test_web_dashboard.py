@@ -20,6 +20,7 @@ from server_helpers import ROOT, ServerProc, model, post_json, request, template
 
 FAKE = Path(__file__).with_name("fake_engine.py")
 SHOTS = ROOT / "build" / "screenshots"
+TOOL_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # tools/ scripts import colibri from the checkout
 MOE_ENV = {"COLI_ENGINE": str(FAKE), "COLI_FAKE_MODE": "moe", "COLI_FAKE_DELAY": "0.15"}
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -260,7 +261,7 @@ def test_atlas_from_the_tool(served, browser, model):  # noqa: F811
         post_json(served.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
     out = model / "experts.json"
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "expert_atlas.py"), "--server", served.base,
-                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+                        "--out", str(out)], capture_output=True, text=True, timeout=120, env=TOOL_ENV)
     assert r.returncode == 0, r.stderr
     atlas = json.loads(out.read_text())
     assert atlas["layers"] == 2 and atlas["experts"] == 8 and len(atlas["points"]) == 16

@@ -2,6 +2,7 @@
 (tools/expert_atlas.py), without a server or a browser."""
 import json
 import math
+import os
 import struct
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from colibri.server.telemetry import CACHED, DISK, PINNED, RESIDENT, Telemetry
 import expert_atlas  # tools/ is on the path (pytest.ini)
 
 ROOT = Path(__file__).resolve().parents[1]
+TOOL_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # tools/ scripts import colibri from the checkout
 
 MANIFEST = {"arch": {"num_experts": 4, "layer_mlp": ["dense", "moe", "moe"]}}
 
@@ -100,7 +102,7 @@ def test_atlas_places_co_activated_experts_together(tmp_path):
     out = tmp_path / "experts.json"
     tool = str(ROOT / "tools" / "expert_atlas.py")
     r = subprocess.run([sys.executable, tool, "--history", str(src), "--out", str(out)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=TOOL_ENV)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text()) == json.loads(json.dumps(atlas))
 
@@ -109,7 +111,7 @@ def test_atlas_without_routing_says_what_to_do(tmp_path):
     src = tmp_path / "history.json"
     src.write_text(json.dumps({"layers": 2, "experts": 4, "history": []}))
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "expert_atlas.py"), "--history", str(src),
-                        "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60)
+                        "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60, env=TOOL_ENV)
     assert r.returncode != 0 and "no per-turn routing yet" in r.stderr and "chat a few turns" in r.stderr
 
 

@@ -3,8 +3,8 @@
 sit together, and writes experts.json for the dashboard's Atlas (served from the model
 directory at /v1/colibri/atlas).
 
-    python tools/expert_atlas.py --server http://127.0.0.1:8000 --out MODEL/experts.json
-    python tools/expert_atlas.py --history saved.json --out experts.json
+    PYTHONPATH=. python tools/expert_atlas.py --server http://127.0.0.1:8000 --out MODEL/experts.json
+    PYTHONPATH=. python tools/expert_atlas.py --history saved.json --out experts.json
 
 The input is the per-turn routing a running server keeps (GET /v1/colibri/experts?history=1,
 or that document saved to a file). Each expert becomes a vector of its log counts over the
@@ -19,8 +19,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from colibri.server.atlas import MAX_TURNS, NoRouting, layout  # noqa: E402,F401 (layout: the tests use it)
+from colibri.server.atlas import MAX_TURNS, NoRouting, layout  # noqa: F401 (layout: the tests use it); run as PYTHONPATH=.
 
 
 def load(args):

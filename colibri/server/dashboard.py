@@ -61,7 +61,7 @@ def serve(h, app, method, path):
 
 ATLAS_MISSING = ("no expert atlas yet: the server has not finished a turn with an engine that reports routing "
                  "(a model that streams its experts); chat a few turns and open the Atlas again. To keep one "
-                 "for this model: python tools/expert_atlas.py --server URL --out MODEL/experts.json")
+                 "for this model: PYTHONPATH=. python tools/expert_atlas.py --server URL --out MODEL/experts.json (in the colibri checkout)")
 _live = {"seq": None, "doc": None}
 _live_lock = threading.Lock()
 
