@@ -106,18 +106,18 @@ def test_every_command_takes_the_same_ctx_range(model, cmd, extra, tmp_path):
         assert "--ctx 1" not in r.stderr, (cmd, r.stderr)
 
 
-# ---------------------------------------------------------------- coli list / rm
+# ---------------------------------------------------------------- coli list / rm / ps
 
-def test_help_lists_the_store_commands():
+def test_help_lists_the_store_and_process_commands():
     r = coli("--help")
     assert r.returncode == 0
-    for cmd in ("list", "rm"):
+    for cmd in ("list", "rm", "ps"):
         line = next((ln for ln in r.stdout.splitlines() if ln.strip().startswith(cmd + " ")), "")
         assert line and "not implemented" not in line, (cmd, r.stdout)
 
 
 def table(stdout):
-    """{first column: [columns]} of a `coli list` table (columns 2+ spaces apart)."""
+    """{first column: [columns]} of a `coli list` / `coli ps` table (columns 2+ spaces apart)."""
     import re
     lines = stdout.splitlines()
     return lines[0].split(), {re.split(r"\s{2,}", ln.strip())[0]: re.split(r"\s{2,}", ln.strip()) for ln in lines[1:]}
@@ -144,6 +144,62 @@ def test_list_shows_name_size_and_where(store, model, tmp_path):
     empty = clean_env(COLI_HOME=tmp_path / "empty")
     r = coli("list", env=empty)
     assert r.returncode == 0 and r.stdout.startswith("no models in the store") and "`coli pull smollm2`" in r.stdout
+
+
+def ps_rows(env):
+    r = coli("ps", env=env)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    if r.stdout.startswith("no colibri servers or engines are running"):
+        return None, {}
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["PID", "COMMAND", "MODEL", "ADDRESS", "RSS", "UPTIME"], r.stdout
+    return lines[0], table(r.stdout)[1]
+
+
+def test_ps_shows_a_server_its_engine_and_its_port(store, model, tmp_path):
+    from server_helpers import ServerProc
+    env = {k: store[k] for k in ("COLI_HOME", "COLI_PROFILE_DIR")}
+    with ServerProc(Path("tiny-moe"), "--no-kv-persist", env=env, log_dir=tmp_path) as srv:
+        engine = srv.engine_pid()
+        head, rows = ps_rows(store)
+        server_row, engine_row = rows[str(srv.proc.pid)], rows[str(engine)]
+        assert server_row[1:4] == ["coli serve", "tiny-moe", f"127.0.0.1:{srv.port}"], server_row
+        assert engine_row[1:4] == ["engine", "tiny-moe", "-"], engine_row
+        assert server_row[4].endswith("MB") and engine_row[4].endswith("B") and engine_row[5].endswith("s")
+        line = next(ln for ln in coli("ps", env=store).stdout.splitlines() if ln.startswith(str(engine) + " "))
+        assert line[head.index("COMMAND"):].startswith("  engine")  # indented under its server
+        r = coli("rm", "tiny-moe", "--yes", env=store)  # in use: refused, nothing removed
+        assert r.returncode == 2 and f"tiny-moe is in use by pid {srv.proc.pid} (coli serve), pid {engine} (engine)" \
+            in r.stderr and (tmp_path / "home" / "models" / "tiny-moe").is_symlink()
+    _, rows = ps_rows(store)
+    assert str(srv.proc.pid) not in rows and str(engine) not in rows
+
+
+def test_ps_lists_only_this_users_processes(store, model, tmp_path, monkeypatch):
+    """Engine-like processes (a python named `colibri` with a --model flag): this user's is listed,
+    another user's is not."""
+    sleeper = ["colibri", "-c", "import time; time.sleep(120)", "--model", str(model)]
+    procs = [subprocess.Popen(sleeper, executable=sys.executable)]
+    if os.geteuid() == 0:
+        procs.append(subprocess.Popen(sleeper, executable="/usr/bin/python3", user=65534, cwd="/"))
+    try:
+        _, rows = ps_rows(store)
+        assert rows[str(procs[0].pid)][1:3] == ["engine", "tiny-moe"]  # the store name of its model
+        assert all(str(p.pid) not in rows for p in procs[1:])
+        from colibri.cli import ps  # seen as another user, this user's processes are not listed
+        monkeypatch.setattr(os, "getuid", lambda uid=os.getuid(): uid + 1)
+        assert procs[0].pid not in [p["pid"] for p in ps.processes()]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_ps_with_nothing_running_says_so(tmp_path, monkeypatch, capsys):
+    from colibri.cli import ps
+    monkeypatch.setattr(ps, "PROC", str(tmp_path))
+    assert ps.run(None) == 0
+    assert capsys.readouterr().out.startswith("no colibri servers or engines are running")
 
 
 def test_rm_refuses_unknown_names_paths_outside_and_no_terminal(store, model, tmp_path):

@@ -4,8 +4,8 @@ Only entries of the store's models/ folder are removed, by the names `coli list`
 hf:ORG/REPO[:TAG] they were pulled as). A linked entry loses the link only: the directory it
 points to is left alone, and the message says so. A pulled model's download (the GGUF file or
 checkpoint in downloads/, kept so a pull converts again without fetching) goes with it unless
-another model was made from it or --keep-download is given. Nothing is removed until every name
-has been checked."""
+another model was made from it or --keep-download is given. A model a running engine or server
+uses is refused (`coli ps` shows them). Nothing is removed until every name has been checked."""
 import difflib
 import json
 import os
@@ -85,6 +85,20 @@ def download_of(e, listed):
     return folder, (0 if os.path.islink(folder) else tree_bytes(folder))
 
 
+def users(path):
+    """The running colibri processes whose model is `path`: a link is in use only when run through it."""
+    from colibri.cli import ps
+    try:
+        procs = ps.processes()
+    except UserError:  # no /proc: nothing to check against
+        return []
+    mine = os.path.normpath(os.path.abspath(path))
+    real = None if os.path.islink(path) else os.path.realpath(path)
+    hits = [p for p in procs if p["model"] and (os.path.normpath(p["model"]) == mine
+                                                or (real is not None and os.path.realpath(p["model"]) == real))]
+    return sorted(hits, key=lambda p: p["pid"])
+
+
 def remove(path):
     """Deletes a store entry without following links: a link is unlinked, a directory's own links
     inside are unlinked too (shutil.rmtree never descends through them)."""
@@ -101,6 +115,11 @@ def run(args):
         e = find_entry(name, listed)
         if any(p[0] is e for p in plan):
             continue
+        busy = users(e["path"])
+        if busy:
+            who = ", ".join(f"pid {p['pid']} ({'coli ' + p['sub'] if p['kind'] == 'coli' else 'engine'})"
+                            for p in busy)
+            raise UserError(f"{e['name']} is in use by {who}; stop it first (`coli ps` lists them), then remove it")
         plan.append((e, None if args.keep_download else download_of(e, listed)))
     lines = []
     for e, dl in plan:
