@@ -1,4 +1,5 @@
 #include "engine/engine.h"
+#include "engine/draft.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -134,6 +135,23 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
             if (a[2] == 'r') o->readahead = !strcmp(v, "on") ? 1 : 2;
             else o->pin_off = !strcmp(v, "off");
             i++;
+        } else if (!strcmp(a, "--draft")) {
+            if (!v || (strcmp(v, "lookup") && strcmp(v, "mtp") && strcmp(v, "off"))) {
+                snprintf(err, errlen, "--draft needs lookup, mtp or off");
+                return -1;
+            }
+            o->draft = 1 + (!strcmp(v, "lookup") ? DRAFT_LOOKUP : !strcmp(v, "mtp") ? DRAFT_MTP : DRAFT_OFF);
+            i++;
+        } else if (!strcmp(a, "--draft-adapt")) {
+            if (!v || (strcmp(v, "on") && strcmp(v, "off"))) {
+                snprintf(err, errlen, "--draft-adapt needs on or off");
+                return -1;
+            }
+            o->draft_fixed = !strcmp(v, "off");
+            i++;
+        } else if (!strcmp(a, "--draft-max")) {
+            rc = opt_int(a, v, 1, DRAFT_LIMIT, &o->draft_max, err, errlen);
+            i++;
         } else if (!strcmp(a, "--kv-dir")) {
             if (!v) {
                 snprintf(err, errlen, "--kv-dir needs a directory");
@@ -148,6 +166,29 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
 }
 
 static void restore_slots(Engine *e, const char *dir);
+
+/* --draft: a drafter the model cannot use is refused, one its state cannot undo is turned off
+ * with the reason (READY draft_off=). */
+static int engine_draft_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
+    const Arch *a = &e->model.a;
+    e->draft_mode = o->draft ? o->draft - 1 : DRAFT_OFF;
+    e->draft_max = o->draft_max ? o->draft_max : DRAFT_DEFAULT_MAX;
+    e->draft_fixed = o->draft_fixed;
+    if (e->draft_mode == DRAFT_MTP) {
+        snprintf(err, errlen, "--draft mtp: running the MTP heads is not implemented yet; use --draft lookup");
+        return -1;
+    }
+    if (!e->draft_mode) return 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        const StateDesc *s = &a->state[l];
+        if (!s->truncatable || (s->window > 0 && s->window < e->ctx)) {
+            e->draft_off = s->truncatable ? "sliding_window" : "recurrent_state";
+            e->draft_mode = DRAFT_OFF;
+            return 0;
+        }
+    }
+    return 0;
+}
 
 int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     memset(e, 0, sizeof(*e));
@@ -194,6 +235,10 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
                  "--parallel %d exceeds --kv-slots %d: each running request needs a KV slot of its own; "
                  "raise --kv-slots or lower --parallel",
                  e->parallel, e->n_slots);
+        engine_close(e);
+        return -1;
+    }
+    if (engine_draft_open(e, o, err, errlen)) {
         engine_close(e);
         return -1;
     }
@@ -274,10 +319,11 @@ int engine_serve(Engine *e) {
     char fallbacks[1024];
     kernels_fallbacks(kern.isa, fallbacks, sizeof fallbacks);
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s kernel_fallbacks=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d%s",
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d draft=%s draft_max=%d draft_adapt=%s%s%s%s",
               a->family, a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name, fallbacks[0] ? fallbacks : "none",
               omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type), kv_bytes_per_token(a), kv_bytes(a, e->ctx),
-              forward_max_batch, e->parallel, stream);
+              forward_max_batch, e->parallel, e->draft_mode == DRAFT_LOOKUP ? "lookup" : "off", e->draft_max,
+              e->draft_fixed ? "off" : "on", e->draft_off ? " draft_off=" : "", e->draft_off ? e->draft_off : "", stream);
     int rc = serve_loop(e, &in);
     reader_free(&in);
     return rc;

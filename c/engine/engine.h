@@ -29,6 +29,10 @@ typedef struct {
     Usage usage; /* .coli_usage: routing counts over turns */
     int usage_warned;
     EngineGrammar *grammar; /* constrained decoding (engine_grammar.h); NULL until a request has one */
+    int draft_mode;         /* DRAFT_* (draft.h): --draft, turned off where the model's state cannot be cut back */
+    int draft_max;          /* --draft-max */
+    int draft_fixed;        /* --draft-adapt off: always draft draft_max tokens where a match exists */
+    const char *draft_off;  /* why drafting is off although asked for, or NULL */
 } Engine;
 
 typedef struct {
@@ -47,6 +51,9 @@ typedef struct {
     int pin_off;     /* --pin off (default auto) */
     int io_threads;  /* --io-threads; 0: default */
     int logits_rows; /* one-shot `colibri logits`: positions it holds (its KV and logits) */
+    int draft;       /* --draft: DRAFT_* + 1; 0: default (off) */
+    int draft_max;   /* --draft-max; 0: DRAFT_DEFAULT_MAX */
+    int draft_fixed; /* --draft-adapt off */
 } EngineOptions;
 
 /* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */

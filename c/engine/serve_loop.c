@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "engine/engine_grammar.h"
+#include "engine/draft.h"
 #include "engine/engine_stream.h"
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -51,6 +52,10 @@ typedef struct {
     uint64_t masks_before;
     double t_grammar;
     int dead_end; /* the grammar allowed no token while incomplete */
+    int pending;  /* tok was sampled (and sent) by a verified draft: feed it without sampling again */
+    DraftCtl dc;
+    float *vlog;  /* [draft_max + 1][vocab]: a verify pass's logits, or NULL when drafting is off */
+    int32_t *vin; /* [draft_max + 1]: the fed token and its draft */
 } Stream;
 
 typedef struct {
@@ -139,6 +144,8 @@ static void stream_release(Loop *L, Stream *s) {
     engine_stream_mark_free(&s->mark);
     free(s->piece);
     free(s->logits);
+    free(s->vlog);
+    free(s->vin);
     free(s->ids);
     memset(s, 0, sizeof *s);
     L->n_active--;
@@ -175,6 +182,10 @@ static void stream_finish(Loop *L, Stream *s) {
                      (unsigned long long)(gs.masks_built - s->masks_before));
         }
         engine_persist_fields(e, stats, sizeof stats);
+        if (e->draft_mode) {
+            size_t k = strlen(stats);
+            snprintf(stats + k, sizeof stats - k, " draft_tokens=%ld draft_accepted=%ld", s->dc.tokens, s->dc.accepted);
+        }
         if (f->routing) engine_stream_routing_since(e, &s->mark, f->id);
         emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
                   "decode_tok_s=%.1f finish=%s%s",
@@ -190,6 +201,12 @@ static int slot_busy(const Loop *L, int slot) {
     for (int i = 0; i < L->e->parallel; i++)
         if (L->st[i].on && L->st[i].f.slot == slot) return 1;
     return 0;
+}
+
+/* Whether requests in slot kv may draft: drafting is on and every layer's state can be cut back
+ * to any position (no recurrent state, no sliding-window ring). */
+static int can_draft(const Engine *e, const KvCache *kv) {
+    return e->draft_mode == DRAFT_LOOKUP && kv->truncatable && !kv->ring_total;
 }
 
 /* Starts queued request p in a free entry: validation, ACCEPT (before any prefill), sampler. A
@@ -256,6 +273,12 @@ static void admit(Loop *L, Pending *p) {
         free(ids);
         memset(s, 0, sizeof *s);
         return;
+    }
+    draft_ctl_init(&s->dc, can_draft(e, kv) ? e->draft_max : 0, e->draft_fixed);
+    if (s->dc.max) { /* no memory for drafts only costs speed */
+        s->vlog = malloc(sizeof(float) * (size_t)(s->dc.max + 1) * a->vocab);
+        s->vin = malloc(sizeof(int32_t) * (size_t)(s->dc.max + 1));
+        if (!s->vlog || !s->vin) draft_ctl_init(&s->dc, 0, 0);
     }
     for (int i = 0; i < n; i++) sampler_accept(&s->smp, ids[i]); /* the prompt is in the window, as in llama-server */
     period_begin(L);
@@ -384,6 +407,53 @@ static int stream_sample(Loop *L, Stream *s) {
     return 1;
 }
 
+/* How many tokens to draft after s->tok (0: a plain step), and the draft itself in s->vin[1..]. */
+static int draft_size(Loop *L, Stream *s) {
+    if (!s->dc.max) return 0;
+    KvCache *kv = s->kv;
+    int room = L->e->ctx - kv->n - 1; /* the fed token and its draft must fit the context */
+    if (s->f.max_tokens >= 0 && s->f.max_tokens - s->produced - 1 < room) room = s->f.max_tokens - s->produced - 1;
+    if (forward_max_batch - 1 < room) room = forward_max_batch - 1; /* one pass, within the working memory planned */
+    int k = draft_ctl_want(&s->dc, room);
+    if (k <= 0) return 0;
+    kv->tokens[kv->n] = s->tok; /* the history to match ends with the token fed now (room >= 1: it fits) */
+    s->vin[0] = s->tok;
+    return draft_lookup(kv->tokens, kv->n + 1, k, s->vin + 1);
+}
+
+/* Feeds s->tok and its k drafted tokens in one pass, then samples from each position's logits in
+ * turn, exactly as plain steps would, while the sampled token is the drafted one: those positions
+ * are kept, the rest are cut off. The last sampled token is fed by the next step. */
+static void verify_draft(Loop *L, Stream *s, int k) {
+    Engine *e = L->e;
+    const int V = e->model.a.vocab;
+    KvCache *kv = s->kv;
+    const int n0 = kv->n;
+    double t = now_ms();
+    if (forward(&e->model, kv, s->vin, k + 1, s->vlog, 1)) {
+        s->oom = 1;
+        stream_finish(L, s);
+        return;
+    }
+    double ms = now_ms() - t;
+    int accepted = 0, emitted = 0, go_on = 1;
+    for (int j = 0; j <= k; j++) {
+        kv->n = n0 + j + 1; /* the positions row j has seen */
+        memcpy(s->logits, s->vlog + (size_t)j * V, sizeof(float) * (size_t)V);
+        if (!stream_sample(L, s)) {
+            go_on = 0;
+            break;
+        }
+        emitted++;
+        if (j == k || s->tok != s->vin[j + 1]) break;
+        accepted++;
+    }
+    if (kv->n < e->low_water[s->f.slot]) e->low_water[s->f.slot] = kv->n;
+    draft_ctl_verified(&s->dc, k, accepted, emitted, ms);
+    if (go_on) s->pending = 1;
+    else stream_finish(L, s);
+}
+
 /* One token for every generating request, then one forward pass over all of them. */
 static void decode_step(Loop *L) {
     Engine *e = L->e;
@@ -399,8 +469,9 @@ static void decode_step(Loop *L) {
         }
         if (!s) break;
         int i = (int)(s - L->st);
-        if (stream_sample(L, s)) L->who[R++] = i;
+        if (s->pending || stream_sample(L, s)) L->who[R++] = i;
         else { stream_finish(L, s); }
+        s->pending = 0;
     }
     if (!R) return;
     drain(L); /* a STOP or CANCEL that came with this token: it is not fed back */
@@ -418,8 +489,17 @@ static void decode_step(Loop *L) {
     R = kept;
     if (!R) return;
     int oom;
-    if (R == 1) oom = forward(&e->model, L->rows[0], L->next, 1, L->st[L->who[0]].logits, 0) != 0;
-    else {
+    if (R == 1) { /* a lone stream may draft: nobody else waits for its longer pass */
+        Stream *s = &L->st[L->who[0]];
+        int k = draft_size(L, s);
+        if (k > 0) {
+            verify_draft(L, s, k);
+            return;
+        }
+        double t = now_ms();
+        oom = forward(&e->model, L->rows[0], L->next, 1, s->logits, 0) != 0;
+        draft_ctl_plain(&s->dc, now_ms() - t);
+    } else {
         oom = forward_rows(&e->model, L->rows, L->next, R, L->row_logits) != 0;
         for (int r = 0; r < R && !oom; r++)
             memcpy(L->st[L->who[r]].logits, L->row_logits + (size_t)r * V, sizeof(float) * (size_t)V);

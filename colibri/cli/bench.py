@@ -33,7 +33,8 @@ def add_arguments(p):
                    help="temperature of the sampled-decode leg (top-p 0.95), which shows the sampler's cost next to "
                         "greedy decode; 0 leaves the leg out (default 1.0)")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
-    launch_opts.add_engine_flags(p, ("threads", "batch") + launch_opts.STREAM_FLAGS + ("kernels",), group=None, threads={
+    launch_opts.add_engine_flags(p, ("threads", "batch") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS + ("kernels",),
+                                 group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
         kernels={"help": "colibri's kernel set (default: the best this CPU runs), to compare sets in one alternating run"})
     p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),

@@ -40,11 +40,20 @@ ENGINE_FLAGS = {
                 "(default auto)"),
     "kernels": dict(choices=KERNEL_SETS, help="the engine's kernel set (default: the best this CPU runs; "
                     "`coli info` names it); the engine refuses one this CPU or build cannot run"),
+    "draft": dict(choices=("lookup", "mtp", "off"),
+                  help="speculative decoding: lookup drafts the tokens that followed the latest earlier match of the "
+                       "last few tokens (prompt and output), verified in one pass; the output is exactly the same. "
+                       "mtp (the checkpoint's MTP heads) is not implemented yet (default off)"),
+    "draft-max": dict(type=int, dest="draft_max", metavar="K", help="most tokens drafted at a time, 1-64 (default 8)"),
+    "draft-adapt": dict(choices=("on", "off"), dest="draft_adapt",
+                        help="on (default): the draft length follows the measured acceptance, and drafting pauses "
+                             "where it costs more time than it saves; off: always draft --draft-max tokens"),
     "no-profile": dict(action="store_true", dest="no_profile",
                        help="ignore the profile saved by `coli tune` (also COLI_NO_PROFILE=1)"),
 }
 STREAM_FLAGS = ("ram", "cap", "no-direct", "readahead", "pin")  # the expert store's knobs
-LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv") + STREAM_FLAGS + ("kernels", "no-profile")  # run, chat
+DRAFT_FLAGS = ("draft", "draft-max", "draft-adapt")  # speculative decoding
+LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv") + STREAM_FLAGS + DRAFT_FLAGS + ("kernels", "no-profile")
 
 
 def add_engine_flags(p, names=LAUNCH_FLAGS, group="engine", **overrides):
@@ -69,17 +78,23 @@ def engine_args(args):
 
 
 def stream_args(args):
-    """The engine arguments passed through as given: the expert store's (STREAM_FLAGS) and the
-    kernel set."""
+    """The engine arguments passed through as given: the expert store's (STREAM_FLAGS), the
+    drafter's (DRAFT_FLAGS) and the kernel set."""
     ram = ram_budget_gb(args)
     out = ["--ram", f"{ram:.6g}"] if ram is not None else []
     if getattr(args, "cap", None) is not None:
         out += ["--cap", str(args.cap)]
     if getattr(args, "no_direct", None):
         out.append("--no-direct")
-    for name in ("readahead", "pin", "kernels"):
-        if getattr(args, name, None) is not None:
-            out += [f"--{name}", getattr(args, name)]
+    for name in ("readahead", "pin", "kernels", "draft", "draft-adapt"):
+        if getattr(args, name.replace("-", "_"), None) is not None:
+            out += [f"--{name}", getattr(args, name.replace("-", "_"))]
+    if getattr(args, "draft_max", None) is not None:
+        if not 1 <= args.draft_max <= 64:
+            raise UserError(f"--draft-max {args.draft_max}: needs 1 to 64 tokens")
+        out += ["--draft-max", str(args.draft_max)]
+    if getattr(args, "draft", None) == "mtp":
+        raise UserError("--draft mtp: running the checkpoint's MTP heads is not implemented yet; use --draft lookup")
     return out
 
 

@@ -81,7 +81,8 @@ def add_arguments(p):
     p.add_argument("--no-kv-persist", action="store_true", help="keep KV slots in memory only")
     from colibri.cli import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(
-        p, ("ctx", "threads", "batch", "kv-slots", "kv") + launch_opts.STREAM_FLAGS + ("kernels",), group=None,
+        p, ("ctx", "threads", "batch", "kv-slots", "kv") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS
+        + ("kernels",), group=None,
         ctx={"help": "context length in tokens per slot (default min(model max, 4096))"},
         threads={"help": "compute threads (default: all cores)"},
         batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH}, {DEFAULT_BATCH_AMX} with AMX kernels)"},

@@ -42,6 +42,8 @@ class Metrics:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.reused_tokens = 0
+        self.draft_tokens = 0        # speculative decoding: tokens drafted, and those verification kept
+        self.draft_accepted = 0
         self.bytes_read = 0          # expert bytes the engine read from the model files
         self.expert_hits = 0
         self.expert_misses = 0
@@ -82,7 +84,8 @@ class Metrics:
                     setattr(self, attr, getattr(self, attr) + int(stats.get(key, 0)))
                 except ValueError:
                     pass
-            for key, attr in (("hits", "expert_hits"), ("misses", "expert_misses")):
+            for key, attr in (("hits", "expert_hits"), ("misses", "expert_misses"), ("draft_tokens", "draft_tokens"),
+                              ("draft_accepted", "draft_accepted")):
                 setattr(self, attr, getattr(self, attr) + _num(stats, key, int, 0))
             self.io_wait_ms += _num(stats, "io_wait_ms", float, 0.0)
             self.compute_ms += _num(stats, "compute_ms", float, 0.0)
@@ -139,6 +142,10 @@ class Metrics:
             metric("colibri_completion_tokens_total", "counter", "tokens generated", [({}, self.completion_tokens)])
             metric("colibri_reused_tokens_total", "counter", "prompt tokens served from the KV cache",
                    [({}, self.reused_tokens)])
+            metric("colibri_draft_tokens_total", "counter", "tokens drafted for speculative decoding (--draft)",
+                   [({}, self.draft_tokens)])
+            metric("colibri_draft_accepted_total", "counter", "drafted tokens the model's own choice confirmed",
+                   [({}, self.draft_accepted)])
             metric("colibri_expert_bytes_read_total", "counter", "expert bytes read from the model files",
                    [({}, self.bytes_read)])
             metric("colibri_expert_hits_total", "counter", "routed experts found in RAM", [({}, self.expert_hits)])

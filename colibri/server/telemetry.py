@@ -121,7 +121,7 @@ class Telemetry:
                "finish": stats.get("finish")}
         for k in ("hit_rate", "read_gbps", "io_wait_ms", "compute_ms"):
             rec[k] = _num(stats, k)
-        for k in ("hits", "misses", "bytes_read", "rss_mb", "peak_rss_mb"):
+        for k in ("hits", "misses", "bytes_read", "rss_mb", "peak_rss_mb", "draft_tokens", "draft_accepted"):
             rec[k] = _num(stats, k, int)
         return rec
 
