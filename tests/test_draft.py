@@ -215,3 +215,18 @@ def test_coli_run_passes_the_flags_and_stats_show_drafts(models, engine_bin):  #
     assert plain.returncode == 0 and drafted.returncode == 0, drafted.stderr
     assert drafted.stdout == plain.stdout
     assert "draft_tokens=" in drafted.stderr and "draft_accepted=" in drafted.stderr
+
+
+def test_draft_bench_checks_outputs_and_reports(models, engine_bin):  # noqa: F811
+    """tools/draft_bench.py on a tiny model: one round, its JSON has every prompt with both sides."""
+    import json
+    env = {**os.environ, **env_for(engine_bin), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "draft_bench.py"), "--model", str(models("llama")),
+                        "--rounds", "1", "--max-tokens", "24", "--threads", "1", "--adapt", "off", "--raw", "--json"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert set(res) == {"quote", "edit-code", "story", "list"}
+    for row in res.values():
+        assert row["plain_tok_s"] > 0 and row["lookup_tok_s"] > 0 and row["completion_tokens"] >= 1
+        assert 0 <= row["draft_accepted"] <= row["draft_tokens"]

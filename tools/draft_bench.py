@@ -3,7 +3,7 @@
 plain decoding (--draft off), on prompts with much to copy and on prompts with nothing to copy.
 
     PYTHONPATH=. tools/draft_bench.py --model smollm2 [--rounds 3] [--threads N] [--max-tokens 160]
-        [--adapt on|off] [--json]
+        [--adapt on|off] [--raw] [--json]
 
 Each prompt is a chat request through `coli run` (the model's template, greedy), run with and
 without drafts in turn, the order alternating between rounds: on a shared machine a swing in load
@@ -56,6 +56,8 @@ def run_once(args, prompt, draft):
         cmd += ["--draft-adapt", args.adapt]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.raw:
+        cmd.append("--raw")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode:
         raise SystemExit(f"coli run failed ({r.returncode}):\n{r.stderr[-2000:]}")
@@ -70,6 +72,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--adapt", choices=("on", "off"), default="on", help="--draft-adapt of the drafted side")
+    ap.add_argument("--raw", action="store_true", help="send the prompts without the chat template")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     results = {}
