@@ -230,3 +230,15 @@ def test_draft_bench_checks_outputs_and_reports(models, engine_bin):  # noqa: F8
     for row in res.values():
         assert row["plain_tok_s"] > 0 and row["lookup_tok_s"] > 0 and row["completion_tokens"] >= 1
         assert 0 <= row["draft_accepted"] <= row["draft_tokens"]
+
+
+def test_budget_counts_the_verify_logits(models):
+    """Each stream that may draft holds (K + 1) rows of logits: the RAM budget's runtime share
+    grows by exactly that, so a tight --ram leaves them room."""
+    model = models("llama")
+    runtime = {}
+    for name, extra in (("off", ["--draft", "off"]), ("lookup", ["--draft", "lookup", "--draft-max", "5"])):
+        with engine_client.Engine(model, ctx=64, kv_slots=2, extra=extra + ["--parallel", "2"]) as eng:
+            runtime[name], vocab = int(eng.info["runtime_bytes"]), int(eng.info["vocab"])
+        assert_clean_exit(eng)
+    assert runtime["lookup"] - runtime["off"] == 2 * (5 + 1) * vocab * 4

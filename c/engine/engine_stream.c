@@ -150,6 +150,9 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     uint64_t tok_bytes = !o->skip_tokenizer && stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
     int slots = o->logits_rows ? 1 : e->n_slots, kv_ctx = o->logits_rows ? o->logits_rows : e->ctx;
     int streams = o->logits_rows ? 1 : e->parallel; /* requests decoding at once */
+    /* each stream's verify-pass logits (serve_loop.c), when it may draft */
+    const uint64_t draft_bytes =
+        e->draft_mode ? (uint64_t)streams * (uint64_t)(e->draft_max + 1) * (uint64_t)e->model.a.vocab * sizeof(float) : 0;
     BudgetIn *in = &e->budget_in;
     *in = (BudgetIn){.ram = (uint64_t)(o->ram_gb * 1e9),
                      .dense = expert_store_dense_bytes(s),
@@ -160,6 +163,7 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
                      .experts = s->experts,
                      .slot_bytes = s->slot_bytes,
                      .cap = o->cap};
+    in->runtime += draft_bytes;
     if (!o->logits_rows) { /* a server's turn boundaries keep checkpoints; a tokenizer allows grammars */
         in->checkpoints = (uint64_t)slots * KV_MAX_CHECKPOINTS * kv_checkpoint_bytes(&e->model.a, kv_ctx);
         in->grammar = tok_bytes ? grammar_reserve_bytes(e->model.a.vocab, streams) : 0;
@@ -171,11 +175,12 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     while (ram_budget_split(in, &e->budget, err, errlen)) {
         if (!in->ram || o->batch || forward_max_batch <= 1) return -1;
         BudgetIn at1 = *in;
-        at1.runtime = engine_runtime_bytes(&e->model, 1, kv_ctx, threads, o->logits_rows, tok_bytes, streams);
+        at1.runtime = engine_runtime_bytes(&e->model, 1, kv_ctx, threads, o->logits_rows, tok_bytes, streams) + draft_bytes;
         BudgetOut probe;
         if (ram_budget_split(&at1, &probe, err, errlen)) return -1; /* not even batch 1 fits: its numbers */
         forward_max_batch /= 2;
-        in->runtime = engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes, streams);
+        in->runtime =
+            engine_runtime_bytes(&e->model, forward_max_batch, kv_ctx, threads, o->logits_rows, tok_bytes, streams) + draft_bytes;
         lowered = 1;
     }
     if (lowered)
