@@ -3,9 +3,9 @@
 plain decoding (--draft off), on prompts with much to copy and on prompts with nothing to copy.
 
     PYTHONPATH=. tools/draft_bench.py --model smollm2 [--rounds 3] [--threads N] [--max-tokens 160]
-        [--adapt on|off] [--raw] [--json]
+        [--adapt on|off] [--temp T --seed S] [--raw] [--json]
 
-Each prompt is a chat request through `coli run` (the model's template, greedy), run with and
+Each prompt is a chat request through `coli run` (the model's template, greedy or --temp), run with and
 without drafts in turn, the order alternating between rounds: on a shared machine a swing in load
 then falls on both sides. Both sides must print the same text (drafts never change greedy
 output); the script fails if they do not. Per prompt: median decode tok/s of each side, the median
@@ -50,8 +50,8 @@ PROMPTS = {
 
 
 def run_once(args, prompt, draft):
-    cmd = [sys.executable, str(ROOT / "coli"), "run", "--model", args.model, "--temp", "0", "--max-tokens",
-           str(args.max_tokens), "--stats", "--draft", draft, prompt]
+    cmd = [sys.executable, str(ROOT / "coli"), "run", "--model", args.model, "--temp", str(args.temp), "--seed",
+           str(args.seed), "--max-tokens", str(args.max_tokens), "--stats", "--draft", draft, prompt]
     if draft == "lookup":
         cmd += ["--draft-adapt", args.adapt]
     if args.threads:
@@ -72,6 +72,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--adapt", choices=("on", "off"), default="on", help="--draft-adapt of the drafted side")
+    ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy); with a seed "
+                    "both sides still print the same text")
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--raw", action="store_true", help="send the prompts without the chat template")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

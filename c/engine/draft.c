@@ -26,7 +26,7 @@ void draft_ctl_init(DraftCtl *c, int max, int fixed) {
     memset(c, 0, sizeof *c);
     c->max = max;
     c->fixed = fixed;
-    c->len = max < 4 ? max : 4;
+    c->len = max < 2 ? max : 2; /* short first: a rejected probe costs little */
     c->backoff = PAUSE_FIRST;
     c->ms_plain = c->ms_draft = -1;
 }
