@@ -183,7 +183,8 @@ class Engine:
 
     def generate(self, payload, **opts):
         """Yields ('accept', n_prompt, n_reused), ('data', token, bytes) ..., ('end', stats);
-        with logprobs=1 also ('logprob', token, logprob, bytes, alternatives) after each data."""
+        with logprobs=1 also ('logprob', token, logprob, bytes, alternatives) after each data; with
+        progress=1 ('progress', done, total, reused, ms) after each prefill chunk."""
         rid = self.submit(payload, **opts)
         while True:
             verb, f, body = self.read_frame()
@@ -197,6 +198,8 @@ class Engine:
                 yield ("logits", (int(f[1]), int(f[2])), body)
             elif verb == "LOGPROB":
                 yield ("logprob",) + parse_logprob(f)
+            elif verb == "PROGRESS":
+                yield ("progress", int(f[1]), int(f[2]), int(f[3]), float(f[4]))
             elif verb == "END":
                 yield ("end", dict(kv.split("=", 1) for kv in f[1:]))
                 return

@@ -82,6 +82,7 @@ static int submit_option(Frame *f, const char *key, const char *val, char *err, 
     } else if (!strcmp(key, "ids")) bad = parse_flag(val, &f->ids);
     else if (!strcmp(key, "logits")) bad = parse_flag(val, &f->logits);
     else if (!strcmp(key, "routing")) bad = parse_flag(val, &f->routing);
+    else if (!strcmp(key, "progress")) bad = parse_flag(val, &f->progress);
     else if (!strcmp(key, "special")) bad = parse_flag(val, &f->parse_special);
     else if (!strcmp(key, "add_special")) bad = parse_flag(val, &f->add_special);
     else if (!strcmp(key, "render_special")) bad = parse_flag(val, &f->render_special);

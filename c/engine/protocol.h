@@ -22,6 +22,7 @@ typedef struct {
     int ids;            /* payload is comma-separated token ids, not text */
     int logits;         /* teacher-forced: return logits for every position, generate nothing */
     int routing;        /* send a ROUTING frame (this turn's expert counts) before END */
+    int progress;       /* send a PROGRESS frame after each prefill chunk */
     int max_tokens;     /* -1: until end of context */
     int fit;            /* max_tokens must fit in the context after the prompt, else context_exceeded */
     int parse_special;  /* special-token text in the prompt becomes special tokens */

@@ -345,6 +345,8 @@ static void prefill_one(Loop *L) {
         return;
     }
     s->done += m;
+    if (s->f.progress) /* prompt positions in the cache now (reused ones included), of the prompt's */
+        emit_line("PROGRESS %s %d %d %d %.1f", s->f.id, s->done, s->n, s->reuse, now_ms() - s->t0);
     if (!last) {
         if (s->verdict) stream_finish(L, s); /* read between chunks: ends within one chunk */
         return;
