@@ -18,6 +18,7 @@ from pathlib import Path
 
 from colibri.cli import launch_opts
 from colibri.cli.common import UserError, model_arg, require_model
+from colibri.cli.progress import PromptProgress
 from colibri.server import harmony
 from colibri.server.text import ThinkSplitter  # the server's splitters: one rule for reasoning everywhere
 
@@ -261,8 +262,10 @@ class Chat:
             from colibri import engine_client
             try:
                 body, literal = payload.frame()
+                progress = PromptProgress()
                 for ev in self.eng.generate(body, rid=rid, slot=0, special=1, max_tokens=self.cap, **literal,
-                                            **self.opts):
+                                            progress=1 if progress.on else None, **self.opts):
+                    progress.event(ev)
                     if ev[0] == "data":
                         text = decoder.decode(ev[2])
                         pieces.append(text)
