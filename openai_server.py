@@ -120,7 +120,7 @@ class App:
         info = st["info"]
         status = {"ready": "ok"}.get(st["state"], st["state"])
         failure = st["gave_up"]
-        requests = {"active": st["active"], "queued": st["queued"], **counts}
+        requests = {"active": st["active"], "queued": st["queued"], "prefilling": st["prefill"], **counts}
         body = {
             "status": status,
             "model": self.model.id,

@@ -148,6 +148,9 @@ class Generation:
                     self.app.sched.stop(self.job)
                 if not self.spec.logprobs or ev[1] < 0:
                     self._flush()
+        elif kind == "progress":
+            if self.streaming and self.spec.return_progress and hasattr(self.resp, "stream_progress"):
+                self._send(self.resp.stream_progress(*ev[1:5]))
         elif kind == "logprob":
             if len(self.entries) < self.tokens:  # only tokens before the stop sequence ended the answer
                 self.entries.append(ev[1:])

@@ -93,6 +93,7 @@ def parse_chat(body, model, n_slots):
         cap_at_context(spec, body)
     spec.logprobs = get_bool(body, "logprobs", False)
     spec.top_logprobs = get_int(body, "top_logprobs", 0, 20, 0)
+    spec.return_progress = get_bool(body, "return_progress", False)
     if body.get("top_logprobs") is not None and not spec.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     if spec.logprobs:
@@ -234,6 +235,7 @@ def parse_completion(body, model, n_slots):
         spec.opts["fit"] = 1
     else:
         cap_at_context(spec, body)
+    spec.return_progress = get_bool(body, "return_progress", False)
     lp = get_int(body, "logprobs", 0, 20)
     if lp is not None:
         spec.logprobs, spec.top_logprobs = True, lp
@@ -281,6 +283,14 @@ def chat_logprobs(entries):
                         for _, lp, b, alts in entries], "refusal": None}
 
 
+def progress_chunk(r, chunk_object, done, total, reused, ms):
+    """llama-server's `return_progress` chunk: no choices, the prompt's progress (processed counts
+    the cached positions too, as llama-server's does)."""
+    return [sse({"id": r.id, "object": chunk_object, "created": r.created, "model": r.model_id,
+                 "system_fingerprint": FINGERPRINT, "choices": [],
+                 "prompt_progress": {"total": total, "cache": reused, "processed": done, "time_ms": round(ms, 1)}})]
+
+
 def stream_tail(r, chunk_object, final_chunk, usage):
     """The end of an OpenAI stream: the finishing chunk, the usage chunk when the client asked
     for it (stream_options.include_usage), then [DONE]."""
@@ -310,6 +320,9 @@ class ChatResponder:
 
     def stream_start(self, usage):
         return [self._chunk({"role": "assistant", "content": ""})]
+
+    def stream_progress(self, done, total, reused, ms):
+        return progress_chunk(self, "chat.completion.chunk", done, total, reused, ms)
 
     def stream_piece(self, kind, text, entries):
         if kind.startswith("tool_call"):  # what the official client accumulates: id, type and name, then arguments
@@ -386,6 +399,9 @@ class CompletionResponder:
 
     def stream_start(self, usage):
         return []
+
+    def stream_progress(self, done, total, reused, ms):
+        return progress_chunk(self, "text_completion", done, total, reused, ms)
 
     def stream_piece(self, kind, text, entries):
         lp = self._logprobs(entries) if self.spec.logprobs and entries else None

@@ -181,6 +181,7 @@ class GenSpec:
     cache_slot: int = None
     logprobs: bool = False
     top_logprobs: int = 0
+    return_progress: bool = False   # llama-server's return_progress: prompt progress chunks in the stream
     tools: object = None            # colibri.tools.request.ToolSpec when the request defines tools
 
 

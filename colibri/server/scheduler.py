@@ -203,6 +203,7 @@ class Turn:
         self.accepted = False
         self.produced = 0
         self.routing = None            # this turn's ROUTING counts, when the engine streams experts
+        self.prefill = None            # the last PROGRESS while the prompt is prefilled; None once tokens come
 
 
 class Scheduler:
@@ -330,6 +331,7 @@ class Scheduler:
                     "request": turn.rid, "silent_s": round(time.monotonic() - last, 3),
                     "deadline_s": round(turn.allowance, 3) if self.engine_timeout else None,
                     "cancel_sent": turn.job.cancel_sent_at is not None},
+                "prefill": [{"request": t.rid, "slot": t.job.slot, **t.prefill} for t in turns if t.prefill],
                 "queued": len(self.queue),
                 "active": len(self.active),
                 "parallel": self.parallel,
@@ -561,6 +563,7 @@ class Scheduler:
         rid = f"q{next(Job._ids)}"
         try:
             extra = {"routing": 1} if self.telemetry is not None and self.telemetry.wants_routing(eng.info) else {}
+            extra["progress"] = 1  # prefill progress: /health, return_progress, and a sign of life on long prompts
             if job.cache_slot is not None:
                 job.slot = job.cache_slot
             else:  # a prompt-prefix guess among the free slots (the plain call when all are free)
@@ -626,6 +629,7 @@ class Scheduler:
             job.push(("accept", n_prompt, n_reused))
         elif verb == "DATA":
             turn.allowance = self._allowance()
+            turn.prefill = None
             if int(f[1]) >= 0:
                 turn.produced += 1
                 if job.cancel_sent_at is not None:
@@ -633,6 +637,10 @@ class Scheduler:
             job.push(("data", int(f[1]), body))
         elif verb == "LOGPROB":
             job.push(("logprob",) + engine_client.parse_logprob(f))
+        elif verb == "PROGRESS":
+            turn.allowance = self._allowance(-(-(int(f[2]) - int(f[1])) // self.prefill_batch))  # what is left
+            turn.prefill = {"done": int(f[1]), "total": int(f[2]), "reused": int(f[3]), "ms": float(f[4])}
+            job.push(("progress", int(f[1]), int(f[2]), int(f[3]), float(f[4])))
         elif verb == "ROUTING":  # the body is read already, so a bad shape costs only the telemetry
             try:
                 turn.routing = telemetry.parse_routing(f, body)
