@@ -11,7 +11,8 @@ import random
 import statistics
 import time
 
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
 from colibri.limits import default_batch
 
 HELP = "measure threads / prefill batch on this machine and save the fastest as a profile"

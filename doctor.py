@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from colibri.cli.common import UserError, check_arch, model_arg, model_path
+from colibri.errors import UserError
+from colibri.model.paths import check_arch, model_arg, model_path
 
 HELP = "check that the engine, the machine and a model are ready (read-only)"
 DESCRIPTION = """Read-only readiness checks with a fix for each problem:

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from colibri import children, sampling
 from colibri.server import config as server_config
-from colibri.cli.common import UserError
+from colibri.errors import UserError
 from colibri.server.anthropic import MessagesResponder, parse_count_tokens, parse_messages
 from colibri.server import dashboard, ollama, private_files
 from colibri.server.conns import Server

@@ -8,7 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from colibri.cli.common import UserError, check_arch, missing_model_message, model_arg, model_path
+from colibri.errors import UserError
+from colibri.model.paths import check_arch, missing_model_message, model_arg, model_path
 from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE, default_batch
 # discovery lives in machine_probe; the planner API re-exports it
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401

@@ -7,7 +7,7 @@ import pytest
 
 import resource_plan
 from colibri.cli import launch_opts
-from colibri.cli.common import UserError
+from colibri.errors import UserError
 
 
 def parse(*argv):

@@ -14,8 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
 KNOWN = {
     "colibri.cli.launch_opts imports the command module resource_plan",
     "colibri.cli.web imports the command module openai_server",
-    "colibri.model.store (model) imports colibri.cli.common (commands)",
-    "colibri.server.config (server) imports colibri.cli.common (commands)",
     "colibri.server.config (server) imports colibri.cli.launch_opts (commands)",
     "colibri.tools.forced (chat) imports colibri.server.params (server)",
     "colibri.tools.request (chat) imports colibri.server.params (server)",
@@ -26,7 +24,6 @@ KNOWN = {
     "family_registry (data) imports colibri.family.kimi (family)",
     "family_registry (data) imports colibri.family.mimo (family)",
     "family_registry (data) imports colibri.family.qwen35 (family)",
-    "circle: colibri.cli.common <-> colibri.model.store",
     "circle: colibri.cli.launch_opts <-> resource_plan",
     "circle: colibri.convert.gpt_oss <-> colibri.convert.hf",
     "circle: colibri.server.harmony <-> colibri.server.text <-> colibri.tools.formats <-> colibri.tools.stream",

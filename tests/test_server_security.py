@@ -20,7 +20,7 @@ KEY = "s3cret-key"
 HI = [{"role": "user", "content": "hi"}]
 ROOT = COLI.parent
 from colibri.server import config as server_config  # noqa: E402
-from colibri.cli.common import UserError  # noqa: E402
+from colibri.errors import UserError  # noqa: E402
 
 
 @pytest.fixture(scope="module")

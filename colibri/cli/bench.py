@@ -14,7 +14,8 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
 
 ENGINE_DEFAULT_CTX = 4096  # the engine's --ctx when none is given (c/engine/engine.c)
 HELP = "prefill/decode speed and achieved bandwidth, side by side with llama.cpp when given"

@@ -8,7 +8,7 @@ import sys
 import time
 
 from colibri import ROOT
-from colibri.cli.common import UserError
+from colibri.errors import UserError
 from colibri.engine_client import RELEASE
 
 HELP = "build the engine (make) and report its version and SIMD kernels"

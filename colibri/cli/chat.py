@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from colibri.cli import launch_opts
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
 from colibri.server import harmony
 from colibri.server.text import ThinkSplitter  # the server's splitters: one rule for reasoning everywhere
 

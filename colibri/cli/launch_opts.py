@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from colibri.cli.common import UserError
+from colibri.errors import UserError
 from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, default_batch
 
 GB = 1e9

@@ -17,7 +17,8 @@ from itertools import repeat
 from operator import mul, sub
 from pathlib import Path
 
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
 
 HELP = "perplexity of a text file (and KL-divergence / top-1 agreement against reference logits)"
 DESCRIPTION = __doc__

@@ -14,7 +14,7 @@ import socket
 import struct
 import sys
 
-from colibri.cli.common import UserError
+from colibri.errors import UserError
 from colibri.model import store
 
 HELP = "the running colibri servers and engines: pid, model, address, RSS, uptime"

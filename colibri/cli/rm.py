@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from colibri.cli.common import UserError
+from colibri.errors import UserError
 from colibri.cli.list import entries, human_bytes, tree_bytes
 from colibri.model import store
 

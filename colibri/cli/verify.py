@@ -5,7 +5,8 @@ when a shard differs: the message names the shard and the byte ranges."""
 import json
 import sys
 
-from colibri.cli.common import UserError, model_arg, model_path
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, model_path
 
 HELP = "check every shard of a model against the checksums recorded at conversion"
 DESCRIPTION = HELP + (". Damaged shards are named with the byte ranges that differ; exit code 0 when all match "

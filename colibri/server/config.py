@@ -1,7 +1,7 @@
 """`coli serve` settings: command-line flags, their environment fallbacks and validation.
 
 An explicit flag always wins over the environment; a value the server cannot honour is refused
-with the reason (colibri.cli.common.UserError), never clamped.
+with the reason (colibri.errors.UserError), never clamped.
 """
 import hashlib
 import ipaddress
@@ -11,7 +11,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
 from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS
 from colibri.server import private_files
 
