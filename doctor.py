@@ -288,7 +288,7 @@ def check_memory(rep, d, man, mem):
     `coli plan`): refused when the dense trunk, KV and runtime do not fit; routed experts that
     do not fit stream from disk."""
     from colibri.model import container_scan
-    from colibri.cli import launch_opts
+    from colibri import launch_opts
     from colibri.limits import default_batch
     import family_registry
     import resource_plan

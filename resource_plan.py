@@ -13,7 +13,7 @@ from colibri.model.paths import check_arch, missing_model_message, model_arg, mo
 from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE, default_batch
 # discovery lives in machine_probe; the planner API re-exports it
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
-                           measure_memory_bw, memory_info)
+                           fmt_bytes, measure_memory_bw, memory_info)
 
 HELP = "plan RAM and disk use for a model on this machine (reads headers only)"
 DESCRIPTION = """Discovers this machine (cores, RAM, cgroup limits, free disk, GPUs), reads the
@@ -352,15 +352,6 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
 
 # ---------------------------------------------------------------- text output
 
-def fmt_bytes(n):
-    if n is None:
-        return "?"
-    for unit, size in (("GB", GB), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
 def machine_lines(m):
     cpu, mem, disk = m["cpu"], m["memory"], m["disk"]
     out = [f"cpu          {cpu['model']}: {cpu['physical_cores']} physical cores, {cpu['logical']} logical"
@@ -449,7 +440,7 @@ def format_plan(res):
 def add_arguments(p):
     model_arg(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    from colibri.cli import launch_opts  # the engine flags, declared once; here they are what to plan for
+    from colibri import launch_opts  # the engine flags, declared once; here they are what to plan for
     launch_opts.add_engine_flags(
         p, ("ram", "ctx", "kv-slots", "cap", "kv", "threads"), group=None,
         ram={"help": "RAM budget in GB (default: 90%% of usable memory, cgroup limits included)"},
@@ -479,7 +470,7 @@ def check_plan_args(args, scan):
             raise UserError(f"{flag} {v:g}: needs a positive GB/s")
     if scan is None:
         return
-    from colibri.cli import launch_opts
+    from colibri import launch_opts
     launch_opts.check_ctx(args.ctx, {"max_position_embeddings": scan["arch"]["max_ctx"]})
     E = scan["experts"]["per_layer"]
     if args.cap is not None:

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 from colibri.errors import UserError
-from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, default_batch
+from colibri.machine import probe as machine_probe
+from colibri.machine.probe import fmt_bytes
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, RUNTIME_BASE, default_batch
 
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kernels/kv_kernels.c
@@ -91,7 +93,6 @@ def budget_line(info, batch=None):
                                       "cap", "experts")}
     except (KeyError, ValueError):
         return None
-    from resource_plan import fmt_bytes
     mb = lambda k: fmt_bytes(b[k])  # noqa: E731
     if batch is None and info.get("batch", "").isdigit() and int(info["batch"]) < default_batch(info.get("kernels")):
         extra_note = f"; prefill batch lowered to {info['batch']} to fit"
@@ -113,7 +114,7 @@ def budget_line(info, batch=None):
 
 def ram_budget_gb(args):
     """The RAM budget in GB: --ram, else $COLI_RAM_GB, else 90% of the memory usable now
-    (resource_plan's default budget); None when none of them is known."""
+    (the planner's default budget, colibri/machine/probe.py); None when none of them is known."""
     ram = getattr(args, "ram", None)
     source = "--ram"
     if ram is None and os.environ.get("COLI_RAM_GB", "").strip():
@@ -126,8 +127,7 @@ def ram_budget_gb(args):
         if not ram > 0 or ram != ram or ram == float("inf"):
             raise UserError(f"{source} {ram:g}: needs a positive number of GB")
         return ram
-    import resource_plan
-    budget = resource_plan.memory_info()["default_budget"]
+    budget = machine_probe.memory_info()["default_budget"]
     return budget / GB if budget else None
 
 
@@ -297,8 +297,7 @@ def check_memory(args, model_dir, man, ctx, slots, log):
     working memory fit the budget is the engine's to decide (it prints the split and refuses
     with the numbers); `coli plan` shows the same split beforehand."""
     import family_registry
-    import resource_plan
-    mem = resource_plan.memory_info()
+    mem = machine_probe.memory_info()
     usable, total = mem["usable"], mem["total"]
     kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx,
                                        getattr(args, "kv", None) or family_registry.KV_DEFAULT) * slots
@@ -312,7 +311,7 @@ def check_memory(args, model_dir, man, ctx, slots, log):
         if usable and budget > usable:
             log(f"{where} {ram:g} GB is more than the {usable / GB:.1f} GB available now")
     explicit = getattr(args, "ctx", None) is not None or getattr(args, "kv_slots", None) is not None
-    if usable and kv + resource_plan.RUNTIME_BASE > usable:
+    if usable and kv + RUNTIME_BASE > usable:
         msg = (f"a {ctx}-token KV cache x {slots} slot(s) needs {kv / GB:.2f} GB but only {usable / GB:.2f} GB "
                "of memory is available")
         if explicit:

@@ -161,7 +161,7 @@ def test_unknown_filter_outside_if_fails_to_compile(template):
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_chat_think_command_switches_the_family_variable(tmp_path, name):
     from colibri.cli import chat as chat_cli
-    from colibri.cli import launch_opts
+    from colibri import launch_opts
     from types import SimpleNamespace
     model = _server_model(tmp_path, name)
     on, off = GEN_PROMPTS[name]

@@ -96,7 +96,7 @@ def test_run_stopped_by_a_full_context_says_so_and_exits_3(model):
 @pytest.mark.parametrize("cmd,extra", [("run", ["hi"]), ("chat", []), ("serve", []), ("logits", ["--ids", "1", "--out", "x"]),
                                        ("plan", ["--no-measure"]), ("perplexity", ["--file", __file__])])
 def test_every_command_takes_the_same_ctx_range(model, cmd, extra, tmp_path):
-    """One range (colibri/cli/launch_opts.py): 0 and one past the model's 512 positions refused alike."""
+    """One range (colibri/launch_opts.py): 0 and one past the model's 512 positions refused alike."""
     for bad in ("0", "513"):
         r = coli(cmd, "--model", model, "--ctx", bad, *extra, cwd=tmp_path, input="")
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)

@@ -25,6 +25,8 @@ FLOORS = (
     ("model", ("colibri.model", "colibri.convert", "colibri.engine_client", "colibri.sampling")),
     # chat logic shared by the terminal and the HTTP server
     ("chat", ("colibri.chat", "colibri.toolcall", "colibri.tools")),
+    # the engine and sampling flags every command and the server's config share
+    ("launch", ("colibri.launch_opts",)),
     ("server", ("colibri.server",)),
     # the commands: one module each, under colibri/cli/ or (those the design names) at the top
     ("commands", ("colibri.cli", "openai_server", "resource_plan", "doctor", "autotune")),

@@ -33,7 +33,7 @@ def add_arguments(p):
     p.add_argument("--temp", type=float, default=1.0,
                    help="temperature of the sampled-decode leg (top-p 0.95), which shows the sampler's cost next to "
                         "greedy decode; 0 leaves the leg out (default 1.0)")
-    from colibri.cli import launch_opts  # the engine flags, declared once for every command
+    from colibri import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(p, ("threads", "batch") + launch_opts.STREAM_FLAGS + ("kernels",), group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
         kernels={"help": "colibri's kernel set (default: the best this CPU runs), to compare sets in one alternating run"})
@@ -163,7 +163,7 @@ def run(args):
     if args.temp < 0:
         raise UserError("--temp must be 0 (no sampled leg) or more")
     scan = container_scan.scan(model)
-    from colibri.cli import launch_opts
+    from colibri import launch_opts
     launch_opts.check_cap(args.cap, {"num_experts": scan["arch"]["experts"]})
     args.stream_args = launch_opts.stream_args(args)
     per_token = bytes_per_decoded_token(scan)

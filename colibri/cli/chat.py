@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from colibri.cli import launch_opts
+from colibri import launch_opts
 from colibri.errors import UserError
 from colibri.model.paths import model_arg, require_model
 from colibri.server import harmony

@@ -31,7 +31,7 @@ def add_arguments(p):
     p.add_argument("--chunks", type=int, default=None, help="score at most N chunks")
     p.add_argument("--ref-logits", dest="ref_logits", help="reference logits, float32 [chunks*ctx, vocab]")
     p.add_argument("--save-logits", dest="save_logits", help="write this model's logits in the --ref-logits layout")
-    from colibri.cli import launch_opts  # the engine flags, declared once for every command
+    from colibri import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(p, ("ctx", "threads", "kv") + launch_opts.STREAM_FLAGS + ("kernels",), group=None,
                                  ctx={"help": f"tokens per chunk (default {DEFAULT_CTX}, at most the model's)"},
                                  threads={"help": "compute threads (default: all cores)"})
@@ -151,7 +151,7 @@ def run(args):
         raise UserError(f"--file {path}: " + ("a directory, not a text file" if path.is_dir() else "no such file"))
     man = json.loads((d / "colibri.json").read_text())
     max_pos = int(man["arch"]["max_position_embeddings"])
-    from colibri.cli import launch_opts
+    from colibri import launch_opts
     launch_opts.check_ctx(args.ctx, man["arch"])  # the range every command takes
     ctx = min(DEFAULT_CTX, max_pos - 1) if args.ctx is None else args.ctx
     if ctx < 4 or ctx >= max_pos:  # what a chunk needs on top of that
@@ -162,7 +162,7 @@ def run(args):
     if args.ref_logits and not Path(args.ref_logits).is_file():
         raise UserError(f"--ref-logits {args.ref_logits}: " + ("a directory, not a logits file"
                                                                 if Path(args.ref_logits).is_dir() else "no such file"))
-    from colibri.cli import launch_opts
+    from colibri import launch_opts
     launch_opts.check_cap(args.cap, man["arch"])
     extra = launch_opts.stream_args(args)
     ids = tokenize(d, path)

@@ -10,6 +10,18 @@ import time
 from pathlib import Path
 
 GB = 1e9
+
+
+def fmt_bytes(n):
+    """A byte count as the machine and budget reports print it (2.50 GB, 512.00 MB, ...)."""
+    if n is None:
+        return "?"
+    for unit, size in (("GB", GB), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
 UNLIMITED = 1 << 60  # cgroup "no limit" values are near 2^63
 BUDGET_SHARE = 0.9   # of available memory: the rest stays for the OS, the launcher and page tables
 
