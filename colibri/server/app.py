@@ -1,4 +1,5 @@
-"""`coli serve`: an OpenAI-compatible (and Anthropic Messages) HTTP server around one engine.
+"""The HTTP server `coli serve` and `coli web` run: OpenAI-compatible (and Anthropic Messages)
+around one engine.
 
 Stdlib only. The pieces, one job per module of colibri/server/:
   config        flags, environment, validation
