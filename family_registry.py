@@ -14,7 +14,7 @@ from colibri.family import class_defaults, deepseek, deepseek_v4, kimi, mimo, qw
 #   default_ctx             context the engine allocates unless --ctx says otherwise (capped by the model)
 #   interactive_max_tokens  answer cap in `coli chat` (`:more` continues)
 #   thinking                chat-template variable that switches reasoning on/off, or None
-#   tools                   the tool-call syntax the server parses (colibri/tools/formats.py), or False
+#   tools                   the tool-call syntax the server parses (colibri/toolcall/formats.py), or False
 #   kv                      KV state layout, for the planner (see layer_state)
 _LLAMA_LIKE = {"default_ctx": 4096, "interactive_max_tokens": 1024, "thinking": None, "tools": False, "kv": "gqa"}
 FAMILIES = {
@@ -102,7 +102,7 @@ FAMILIES = {
     # gpt-oss: learned attention sinks, sliding-window layers (layer_types) that keep only their
     # window, q/k/v/o biases, a biased router taking top-k on logits then softmax over the k,
     # biased experts with the clamped SwiGLU, fused (and in releases MXFP4) expert tensors.
-    # Chat is the harmony format (colibri/server/harmony.py). It always reasons, in the
+    # Chat is the harmony format (colibri/chat/harmony.py). It always reasons, in the
     # analysis channel; reasoning_effort (low/medium/high) sets how much. <|return|> ends an
     # answer and <|call|> a tool call: both are end-of-generation tokens.
     "gpt_oss": {

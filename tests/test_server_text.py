@@ -5,7 +5,7 @@ import random
 import pytest
 
 from colibri.server.scheduler import SlotTable  # noqa: E402
-from colibri.server.text import StopMatcher, TextPipeline, ThinkSplitter  # noqa: E402
+from colibri.chat.text import StopMatcher, TextPipeline, ThinkSplitter  # noqa: E402
 
 
 def run_stop(pieces, stops):

@@ -24,7 +24,7 @@ FLOORS = (
     ("template", ("colibri.chat_template",)),
     ("model", ("colibri.model", "colibri.convert", "colibri.engine_client", "colibri.sampling")),
     # chat logic shared by the terminal and the HTTP server
-    ("chat", ("colibri.chat", "colibri.toolcall", "colibri.tools")),
+    ("chat", ("colibri.chat", "colibri.toolcall")),
     # the engine and sampling flags every command and the server's config share
     ("launch", ("colibri.launch_opts",)),
     ("server", ("colibri.server",)),

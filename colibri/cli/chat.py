@@ -19,8 +19,8 @@ from pathlib import Path
 from colibri import launch_opts
 from colibri.errors import UserError
 from colibri.model.paths import model_arg, require_model
-from colibri.server import harmony
-from colibri.server.text import ThinkSplitter  # the server's splitters: one rule for reasoning everywhere
+from colibri.chat import harmony
+from colibri.chat.text import ThinkSplitter  # the server's splitters: one rule for reasoning everywhere
 
 HELP = "chat with a model in the terminal (streams tokens; Ctrl-C stops an answer)"
 DESCRIPTION = """Loads the model once and chats. Commands:

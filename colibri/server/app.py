@@ -39,7 +39,7 @@ from colibri.server.http import BaseHandler
 from colibri.server.metrics import Metrics
 from colibri.server.model import ModelInfo
 from colibri.server.openai import ChatResponder, CompletionResponder, parse_chat, parse_completion
-from colibri.server.params import ApiError, parse_json_object
+from colibri.chat.params import ApiError, parse_json_object
 from colibri.server.tokens import TokenCounter
 from version import VERSION
 

@@ -124,7 +124,7 @@ class TextPipeline:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stop = StopMatcher(stops)
         if harmony_prompt is not None:
-            from colibri.server.harmony import HarmonySplitter
+            from colibri.chat.harmony import HarmonySplitter
             self.think = HarmonySplitter.after_prompt(harmony_prompt)
         else:
             self.think = ThinkSplitter(think, in_reasoning)

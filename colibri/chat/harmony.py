@@ -9,8 +9,8 @@ must render special tokens into the text (SUBMIT render_special=1) so the markup
 """
 import re
 
-from colibri.server.text import partial_suffix
-from colibri.tools import formats
+from colibri.chat.text import partial_suffix
+from colibri.toolcall import formats
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 TERMINATORS = (END, "<|return|>", "<|call|>")  # what ends a message body

@@ -181,7 +181,7 @@ class GenSpec:
     cache_slot: int = None
     logprobs: bool = False
     top_logprobs: int = 0
-    tools: object = None            # colibri.tools.request.ToolSpec when the request defines tools
+    tools: object = None            # colibri.toolcall.request.ToolSpec when the request defines tools
 
 
 def sampling_options(body, defaults, temp_max=2.0):
