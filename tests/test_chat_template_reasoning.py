@@ -10,7 +10,7 @@ from colibri.chat_template import render as ct
 from colibri.server.model import ModelInfo
 from colibri.server.openai import render_prompt
 from colibri.chat.params import GenSpec
-from colibri.chat.text import TextPipeline
+from colibri.chat.pipeline import TextPipeline
 from test_chat_template import A, CONVERSATIONS, KWARG_SETS, S, TOOL_CONVERSATIONS, U, assert_same
 
 DATA = Path(__file__).resolve().parent / "data" / "chat_templates"

@@ -21,7 +21,7 @@ from colibri.chat.harmony import HarmonySplitter, uses_harmony
 from colibri.server.model import ModelInfo
 from colibri.server.openai import parse_chat
 from colibri.chat.params import ApiError
-from colibri.chat.text import TextPipeline
+from colibri.chat.pipeline import TextPipeline
 from launcher_helpers import write_synthetic
 from literal_reference import LiteralReference
 from server_helpers import ServerProc

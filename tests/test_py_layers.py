@@ -19,7 +19,6 @@ KNOWN = {
     "family_registry (data) imports colibri.family.mimo (family)",
     "family_registry (data) imports colibri.family.qwen35 (family)",
     "circle: colibri.convert.gpt_oss <-> colibri.convert.hf",
-    "circle: colibri.chat.harmony <-> colibri.chat.text <-> colibri.toolcall.formats <-> colibri.toolcall.stream",
 }
 
 # Shared modules that name families and keep doing so, each with why.
