@@ -18,7 +18,6 @@ KNOWN = {
     "family_registry (data) imports colibri.family.kimi (family)",
     "family_registry (data) imports colibri.family.mimo (family)",
     "family_registry (data) imports colibri.family.qwen35 (family)",
-    "circle: colibri.convert.gpt_oss <-> colibri.convert.hf",
 }
 
 # Shared modules that name families and keep doing so, each with why.

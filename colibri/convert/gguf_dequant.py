@@ -6,7 +6,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from colibri.convert.hf import ConvertError
+from colibri.convert.errors import ConvertError
 
 
 def source_dtype(info):

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from colibri.convert import gguf_dequant
-from colibri.convert.hf import ConvertError
+from colibri.convert.errors import ConvertError
 
 ARCH = "qwen35moe"
 SCRATCH = "qwen35_rewrites.f32.tmp"  # undone tensors, removed once the shards are written

@@ -25,6 +25,7 @@ from colibri.family import deepseek, deepseek_v4, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
+from colibri.convert.errors import ConvertError
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
 
@@ -37,10 +38,6 @@ COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "gener
 STATE_FILE = ".coli_convert.json"
 # Source tensors that carry no weights the engine needs.
 IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
-
-
-class ConvertError(RuntimeError):
-    pass
 
 
 def source_files(src):
