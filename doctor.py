@@ -15,6 +15,7 @@ from pathlib import Path
 
 from colibri.errors import UserError
 from colibri.model.paths import check_arch, model_arg, model_path
+from colibri.family import specs as family_specs
 
 HELP = "check that the engine, the machine and a model are ready (read-only)"
 DESCRIPTION = """Read-only readiness checks with a fix for each problem:
@@ -300,7 +301,7 @@ def check_memory(rep, d, man, mem):
     except container_scan.ContainerError:
         return rep.add("memory", "warn", "not checked: the shards are damaged (see above)", None)
     ctx = launch_opts.default_ctx(man)
-    kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx, family_registry.KV_DEFAULT)
+    kv = family_specs.kv_slot_bytes(family_specs.manifest_layers(man), ctx, family_registry.KV_DEFAULT)
     batch = default_batch(resource_plan.cpu_info()["engine_kernels"])  # the engine's, without --batch
     runtime = resource_plan.runtime_bytes(man, ctx, batch, launch_opts.usable_cpus(),
                                           tokenizer_bytes=scan["tokenizer_bytes"])

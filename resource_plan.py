@@ -14,6 +14,7 @@ from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE, default_batch
 # discovery lives in machine_probe; the planner API re-exports it
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
                            fmt_bytes, measure_memory_bw, memory_info)
+from colibri.family import specs as family_specs
 
 HELP = "plan RAM and disk use for a model on this machine (reads headers only)"
 DESCRIPTION = """Discovers this machine (cores, RAM, cgroup limits, free disk, GPUs), reads the
@@ -136,7 +137,7 @@ def checkpoint_bytes(scan, ctx, kv=None):
     fixed = ring = 0
     truncatable = True
     for st in scan.get("kv_layers") or []:
-        per_pos, f, trunc, window = family_registry.layer_state({"attn": {"state": st}}, kv)
+        per_pos, f, trunc, window = family_specs.layer_state({"attn": {"state": st}}, kv)
         fixed += f
         if 0 < window < ctx:
             ring += per_pos * window
@@ -220,7 +221,7 @@ def kv_state(scan, ctx, kv=None):
                  else scan["kv_bytes_per_token"])
     fixed = scan.get("kv_fixed_bytes", 0)
     layers = scan.get("kv_layers")
-    slot = family_registry.kv_slot_bytes([{"attn": {"state": s}} for s in layers], ctx, kv) if layers \
+    slot = family_specs.kv_slot_bytes([{"attn": {"state": s}} for s in layers], ctx, kv) if layers \
         else per_token * ctx + fixed + 4 * ctx  # + the token id each position keeps
     return per_token, fixed, slot
 

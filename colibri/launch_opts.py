@@ -13,6 +13,7 @@ from colibri.errors import UserError
 from colibri.machine import probe as machine_probe
 from colibri.machine.probe import fmt_bytes
 from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, RUNTIME_BASE, default_batch
+from colibri.family import specs as family_specs
 
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kernels/kv_kernels.c
@@ -299,7 +300,7 @@ def check_memory(args, model_dir, man, ctx, slots, log):
     import family_registry
     mem = machine_probe.memory_info()
     usable, total = mem["usable"], mem["total"]
-    kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx,
+    kv = family_specs.kv_slot_bytes(family_specs.manifest_layers(man), ctx,
                                        getattr(args, "kv", None) or family_registry.KV_DEFAULT) * slots
     explicit_ram = getattr(args, "ram", None) is not None or bool(os.environ.get("COLI_RAM_GB", "").strip())
     ram = ram_budget_gb(args)

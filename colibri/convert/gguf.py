@@ -1,6 +1,6 @@
 """`coli convert FILE.gguf OUT`: a llama.cpp GGUF file -> colibri container (stdlib only).
 
-The GGUF metadata becomes an HF-style config.json (so family_registry.normalize_arch applies as
+The GGUF metadata becomes an HF-style config.json (so colibri.family.normalize.normalize_arch applies as
 for any checkpoint), the GGUF tensors are mapped to HF names and handed to convert_hf's planner
 and shard writer, and the engine's convert-jobs moves the bytes with GGUF block types as
 sources (c/kernels/gguf_quants.c). The tokenizer is rebuilt from tokenizer.ggml.* as a tokenizer.json
@@ -34,6 +34,8 @@ from colibri.convert.gguf_reader import GGUFError, read_gguf
 from colibri.convert.errors import ConvertError
 from colibri.limits import row_bytes
 from version import VERSION
+from colibri.family import common as family_common
+from colibri.family import normalize as family_normalize
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe",
          "deepseek2": "deepseek_v3", "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe",
@@ -349,7 +351,7 @@ def rope_inv_freq_override(g, arch):
         factors = struct.unpack(f"<{half}f", f.read(4 * half))
     base = float(g.metadata.get(f"{g.metadata['general.architecture']}.rope.freq_base", 10000.0))
     dim = arch["head_dim"]
-    return [family_registry._float32(1.0 / (base ** (2 * i / dim)) / factors[i]) for i in range(half)]
+    return [family_common.float32(1.0 / (base ** (2 * i / dim)) / factors[i]) for i in range(half)]
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -523,7 +525,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
         raise ConvertError(str(e)) from None
     family, cfg = build_config(g, g.tensors)
     try:
-        fam, arch = family_registry.normalize_arch(cfg)
+        fam, arch = family_normalize.normalize_arch(cfg)
     except ValueError as e:
         raise ConvertError(f"{src}: {e}") from None
     inv = rope_inv_freq_override(g, arch)

@@ -28,6 +28,8 @@ from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_byt
 from colibri.convert.errors import ConvertError
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
+from colibri.family import normalize as family_normalize
+from colibri.family import specs as family_specs
 
 FORMAT_VERSION = 1
 EXPERT_CHOICES, DENSE_CHOICES = EXPERT_STORAGE, DENSE_STORAGE
@@ -105,7 +107,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
 
     # Output names come from the layer specs (family_registry), so the converter and the
     # engine agree on them by construction; only the shapes and storage classes are ours.
-    trunk = family_registry.trunk_spec(arch)
+    trunk = family_specs.trunk_spec(arch)
     whole(trunk["embed"], "dense", [V, H], (0,))
     whole(trunk["final_norm"]["tensors"]["weight"], "f32", [H], (0,))
     if "hc_head" in trunk:  # DeepSeek-V4's final collapse of the residual streams
@@ -127,7 +129,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             parts += [(t["file"], t["offset"] + r0 * cols * qwen35.ELEM[t["dtype"]], t["dtype"], n) for r0, n in ranges]
         p.add(name, klass, rows, cols, parts, anchor, order)
 
-    for l, spec in enumerate(family_registry.layer_specs(arch)):
+    for l, spec in enumerate(family_specs.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
@@ -298,7 +300,7 @@ def attach_fp8_scales(cfg, tensors):
 def block_specs(arch, planner):
     """The manifest's trunk and per-layer block specs (family_registry), checked against the
     tensors this conversion writes: the engine loads exactly the names the specs give."""
-    trunk, layers = family_registry.trunk_spec(arch), family_registry.layer_specs(arch)
+    trunk, layers = family_specs.trunk_spec(arch), family_specs.layer_specs(arch)
     written = {o["name"] for o in planner.outputs}
     names = [trunk["embed"], trunk["lm_head"], trunk["final_norm"]["tensors"]["weight"]]
 
@@ -402,7 +404,7 @@ def convert(src, out, experts=None, dense="q8", log=print):
         raise ConvertError(f"{src}: no config.json; give the directory of a Hugging Face checkpoint")
     try:
         cfg = json.loads((src / "config.json").read_text())
-        family, arch = family_registry.normalize_arch(cfg)
+        family, arch = family_normalize.normalize_arch(cfg)
     except ValueError as e:
         raise ConvertError(f"{src / 'config.json'}: {e}") from None
     files = source_files(src)
