@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from colibri.engine_status import engine_status
 from colibri.errors import UserError
 from colibri.model.paths import check_arch, model_arg, model_path
 from colibri.family import specs as family_specs
@@ -53,8 +54,7 @@ class Report:
 # ---------------------------------------------------------------- machine and engine
 
 def check_engine(rep):
-    from colibri.cli import build as build_cli
-    st = build_cli.engine_status()
+    st = engine_status()
     if not st["built"]:
         return rep.add("engine", "fail", f"{st['path']} is not built", "run `make` (or `coli build`) in the colibri directory")
     if st["version"] is None:

@@ -13,7 +13,7 @@ from colibri.model.paths import check_arch, missing_model_message, model_arg, mo
 from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE, default_batch
 # discovery lives in machine_probe; the planner API re-exports it
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
-                           fmt_bytes, measure_memory_bw, memory_info)
+                           fmt_bytes, machine_lines, measure_memory_bw, memory_info)
 from colibri.family import specs as family_specs
 
 HELP = "plan RAM and disk use for a model on this machine (reads headers only)"
@@ -352,26 +352,6 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
 
 
 # ---------------------------------------------------------------- text output
-
-def machine_lines(m):
-    cpu, mem, disk = m["cpu"], m["memory"], m["disk"]
-    out = [f"cpu          {cpu['model']}: {cpu['physical_cores']} physical cores, {cpu['logical']} logical"
-           + (f", {cpu['usable']} usable" if cpu["usable"] != cpu["logical"] else "")
-           + (f", cgroup quota {cpu['quota_cpus']} CPUs" if cpu["quota_cpus"] else "")
-           + f"; SIMD {cpu['simd']} (engine kernels: {cpu['engine_kernels']})"]
-    cg = mem["cgroup"]
-    lim = f", cgroup v{cg['version']} limit {fmt_bytes(cg['limit'])} ({fmt_bytes(cg['usage'])} used)" if cg["limit"] else ""
-    out.append(f"memory       {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available{lim}")
-    out.append(f"disk         {fmt_bytes(disk['free'])} free of {fmt_bytes(disk['total'])}"
-               + (f" ({disk['fs']})" if disk["fs"] else "") + f" at {disk['path']}")
-    if m["gpus"]:
-        for g in m["gpus"]:
-            out.append(f"gpu          {g['name']}: {fmt_bytes(g['vram'])} VRAM ({fmt_bytes(g['vram_free'])} free);"
-                       " not used: the engine has no GPU backend yet")
-    else:
-        out.append("gpu          none found (nvidia-smi / rocm-smi)")
-    return out
-
 
 def _rate(v):
     return "?" if v is None else f"{v:.1f}" if v >= 1 else f"{v:.2f}"

@@ -27,7 +27,6 @@ FAMILY_ALLOWED = {
     "colibri.chat.harmony": "the harmony format is gpt-oss's chat format",
     "colibri.cli.chat": "messages that say which model speaks harmony",
     "colibri.server.config": "an example model id in a message",
-    "coli": "the convert help lists the GGUF architectures it reads",
 }
 
 

@@ -22,7 +22,7 @@ FLOORS = (
     ("family", ("colibri.family",)),
     # Jinja chat templates: the converter checks a default one, the chat layer renders them
     ("template", ("colibri.chat_template",)),
-    ("model", ("colibri.model", "colibri.convert", "colibri.engine_client", "colibri.sampling")),
+    ("model", ("colibri.model", "colibri.convert", "colibri.engine_client", "colibri.engine_status", "colibri.sampling")),
     # chat logic shared by the terminal and the HTTP server
     ("chat", ("colibri.chat", "colibri.toolcall")),
     # the engine and sampling flags every command and the server's config share

@@ -85,21 +85,6 @@ def in_reasoning(splitter):
     return splitter.state == "reasoning"
 
 
-def speaks_harmony(model_dir, family):
-    """True when the model answers in harmony messages (gpt-oss): its registry entry or template says so."""
-    from colibri.chat_template import render as chat_template
-    try:
-        import family_registry
-        facts = family_registry.FAMILIES.get(family, {})
-    except ImportError:
-        facts = {}
-    try:
-        source = chat_template.load_chat_template(str(model_dir))
-    except Exception:  # noqa: BLE001 - no readable template: plain text
-        return False
-    return harmony.uses_harmony(source, facts)
-
-
 def switch_thinking(template_vars, model_dir, word):
     """:think on|off: sets the family's own switch (DeepSeek's `thinking`, most others'
     enable_thinking; a template that reads both lets `thinking` win). Returns the note to print."""
@@ -197,7 +182,7 @@ class Chat:
         self.opts = launch_opts.sampling_opts(args, defaults=self.defaults)
         self.opts.pop("max_tokens", None)
         # gpt-oss: the channel markup is special tokens, so the engine writes them out
-        self.harmony = not args.raw and speaks_harmony(model_dir, fam)
+        self.harmony = not args.raw and harmony.speaks_harmony(model_dir, fam)
         if self.harmony:
             self.opts["render_special"] = 1
         self.answer_content = ""  # the last answer without its reasoning (what the template gets back)
