@@ -69,9 +69,13 @@ def test_the_checker_fails_on_an_upward_import_even_inside_a_function(tmp_path):
 
 
 def test_the_checker_fails_when_the_package_imports_a_command_module(tmp_path):
+    command = "HELP = 'x'\n\ndef run(args):\n    return 0\n"
     root = tree(tmp_path, {"colibri/__init__.py": "", "colibri/cli/__init__.py": "",
-                           "colibri/cli/web.py": "import openai_server\n", "openai_server.py": ""})
-    assert py_layers.check(root)[0] == ["colibri.cli.web:1 imports the command module openai_server"]
+                           "colibri/cli/web.py": "import openai_server\n", "openai_server.py": "",
+                           "colibri/cli/list.py": command, "colibri/cli/rm.py": "from colibri.cli import list\n" + command,
+                           "colibri/cli/common.py": "", "colibri/cli/ps.py": "from colibri.cli import common\n" + command})
+    assert py_layers.check(root)[0] == ["colibri.cli.rm:1 imports the command module colibri.cli.list",
+                                        "colibri.cli.web:1 imports the command module openai_server"]
 
 
 def test_the_checker_fails_when_the_data_imports_the_package(tmp_path):

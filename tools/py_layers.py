@@ -32,7 +32,8 @@ FLOORS = (
     ("commands", ("colibri.cli", "openai_server", "resource_plan", "doctor", "autotune")),
     ("launcher", ("coli",)),
 )
-# Command modules at the top level: nothing under colibri/ imports one.
+# Command modules at the top level; those in colibri/cli/ are the ones that define HELP and run
+# (is_command). Nothing under colibri/ imports a command: `coli` dispatches to them.
 ROOT_COMMANDS = ("openai_server", "resource_plan", "doctor", "autotune")
 
 # Family names that only the family layer and the registry spell. Shared code asks the
@@ -87,6 +88,19 @@ def imports(name, path, known):
                 sub = f"{base}.{a.name}" if base else a.name
                 add(sub if sub in known else base, node.lineno)
     return found
+
+
+def is_command(name, path):
+    """A root command module, or a module of colibri/cli/ with a top-level HELP and run()."""
+    if name in ROOT_COMMANDS:
+        return True
+    if not name.startswith("colibri.cli."):
+        return False
+    body = ast.parse(path.read_text(), str(path)).body
+    runs = any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in body)
+    helps = any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "HELP" for t in n.targets)
+                for n in body)
+    return runs and helps
 
 
 def floor_of(name):
@@ -172,6 +186,7 @@ def check(root, family_allowed=()):
     graph, problems = {}, []
     for name, path in files.items():
         graph[name] = imports(name, path, known)
+    commands = {name for name, path in files.items() if is_command(name, path)}
     for name in sorted(graph):
         mine = floor_of(name)
         if mine is None:
@@ -181,7 +196,7 @@ def check(root, family_allowed=()):
             theirs = floor_of(target)
             if theirs is not None and theirs > mine:
                 problems.append(f"{name}:{line} ({FLOORS[mine][0]}) imports {target} ({FLOORS[theirs][0]})")
-            elif name.startswith("colibri") and target in ROOT_COMMANDS:
+            elif name.startswith("colibri") and target in commands:
                 problems.append(f"{name}:{line} imports the command module {target}")
     for comp in circles({k: set(v) for k, v in graph.items()}):
         problems.append("circle: " + " <-> ".join(comp))
