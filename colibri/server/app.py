@@ -9,7 +9,7 @@ Stdlib only. The pieces, one job per module of colibri/server/:
   load_policy   when an engine that fails to load is no longer restarted
   generate      one generation request from queue to last byte
   openai / anthropic   request parsing and response shapes per dialect
-  text          stop sequences and <think> splitting on the text stream
+  colibri/chat  stop sequences, <think> and harmony splitting on the text stream
   metrics       /health counters and /metrics (Prometheus)
   tokens        prompt token counts for /v1/messages/count_tokens
   telemetry     per-turn routing and expert tiers; dashboard: web/ at / and /v1/colibri/*
