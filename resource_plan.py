@@ -15,6 +15,9 @@ from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE, default_batch
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
                            fmt_bytes, machine_lines, measure_memory_bw, memory_info)
 from colibri.family import specs as family_specs
+from colibri import launch_opts
+from colibri.model import container_scan
+import family_registry
 
 HELP = "plan RAM and disk use for a model on this machine (reads headers only)"
 DESCRIPTION = """Discovers this machine (cores, RAM, cgroup limits, free disk, GPUs), reads the
@@ -132,7 +135,6 @@ def grammar_reserve(vocab, runs):
 def checkpoint_bytes(scan, ctx, kv=None):
     """c/model/kv.c kv_checkpoint_bytes: one turn-boundary checkpoint of a slot (every layer's fixed
     recurrent state and every ring of a windowed layer), or 0 when the slot needs none."""
-    import family_registry
     kv = kv or family_registry.KV_DEFAULT
     fixed = ring = 0
     truncatable = True
@@ -206,7 +208,6 @@ def default_ctx(scan):
 
 
 def _kv_default():
-    import family_registry
     return family_registry.KV_DEFAULT
 
 
@@ -214,7 +215,6 @@ def kv_state(scan, ctx, kv=None):
     """(bytes per token, fixed bytes, bytes of one slot of ctx positions) from the layers' state
     descriptors in the manifest (container_scan reads them), for KV element type kv (default:
     the engine's). A windowed layer counts only its window."""
-    import family_registry
     kv = kv or family_registry.KV_DEFAULT
     values = scan.get("kv_values_per_token")
     per_token = (values * family_registry.KV_TYPES[kv] + scan.get("kv_f32_bytes_per_token", 0) if values is not None
@@ -421,7 +421,6 @@ def format_plan(res):
 def add_arguments(p):
     model_arg(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    from colibri import launch_opts  # the engine flags, declared once; here they are what to plan for
     launch_opts.add_engine_flags(
         p, ("ram", "ctx", "kv-slots", "cap", "kv", "threads"), group=None,
         ram={"help": "RAM budget in GB (default: 90%% of usable memory, cgroup limits included)"},
@@ -451,7 +450,6 @@ def check_plan_args(args, scan):
             raise UserError(f"{flag} {v:g}: needs a positive GB/s")
     if scan is None:
         return
-    from colibri import launch_opts
     launch_opts.check_ctx(args.ctx, {"max_position_embeddings": scan["arch"]["max_ctx"]})
     E = scan["experts"]["per_layer"]
     if args.cap is not None:
@@ -468,7 +466,6 @@ def build(args):
     model_dir = str(model_path(args.model)) if args.model else None
     scan = None
     if model_dir:
-        from colibri.model import container_scan
         if not os.path.lexists(model_dir):
             raise UserError(missing_model_message(args.model))
         if not Path(model_dir).is_dir():

@@ -14,6 +14,9 @@ from colibri.machine import probe as machine_probe
 from colibri.machine.probe import fmt_bytes
 from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, RUNTIME_BASE, default_batch
 from colibri.family import specs as family_specs
+from colibri.machine import tune_profile
+from colibri.model import container_scan
+import family_registry
 
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kernels/kv_kernels.c
@@ -161,7 +164,6 @@ def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (defa
 
 
 def manifest(model_dir):
-    from colibri.model import container_scan
     try:
         return container_scan.read_manifest(model_dir)
     except container_scan.ContainerError as e:
@@ -226,7 +228,6 @@ def resolve(args, model_dir, log=None):
 
     # tuned profile: only for knobs the user left unset
     if not getattr(args, "no_profile", False) and os.environ.get("COLI_NO_PROFILE") != "1":
-        from colibri.machine import tune_profile
         prof = tune_profile.load(model_dir)
         if prof and prof["knobs"]:
             applied, kept = {}, []
@@ -257,7 +258,6 @@ def usable_cpus():
 
 
 def default_ctx(man):
-    import family_registry
     fam = family_registry.FAMILIES.get(man.get("family"), {})
     max_ctx = int(man["arch"].get("max_position_embeddings") or 1)
     return min(max_ctx, fam.get("default_ctx", 4096))
@@ -297,7 +297,6 @@ def check_memory(args, model_dir, man, ctx, slots, log):
     when a budget exceeds the memory available now. Whether the dense weights, KV cache and
     working memory fit the budget is the engine's to decide (it prints the split and refuses
     with the numbers); `coli plan` shows the same split beforehand."""
-    import family_registry
     mem = machine_probe.memory_info()
     usable, total = mem["usable"], mem["total"]
     kv = family_specs.kv_slot_bytes(family_specs.manifest_layers(man), ctx,
@@ -335,7 +334,6 @@ def sampling_opts(args, default_max_tokens=None, defaults=None):
 def thinking_switch(model_dir):
     """The template variable that switches thinking: the registry's for the family, else
     enable_thinking (the common name) for families the registry does not mark."""
-    import family_registry
     try:
         fam = json.loads((Path(model_dir) / "colibri.json").read_text()).get("family")
     except (OSError, ValueError):

@@ -30,6 +30,7 @@ from colibri.convert.safetensors_io import SafetensorsError, build_header, read_
 from version import VERSION
 from colibri.family import normalize as family_normalize
 from colibri.family import specs as family_specs
+from colibri import engine_client
 
 FORMAT_VERSION = 1
 EXPERT_CHOICES, DENSE_CHOICES = EXPERT_STORAGE, DENSE_STORAGE
@@ -338,7 +339,6 @@ def layout_shards(planner, src_files):
 
 
 def engine_binary():
-    from colibri import engine_client
     try:
         return engine_client.release_engine()
     except engine_client.EngineError as e:
