@@ -19,7 +19,7 @@ gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from colibri.convert import gguf as convert_gguf  # noqa: E402
-from colibri.convert.errors import ConvertError  # noqa: E402
+from colibri.errors import ConvertError  # noqa: E402
 
 EXACT_TOL = 1e-3  # as tests/test_oracles.py: f32 container, max|logit-ref| <= 1e-3 max|ref|
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}

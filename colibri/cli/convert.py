@@ -7,8 +7,7 @@ from pathlib import Path
 from colibri.cli.common import add_storage_flags
 from colibri.convert import gguf as convert_gguf
 from colibri.convert import hf as convert_hf
-from colibri.convert.errors import ConvertError
-from colibri.errors import UserError
+from colibri.errors import ConvertError, UserError
 
 HELP = "convert a Hugging Face safetensors checkpoint or a GGUF file into a colibri container"
 # the GGUF architectures and tensor types are the GGUF converter's own tables

@@ -31,7 +31,7 @@ from colibri.checksum import sha256_file
 from colibri.convert import gguf_gpt_oss, gguf_moe, gguf_qwen35, gguf_softmax_moe, gguf_spm
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
-from colibri.convert.errors import ConvertError
+from colibri.errors import ConvertError
 from colibri.limits import row_bytes
 from version import VERSION
 from colibri.family import common as family_common

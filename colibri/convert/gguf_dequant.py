@@ -6,7 +6,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from colibri.convert.errors import ConvertError
+from colibri.errors import ConvertError
 from colibri.convert.hf import engine_binary
 
 

@@ -12,7 +12,7 @@ What llama.cpp's converter (GptOssModel) does, and how it is read back:
 - YaRN: rope.scaling.factor / original_context_length, beta_fast/slow 32/1 unless written, and
   no truncation of the correction range (the gpt-oss reference's `truncate: false`).
 """
-from colibri.convert.errors import ConvertError
+from colibri.errors import ConvertError
 
 ARCH = "gpt-oss"
 

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from colibri.convert import gguf_dequant
-from colibri.convert.errors import ConvertError
+from colibri.errors import ConvertError
 from colibri.family import qwen35
 
 ARCH = "qwen35moe"

@@ -9,7 +9,7 @@ e2m1 values per byte, the low nibble first) and NAME_scales [E, rows, in/32] (ui
 Every output tensor is one gather job for the engine's convert-jobs: a strided read
 ("gather" rows step, column step, in elements) or MXFP4 rows ("mxfp4" scales file, offset, row
 step); nothing is materialised here."""
-from colibri.convert.errors import ConvertError
+from colibri.errors import ConvertError
 
 ELEM = {"F32": 4, "BF16": 2, "F16": 2}
 

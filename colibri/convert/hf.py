@@ -25,7 +25,7 @@ from colibri.family import deepseek, deepseek_v4, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
-from colibri.convert.errors import ConvertError
+from colibri.errors import ConvertError
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
 from colibri.family import normalize as family_normalize
