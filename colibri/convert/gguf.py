@@ -28,7 +28,8 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
-from colibri.convert import gguf_gpt_oss, gguf_moe, gguf_qwen35, gguf_softmax_moe, gguf_spm
+from colibri.convert import gguf_moe, gguf_qwen35, gguf_softmax_moe, gguf_spm
+from colibri.family import gpt_oss
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
 from colibri.errors import ConvertError
@@ -143,11 +144,11 @@ def build_config(g, tensors):
     emb = tensors.get("token_embd.weight")
     if emb is None or len(emb.shape) != 2:
         raise ConvertError(f"{g.path}: no 2-D token_embd.weight tensor")
-    if gg_arch in gguf_moe.ARCHS or gg_arch in (gguf_gpt_oss.ARCH, gguf_qwen35.ARCH):
+    if gg_arch in gguf_moe.ARCHS or gg_arch in (gpt_oss.GGUF_ARCH, gguf_qwen35.ARCH):
         base = {"hidden_size": H, "hidden_act": "silu", "rms_norm_eps": float(m.need("attention.layer_norm_rms_epsilon", float)),
                 "max_position_embeddings": m.get("context_length", 4096, kind=int), "vocab_size": emb.shape[1],
                 "tie_word_embeddings": "output.weight" not in tensors, "torch_dtype": "float32"}
-        builder = {gguf_gpt_oss.ARCH: gguf_gpt_oss.build_config,
+        builder = {gpt_oss.GGUF_ARCH: gpt_oss.gguf_config,
                    gguf_qwen35.ARCH: gguf_qwen35.build_config}.get(gg_arch, gguf_moe.build_config)
         family, cfg = builder(g, tensors, m, _uniform, base)
         return family, _special_ids(g, cfg)
@@ -265,7 +266,7 @@ def map_tensors(g, family, cfg):
         per_layer.update(gguf_moe.PER_LAYER)
         L += int(cfg.get("num_nextn_predict_layers") or 0) if family == "glm4_moe" else 0
     if family == "gpt_oss":
-        per_layer.update(gguf_gpt_oss.PER_LAYER)
+        per_layer.update(gpt_oss.GGUF_PER_LAYER)
     if family == "qwen3_5_moe":
         per_layer.update(gguf_qwen35.PER_LAYER)
     split_kv_b = {}
@@ -292,7 +293,7 @@ def map_tensors(g, family, cfg):
                     if llama_rows and parts[2] in ("attn_q.bias", "attn_k.bias"):
                         raise ConvertError(f"{g.path}: llama GGUF with Q/K biases is not supported yet "
                                            "(their elements are permuted; see docs)")
-                elif family == "gpt_oss" and gguf_gpt_oss.expert_bias_rows(parts[2], shape, pre, path, table, sources, info):
+                elif family == "gpt_oss" and gpt_oss.gguf_expert_bias_rows(parts[2], shape, pre, path, table, sources, info):
                     continue
                 elif parts[2] in experts:
                     if len(shape) != 3:

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.convert import default_chat_template, gpt_oss
-from colibri.family import deepseek, deepseek_v4, kimi, qwen35
+from colibri.convert import default_chat_template
+from colibri.family import deepseek, deepseek_v4, gpt_oss, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes

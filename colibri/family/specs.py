@@ -2,7 +2,7 @@
 shared GQA and softmax-MoE blocks here, each family's own blocks from its module."""
 import family_registry
 from family_registry import KV_DEFAULT, KV_TYPES
-from colibri.family import common, deepseek, deepseek_v4, kimi, mimo, qwen35
+from colibri.family import common, deepseek, deepseek_v4, gpt_oss, kimi, mimo, qwen35
 
 
 def layer_specs(arch):
@@ -64,7 +64,7 @@ def layer_specs(arch):
 def _mlp_spec(arch, p, kind):
     if kind == "moe":
         if arch.get("expert_names") == "gpt_oss":
-            return _gpt_oss_moe_spec(arch, p)
+            return gpt_oss.moe_spec(arch, p)
         if arch.get("expert_names") == "mixtral":
             ex = {x: f"{p}.block_sparse_moe.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
             router = f"{p}.block_sparse_moe.gate.weight"
@@ -86,19 +86,6 @@ def _mlp_spec(arch, p, kind):
     if arch.get("mlp_bias"):
         mt.update({f"{x}_bias": f"{p}.mlp.{x}_proj.bias" for x in ("gate", "up", "down")})
     return {"kind": "dense", "act": "silu", "width": arch.get("intermediate_size"), "tensors": mt}
-
-
-def _gpt_oss_moe_spec(arch, p):
-    """gpt-oss experts: per-expert gate/up/down with biases in the container (the converter splits
-    the fused, interleaved source), the clamped SwiGLU, a biased top-k-then-softmax router."""
-    ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
-    ex.update({f"{x}_bias": f"{p}.mlp.experts.{{e}}.{x}_proj.bias" for x in ("gate", "up", "down")})
-    return {"kind": "moe", "act": "swiglu_clamp", "swiglu_alpha": arch["swiglu_alpha"],
-            "swiglu_limit": arch["swiglu_limit"], "experts": arch.get("num_experts"),
-            "top_k": arch.get("num_experts_per_tok"), "width": arch.get("moe_intermediate_size"),
-            "router": {"kind": "topk_softmax",
-                       "tensors": {"weight": f"{p}.mlp.router.weight", "bias": f"{p}.mlp.router.bias"}},
-            "expert_tensors": ex}
 
 
 def trunk_spec(arch):
