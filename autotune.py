@@ -11,8 +11,13 @@ import random
 import statistics
 import time
 
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
 from colibri.limits import default_batch
+from colibri import engine_client
+from colibri.machine import tune_profile
+from colibri.model import container_scan
+import resource_plan
 
 HELP = "measure threads / prefill batch on this machine and save the fastest as a profile"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -51,7 +56,6 @@ class Bench:
         self.body = [rng.randrange(vocab) for _ in range(args.prompt_tokens - 1)]
 
     def engine(self, cfg):
-        from colibri import engine_client
         key = tuple(sorted(cfg.items()))
         if key not in self.engines:
             try:
@@ -113,7 +117,6 @@ def clear_win(ratios, threshold):
 
 
 def run(args):
-    from colibri.machine import tune_profile
     d = require_model(args)
     if args.show or args.reset:
         return show_or_reset(args, d, tune_profile)
@@ -121,7 +124,6 @@ def run(args):
         raise UserError("--runs needs at least 1, --tokens and --prompt-tokens at least 2")
     if args.threshold < 0:
         raise UserError(f"--threshold {args.threshold}: needs 0 or more")
-    from colibri.model import container_scan
     try:
         man = container_scan.read_manifest(d)
     except container_scan.ContainerError as e:
@@ -129,7 +131,6 @@ def run(args):
     arch = man["arch"]
     if args.prompt_tokens + args.tokens + 1 > int(arch.get("max_position_embeddings") or 0):
         raise UserError(f"--prompt-tokens + --tokens must fit the model's {arch.get('max_position_embeddings')} positions")
-    import resource_plan
     cpu = resource_plan.cpu_info()
     cpus = cpu["usable"]
     best = {"threads": cpus, "batch": default_batch(cpu["engine_kernels"])}  # what the engine does with no flags

@@ -13,7 +13,19 @@ import sys
 import time
 from pathlib import Path
 
-from colibri.cli.common import UserError, check_arch, model_arg, model_path
+from colibri.engine_status import engine_status
+from colibri.errors import UserError
+from colibri.model.paths import check_arch, model_arg, model_path
+from colibri.family import specs as family_specs
+from colibri import engine_client
+from colibri import launch_opts
+from colibri.limits import default_batch
+from colibri.model import container_scan
+from colibri.model import container_scan as cs
+from colibri.model import shard_sums
+from colibri.model import store as model_store
+import family_registry
+import resource_plan
 
 HELP = "check that the engine, the machine and a model are ready (read-only)"
 DESCRIPTION = """Read-only readiness checks with a fix for each problem:
@@ -51,8 +63,7 @@ class Report:
 # ---------------------------------------------------------------- machine and engine
 
 def check_engine(rep):
-    from colibri.cli import build as build_cli
-    st = build_cli.engine_status()
+    st = engine_status()
     if not st["built"]:
         return rep.add("engine", "fail", f"{st['path']} is not built", "run `make` (or `coli build`) in the colibri directory")
     if st["version"] is None:
@@ -88,10 +99,8 @@ def check_overcommit(rep, mem):
 
 def check_model_dir(rep, model):
     """Returns the manifest, or None when the model cannot be checked further."""
-    from colibri.model import container_scan
     d = Path(model)
     if not d.exists():
-        from colibri.model import store as model_store
         pulled = ", ".join(model_store.list_models()) or "none"
         rep.add("model", "fail", f"{d}: no such directory or pulled model (pulled: {pulled})",
                 "pass --model DIR of a converted container, or a name `coli pull NAME` has fetched")
@@ -119,7 +128,6 @@ def check_model_dir(rep, model):
 
 
 def check_family(rep, man):
-    import family_registry
     fam = man.get("family")
     if fam not in family_registry.FAMILIES:
         return rep.add("family", "fail", f"family '{fam}' is not one this colibri supports "
@@ -134,7 +142,6 @@ def check_family(rep, man):
 
 def engine_families():
     """The engine's own family list (`colibri families`), or None when this build has no such command."""
-    from colibri import engine_client
     exe = engine_client.RELEASE
     if not exe.exists():
         return None
@@ -147,13 +154,11 @@ def engine_families():
 
 
 def fmt_bytes(n):
-    import resource_plan
     return resource_plan.fmt_bytes(n)
 
 
 def check_shards(rep, d, man, deep):
     """Presence, headers, truncation; with deep, every tensor. Returns {shard: (header, start, size)}."""
-    from colibri.model import container_scan as cs
     missing, problems, opened = [], [], {}
     for s in man["shards"]:
         p = d / s
@@ -189,7 +194,6 @@ def check_shards(rep, d, man, deep):
 
 def check_checksums(rep, d, man):
     """--deep: every shard's bytes against the checksums the converter recorded."""
-    from colibri.model import shard_sums
     status, lines = shard_sums.verify(d, man)
     fix = {"fail": shard_sums.FIX,
            "warn": "re-convert with this colibri (`coli convert SRC OUT`) to record checksums"}.get(status)
@@ -197,7 +201,6 @@ def check_checksums(rep, d, man):
 
 
 def check_tensors(rep, man, opened):
-    from colibri.model import container_scan as cs
     problems, warnings, seen = [], [], {}
     count = 0
     experts = {}  # (layer, expert) -> [(offset, end, shard, proj)]
@@ -286,11 +289,6 @@ def check_memory(rep, d, man, mem):
     """The engine's split of the default budget (resource_plan.budget_split, the same as
     `coli plan`): refused when the dense trunk, KV and runtime do not fit; routed experts that
     do not fit stream from disk."""
-    from colibri.model import container_scan
-    from colibri.cli import launch_opts
-    from colibri.limits import default_batch
-    import family_registry
-    import resource_plan
     budget = mem["default_budget"]
     if budget is None:
         return rep.add("memory", "warn", "available memory is unknown (no /proc/meminfo)", "check `free -g` by hand")
@@ -299,7 +297,7 @@ def check_memory(rep, d, man, mem):
     except container_scan.ContainerError:
         return rep.add("memory", "warn", "not checked: the shards are damaged (see above)", None)
     ctx = launch_opts.default_ctx(man)
-    kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx, family_registry.KV_DEFAULT)
+    kv = family_specs.kv_slot_bytes(family_specs.manifest_layers(man), ctx, family_registry.KV_DEFAULT)
     batch = default_batch(resource_plan.cpu_info()["engine_kernels"])  # the engine's, without --batch
     runtime = resource_plan.runtime_bytes(man, ctx, batch, launch_opts.usable_cpus(),
                                           tokenizer_bytes=scan["tokenizer_bytes"])
@@ -330,7 +328,6 @@ def check_memory(rep, d, man, mem):
 
 
 def check_disk(rep, d, mem):
-    import resource_plan
     info = resource_plan.disk_info(d)
     free = info["free"]
     if free is None:
@@ -366,7 +363,6 @@ def check_o_direct(rep, d, man):
 
 def check_engine_load(rep, d):
     """--deep: the engine's own loader validates every tensor the architecture needs."""
-    from colibri import engine_client
     if not engine_client.ENGINE.exists():
         return rep.add("engine load", "fail", "skipped: the engine is not built", "run `make`")
     t0 = time.monotonic()
@@ -382,7 +378,6 @@ def check_engine_load(rep, d):
 # ---------------------------------------------------------------- command
 
 def diagnose(model, deep=False):
-    import resource_plan
     rep = Report()
     mem = resource_plan.memory_info()
     check_engine(rep)

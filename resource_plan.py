@@ -8,11 +8,16 @@ import json
 import os
 from pathlib import Path
 
-from colibri.cli.common import UserError, check_arch, missing_model_message, model_arg, model_path
+from colibri.errors import UserError
+from colibri.model.paths import check_arch, missing_model_message, model_arg, model_path
 from colibri.limits import DEFAULT_BATCH, RUNTIME_BASE, default_batch
 # discovery lives in machine_probe; the planner API re-exports it
 from colibri.machine.probe import (BUDGET_SHARE, cpu_info, disk_info, discover, gpu_info, measure_disk_bw,  # noqa: F401
-                           measure_memory_bw, memory_info)
+                           fmt_bytes, machine_lines, measure_memory_bw, memory_info)
+from colibri.family import specs as family_specs
+from colibri import launch_opts
+from colibri.model import container_scan
+import family_registry
 
 HELP = "plan RAM and disk use for a model on this machine (reads headers only)"
 DESCRIPTION = """Discovers this machine (cores, RAM, cgroup limits, free disk, GPUs), reads the
@@ -130,12 +135,11 @@ def grammar_reserve(vocab, runs):
 def checkpoint_bytes(scan, ctx, kv=None):
     """c/model/kv.c kv_checkpoint_bytes: one turn-boundary checkpoint of a slot (every layer's fixed
     recurrent state and every ring of a windowed layer), or 0 when the slot needs none."""
-    import family_registry
     kv = kv or family_registry.KV_DEFAULT
     fixed = ring = 0
     truncatable = True
     for st in scan.get("kv_layers") or []:
-        per_pos, f, trunc, window = family_registry.layer_state({"attn": {"state": st}}, kv)
+        per_pos, f, trunc, window = family_specs.layer_state({"attn": {"state": st}}, kv)
         fixed += f
         if 0 < window < ctx:
             ring += per_pos * window
@@ -204,7 +208,6 @@ def default_ctx(scan):
 
 
 def _kv_default():
-    import family_registry
     return family_registry.KV_DEFAULT
 
 
@@ -212,14 +215,13 @@ def kv_state(scan, ctx, kv=None):
     """(bytes per token, fixed bytes, bytes of one slot of ctx positions) from the layers' state
     descriptors in the manifest (container_scan reads them), for KV element type kv (default:
     the engine's). A windowed layer counts only its window."""
-    import family_registry
     kv = kv or family_registry.KV_DEFAULT
     values = scan.get("kv_values_per_token")
     per_token = (values * family_registry.KV_TYPES[kv] + scan.get("kv_f32_bytes_per_token", 0) if values is not None
                  else scan["kv_bytes_per_token"])
     fixed = scan.get("kv_fixed_bytes", 0)
     layers = scan.get("kv_layers")
-    slot = family_registry.kv_slot_bytes([{"attn": {"state": s}} for s in layers], ctx, kv) if layers \
+    slot = family_specs.kv_slot_bytes([{"attn": {"state": s}} for s in layers], ctx, kv) if layers \
         else per_token * ctx + fixed + 4 * ctx  # + the token id each position keeps
     return per_token, fixed, slot
 
@@ -351,35 +353,6 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
 
 # ---------------------------------------------------------------- text output
 
-def fmt_bytes(n):
-    if n is None:
-        return "?"
-    for unit, size in (("GB", GB), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
-def machine_lines(m):
-    cpu, mem, disk = m["cpu"], m["memory"], m["disk"]
-    out = [f"cpu          {cpu['model']}: {cpu['physical_cores']} physical cores, {cpu['logical']} logical"
-           + (f", {cpu['usable']} usable" if cpu["usable"] != cpu["logical"] else "")
-           + (f", cgroup quota {cpu['quota_cpus']} CPUs" if cpu["quota_cpus"] else "")
-           + f"; SIMD {cpu['simd']} (engine kernels: {cpu['engine_kernels']})"]
-    cg = mem["cgroup"]
-    lim = f", cgroup v{cg['version']} limit {fmt_bytes(cg['limit'])} ({fmt_bytes(cg['usage'])} used)" if cg["limit"] else ""
-    out.append(f"memory       {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available{lim}")
-    out.append(f"disk         {fmt_bytes(disk['free'])} free of {fmt_bytes(disk['total'])}"
-               + (f" ({disk['fs']})" if disk["fs"] else "") + f" at {disk['path']}")
-    if m["gpus"]:
-        for g in m["gpus"]:
-            out.append(f"gpu          {g['name']}: {fmt_bytes(g['vram'])} VRAM ({fmt_bytes(g['vram_free'])} free);"
-                       " not used: the engine has no GPU backend yet")
-    else:
-        out.append("gpu          none found (nvidia-smi / rocm-smi)")
-    return out
-
-
 def _rate(v):
     return "?" if v is None else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
 
@@ -448,7 +421,6 @@ def format_plan(res):
 def add_arguments(p):
     model_arg(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    from colibri.cli import launch_opts  # the engine flags, declared once; here they are what to plan for
     launch_opts.add_engine_flags(
         p, ("ram", "ctx", "kv-slots", "cap", "kv", "threads"), group=None,
         ram={"help": "RAM budget in GB (default: 90%% of usable memory, cgroup limits included)"},
@@ -478,7 +450,6 @@ def check_plan_args(args, scan):
             raise UserError(f"{flag} {v:g}: needs a positive GB/s")
     if scan is None:
         return
-    from colibri.cli import launch_opts
     launch_opts.check_ctx(args.ctx, {"max_position_embeddings": scan["arch"]["max_ctx"]})
     E = scan["experts"]["per_layer"]
     if args.cap is not None:
@@ -495,7 +466,6 @@ def build(args):
     model_dir = str(model_path(args.model)) if args.model else None
     scan = None
     if model_dir:
-        from colibri.model import container_scan
         if not os.path.lexists(model_dir):
             raise UserError(missing_model_message(args.model))
         if not Path(model_dir).is_dir():

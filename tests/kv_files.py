@@ -4,6 +4,7 @@ import struct
 from pathlib import Path
 
 import family_registry  # noqa: E402
+from colibri.family import specs as family_specs  # noqa: E402
 
 MAGIC = b"COLIKV02"
 QTYPE = {"f32": 0, "bf16": 1, "f16": 2}  # c/kernels/quant.h QType
@@ -24,7 +25,7 @@ def fingerprint(model_dir):
 def layout(model_dir, kv):
     """(layers, bytes per position, fixed bytes) summed over the layers' state descriptors."""
     man = json.loads((Path(model_dir) / "colibri.json").read_text())
-    states = [family_registry.layer_state(s, kv) for s in family_registry.manifest_layers(man)]
+    states = [family_specs.layer_state(s, kv) for s in family_specs.manifest_layers(man)]
     return len(states), sum(s[0] for s in states), sum(s[1] for s in states)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from colibri.family import specs as family_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 from colibri.model import container_scan  # noqa: E402
@@ -58,7 +59,7 @@ def test_manifest_names_every_block_and_tensor(moe_container):
                       for e in range(s["mlp"]["experts"])}
     assert named == names, f"named but absent: {sorted(named - names)[:3]}; present but unnamed: {sorted(names - named)[:3]}"
     # the registry maps the same arch to the same specs (what an older manifest gets at load time)
-    assert family_registry.layer_specs(arch) == layers
+    assert family_specs.layer_specs(arch) == layers
 
 
 def test_older_manifest_is_mapped_to_the_same_model(moe_container, oracle_root, tmp_path):
@@ -111,10 +112,10 @@ def test_planner_counts_windows_and_fixed_state():
     window = {"attn": {"state": {"kv_values_per_pos": 64, "fixed_bytes": 0, "truncatable": True, "window": 128}}}
     recurrent = {"attn": {"state": {"kv_values_per_pos": 0, "fixed_bytes": 4096, "truncatable": False}}}
     layers = [full, window, recurrent]
-    assert family_registry.kv_slot_bytes(layers, 100) == 2 * (64 * 2 * 100) + 4096 + 4 * 100  # f16: 2 bytes a value; token ids
-    assert family_registry.kv_slot_bytes(layers, 1000) == 64 * 2 * 1000 + 64 * 2 * 128 + 4096 + 4 * 1000
-    assert family_registry.kv_slot_bytes(layers, 1000, "f32") == 64 * 4 * 1000 + 64 * 4 * 128 + 4096 + 4 * 1000
-    assert family_registry.kv_fixed_bytes(layers) == 4096 and family_registry.kv_values_per_token(layers) == 128
+    assert family_specs.kv_slot_bytes(layers, 100) == 2 * (64 * 2 * 100) + 4096 + 4 * 100  # f16: 2 bytes a value; token ids
+    assert family_specs.kv_slot_bytes(layers, 1000) == 64 * 2 * 1000 + 64 * 2 * 128 + 4096 + 4 * 1000
+    assert family_specs.kv_slot_bytes(layers, 1000, "f32") == 64 * 4 * 1000 + 64 * 4 * 128 + 4096 + 4 * 1000
+    assert family_specs.kv_fixed_bytes(layers) == 4096 and family_specs.kv_values_per_token(layers) == 128
 
 
 def test_kv_type_changes_storage_not_the_model(moe_container, oracle_root, tmp_path):

@@ -12,8 +12,8 @@ import pytest
 from colibri.chat_template import render as ct
 from colibri.server.model import ModelInfo
 from colibri.server.openai import render_prompt
-from colibri.server.params import GenSpec
-from colibri.server.text import TextPipeline
+from colibri.chat.params import GenSpec
+from colibri.chat.pipeline import TextPipeline
 from test_chat_template import (A, CONVERSATIONS, KWARG_SETS, S, SEARCH_TOOL, TOOL_CONVERSATIONS, U, WEATHER_TOOL,
                                 assert_same)
 

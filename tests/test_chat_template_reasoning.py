@@ -9,8 +9,8 @@ import family_registry
 from colibri.chat_template import render as ct
 from colibri.server.model import ModelInfo
 from colibri.server.openai import render_prompt
-from colibri.server.params import GenSpec
-from colibri.server.text import TextPipeline
+from colibri.chat.params import GenSpec
+from colibri.chat.pipeline import TextPipeline
 from test_chat_template import A, CONVERSATIONS, KWARG_SETS, S, TOOL_CONVERSATIONS, U, assert_same
 
 DATA = Path(__file__).resolve().parent / "data" / "chat_templates"
@@ -161,7 +161,7 @@ def test_unknown_filter_outside_if_fails_to_compile(template):
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_chat_think_command_switches_the_family_variable(tmp_path, name):
     from colibri.cli import chat as chat_cli
-    from colibri.cli import launch_opts
+    from colibri import launch_opts
     from types import SimpleNamespace
     model = _server_model(tmp_path, name)
     on, off = GEN_PROMPTS[name]

@@ -96,7 +96,7 @@ def test_run_stopped_by_a_full_context_says_so_and_exits_3(model):
 @pytest.mark.parametrize("cmd,extra", [("run", ["hi"]), ("chat", []), ("serve", []), ("logits", ["--ids", "1", "--out", "x"]),
                                        ("plan", ["--no-measure"]), ("perplexity", ["--file", __file__])])
 def test_every_command_takes_the_same_ctx_range(model, cmd, extra, tmp_path):
-    """One range (colibri/cli/launch_opts.py): 0 and one past the model's 512 positions refused alike."""
+    """One range (colibri/launch_opts.py): 0 and one past the model's 512 positions refused alike."""
     for bad in ("0", "513"):
         r = coli(cmd, "--model", model, "--ctx", bad, *extra, cwd=tmp_path, input="")
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)
@@ -124,7 +124,7 @@ def table(stdout):
 
 
 def test_list_shows_name_size_and_where(store, model, tmp_path):
-    from colibri.cli.list import human_bytes, tree_bytes
+    from colibri.model.listing import human_bytes, tree_bytes
     models = tmp_path / "home" / "models"
     import shutil
     shutil.copytree(model, models / "copy")
@@ -186,9 +186,9 @@ def test_ps_lists_only_this_users_processes(store, model, tmp_path, monkeypatch)
         _, rows = ps_rows(store)
         assert rows[str(procs[0].pid)][1:3] == ["engine", "tiny-moe"]  # the store name of its model
         assert all(str(p.pid) not in rows for p in procs[1:])
-        from colibri.cli import ps  # seen as another user, this user's processes are not listed
+        from colibri.model import processes  # seen as another user, this user's processes are not listed
         monkeypatch.setattr(os, "getuid", lambda uid=os.getuid(): uid + 1)
-        assert procs[0].pid not in [p["pid"] for p in ps.processes()]
+        assert procs[0].pid not in [p["pid"] for p in processes.processes()]
     finally:
         for p in procs:
             p.kill()
@@ -197,7 +197,8 @@ def test_ps_lists_only_this_users_processes(store, model, tmp_path, monkeypatch)
 
 def test_ps_with_nothing_running_says_so(tmp_path, monkeypatch, capsys):
     from colibri.cli import ps
-    monkeypatch.setattr(ps, "PROC", str(tmp_path))
+    from colibri.model import processes
+    monkeypatch.setattr(processes, "PROC", str(tmp_path))
     assert ps.run(None) == 0
     assert capsys.readouterr().out.startswith("no colibri servers or engines are running")
 

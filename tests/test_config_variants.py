@@ -14,6 +14,7 @@ import pytest
 import make_variant_oracles
 from test_oracles import (EXACT, QUANT, TIE, coli, exact_ratio, greedy_check, load_ref, parse_ids, quant_stats, run_logits,
                           safe_positions)
+from colibri.family import normalize as family_normalize
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = list(make_variant_oracles.VARIANTS)
@@ -136,8 +137,8 @@ def test_absent_fields_take_the_config_class_defaults(model_type):
     else:
         raw, full = dict(MINIMAL, model_type=model_type), cls(**MINIMAL).to_dict()
     full = json.loads(json.dumps(full))  # as config.json holds it
-    _, got = family_registry.normalize_arch(raw)
-    _, want = family_registry.normalize_arch(full)
+    _, got = family_normalize.normalize_arch(raw)
+    _, want = family_normalize.normalize_arch(full)
     diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
     assert not diff, f"{model_type}: fields left out are read otherwise than the class defaults: {diff}"
 

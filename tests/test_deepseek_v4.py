@@ -22,6 +22,8 @@ from test_expert_streaming import Raw
 from test_gpt_oss import check_ring_persistence, coli, greedy, kl_top1
 from test_oracles import load_ref, run_logits
 from test_qwen35 import turn, turn_fresh
+from colibri.family import normalize as family_normalize
+from colibri.family import specs as family_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 SLIDING, COMPRESSED = "deepseek_v4", "deepseek_v4_compressed"
@@ -54,7 +56,7 @@ def test_state_is_sized_by_the_mechanism(oracle_root, models):
     ctx = int(e.ready["ctx"])
     per_token = 2 * (hd // csa) * 2 + 4 * (ihd // csa) * 2 + 2 * (hd // hca)  # two CSA layers, one HCA layer
     assert int(e.ready["kv_bytes_per_token"]) == per_token + 2 * hd  # + the sliding layer's ring rows
-    assert int(e.ready["kv_slot_bytes"]) == family_registry.kv_slot_bytes(man["layers"], ctx)
+    assert int(e.ready["kv_slot_bytes"]) == family_specs.kv_slot_bytes(man["layers"], ctx)
     assert int(e.ready["kv_slot_bytes"]) == 4 * ctx + per_token * ctx + 2 * hd * win + 2 * csa_fixed + states[1]["fixed_bytes"]
     e.close()
     p = subprocess.run([sys.executable, str(ROOT / "coli"), "plan", "--model", str(models[COMPRESSED]), "--json"],
@@ -322,8 +324,8 @@ BASE_CFG = {"model_type": "deepseek_v4", "hidden_size": 64, "num_attention_heads
 
 
 def test_registry_facts_and_defaults():
-    family, arch = family_registry.normalize_arch(dict(BASE_CFG, compress_ratios=[128, 4, 0], num_hash_layers=1))
-    specs = family_registry.layer_specs(arch)
+    family, arch = family_normalize.normalize_arch(dict(BASE_CFG, compress_ratios=[128, 4, 0], num_hash_layers=1))
+    specs = family_specs.layer_specs(arch)
     assert family == "deepseek_v4" and arch["dsv4"]["hc_mult"] == 4 and arch["dsv4"]["hc_sinkhorn_iters"] == 20
     assert [s["attn"].get("compress", {}).get("rate", 0) for s in specs] == [128, 4, 0]
     assert [s["attn"].get("compress", {}).get("overlap") for s in specs] == [False, True, None]
@@ -333,7 +335,7 @@ def test_registry_facts_and_defaults():
     assert specs[2]["attn"]["rope"]["inv_freq"][1] == pytest.approx(10000.0 ** -0.25)
     assert specs[0]["attn"]["rope"]["inv_freq"][1] == pytest.approx(160000.0 ** -0.25)
     assert specs[0]["mlp"]["act"] == "silu_clamp" and specs[0]["mlp"]["shared"]["swiglu_limit"] == 10.0
-    assert family_registry.trunk_spec(arch)["hc_head"]["tensors"]["fn"] == "model.hc_head.hc_fn"
+    assert family_specs.trunk_spec(arch)["hc_head"]["tensors"]["fn"] == "model.hc_head.hc_fn"
 
 
 @pytest.mark.parametrize("change, words", [
@@ -346,4 +348,4 @@ def test_registry_facts_and_defaults():
 ])
 def test_configurations_the_engine_does_not_run_are_refused(change, words):
     with pytest.raises(family_registry.UnsupportedModel, match=words):
-        family_registry.normalize_arch(dict(BASE_CFG, **change))
+        family_normalize.normalize_arch(dict(BASE_CFG, **change))

@@ -13,6 +13,8 @@ import pytest
 import family_registry  # noqa: E402
 import make_oracles  # noqa: E402
 from launcher_helpers import coli, f32_containers, ready_line  # noqa: E402
+from colibri.family import normalize as family_normalize  # noqa: E402
+from colibri.family import specs as family_specs  # noqa: E402
 
 DSA_VARIANTS = ["glm_moe_dsa", "glm_moe_dsa_shared", "deepseek_v32"]
 
@@ -86,7 +88,7 @@ def test_state_holds_latent_and_indexer_keys(variant, oracle_root, converted):
                 + full * cfg["index_head_dim"] * 4)  # shared layers keep no indexer keys
         assert int(ready["kv_bytes_per_token"]) == want, (kv, ready)
         man = json.loads((model / "colibri.json").read_text())
-        assert family_registry.kv_bytes_per_token(man["arch"], variant, kv=kv, layers=man["layers"]) == want
+        assert family_specs.kv_bytes_per_token(man["arch"], variant, kv=kv, layers=man["layers"]) == want
 
 
 def test_indexer_rope_follows_the_family(oracle_root):
@@ -95,8 +97,8 @@ def test_indexer_rope_follows_the_family(oracle_root):
     styles = {}
     for v in ("glm_moe_dsa", "deepseek_v32"):
         cfg = json.loads((Path(oracle_root) / v / "hf" / "config.json").read_text())
-        _, arch = family_registry.normalize_arch(cfg)
-        spec = family_registry.layer_specs(arch)[0]["attn"]
+        _, arch = family_normalize.normalize_arch(cfg)
+        spec = family_specs.layer_specs(arch)[0]["attn"]
         styles[v] = (spec["rope"]["style"], spec["indexer"]["rope"]["style"])
     assert styles == {"glm_moe_dsa": ("interleaved", "interleaved"), "deepseek_v32": ("interleaved", "neox")}
 
@@ -105,12 +107,12 @@ def test_shared_indexer_layers_follow_a_full_one(oracle_root, converted, tmp_pat
     """A "shared" layer has no indexer of its own: the first layer must have one, in the config
     (refused at conversion) and in the manifest (refused at load)."""
     cfg = json.loads((Path(oracle_root) / "glm_moe_dsa_shared" / "hf" / "config.json").read_text())
-    _, arch = family_registry.normalize_arch(cfg)
-    specs = family_registry.layer_specs(arch)
+    _, arch = family_normalize.normalize_arch(cfg)
+    specs = family_specs.layer_specs(arch)
     assert [s["attn"]["indexer"].get("shared", False) for s in specs] == [False, True, False]
     assert "f32_values_per_pos" not in specs[1]["attn"]["state"]
     with pytest.raises(family_registry.UnsupportedModel, match="indexer_types"):
-        family_registry.normalize_arch(dict(cfg, indexer_types=["shared", "full", "full"]))
+        family_normalize.normalize_arch(dict(cfg, indexer_types=["shared", "full", "full"]))
     bad = tmp_path / "bad"
     shutil.copytree(converted("glm_moe_dsa_shared"), bad)
     man = json.loads((bad / "colibri.json").read_text())

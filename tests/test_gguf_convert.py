@@ -13,12 +13,13 @@ import pytest
 from needs import need
 
 from test_gguf_common import ROOT, CTokenizer, convert, engine
+from colibri.family import normalize as family_normalize
 
 gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from colibri.convert import gguf as convert_gguf  # noqa: E402
-from colibri.convert.hf import ConvertError  # noqa: E402
+from colibri.errors import ConvertError  # noqa: E402
 
 EXACT_TOL = 1e-3  # as tests/test_oracles.py: f32 container, max|logit-ref| <= 1e-3 max|ref|
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
@@ -555,7 +556,7 @@ def test_qwen3_dense_mapping():
     assert GGML_TYPES[0][0] == "F32"
     family, cfg = convert_gguf.build_config(G, G.tensors)
     assert family == "qwen3" and cfg["head_dim"] == 32 and cfg["tie_word_embeddings"] is False
-    fam, arch = family_registry.normalize_arch(cfg)
+    fam, arch = family_normalize.normalize_arch(cfg)
     assert fam == "qwen3" and arch["qk_norm"] and arch["num_kv_heads"] == 2 and arch["layer_mlp"] == ["dense"]
     table, sources = convert_gguf.map_tensors(G, family, cfg)
     assert table["model.layers.0.self_attn.q_norm.weight"]["shape"] == [32]

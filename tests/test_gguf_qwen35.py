@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from colibri.convert import gguf as convert_gguf  # noqa: E402
 from colibri.convert import hf as convert_hf  # noqa: E402
-from colibri.convert.hf import ConvertError  # noqa: E402
+from colibri.errors import ConvertError  # noqa: E402
 
 VARIANT = "qwen3_5_moe_text"
 EXACT_TOL = 1e-3  # as tests/test_oracles.py: max|logit-ref| <= 1e-3 max|ref|

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from colibri.convert import gguf as convert_gguf  # noqa: E402
 from colibri.convert import hf as convert_hf  # noqa: E402
-from colibri.convert.hf import ConvertError  # noqa: E402
+from colibri.errors import ConvertError  # noqa: E402
 
 EXACT_TOL = 1e-3  # as tests/test_oracles.py: max|logit-ref| <= 1e-3 max|ref|
 GGUF_ARCH = {"olmoe": gguf.MODEL_ARCH.OLMOE, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE, "mixtral": gguf.MODEL_ARCH.LLAMA}

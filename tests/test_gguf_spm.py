@@ -10,7 +10,7 @@ import pytest
 import fetch_tokenizers
 from colibri.convert import gguf as convert_gguf
 from colibri.convert import gguf_spm
-from colibri.convert.hf import ConvertError
+from colibri.errors import ConvertError
 from test_gguf_common import CTokenizer
 from test_gguf_convert import CORPUS
 

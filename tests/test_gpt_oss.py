@@ -14,6 +14,8 @@ import pytest
 
 import family_registry
 from test_expert_streaming import Raw
+from colibri.family import normalize as family_normalize
+from colibri.family import specs as family_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,8 +131,8 @@ def test_registry_facts():
            "intermediate_size": 32, "sliding_window": 8, "max_position_embeddings": 512, "swiglu_limit": 7.0,
            "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}}
-    family, arch = family_registry.normalize_arch(cfg)
-    specs = family_registry.layer_specs(arch)
+    family, arch = family_normalize.normalize_arch(cfg)
+    specs = family_specs.layer_specs(arch)
     assert family == "gpt_oss" and arch["q_bias"] and arch["o_bias"]  # attention_bias defaults to true
     # no layer_types: sliding, full, sliding (the config class's default)
     assert [s["attn"]["window"] for s in specs] == [8, 0, 8]
@@ -144,14 +146,14 @@ def test_registry_facts():
     assert mlp["router"]["kind"] == "topk_softmax" and mlp["router"]["tensors"]["bias"] == "model.layers.0.mlp.router.bias"
     assert mlp["expert_tensors"]["down_bias"] == "model.layers.0.mlp.experts.{e}.down_proj.bias"
     assert arch["rope_attention_scaling"] == pytest.approx(0.1 * __import__("math").log(32.0) + 1)
-    _, arch = family_registry.normalize_arch(dict(cfg, layer_types=["full_attention"] * 3, attention_bias=False))
-    assert [s["attn"]["window"] for s in family_registry.layer_specs(arch)] == [0, 0, 0] and not arch["q_bias"]
+    _, arch = family_normalize.normalize_arch(dict(cfg, layer_types=["full_attention"] * 3, attention_bias=False))
+    assert [s["attn"]["window"] for s in family_specs.layer_specs(arch)] == [0, 0, 0] and not arch["q_bias"]
     with pytest.raises(family_registry.UnsupportedModel, match="layer_types: chunked_attention"):
-        family_registry.normalize_arch(dict(cfg, layer_types=["chunked_attention"] * 3))
+        family_normalize.normalize_arch(dict(cfg, layer_types=["chunked_attention"] * 3))
     with pytest.raises(family_registry.UnsupportedModel, match="one type per layer"):
-        family_registry.normalize_arch(dict(cfg, layer_types=["full_attention"]))
+        family_normalize.normalize_arch(dict(cfg, layer_types=["full_attention"]))
     with pytest.raises(family_registry.UnsupportedModel, match="sliding_window"):
-        family_registry.normalize_arch(dict(cfg, sliding_window=None))
+        family_normalize.normalize_arch(dict(cfg, sliding_window=None))
 
 
 # ---------- MXFP4 (the releases' expert format) ----------

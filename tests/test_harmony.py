@@ -17,11 +17,11 @@ import pytest
 import family_registry
 from colibri.chat_template import literal as ctl
 from colibri.chat_template import render as ct
-from colibri.server.harmony import HarmonySplitter, uses_harmony
+from colibri.chat.harmony import HarmonySplitter, uses_harmony
 from colibri.server.model import ModelInfo
 from colibri.server.openai import parse_chat
-from colibri.server.params import ApiError
-from colibri.server.text import TextPipeline
+from colibri.chat.params import ApiError
+from colibri.chat.pipeline import TextPipeline
 from launcher_helpers import write_synthetic
 from literal_reference import LiteralReference
 from server_helpers import ServerProc

@@ -6,8 +6,9 @@ import argparse
 import pytest
 
 import resource_plan
-from colibri.cli import launch_opts
-from colibri.cli.common import UserError
+from colibri import launch_opts
+from colibri.machine import probe as machine_probe
+from colibri.errors import UserError
 
 
 def parse(*argv):
@@ -35,9 +36,10 @@ def test_environment_budget_and_its_refusal(monkeypatch):
 
 def test_default_budget_is_the_planners(monkeypatch):
     monkeypatch.delenv("COLI_RAM_GB", raising=False)
-    mem = resource_plan.memory_info()
+    assert resource_plan.memory_info is machine_probe.memory_info  # the planner's budget is the probe's
+    mem = machine_probe.memory_info()
     assert mem["default_budget"], "this machine reports no usable memory"
     # available memory moves while other processes run: read it once for both sides
-    monkeypatch.setattr(resource_plan, "memory_info", lambda: mem)
+    monkeypatch.setattr(machine_probe, "memory_info", lambda: mem)
     got = launch_opts.stream_args(parse())
     assert got[0] == "--ram" and abs(float(got[1]) * 1e9 - mem["default_budget"]) < 1e-5 * mem["default_budget"]

@@ -207,8 +207,8 @@ def test_build_dry_run_passes_flags_through_the_environment():
 
 
 def test_engine_status_reports_version_and_kernels():
-    from colibri.cli import build as build_cli
-    st = build_cli.engine_status()
+    from colibri.engine_status import engine_status
+    st = engine_status()
     assert st["built"], "run make first"
     assert st["version"] == st["expected_version"]
     assert st["kernels"].split()[0] in ("amx", "vnni", "avx512", "avx2", "portable")

@@ -13,6 +13,7 @@ import pytest
 import family_registry
 from test_expert_streaming import Raw
 from test_gpt_oss import check_ring_persistence, coli, greedy, logits
+from colibri.family import specs as family_specs
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_ring_gives_the_bits_of_the_whole_cache(oracle, ringed, tmp_path):
     assert int(a.ready["kv_bytes_per_token"]) == int(b.ready["kv_bytes_per_token"]) == (2 * 1 + 2 * 2) * (48 + 32) * 2
     assert int(b.ready["kv_slot_bytes"]) - int(a.ready["kv_slot_bytes"]) == 2 * 2 * (48 + 32) * 2 * (ctx - window)
     man = json.loads((ring / "colibri.json").read_text())
-    assert family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx) == int(a.ready["kv_slot_bytes"])
+    assert family_specs.kv_slot_bytes(family_specs.manifest_layers(man), ctx) == int(a.ready["kv_slot_bytes"])
     a.close()
     b.close()
 

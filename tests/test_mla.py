@@ -11,6 +11,7 @@ import pytest
 import family_registry  # noqa: E402
 from colibri.model import container_scan  # noqa: E402
 from launcher_helpers import coli, f32_containers, ready_line  # noqa: E402
+from colibri.family import normalize as family_normalize  # noqa: E402
 
 MLA_VARIANTS = ["deepseek_v3", "deepseek_v3_noqlora", "glm4_moe_lite"]
 
@@ -69,7 +70,7 @@ def test_softmax_scale_and_rope_match_transformers(oracle_root):
     cfg = transformers.AutoConfig.from_pretrained(hf)
     assert cfg.rope_parameters["rope_type"] == "yarn"
     model = transformers.DeepseekV3ForCausalLM(cfg)
-    _, arch = family_registry.normalize_arch(json.loads((hf / "config.json").read_text()))
+    _, arch = family_normalize.normalize_arch(json.loads((hf / "config.json").read_text()))
     attn = model.model.layers[0].self_attn
     assert arch["attn_scale"] == pytest.approx(attn.scaling, rel=1e-7) and attn.scaling != attn.qk_head_dim ** -0.5
     rot = model.model.rotary_emb
@@ -86,7 +87,7 @@ def test_hub_style_config_is_read_the_same(oracle_root):
     hub["rope_theta"] = params.pop("rope_theta")
     hub["rope_scaling"] = dict(params, type=params.pop("rope_type"))
     hub["num_local_experts"] = hub.pop("n_routed_experts")
-    assert family_registry.normalize_arch(hub) == family_registry.normalize_arch(cfg)
+    assert family_normalize.normalize_arch(hub) == family_normalize.normalize_arch(cfg)
 
 
 def test_glm4_moe_hub_style_partial_rotary(oracle_root):
@@ -100,8 +101,8 @@ def test_glm4_moe_hub_style_partial_rotary(oracle_root):
     hub = {k: v for k, v in cfg.items() if k != "rope_parameters"}
     hub.update(rope_theta=params["rope_theta"], partial_rotary_factor=0.5)
     bare = {k: v for k, v in hub.items() if k != "partial_rotary_factor"}
-    want = family_registry.normalize_arch(cfg)
-    assert family_registry.normalize_arch(hub) == want == family_registry.normalize_arch(bare)
+    want = family_normalize.normalize_arch(cfg)
+    assert family_normalize.normalize_arch(hub) == want == family_normalize.normalize_arch(bare)
     rot = transformers.Glm4MoeForCausalLM(transformers.AutoConfig.from_pretrained(hf)).model.rotary_emb
     np.testing.assert_allclose(want[1]["rope_inv_freq"], rot.inv_freq.numpy(), rtol=2e-6)
     assert want[1]["rotary_dim"] == cfg["head_dim"] // 2

@@ -89,7 +89,7 @@ def test_plan_text_shows_each_line(tmp_path):
 
 
 def test_the_start_up_budget_line_names_what_is_counted():
-    from colibri.cli import launch_opts
+    from colibri import launch_opts
     info = {"ram_budget": "1000000000", "dense_bytes": "100000000", "kv_bytes": "2000000", "runtime_bytes": "30000000",
             "checkpoint_bytes": "52000000", "grammar_bytes": "27000000", "mask_cache_bytes": "0",
             "expert_cache_bytes": "500000000", "cap": "10", "experts": "64", "batch": "128"}

@@ -2,7 +2,7 @@
 once a prompt has taken a few seconds, and cleared when the first token arrives."""
 import io
 
-from colibri.cli.progress import PromptProgress
+from colibri.chat.progress import PromptProgress
 
 
 class Tty(io.StringIO):

@@ -15,7 +15,7 @@ import pytest
 from test_gguf_common import CACHE, ROOT, gguf_engine
 
 from colibri.model import store as model_store  # noqa: E402
-from colibri.cli.common import UserError  # noqa: E402
+from colibri.errors import UserError  # noqa: E402
 
 
 class FakeHub:

@@ -10,7 +10,7 @@ from launcher_helpers import coli
 from server_helpers import ServerProc, model, post_json, template  # noqa: F401
 
 from colibri.server import config as server_config
-from colibri.cli.common import UserError
+from colibri.errors import UserError
 
 HI = [{"role": "user", "content": "Hello there"}]
 

@@ -20,7 +20,7 @@ KEY = "s3cret-key"
 HI = [{"role": "user", "content": "hi"}]
 ROOT = COLI.parent
 from colibri.server import config as server_config  # noqa: E402
-from colibri.cli.common import UserError  # noqa: E402
+from colibri.errors import UserError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -237,11 +237,11 @@ def test_fault_details_need_the_key(model, template):  # noqa: F811
     (KEY, "127.0.0.1", None, False), (KEY, "192.168.1.20", KEY, True), (KEY, "127.0.0.1", "nope", False),
 ])
 def test_who_may_see_fault_details(key, address, offered, shown):
-    import openai_server
+    from colibri.server import app as server_app
 
     class Fake:
         pass
-    h = openai_server.Handler.__new__(openai_server.Handler)
+    h = server_app.Handler.__new__(server_app.Handler)
     h.server = Fake()
     h.server.app = Fake()
     h.server.app.settings = Fake()

@@ -5,7 +5,8 @@ import random
 import pytest
 
 from colibri.server.scheduler import SlotTable  # noqa: E402
-from colibri.server.text import StopMatcher, TextPipeline, ThinkSplitter  # noqa: E402
+from colibri.chat.pipeline import TextPipeline  # noqa: E402
+from colibri.chat.text import StopMatcher, ThinkSplitter  # noqa: E402
 
 
 def run_stop(pieces, stops):

@@ -13,7 +13,7 @@ import pytest
 
 from server_helpers import ROOT, model  # noqa: F401
 
-import openai_server  # noqa: E402
+from colibri.server import app as server_app  # noqa: E402
 from colibri.server import config as server_config  # noqa: E402
 from colibri.server.scheduler import Job, Scheduler, ServedEngine, SlotTable, Unavailable  # noqa: E402
 from colibri.engine_client import EngineError  # noqa: E402
@@ -239,7 +239,7 @@ def test_the_deadline_counts_silence_not_the_whole_turn(harness):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_health_tells_the_truth_when_the_worker_is_gone(harness, model, monkeypatch):  # noqa: F811
     settings = server_config.Settings(model_dir=model, model_id="m")
-    app = openai_server.App(settings, lambda msg: None)
+    app = server_app.App(settings, lambda msg: None)
     h = harness(["ok"])
     app.sched = h.sched
     h.sched.start()
@@ -259,7 +259,7 @@ def test_health_tells_the_truth_when_the_worker_is_gone(harness, model, monkeypa
 
 def test_health_hides_fault_details_unless_allowed(harness, model):  # noqa: F811
     settings = server_config.Settings(model_dir=model, model_id="m")
-    app = openai_server.App(settings, lambda msg: None)
+    app = server_app.App(settings, lambda msg: None)
     h = harness([busy(), "ok"])
     app.sched = h.sched
     h.sched.start()
@@ -290,7 +290,7 @@ def test_restarts_back_off_while_the_engine_keeps_failing(harness):
 
 def test_health_gives_the_load_error_and_hides_its_message_unless_allowed(harness, model):  # noqa: F811
     settings = server_config.Settings(model_dir=model, model_id="m")
-    app = openai_server.App(settings, lambda msg: None)
+    app = server_app.App(settings, lambda msg: None)
     h = harness([refused(f"{SECRET_PATH}: damaged")])
     app.sched = h.sched
     h.sched.start()

@@ -4,9 +4,9 @@ the grammar (`colibri grammar-check`, the engine's matcher), a call of another f
 arguments outside the schema is rejected."""
 import pytest
 
-from colibri.tools.request import ToolSpec
-from colibri.tools import formats
-from colibri.tools.forced import call_grammar
+from colibri.toolcall.request import ToolSpec
+from colibri.toolcall import formats
+from colibri.toolcall.forced import call_grammar
 from engine_binaries import build
 from grammar_schemas import grammar_check
 from test_tool_parsers import DATA, OFFICIAL, SCHEMAS, _fmt, _source, assistant_text, cached_templates  # noqa: F401

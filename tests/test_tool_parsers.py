@@ -11,9 +11,9 @@ import pytest
 
 import family_registry
 from colibri.chat_template import render as ct
-from colibri.tools import formats
-from colibri.tools.request import with_string_arguments
-from colibri.tools.stream import ToolCallFilter
+from colibri.toolcall import formats
+from colibri.toolcall.request import with_string_arguments
+from colibri.toolcall.stream import ToolCallFilter
 
 DATA = json.loads((Path(__file__).parent / "data" / "tool_calls" / "conversation.json").read_text(encoding="utf-8"))
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
@@ -188,7 +188,7 @@ def test_every_tool_family_names_a_known_format():
 
 
 def test_gpt_oss_official_template_call_through_the_harmony_splitter():
-    from colibri.server.harmony import HarmonySplitter
+    from colibri.chat.harmony import HarmonySplitter
     source = (TEMPLATES / "openai-gpt-oss.jinja").read_text(encoding="utf-8")
     call = DATA["single_call"][0]
     chat = [{"role": "user", "content": DATA["user"]},

@@ -10,7 +10,7 @@ import family_registry
 from colibri.chat_template import literal
 from colibri.chat_template import render as ct
 from colibri.server import openai as oa
-from colibri.server.params import ApiError
+from colibri.chat.params import ApiError
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 WEATHER = {"type": "function", "function": {

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from colibri.tools import formats
-from colibri.tools.forced import call_grammar
-from colibri.tools.request import ToolSpec
-from colibri.tools.stream import ToolCallFilter
+from colibri.toolcall import formats
+from colibri.toolcall.forced import call_grammar
+from colibri.toolcall.request import ToolSpec
+from colibri.toolcall.stream import ToolCallFilter
 from engine_binaries import build
 from grammar_schemas import grammar_check
 from test_tool_parsers import DATA, SCHEMAS, TEMPLATES, _conversation

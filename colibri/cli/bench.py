@@ -14,7 +14,13 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
+from colibri import engine_client
+from colibri import launch_opts
+from colibri.machine import probe as machine_probe
+from colibri.model import container_scan
+from colibri.model import store as model_store
 
 ENGINE_DEFAULT_CTX = 4096  # the engine's --ctx when none is given (c/engine/engine.c)
 HELP = "prefill/decode speed and achieved bandwidth, side by side with llama.cpp when given"
@@ -32,7 +38,6 @@ def add_arguments(p):
     p.add_argument("--temp", type=float, default=1.0,
                    help="temperature of the sampled-decode leg (top-p 0.95), which shows the sampler's cost next to "
                         "greedy decode; 0 leaves the leg out (default 1.0)")
-    from colibri.cli import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(p, ("threads", "batch") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS + ("kernels",),
                                  group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
@@ -59,8 +64,6 @@ def bytes_per_decoded_token(scan):
 def engine_read_rate(threads, mib=1024):
     """GB/s that `colibri membw` reads with `threads` threads (decode's own count), over a buffer of
     at most mib MiB and an eighth of the memory available; None when it cannot run."""
-    from colibri import engine_client
-    from colibri.machine import probe as machine_probe
     usable = machine_probe.memory_info().get("usable") or 0
     mib = max(16, min(mib, usable // 8 >> 20)) if usable else 64
     try:
@@ -81,7 +84,6 @@ def colibri_run(model, args, first_token, vocab):
     other ids warms the experts); the prefill leg adds the prompt behind it (the depth is reused,
     so only the prompt's positions are timed); the decode legs reuse the depth and decode from
     there, greedy and then sampled, as llama-bench's tg runs decode behind -d positions."""
-    from colibri import engine_client
     span = max(min(vocab, 1001) - 1, 1)  # ids 1..1000, inside the vocabulary of a small model too
     ids = lambda start, n: [(start + i * 7) % span + 1 for i in range(n)]  # noqa: E731
     depth, prompt = ids(first_token + 500, args.depth), ids(first_token, args.prompt_tokens)
@@ -144,7 +146,6 @@ def default_gguf(model):
     src = man.get("source", {}).get("gguf_path") or ""
     if src and Path(src).is_file():
         return Path(src)
-    from colibri.model import store as model_store
     downloads = model_store.store_root() / "downloads"
     name = Path(model).name
     hits = sorted(downloads.glob(f"*{name}*/*.gguf")) if downloads.is_dir() else []
@@ -152,8 +153,6 @@ def default_gguf(model):
 
 
 def run(args):
-    from colibri.model import container_scan
-    from colibri.machine import probe as machine_probe
     model = require_model(args)
     for flag in ("prompt_tokens", "gen_tokens", "repeat"):
         if getattr(args, flag) < 1:
@@ -163,7 +162,6 @@ def run(args):
     if args.temp < 0:
         raise UserError("--temp must be 0 (no sampled leg) or more")
     scan = container_scan.scan(model)
-    from colibri.cli import launch_opts
     launch_opts.check_cap(args.cap, {"num_experts": scan["arch"]["experts"]})
     args.stream_args = launch_opts.stream_args(args)
     per_token = bytes_per_decoded_token(scan)

@@ -1,5 +1,5 @@
 """`coli build`: run make for the engine with the right flags and report what was built and which
-SIMD kernels it will use. engine_status() is the build state that `coli info` and doctor show."""
+SIMD kernels it will use (colibri/engine_status.py reads the build state, as `coli info` and doctor do)."""
 import json
 import os
 import shutil
@@ -8,8 +8,8 @@ import sys
 import time
 
 from colibri import ROOT
-from colibri.cli.common import UserError
-from colibri.engine_client import RELEASE
+from colibri.errors import UserError
+from colibri.engine_status import engine_status
 
 HELP = "build the engine (make) and report its version and SIMD kernels"
 DESCRIPTION = """Builds build/colibri with make, using all CPUs. The engine picks its kernels at
@@ -17,69 +17,7 @@ run time (AVX2+FMA+F16C when the CPU has them, else portable C), so the default 
 any x86-64 or ARM machine. Flags are passed through the environment so the Makefile's own
 flags (C11, OpenMP, warnings) always stay; a change of flags forces a full rebuild."""
 
-ENGINE = RELEASE
 STATE = ROOT / "build" / ".coli_build.json"
-
-
-def _expected_version():
-    from version import VERSION
-    return VERSION
-
-
-def cpu_kernels():
-    """The kernels c/kernels/quant.c kernels_init will choose on this CPU, from /proc/cpuinfo flags."""
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags
-    if avx512 and {"amx_tile", "amx_int8", "avx512_vnni"} <= flags:  # if the kernel grants the tiles
-        return "amx", "AMX-INT8 tiles + AVX-512 VNNI"
-    if avx512 and "avx512_vnni" in flags:
-        return "vnni", "AVX-512 VNNI"
-    if avx512:
-        return "avx512", "AVX-512 F/BW/VL/DQ"
-    if {"avx2", "fma", "f16c"} <= flags:
-        return "avx2", "AVX2+FMA+F16C"
-    missing = sorted({"avx2", "fma", "f16c"} - flags)
-    return "portable", ("no " + "/".join(missing).upper()) if flags else "CPU flags unknown"
-
-
-def engine_status():
-    """{'path', 'built', 'version', 'expected_version', 'stale', 'kernels', 'error'} without building."""
-    st = {"path": str(ENGINE.relative_to(ROOT)), "built": ENGINE.exists(), "version": None,
-          "expected_version": _expected_version(), "stale": None, "kernels": None, "kernel_sets": [],
-          "error": None}
-    kern, why = cpu_kernels()
-    st["kernels"] = f"{kern} ({why}; chosen at start)"
-    if not st["built"]:
-        return st
-    try:
-        r = subprocess.run([str(ENGINE), "version"], capture_output=True, text=True, timeout=10)
-        lines = r.stdout.splitlines()
-        out = lines[0].split() if lines else []
-        if r.returncode == 0 and len(out) >= 2 and out[0] == "colibri":
-            st["version"] = out[1]
-            reported = [w.split("=", 1)[1] for w in out[2:] if w.startswith("kernels=")]
-            if reported:
-                st["kernels"] = f"{reported[0]} (reported by the engine)"
-            # "set NAME[ (not on this CPU)]: complete|portable ENTRY,...": each set's portable fallbacks
-            st["kernel_sets"] = [ln[4:] for ln in lines[1:] if ln.startswith("set ")]
-        else:
-            st["error"] = (r.stderr or r.stdout).strip() or f"exit code {r.returncode}"
-    except (OSError, subprocess.TimeoutExpired) as e:
-        st["error"] = str(e)
-    built_at = ENGINE.stat().st_mtime
-    sources = [p for pat in ("c/*/*.c", "c/*/*.h", "Makefile") for p in ROOT.glob(pat)]
-    newer = [p for p in sources if p.stat().st_mtime > built_at]
-    if newer:
-        st["stale"] = str(max(newer, key=lambda p: p.stat().st_mtime).relative_to(ROOT))
-    return st
 
 
 def add_arguments(p):

@@ -16,11 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-from colibri.cli import launch_opts
-from colibri.cli.common import UserError, model_arg, require_model
-from colibri.cli.progress import PromptProgress
-from colibri.server import harmony
-from colibri.server.text import ThinkSplitter  # the server's splitters: one rule for reasoning everywhere
+from colibri import launch_opts
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
+from colibri.chat import harmony
+from colibri.chat.progress import PromptProgress
+from colibri.chat.text import ThinkSplitter  # the server's splitters: one rule for reasoning everywhere
+from colibri import engine_client
+from colibri import sampling
+from colibri.chat_template import literal as chat_template_literal
+from colibri.chat_template import render as chat_template
 
 HELP = "chat with a model in the terminal (streams tokens; Ctrl-C stops an answer)"
 DESCRIPTION = """Loads the model once and chats. Commands:
@@ -85,21 +90,6 @@ def in_reasoning(splitter):
     return splitter.state == "reasoning"
 
 
-def speaks_harmony(model_dir, family):
-    """True when the model answers in harmony messages (gpt-oss): its registry entry or template says so."""
-    from colibri.chat_template import render as chat_template
-    try:
-        import family_registry
-        facts = family_registry.FAMILIES.get(family, {})
-    except ImportError:
-        facts = {}
-    try:
-        source = chat_template.load_chat_template(str(model_dir))
-    except Exception:  # noqa: BLE001 - no readable template: plain text
-        return False
-    return harmony.uses_harmony(source, facts)
-
-
 def switch_thinking(template_vars, model_dir, word):
     """:think on|off: sets the family's own switch (DeepSeek's `thinking`, most others'
     enable_thinking; a template that reads both lets `thinking` win). Returns the note to print."""
@@ -114,7 +104,6 @@ def switch_thinking(template_vars, model_dir, word):
 
 def reads_effort(model_dir):
     """True when the model's chat template reads reasoning_effort (gpt-oss's does)."""
-    from colibri.chat_template import render as chat_template
     try:
         return "reasoning_effort" in chat_template.load_chat_template(str(model_dir))
     except Exception:  # noqa: BLE001 - no readable template
@@ -192,19 +181,17 @@ class Chat:
         ctx = int(engine.info.get("ctx", 0)) or DEFAULT_ANSWER_CAP + 1
         self.ctx = int(engine.info.get("ctx", 0)) or None
         self.cap = args.max_tokens if args.max_tokens is not None else min(cap or DEFAULT_ANSWER_CAP, ctx - 1)
-        from colibri import sampling
         self.defaults, self.default_sources = sampling.model_defaults(model_dir)
         self.opts = launch_opts.sampling_opts(args, defaults=self.defaults)
         self.opts.pop("max_tokens", None)
         # gpt-oss: the channel markup is special tokens, so the engine writes them out
-        self.harmony = not args.raw and speaks_harmony(model_dir, fam)
+        self.harmony = not args.raw and harmony.speaks_harmony(model_dir, fam)
         if self.harmony:
             self.opts["render_special"] = 1
         self.answer_content = ""  # the last answer without its reasoning (what the template gets back)
 
     def sampling_line(self):
         """What this chat samples with: the flags given, the model's defaults for the rest."""
-        from colibri import sampling
         given = {k for k in sampling.API_NAMES if getattr(self.args, k, None) is not None}
         values = {k: self.opts[k] for k in sampling.API_NAMES if k in self.opts}
         sources = {k: "flag" if k in given else self.default_sources.get(k, "engine") for k in values}
@@ -217,7 +204,6 @@ class Chat:
 
     def render(self, add_generation_prompt=True):
         """The prompt as a chat_template_literal.Prompt: what the user typed stays text."""
-        from colibri.chat_template import literal as chat_template_literal
         if self.args.raw:  # plain text continuation: the messages one after another (the user owns it all)
             return chat_template_literal.Prompt(
                 "".join(m["content"] + ("\n" if m["role"] == "user" else "") for m in self.conversation()))
@@ -325,7 +311,6 @@ class Chat:
             return
         prompt, gen, so_far = self.last
         # the engine's KV already holds prompt + answer: only the new tokens are computed
-        from colibri.chat_template import literal as chat_template_literal
         # the answer so far is the model's own output: appended after the spans, which stay valid
         text, finish, stopped = self.answer(chat_template_literal.Prompt(prompt.text + so_far, prompt.literal),
                                             gen + so_far, continuing=True)
@@ -440,7 +425,6 @@ def add_arguments(p):
 
 
 def run(args):
-    from colibri import engine_client
     d = require_model(args)
     if not args.raw and launch_opts.template_supports_thinking(d) is None:
         raise UserError(f"{d} has no chat template (chat_template.jinja or tokenizer_config.json's chat_template); "

@@ -5,6 +5,7 @@ import os
 import time
 
 from colibri.model import store
+from colibri.model.listing import entries, human_bytes, tree_bytes
 
 HELP = "list the models in the local store: name, size on disk, where"
 DESCRIPTION = (HELP + ". A model linked into the store shows the directory it links to; an interrupted "
@@ -15,14 +16,6 @@ def add_arguments(p):
     pass
 
 
-def human_bytes(n):
-    """1000-based, as ollama and df -H print sizes: 98 MB, 4.7 GB."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" or n >= 10 else f"{n:.1f} {unit}"
-        n /= 1000
-
-
 def human_age(seconds):
     s = max(0, int(seconds))
     for size, unit in ((86400 * 365, "year"), (86400 * 30, "month"), (86400 * 7, "week"), (86400, "day"),
@@ -31,49 +24,6 @@ def human_age(seconds):
             k = s // size
             return f"{k} {unit}{'s' if k > 1 else ''} ago"
     return "just now"
-
-
-def tree_bytes(d):
-    """Bytes of the files under d; a linked directory counts the files it links to (once each)."""
-    total, seen_dirs, seen_files = 0, set(), set()
-    for root, dirs, files in os.walk(d, followlinks=True):
-        try:
-            st = os.stat(root)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) in seen_dirs:  # a link loop: walk each directory once
-            dirs[:] = []
-            continue
-        seen_dirs.add((st.st_dev, st.st_ino))
-        for f in files:
-            try:
-                st = os.stat(os.path.join(root, f))
-            except OSError:  # a dangling link inside the container
-                continue
-            if (st.st_dev, st.st_ino) not in seen_files:
-                seen_files.add((st.st_dev, st.st_ino))
-                total += st.st_size
-    return total
-
-
-def entries():
-    """Every entry of the store's models/ folder (hidden names aside), sorted by name: dicts with
-    name, path, link (the target when the entry is a symlink, else None), complete (colibri.json
-    there), missing (a link whose target is gone)."""
-    root = store.models_dir()
-    try:
-        names = sorted(n for n in os.listdir(root) if not n.startswith("."))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    out = []
-    for n in names:
-        p = root / n
-        link = os.readlink(p) if os.path.islink(p) else None
-        if link is not None and not os.path.isabs(link):
-            link = os.path.normpath(os.path.join(root, link))
-        out.append({"name": n, "path": p, "link": link, "complete": (p / "colibri.json").is_file(),
-                    "missing": link is not None and not os.path.exists(p)})
-    return out
 
 
 def describe(e):

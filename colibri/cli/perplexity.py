@@ -17,7 +17,10 @@ from itertools import repeat
 from operator import mul, sub
 from pathlib import Path
 
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
+from colibri import engine_client
+from colibri import launch_opts
 
 HELP = "perplexity of a text file (and KL-divergence / top-1 agreement against reference logits)"
 DESCRIPTION = __doc__
@@ -30,7 +33,6 @@ def add_arguments(p):
     p.add_argument("--chunks", type=int, default=None, help="score at most N chunks")
     p.add_argument("--ref-logits", dest="ref_logits", help="reference logits, float32 [chunks*ctx, vocab]")
     p.add_argument("--save-logits", dest="save_logits", help="write this model's logits in the --ref-logits layout")
-    from colibri.cli import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(p, ("ctx", "threads", "kv") + launch_opts.STREAM_FLAGS + ("kernels",), group=None,
                                  ctx={"help": f"tokens per chunk (default {DEFAULT_CTX}, at most the model's)"},
                                  threads={"help": "compute threads (default: all cores)"})
@@ -38,7 +40,6 @@ def add_arguments(p):
 
 
 def tokenize(model_dir, path):
-    from colibri import engine_client
     exe = engine_client.ensure_built()
     r = subprocess.run([str(exe), "tokenize", "--model", str(model_dir), "--ids-only", "--no-special", "--add-special",
                         "--file", str(path)], capture_output=True, text=True)
@@ -76,7 +77,6 @@ def argmax(row):
 def measure(model_dir, ids, ctx, chunks, threads=None, ref_path=None, save_path=None, progress=None, kv=None,
             extra=()):
     """Returns a dict of results; see run() for the fields."""
-    from colibri import engine_client
     n_chunks = len(ids) // ctx
     if chunks is not None:
         n_chunks = min(n_chunks, chunks)
@@ -150,7 +150,6 @@ def run(args):
         raise UserError(f"--file {path}: " + ("a directory, not a text file" if path.is_dir() else "no such file"))
     man = json.loads((d / "colibri.json").read_text())
     max_pos = int(man["arch"]["max_position_embeddings"])
-    from colibri.cli import launch_opts
     launch_opts.check_ctx(args.ctx, man["arch"])  # the range every command takes
     ctx = min(DEFAULT_CTX, max_pos - 1) if args.ctx is None else args.ctx
     if ctx < 4 or ctx >= max_pos:  # what a chunk needs on top of that
@@ -161,7 +160,6 @@ def run(args):
     if args.ref_logits and not Path(args.ref_logits).is_file():
         raise UserError(f"--ref-logits {args.ref_logits}: " + ("a directory, not a logits file"
                                                                 if Path(args.ref_logits).is_dir() else "no such file"))
-    from colibri.cli import launch_opts
     launch_opts.check_cap(args.cap, man["arch"])
     extra = launch_opts.stream_args(args)
     ids = tokenize(d, path)

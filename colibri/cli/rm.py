@@ -12,8 +12,9 @@ import os
 import shutil
 import sys
 
-from colibri.cli.common import UserError
-from colibri.cli.list import entries, human_bytes, tree_bytes
+from colibri.errors import UserError
+from colibri.model.listing import entries, human_bytes, tree_bytes
+from colibri.model.processes import processes
 from colibri.model import store
 
 HELP = "remove models from the local store (asks first; --yes skips the question)"
@@ -87,9 +88,8 @@ def download_of(e, listed):
 
 def users(path):
     """The running colibri processes whose model is `path`: a link is in use only when run through it."""
-    from colibri.cli import ps
     try:
-        procs = ps.processes()
+        procs = processes()
     except UserError:  # no /proc: nothing to check against
         return []
     mine = os.path.normpath(os.path.abspath(path))

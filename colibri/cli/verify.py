@@ -5,7 +5,10 @@ when a shard differs: the message names the shard and the byte ranges."""
 import json
 import sys
 
-from colibri.cli.common import UserError, model_arg, model_path
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, model_path
+from colibri.model import container_scan as cs
+from colibri.model import shard_sums
 
 HELP = "check every shard of a model against the checksums recorded at conversion"
 DESCRIPTION = HELP + (". Damaged shards are named with the byte ranges that differ; exit code 0 when all match "
@@ -18,8 +21,6 @@ def add_arguments(p):
 
 
 def run(args):
-    from colibri.model import container_scan as cs
-    from colibri.model import shard_sums
     if not args.model:
         raise UserError("no model given; pass --model DIR (or set COLI_MODEL)")
     d = model_path(args.model)

@@ -6,7 +6,7 @@ import threading
 import time
 import webbrowser
 
-import openai_server
+from colibri.server import app as server_app
 
 HELP = "serve the API and the dashboard (chat, runtime, Brain, Atlas) and open it in the browser"
 DESCRIPTION = ("Serve the model like `coli serve` (every serve flag applies) and open the dashboard at / in the "
@@ -16,7 +16,7 @@ DESCRIPTION = ("Serve the model like `coli serve` (every serve flag applies) and
 
 
 def add_arguments(parser):
-    openai_server.add_arguments(parser)
+    server_app.add_arguments(parser)
     parser.add_argument("--no-browser", action="store_true", help="print the dashboard's URL, do not open a browser")
 
 
@@ -32,7 +32,7 @@ def run(args):
               flush=True)
         if not args.no_browser:
             threading.Thread(target=open_when_ready, args=(app, url), name="browser", daemon=True).start()
-    return openai_server.run(args, on_listen=on_listen)
+    return server_app.run(args, on_listen=on_listen)
 
 
 def open_when_ready(app, url):

@@ -1,6 +1,6 @@
 """`coli convert FILE.gguf OUT`: a llama.cpp GGUF file -> colibri container (stdlib only).
 
-The GGUF metadata becomes an HF-style config.json (so family_registry.normalize_arch applies as
+The GGUF metadata becomes an HF-style config.json (so colibri.family.normalize.normalize_arch applies as
 for any checkpoint), the GGUF tensors are mapped to HF names and handed to convert_hf's planner
 and shard writer, and the engine's convert-jobs moves the bytes with GGUF block types as
 sources (c/kernels/gguf_quants.c). The tokenizer is rebuilt from tokenizer.ggml.* as a tokenizer.json
@@ -28,12 +28,15 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
-from colibri.convert import gguf_gpt_oss, gguf_moe, gguf_qwen35, gguf_softmax_moe, gguf_spm
+from colibri.convert import gguf_moe, gguf_qwen35, gguf_softmax_moe, gguf_spm
+from colibri.family import gpt_oss
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGUFError, read_gguf
-from colibri.convert.hf import ConvertError
+from colibri.errors import ConvertError
 from colibri.limits import row_bytes
 from version import VERSION
+from colibri.family import common as family_common
+from colibri.family import normalize as family_normalize
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe",
          "deepseek2": "deepseek_v3", "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe",
@@ -141,11 +144,11 @@ def build_config(g, tensors):
     emb = tensors.get("token_embd.weight")
     if emb is None or len(emb.shape) != 2:
         raise ConvertError(f"{g.path}: no 2-D token_embd.weight tensor")
-    if gg_arch in gguf_moe.ARCHS or gg_arch in (gguf_gpt_oss.ARCH, gguf_qwen35.ARCH):
+    if gg_arch in gguf_moe.ARCHS or gg_arch in (gpt_oss.GGUF_ARCH, gguf_qwen35.ARCH):
         base = {"hidden_size": H, "hidden_act": "silu", "rms_norm_eps": float(m.need("attention.layer_norm_rms_epsilon", float)),
                 "max_position_embeddings": m.get("context_length", 4096, kind=int), "vocab_size": emb.shape[1],
                 "tie_word_embeddings": "output.weight" not in tensors, "torch_dtype": "float32"}
-        builder = {gguf_gpt_oss.ARCH: gguf_gpt_oss.build_config,
+        builder = {gpt_oss.GGUF_ARCH: gpt_oss.gguf_config,
                    gguf_qwen35.ARCH: gguf_qwen35.build_config}.get(gg_arch, gguf_moe.build_config)
         family, cfg = builder(g, tensors, m, _uniform, base)
         return family, _special_ids(g, cfg)
@@ -263,7 +266,7 @@ def map_tensors(g, family, cfg):
         per_layer.update(gguf_moe.PER_LAYER)
         L += int(cfg.get("num_nextn_predict_layers") or 0) if family == "glm4_moe" else 0
     if family == "gpt_oss":
-        per_layer.update(gguf_gpt_oss.PER_LAYER)
+        per_layer.update(gpt_oss.GGUF_PER_LAYER)
     if family == "qwen3_5_moe":
         per_layer.update(gguf_qwen35.PER_LAYER)
     split_kv_b = {}
@@ -290,7 +293,7 @@ def map_tensors(g, family, cfg):
                     if llama_rows and parts[2] in ("attn_q.bias", "attn_k.bias"):
                         raise ConvertError(f"{g.path}: llama GGUF with Q/K biases is not supported yet "
                                            "(their elements are permuted; see docs)")
-                elif family == "gpt_oss" and gguf_gpt_oss.expert_bias_rows(parts[2], shape, pre, path, table, sources, info):
+                elif family == "gpt_oss" and gpt_oss.gguf_expert_bias_rows(parts[2], shape, pre, path, table, sources, info):
                     continue
                 elif parts[2] in experts:
                     if len(shape) != 3:
@@ -349,7 +352,7 @@ def rope_inv_freq_override(g, arch):
         factors = struct.unpack(f"<{half}f", f.read(4 * half))
     base = float(g.metadata.get(f"{g.metadata['general.architecture']}.rope.freq_base", 10000.0))
     dim = arch["head_dim"]
-    return [family_registry._float32(1.0 / (base ** (2 * i / dim)) / factors[i]) for i in range(half)]
+    return [family_common.float32(1.0 / (base ** (2 * i / dim)) / factors[i]) for i in range(half)]
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -523,7 +526,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
         raise ConvertError(str(e)) from None
     family, cfg = build_config(g, g.tensors)
     try:
-        fam, arch = family_registry.normalize_arch(cfg)
+        fam, arch = family_normalize.normalize_arch(cfg)
     except ValueError as e:
         raise ConvertError(f"{src}: {e}") from None
     inv = rope_inv_freq_override(g, arch)

@@ -6,7 +6,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from colibri.convert.hf import ConvertError
+from colibri.errors import ConvertError
+from colibri.convert.hf import engine_binary
 
 
 def source_dtype(info):
@@ -17,7 +18,6 @@ def source_dtype(info):
 def to_f32(g, pieces, dst, what):
     """pieces: [(info, offset)]: each whole tensor as float32 rows at its byte offset in dst,
     which is created (or cut) to end after the last one. what names the tensors for errors."""
-    from colibri.convert.hf import engine_binary
     src = str(Path(g.path).resolve())
     jobs, end = [], 0
     for info, off in pieces:

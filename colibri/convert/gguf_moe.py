@@ -18,7 +18,7 @@ import array
 from pathlib import Path
 
 from colibri.convert import gguf_dequant
-from colibri.convert.hf import ConvertError
+from colibri.errors import ConvertError
 
 ARCHS = ("glm4moe", "deepseek2")
 HF_CLASS = {"glm4_moe": "Glm4MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}

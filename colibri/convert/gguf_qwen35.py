@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 
 from colibri.convert import gguf_dequant
-from colibri.convert.hf import ConvertError
+from colibri.errors import ConvertError
+from colibri.family import qwen35
 
 ARCH = "qwen35moe"
 SCRATCH = "qwen35_rewrites.f32.tmp"  # undone tensors, removed once the shards are written
@@ -215,7 +216,6 @@ def write_scratch(g, path, pieces):
 def gated_q_sources(cfg, sources):
     """The planner splits each full-attention q_proj (heads x (query, gate)) into two outputs;
     each is read as rows of the GGUF attn_q, which llama.cpp stores unchanged."""
-    from colibri.family import qwen35
     nh, hd = cfg["num_attention_heads"], cfg["head_dim"]
     for hf in [n for n in sources if n.endswith(".self_attn.q_proj.weight")]:
         info, row0, _ = sources[hf]

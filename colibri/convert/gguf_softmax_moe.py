@@ -20,7 +20,7 @@ What llama.cpp's converter does to these checkpoints, and how it is read back:
 - None of them renormalizes the top-k weights except Mixtral (the registry's renorm); a file
   that says expert_weights_norm keeps its word.
 """
-from colibri.convert.hf import ConvertError
+from colibri.errors import ConvertError
 
 ARCHS = {"olmoe": "olmoe", "qwen2moe": "qwen2_moe"}  # plus `llama` with experts -> mixtral
 HF_CLASS = {"olmoe": "OlmoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM"}

@@ -9,7 +9,7 @@ first), splits of one piece ordered by the ids of their halves. The rest is the 
 Llama pipeline: "▁" prepended (unless add_space_prefix is false) and spaces replaced by "▁",
 no pre-tokenizer, BPE with byte fallback to the <0xNN> pieces, and the decoder that undoes it.
 """
-from colibri.convert.hf import ConvertError
+from colibri.errors import ConvertError
 
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"

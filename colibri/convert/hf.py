@@ -20,13 +20,17 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.convert import default_chat_template, gpt_oss
-from colibri.family import deepseek, deepseek_v4, kimi, qwen35
+from colibri.convert import default_chat_template
+from colibri.family import deepseek, deepseek_v4, gpt_oss, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
+from colibri.errors import ConvertError
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
+from colibri.family import normalize as family_normalize
+from colibri.family import specs as family_specs
+from colibri import engine_client
 
 FORMAT_VERSION = 1
 EXPERT_CHOICES, DENSE_CHOICES = EXPERT_STORAGE, DENSE_STORAGE
@@ -37,10 +41,6 @@ COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "gener
 STATE_FILE = ".coli_convert.json"
 # Source tensors that carry no weights the engine needs.
 IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
-
-
-class ConvertError(RuntimeError):
-    pass
 
 
 def source_files(src):
@@ -108,7 +108,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
 
     # Output names come from the layer specs (family_registry), so the converter and the
     # engine agree on them by construction; only the shapes and storage classes are ours.
-    trunk = family_registry.trunk_spec(arch)
+    trunk = family_specs.trunk_spec(arch)
     whole(trunk["embed"], "dense", [V, H], (0,))
     whole(trunk["final_norm"]["tensors"]["weight"], "f32", [H], (0,))
     if "hc_head" in trunk:  # DeepSeek-V4's final collapse of the residual streams
@@ -130,7 +130,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             parts += [(t["file"], t["offset"] + r0 * cols * qwen35.ELEM[t["dtype"]], t["dtype"], n) for r0, n in ranges]
         p.add(name, klass, rows, cols, parts, anchor, order)
 
-    for l, spec in enumerate(family_registry.layer_specs(arch)):
+    for l, spec in enumerate(family_specs.layer_specs(arch)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
@@ -301,7 +301,7 @@ def attach_fp8_scales(cfg, tensors):
 def block_specs(arch, planner):
     """The manifest's trunk and per-layer block specs (family_registry), checked against the
     tensors this conversion writes: the engine loads exactly the names the specs give."""
-    trunk, layers = family_registry.trunk_spec(arch), family_registry.layer_specs(arch)
+    trunk, layers = family_specs.trunk_spec(arch), family_specs.layer_specs(arch)
     written = {o["name"] for o in planner.outputs}
     names = [trunk["embed"], trunk["lm_head"], trunk["final_norm"]["tensors"]["weight"]]
 
@@ -339,7 +339,6 @@ def layout_shards(planner, src_files):
 
 
 def engine_binary():
-    from colibri import engine_client
     try:
         return engine_client.release_engine()
     except engine_client.EngineError as e:
@@ -405,7 +404,7 @@ def convert(src, out, experts=None, dense="q8", log=print):
         raise ConvertError(f"{src}: no config.json; give the directory of a Hugging Face checkpoint")
     try:
         cfg = json.loads((src / "config.json").read_text())
-        family, arch = family_registry.normalize_arch(cfg)
+        family, arch = family_normalize.normalize_arch(cfg)
     except ValueError as e:
         raise ConvertError(f"{src / 'config.json'}: {e}") from None
     files = source_files(src)

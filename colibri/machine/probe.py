@@ -10,6 +10,18 @@ import time
 from pathlib import Path
 
 GB = 1e9
+
+
+def fmt_bytes(n):
+    """A byte count as the machine and budget reports print it (2.50 GB, 512.00 MB, ...)."""
+    if n is None:
+        return "?"
+    for unit, size in (("GB", GB), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
 UNLIMITED = 1 << 60  # cgroup "no limit" values are near 2^63
 BUDGET_SHARE = 0.9   # of available memory: the rest stays for the OS, the launcher and page tables
 
@@ -285,3 +297,24 @@ def measure_disk_bw(paths, limit_bytes=512 << 20, limit_s=1.5, min_bytes=16 << 2
     if done < min_bytes:
         return None, None, "too little data read to time; pass --disk-bw GB/s"
     return done / dt / GB, "o_direct", f"{done >> 20} MiB read with O_DIRECT"
+
+
+def machine_lines(m):
+    """discover()'s result as the lines `coli info` and `coli plan` print."""
+    cpu, mem, disk = m["cpu"], m["memory"], m["disk"]
+    out = [f"cpu          {cpu['model']}: {cpu['physical_cores']} physical cores, {cpu['logical']} logical"
+           + (f", {cpu['usable']} usable" if cpu["usable"] != cpu["logical"] else "")
+           + (f", cgroup quota {cpu['quota_cpus']} CPUs" if cpu["quota_cpus"] else "")
+           + f"; SIMD {cpu['simd']} (engine kernels: {cpu['engine_kernels']})"]
+    cg = mem["cgroup"]
+    lim = f", cgroup v{cg['version']} limit {fmt_bytes(cg['limit'])} ({fmt_bytes(cg['usage'])} used)" if cg["limit"] else ""
+    out.append(f"memory       {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available{lim}")
+    out.append(f"disk         {fmt_bytes(disk['free'])} free of {fmt_bytes(disk['total'])}"
+               + (f" ({disk['fs']})" if disk["fs"] else "") + f" at {disk['path']}")
+    if m["gpus"]:
+        for g in m["gpus"]:
+            out.append(f"gpu          {g['name']}: {fmt_bytes(g['vram'])} VRAM ({fmt_bytes(g['vram_free'])} free);"
+                       " not used: the engine has no GPU backend yet")
+    else:
+        out.append("gpu          none found (nvidia-smi / rocm-smi)")
+    return out

@@ -12,6 +12,8 @@ from family_registry import TENSOR_CLASSES  # one table for every tool
 from colibri.limits import STORAGE_DTYPE, row_bytes
 from colibri.convert.safetensors_io import DTYPE_SIZE, SafetensorsError  # shared with the converter
 from colibri.convert.safetensors_io import read_raw_header as _read_raw_header
+from colibri.family import specs as family_specs
+import family_registry
 
 FORMAT_VERSION = 1
 
@@ -245,33 +247,28 @@ def scan(model_dir):
 
 
 def _layers(man):
-    import family_registry
     try:
-        return family_registry.manifest_layers(man)
+        return family_specs.manifest_layers(man)
     except (KeyError, TypeError, ValueError):
         return None
 
 
 def _kv_values(man):
-    import family_registry
     layers = _layers(man)
-    return family_registry.kv_values_per_token(layers) if layers else 0
+    return family_specs.kv_values_per_token(layers) if layers else 0
 
 
 def family_registry_f32(layers):
-    import family_registry
-    return family_registry.kv_f32_bytes_per_token(layers) if layers else 0
+    return family_specs.kv_f32_bytes_per_token(layers) if layers else 0
 
 
 def _kv_fixed(man):
-    import family_registry
     layers = _layers(man)
-    return family_registry.kv_fixed_bytes(layers) if layers else 0
+    return family_specs.kv_fixed_bytes(layers) if layers else 0
 
 
 def kv_bytes_per_token(arch, family=None, kv=None, layers=None):
     """Bytes of KV state one token takes in one slot: the sum of the layers' state descriptors
     (colibri.json "layers"; for an older manifest, the specs its arch implies)."""
-    import family_registry
     kv = kv or family_registry.KV_DEFAULT
-    return family_registry.kv_bytes_per_token(arch, family, kv=kv, layers=layers)
+    return family_specs.kv_bytes_per_token(arch, family, kv=kv, layers=layers)

@@ -28,7 +28,7 @@ import zipfile
 from pathlib import Path
 
 from colibri.checksum import sha256_file
-from colibri.cli.common import UserError
+from colibri.errors import UserError
 
 
 BUILTIN = {
@@ -68,7 +68,7 @@ def store_name(name):
 def resolve_model(name, fetch=False):
     """The container directory for a short name in the store (smollm2, hf:ORG/REPO[:TAG]), or
     None. With fetch=True a name that is not pulled yet is pulled now (built-in names and hf:
-    names only). colibri.cli.common.require_model calls this for a --model that is not a directory."""
+    names only). colibri.model.paths.require_model calls this for a --model that is not a directory."""
     if not name or ("/" in name and not name.startswith("hf:")):
         return None
     d = models_dir() / store_name(name)

@@ -4,9 +4,9 @@ import json
 import uuid
 
 from colibri.server.openai import check_harmony_effort, check_model, render_prompt
-from colibri.server.params import (GenSpec, bad, cache_slot, get_bool, get_max_tokens, get_stop, message_text,
+from colibri.chat.params import (GenSpec, bad, cache_slot, get_bool, get_max_tokens, get_stop, message_text,
                            sampling_options, unsupported)
-from colibri.tools import request as tool_request
+from colibri.toolcall import request as tool_request
 
 
 def parse_messages(body, model, n_slots):

@@ -1,7 +1,7 @@
 """`coli serve` settings: command-line flags, their environment fallbacks and validation.
 
 An explicit flag always wins over the environment; a value the server cannot honour is refused
-with the reason (colibri.cli.common.UserError), never clamped.
+with the reason (colibri.errors.UserError), never clamped.
 """
 import hashlib
 import ipaddress
@@ -11,9 +11,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colibri.cli.common import UserError, model_arg, require_model
+from colibri.errors import UserError
+from colibri.model.paths import model_arg, require_model
 from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS
 from colibri.server import private_files
+from colibri import launch_opts
 
 
 
@@ -79,7 +81,6 @@ def add_arguments(p):
     p.add_argument("--kv-dir", help="directory where KV slots persist across restarts (default: .coli_serve in the "
                                     "model directory if writable, else ~/.cache/colibri/serve/...)")
     p.add_argument("--no-kv-persist", action="store_true", help="keep KV slots in memory only")
-    from colibri.cli import launch_opts  # the engine flags, declared once for every command
     launch_opts.add_engine_flags(
         p, ("ctx", "threads", "batch", "kv-slots", "kv") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS
         + ("kernels",), group=None,
@@ -271,7 +272,6 @@ def resolve(args):
     s.ctx, s.threads, s.batch, s.kv = args.ctx, args.threads, args.batch, args.kv
     _check_range("--threads", s.threads, 1, 1024)
     _check_range("--batch", s.batch, 1, 1 << 16)
-    from colibri.cli import launch_opts
     man = launch_opts.manifest(model_dir)
     # here, as `coli run` does, not as an engine that fails to load while the server listens
     launch_opts.check_ctx(s.ctx, man["arch"])

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict, deque
 
 from colibri.server import bodies
-from colibri.server.params import ApiError
+from colibri.chat.params import ApiError
 from colibri.server.request_head import BadHead, parse_head
 
 MAX_HEAD = 64 * 1024           # request line and headers together

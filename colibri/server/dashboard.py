@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 from colibri import ROOT
 from colibri.machine import probe
 from colibri.server import atlas
-from colibri.server.params import ApiError
+from colibri.chat.params import ApiError
 
 WEB = ROOT / "web"
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",

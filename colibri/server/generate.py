@@ -7,8 +7,8 @@ import json
 import time
 
 from colibri.server.scheduler import Job, QueueFull, Unavailable
-from colibri.server.params import ApiError
-from colibri.server.text import TextPipeline
+from colibri.chat.params import ApiError
+from colibri.chat.pipeline import TextPipeline
 
 ENGINE_ERRORS = {  # kind -> (HTTP status, error code)
     "context_exceeded": (400, "context_length_exceeded"),

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from colibri.server.conns import ConnReader, ConnWriter
-from colibri.server.params import ApiError
+from colibri.chat.params import ApiError
 from version import VERSION
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")

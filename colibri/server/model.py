@@ -9,7 +9,7 @@ import family_registry
 from colibri.chat_template import render as chat_template
 from colibri.chat_template import literal as chat_template_literal
 from colibri import sampling
-from colibri.server import harmony
+from colibri.chat import harmony
 
 # Used when a checkpoint ships no chat template (like the tiny test models), so chat endpoints
 # still work; the start-up log and /health say so. --chat-template FILE gives the right one.
@@ -30,7 +30,7 @@ class ModelInfo:
         self.defaults, self.default_sources = sampling.model_defaults(self.dir)
         fam = family_registry.FAMILIES.get(self.manifest.get("family"), {})
         self.family_display = fam.get("display") or self.manifest.get("family")
-        self.tool_format = fam.get("tools") or None  # colibri/tools/formats.py; None: no tool calling
+        self.tool_format = fam.get("tools") or None  # colibri/toolcall/formats.py; None: no tool calling
         self.special = chat_template.load_special_tokens(self.dir)
         self.template, self.template_error, self.template_origin = None, None, "model"
         try:

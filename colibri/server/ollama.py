@@ -6,7 +6,7 @@ import json
 import time
 
 from colibri.server.openai import parse_chat, parse_completion
-from colibri.server.params import ApiError, bad, get_bool, unsupported
+from colibri.chat.params import ApiError, bad, get_bool, unsupported
 from version import VERSION
 
 # options.X -> the OpenAI field that carries it

@@ -6,14 +6,14 @@ import uuid
 
 from colibri.chat_template import render as chat_template
 from colibri.chat_template import runtime as chat_template_runtime
-from colibri.server import harmony
-from colibri.server.params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
+from colibri.chat import harmony
+from colibri.chat.params import (ApiError, GenSpec, bad, cache_slot, get_bool, get_int, get_max_tokens, get_stop, get_str,
                            message_text, sampling_options, unsupported)
 from colibri.server import structured
-from colibri.server.text import token_text
-from colibri.tools import fallback as tool_fallback
-from colibri.tools import request as tool_request
-from colibri.tools.forced import call_grammar
+from colibri.chat.text import token_text
+from colibri.toolcall import fallback as tool_fallback
+from colibri.toolcall import request as tool_request
+from colibri.toolcall.forced import call_grammar
 from version import VERSION
 
 FINGERPRINT = f"colibri-{VERSION}"

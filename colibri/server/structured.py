@@ -1,7 +1,7 @@
 """Structured output: OpenAI `response_format` (json_object, json_schema) and the `grammar`
 extension (GBNF text) -> the engine's grammar option (docs/protocol.md, "Grammar")."""
 from colibri.grammar import SchemaError, gbnf, json_object_gbnf, schema_to_gbnf
-from colibri.server.params import bad, unsupported
+from colibri.chat.params import bad, unsupported
 
 # What a thinking model's open reasoning block gets before the constrained answer: the block
 # closes at once (what enable_thinking=false renders), so the answer is not taken for reasoning.

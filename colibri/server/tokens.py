@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from colibri import children, engine_client
-from colibri.server.params import ApiError
+from colibri.chat.params import ApiError
 
 TIMEOUT_S = 30.0
 

@@ -8,7 +8,7 @@ its text looks like a number ("123")."""
 import json
 import re
 
-from colibri.tools.stream import ToolCallFilter
+from colibri.toolcall.stream import ToolCallFilter
 
 
 class Format:
@@ -394,7 +394,7 @@ _HARMONY_TO = re.compile(r"to=functions\.([^\s<]+)")
 
 def harmony_call(header, body):
     """One harmony message -> a call when its header addresses functions.NAME and its body is a
-    JSON object, else None (the splitter in colibri/server/harmony.py hands over both parts)."""
+    JSON object, else None (the splitter in colibri/chat/harmony.py hands over both parts)."""
     m = _HARMONY_TO.search(header)
     args = _json_object(body.strip()) if m else None
     return None if args is None else {"name": m.group(1), "arguments": args}

@@ -8,7 +8,7 @@ Whitespace right before and after a call is layout, not content: it is dropped.
 Formats with streamable JSON arguments (Format.args_head) stream a call as it is written:
 ("tool_call_start", name), ("tool_call_args", fragment)..., ("tool_call_end", call or None); the
 fragments join to the arguments' JSON text as the model wrote it."""
-from colibri.server.text import partial_suffix
+from colibri.chat.text import partial_suffix
 
 
 class ToolCallFilter:

@@ -9,8 +9,14 @@ import os
 import sys
 from pathlib import Path
 
-from colibri.cli.common import UserError
-from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, default_batch
+from colibri.errors import UserError
+from colibri.machine import probe as machine_probe
+from colibri.machine.probe import fmt_bytes
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, RUNTIME_BASE, default_batch
+from colibri.family import specs as family_specs
+from colibri.machine import tune_profile
+from colibri.model import container_scan
+import family_registry
 
 GB = 1e9
 KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kernels/kv_kernels.c
@@ -106,7 +112,6 @@ def budget_line(info, batch=None):
                                       "cap", "experts")}
     except (KeyError, ValueError):
         return None
-    from resource_plan import fmt_bytes
     mb = lambda k: fmt_bytes(b[k])  # noqa: E731
     if batch is None and info.get("batch", "").isdigit() and int(info["batch"]) < default_batch(info.get("kernels")):
         extra_note = f"; prefill batch lowered to {info['batch']} to fit"
@@ -128,7 +133,7 @@ def budget_line(info, batch=None):
 
 def ram_budget_gb(args):
     """The RAM budget in GB: --ram, else $COLI_RAM_GB, else 90% of the memory usable now
-    (resource_plan's default budget); None when none of them is known."""
+    (the planner's default budget, colibri/machine/probe.py); None when none of them is known."""
     ram = getattr(args, "ram", None)
     source = "--ram"
     if ram is None and os.environ.get("COLI_RAM_GB", "").strip():
@@ -141,8 +146,7 @@ def ram_budget_gb(args):
         if not ram > 0 or ram != ram or ram == float("inf"):
             raise UserError(f"{source} {ram:g}: needs a positive number of GB")
         return ram
-    import resource_plan
-    budget = resource_plan.memory_info()["default_budget"]
+    budget = machine_probe.memory_info()["default_budget"]
     return budget / GB if budget else None
 
 
@@ -175,7 +179,6 @@ def add_sampling_flags(p, think=True, max_tokens_help="stop after N tokens (defa
 
 
 def manifest(model_dir):
-    from colibri.model import container_scan
     try:
         return container_scan.read_manifest(model_dir)
     except container_scan.ContainerError as e:
@@ -240,7 +243,6 @@ def resolve(args, model_dir, log=None):
 
     # tuned profile: only for knobs the user left unset
     if not getattr(args, "no_profile", False) and os.environ.get("COLI_NO_PROFILE") != "1":
-        from colibri.machine import tune_profile
         prof = tune_profile.load(model_dir)
         if prof and prof["knobs"]:
             applied, kept = {}, []
@@ -271,7 +273,6 @@ def usable_cpus():
 
 
 def default_ctx(man):
-    import family_registry
     fam = family_registry.FAMILIES.get(man.get("family"), {})
     max_ctx = int(man["arch"].get("max_position_embeddings") or 1)
     return min(max_ctx, fam.get("default_ctx", 4096))
@@ -311,11 +312,9 @@ def check_memory(args, model_dir, man, ctx, slots, log):
     when a budget exceeds the memory available now. Whether the dense weights, KV cache and
     working memory fit the budget is the engine's to decide (it prints the split and refuses
     with the numbers); `coli plan` shows the same split beforehand."""
-    import family_registry
-    import resource_plan
-    mem = resource_plan.memory_info()
+    mem = machine_probe.memory_info()
     usable, total = mem["usable"], mem["total"]
-    kv = family_registry.kv_slot_bytes(family_registry.manifest_layers(man), ctx,
+    kv = family_specs.kv_slot_bytes(family_specs.manifest_layers(man), ctx,
                                        getattr(args, "kv", None) or family_registry.KV_DEFAULT) * slots
     explicit_ram = getattr(args, "ram", None) is not None or bool(os.environ.get("COLI_RAM_GB", "").strip())
     ram = ram_budget_gb(args)
@@ -327,7 +326,7 @@ def check_memory(args, model_dir, man, ctx, slots, log):
         if usable and budget > usable:
             log(f"{where} {ram:g} GB is more than the {usable / GB:.1f} GB available now")
     explicit = getattr(args, "ctx", None) is not None or getattr(args, "kv_slots", None) is not None
-    if usable and kv + resource_plan.RUNTIME_BASE > usable:
+    if usable and kv + RUNTIME_BASE > usable:
         msg = (f"a {ctx}-token KV cache x {slots} slot(s) needs {kv / GB:.2f} GB but only {usable / GB:.2f} GB "
                "of memory is available")
         if explicit:
@@ -350,7 +349,6 @@ def sampling_opts(args, default_max_tokens=None, defaults=None):
 def thinking_switch(model_dir):
     """The template variable that switches thinking: the registry's for the family, else
     enable_thinking (the common name) for families the registry does not mark."""
-    import family_registry
     try:
         fam = json.loads((Path(model_dir) / "colibri.json").read_text()).get("family")
     except (OSError, ValueError):

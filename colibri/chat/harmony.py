@@ -9,8 +9,10 @@ must render special tokens into the text (SUBMIT render_special=1) so the markup
 """
 import re
 
-from colibri.server.text import partial_suffix
-from colibri.tools import formats
+import family_registry
+from colibri.chat.text import partial_suffix
+from colibri.chat_template import render as chat_template
+from colibri.toolcall import formats
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 TERMINATORS = (END, "<|return|>", "<|call|>")  # what ends a message body
@@ -37,6 +39,16 @@ def uses_harmony(template, family_facts):
     if (family_facts or {}).get("reasoning") == "harmony":
         return True
     return bool(template) and "<|start|>assistant" in template and "<|channel|>" in template
+
+
+def speaks_harmony(model_dir, family):
+    """True when the model answers in harmony messages (gpt-oss): its registry entry or template says so."""
+    facts = family_registry.FAMILIES.get(family, {})
+    try:
+        source = chat_template.load_chat_template(str(model_dir))
+    except Exception:  # noqa: BLE001 - no readable template: plain text
+        return False
+    return uses_harmony(source, facts)
 
 
 class HarmonySplitter:

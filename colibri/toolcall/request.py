@@ -7,9 +7,9 @@ import uuid
 from dataclasses import dataclass
 
 from colibri.grammar import SchemaError, schema_limits
-from colibri.server.params import bad, unsupported
-from colibri.tools import formats
-from colibri.tools.stream import ToolCallFilter
+from colibri.chat.params import bad, unsupported
+from colibri.toolcall import formats
+from colibri.toolcall.stream import ToolCallFilter
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 EMPTY_PARAMS = {"type": "object", "properties": {}}

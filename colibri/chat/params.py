@@ -182,7 +182,7 @@ class GenSpec:
     logprobs: bool = False
     top_logprobs: int = 0
     return_progress: bool = False   # llama-server's return_progress: prompt progress chunks in the stream
-    tools: object = None            # colibri.tools.request.ToolSpec when the request defines tools
+    tools: object = None            # colibri.toolcall.request.ToolSpec when the request defines tools
 
 
 def sampling_options(body, defaults, temp_max=2.0):

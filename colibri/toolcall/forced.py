@@ -3,8 +3,8 @@ call syntax around arguments valid under the tool's JSON schema, so that even a 
 emits a call the parser reads back and the schema accepts. The engine ends the turn once the
 grammar is complete (docs/protocol.md, Grammar)."""
 from colibri.grammar import SchemaError, gbnf, schema_to_gbnf
-from colibri.server.params import bad
-from colibri.tools import formats
+from colibri.chat.params import bad
+from colibri.toolcall import formats
 
 NL = "\n"
 RAW_CHAR = "[^<]"  # an XML-style string value: anything up to the next tag

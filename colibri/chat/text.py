@@ -1,6 +1,6 @@
-"""The generated text stream between the engine and the API: UTF-8 decoding, stop sequences
-matched across token boundaries, and the <think>...</think> split into reasoning vs content."""
-import codecs
+"""The generated text stream between the engine and the API: stop sequences matched across token
+boundaries, and the <think>...</think> split into reasoning vs content (pipeline.py chains them
+after UTF-8 decoding)."""
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -112,49 +112,6 @@ class ThinkSplitter:
             return []
         kind = "reasoning" if self.state == "reasoning" else "content"
         return [(kind, rest.lstrip() if self.strip_next else rest)]
-
-
-class TextPipeline:
-    """Engine DATA bytes -> [(kind, text)] with stop sequences removed.
-
-    Stop sequences are matched on the raw generated text (reasoning included), like vLLM."""
-
-    def __init__(self, stops=(), think=False, in_reasoning=False, harmony_prompt=None):
-        """harmony_prompt: the prompt text of a model that writes harmony messages (gpt-oss)."""
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.stop = StopMatcher(stops)
-        if harmony_prompt is not None:
-            from colibri.server.harmony import HarmonySplitter
-            self.think = HarmonySplitter.after_prompt(harmony_prompt)
-        else:
-            self.think = ThinkSplitter(think, in_reasoning)
-        self.matched = None
-        self.raw = []  # everything the engine produced, for the KV slot table
-
-    def feed(self, data):
-        """Returns the pieces to emit; after a stop sequence matched, everything else is ignored."""
-        if self.matched is not None:
-            return []
-        text = self.decoder.decode(data)
-        self.raw.append(text)
-        out, hit = self.stop.feed(text)
-        pieces = self.think.feed(out)
-        if hit is not None:
-            self.matched = hit
-            pieces += self.think.flush()
-        return pieces
-
-    def finish(self):
-        if self.matched is not None:
-            return []
-        tail = self.decoder.decode(b"", final=True)
-        self.raw.append(tail)
-        out, hit = self.stop.feed(tail)
-        if hit is not None:
-            self.matched = hit
-        else:
-            out += self.stop.flush()
-        return self.think.feed(out) + self.think.flush()
 
 
 def token_text(b):

@@ -1,0 +1,49 @@
+"""`coli convert SRC OUT`: a Hugging Face checkpoint or a GGUF file -> a colibri container."""
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+from colibri.cli.common import add_storage_flags
+from colibri.convert import gguf as convert_gguf
+from colibri.convert import hf as convert_hf
+from colibri.errors import ConvertError, UserError
+
+HELP = "convert a Hugging Face safetensors checkpoint or a GGUF file into a colibri container"
+# the GGUF architectures and tensor types are the GGUF converter's own tables
+DESCRIPTION = f"""Convert a checkpoint into a colibri container directory.
+
+SRC is either
+  a Hugging Face checkpoint directory: config.json + *.safetensors (bf16, fp16 or fp32), or
+  a GGUF file (llama.cpp's format, name ending in .gguf) whose general.architecture is one of
+  {textwrap.fill(", ".join(convert_gguf.ARCHS), 88, subsequent_indent="  ")}
+  with {", ".join(convert_gguf.SUPPORTED_TYPES)} tensors.
+--experts and --dense choose the storage of routed experts and of the dense trunk. A GGUF
+block colibri can hold exactly is kept (Q8_0 -> q8; Q4_0, Q4_1, Q4_K -> q4), so a 4-bit
+source stays 4-bit under q8 (bf16 and f32 dequantize); `coli info` shows what each tensor
+class got. OUT must be new or empty; an interrupted conversion with the same settings
+resumes there, and a conversion with other settings is refused."""
+FORMATTER = argparse.RawDescriptionHelpFormatter  # the SRC list keeps its lines
+
+
+def add_arguments(c):
+    c.add_argument("src", help="a Hugging Face checkpoint directory (config.json + *.safetensors) or a .gguf file")
+    c.add_argument("out", help="output container directory (new or empty; an interrupted conversion resumes there)")
+    add_storage_flags(c)
+
+
+def run(args):
+    log = lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True)  # noqa: E731
+    src = Path(args.src)
+    if not src.exists():
+        raise UserError(f"{src}: no such file or directory; give a Hugging Face checkpoint directory or a .gguf file")
+    if src.is_file() and src.suffix != ".gguf":
+        raise UserError(f"{src} is a file but not a .gguf file; give a .gguf file or a Hugging Face checkpoint "
+                        "directory (config.json + *.safetensors)")
+    try:
+        if src.is_file() and src.suffix == ".gguf":
+            convert_gguf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log)
+        else:
+            convert_hf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log)
+    except ConvertError as e:
+        raise UserError(str(e)) from None
