@@ -47,6 +47,7 @@ typedef struct {
     int pin_off;     /* --pin off (default auto) */
     int io_threads;  /* --io-threads; 0: default */
     int logits_rows; /* one-shot `colibri logits`: positions it holds (its KV and logits) */
+    int profile;     /* --profile: the per-op decode profile in END (util/op_prof.h) */
 } EngineOptions;
 
 /* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */
