@@ -13,7 +13,9 @@
  * at once are the ones the split path holds too (the runtime share counts them). */
 #define PAR_EXPERT_ROWS 1024
 
-int moe_parallel_ok(int n_rows) { return n_rows <= PAR_EXPERT_ROWS && omp_get_max_threads() > 1; }
+int moe_parallel_ok(int n_rows, double block_dots) {
+    return n_rows <= PAR_EXPERT_ROWS && omp_get_max_threads() > 1 && par_worth(block_dots);
+}
 
 int moe_run_experts_parallel(const Mlp *experts, int E, int K, int width, int H, const int *sel, const float *wts, const float *x,
                              int T, float *out) {
