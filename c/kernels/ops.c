@@ -162,6 +162,68 @@ void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
     mm_prof_leave(prev, timed);
 }
 
+/* Several q8/q4/q6 matrices on one input in one pass: the activation quantized once and one
+ * parallel region over all their row tiles, instead of a quantization and a fork and join per
+ * matrix. Each output row is the same qdot on the same quantized activation as matmul's. */
+static int fusable(int n, const QMat *const *ws) {
+    for (int i = 0; i < n; i++)
+        if (!kern.qdot[ws[i]->qt] || kern.qgemm[ws[i]->qt] || ws[i]->cols != ws[0]->cols) return 0;
+    return 1;
+}
+
+void matmul_fused(int n, float *const *ys, const float *x, int T, const QMat *const *ws, const float *const *biases) {
+    if (n < 2 || n > MATMUL_FUSE_MAX || !fusable(n, ws)) {
+        for (int i = 0; i < n; i++) matmul(ys[i], x, T, ws[i], biases[i]);
+        return;
+    }
+    const int cols = ws[0]->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
+    const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2;
+    float *buf = scratch(2, qfloats + 2 * nblk);
+    if (!buf) return;
+    const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
+    int first[MATMUL_FUSE_MAX + 1] = {0}; /* matrix i's tiles: first[i] .. first[i+1] */
+    size_t bytes = 0;
+    double rows_all = 0;
+    for (int i = 0; i < n; i++) {
+        first[i + 1] = first[i] + (ws[i]->rows + ROW_TILE - 1) / ROW_TILE;
+        bytes += (size_t)ws[i]->rows * ws[i]->row_bytes;
+        rows_all += ws[i]->rows;
+    }
+    int timed;
+    const ProfOp prev = mm_prof_enter(bytes, &timed);
+    double busy = 0;
+    int team = 1;
+    for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
+    const double t0 = timed ? omp_get_wtime() : 0;
+#pragma omp parallel if (rows_all * (double)nblk >= par_min_blocks())
+    {
+        const double tb = timed ? omp_get_wtime() : 0;
+#pragma omp for schedule(static) nowait
+        for (int g = 0; g < first[n]; g++) {
+            int i = 0;
+            while (g >= first[i + 1]) i++;
+            const QMat *w = ws[i];
+            const int rows = w->rows, r0 = (g - first[i]) * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
+            for (int p0 = 0; p0 < T; p0 += QDOT_MAX_ROWS) {
+                const int nt = T - p0 < QDOT_MAX_ROWS ? T - p0 : QDOT_MAX_ROWS;
+                float *yt = ys[i] + (size_t)p0 * rows + r0;
+                kern.qdot[w->qt](w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, p0, nt, yt, (size_t)rows);
+                if (biases[i])
+                    for (int k = 0; k < nt; k++)
+                        for (int r = r0; r < r1; r++) yt[(size_t)k * rows + r - r0] += biases[i][r];
+            }
+        }
+        if (timed) {
+#pragma omp atomic
+            busy += omp_get_wtime() - tb;
+#pragma omp single nowait
+            team = omp_get_num_threads();
+        }
+    }
+    if (timed) mm_prof_sync(t0, busy, team);
+    mm_prof_leave(prev, timed);
+}
+
 void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int cols) {
     prof_bytes((size_t)rows * cols * sizeof(float));
 #pragma omp parallel for collapse(2) schedule(static) if (par_worth((double)T * rows * cols / QBLOCK))
@@ -184,8 +246,8 @@ void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out) {
         free(u);
         return;
     } /* fwd_oom() tells the caller */
-    matmul(g, x, T, &p->gate, p->gate_b);
-    matmul(u, x, T, &p->up, p->up_b);
+    matmul_fused(2, (float *const[]){g, u}, x, T, (const QMat *const[]){&p->gate, &p->up},
+                 (const float *const[]){p->gate_b, p->up_b});
     if (p->act == ACT_SWIGLU_CLAMP) {
         const float a = p->alpha, lim = p->limit;
         for (size_t i = 0; i < (size_t)T * inter; i++) {
