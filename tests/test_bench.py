@@ -126,3 +126,22 @@ def test_membw_reads_with_the_threads_asked_and_refuses_bad_arguments(engine_bin
     for bad in (["--threads", "0"], ["--mib", "x"], ["--mib"], ["--bogus", "1"]):
         r = subprocess.run([str(engine_bin), "membw", *bad], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "usage: colibri membw" in r.stderr
+
+
+def test_bench_profile_reports_each_op_per_token(moe_model):
+    from colibri.cli import bench
+    from colibri.model import container_scan
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--repeat", "1",
+                        "--prompt-tokens", "8", "--gen-tokens", "4", "--mem-bw", "20", "--profile", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    prof = json.loads(r.stdout)["colibri"]["profile"]
+    assert set(prof) == set(bench.PROFILE_OPS) | {"token"}
+    assert sum(prof[op]["ms"] for op in bench.PROFILE_OPS) == pytest.approx(prof["token"]["ms"], rel=1e-3, abs=1e-3)
+    scan = container_scan.scan(moe_model)
+    assert prof["head"]["bytes"] == scan["classes"]["lm_head"]
+    assert prof["attn_proj"]["bytes"] == scan["classes"]["attention"]
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--repeat", "1",
+                        "--prompt-tokens", "8", "--gen-tokens", "4", "--mem-bw", "20", "--profile"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "per-op decode profile" in r.stdout and "output head" in r.stdout, r.stderr

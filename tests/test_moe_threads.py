@@ -1,5 +1,6 @@
 """MoE layers give the same logits on any thread count: with one thread the selected experts run
-one after another; with two they run in parallel, one expert per thread, up to c/experts/moe_exec.c's
+one after another; with two they run in parallel, one expert per thread, where the layer's work
+pays for a parallel region (the 200-position case here) and up to c/experts/moe_exec.c's
 PAR_EXPERT_ROWS (position, choice) rows a pass, and past it each expert's matmuls are split;
 the bits must not change (placement changes speed, never the answer)."""
 import subprocess

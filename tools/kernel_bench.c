@@ -1,15 +1,15 @@
 /* One quantized matmul timed under each kernel set named, on random weights: the fastest of
  * repeated calls over about a second each. A dev tool, not part of the engine:
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -fopenmp -Ic -o build/kernel_bench tools/kernel_bench.c \
- *       $(ls c/*/*.c | grep -v c/engine/main.c) -lm
+ *       $(find c -name '*.c' ! -path 'c/tests/*' ! -name main.c) -lm
  *   OMP_NUM_THREADS=1 build/kernel_bench ROWS COLS T q8|q6|q4 SET [SET...]   e.g. 2048 2048 512 q4 avx512 amx */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops.h"
-#include "quant.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
 
 static float rnd(unsigned *s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2 - 1; }
 
@@ -42,8 +42,9 @@ int main(int argc, char **argv) {
             t = omp_get_wtime() - t;
             best = t < best ? t : best;
         }
-        printf("%-8s %s %dx%d T=%d: %.3f ms  %.1f GMAC/s\n", argv[k], argv[4], rows, cols, T, best * 1e3,
-               (double)rows * cols * T / best / 1e9);
+        /* weight bytes over time: against `colibri membw` once the matrix is past the caches */
+        printf("%-8s %s %dx%d T=%d: %.3f ms  %.1f GMAC/s  %.2f GB/s of weights\n", argv[k], argv[4], rows, cols, T,
+               best * 1e3, (double)rows * cols * T / best / 1e9, (double)rb * rows / best / 1e9);
     }
     free(w); free(wf); free(x); free(y);
     return 0;

@@ -17,6 +17,7 @@
 #include "engine/engine_stream.h"
 #include "kernels/kv_kernels.h"
 #include "kv/kv_dir.h"
+#include "util/op_prof.h"
 #include "kv/kv_persist.h"
 #include "kv/kv_writer.h"
 #include "engine/logprob.h"
@@ -95,6 +96,7 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
             rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen);
             i++;
         } else if (!strcmp(a, "--portable")) o->portable = 1;
+        else if (!strcmp(a, "--profile")) o->profile = 1;
         else if (!strcmp(a, "--kernels")) {
             KernIsa isa;
             if (!v || kernels_isa_from_name(v, &isa)) {
@@ -210,6 +212,7 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
         engine_close(e);
         return -1;
     }
+    prof_enabled = o->profile;
     if (o->threads) omp_set_num_threads(o->threads);
     else if (!getenv("OMP_NUM_THREADS") && physical_cores() > 0) omp_set_num_threads(physical_cores());
     forward_max_batch = o->batch ? o->batch : forward_default_batch(kern.isa);

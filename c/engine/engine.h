@@ -54,6 +54,7 @@ typedef struct {
     int draft;       /* --draft: DRAFT_* + 1; 0: default (off) */
     int draft_max;   /* --draft-max; 0: DRAFT_DEFAULT_MAX */
     int draft_fixed; /* --draft-adapt off */
+    int profile;     /* --profile: the per-op decode profile in END (util/op_prof.h) */
 } EngineOptions;
 
 /* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */

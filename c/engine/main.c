@@ -22,7 +22,7 @@ int membw_main(int argc, char **argv);
 static const char *USAGE =
     "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
     "                       [--kernels portable|avx2|avx512|vnni|amx|neon] [--ram GB] [--cap N] [--no-direct] [--readahead on|off]\n"
-    "                       [--pin auto|off] [--io-threads N] [--draft lookup|mtp|off] [--draft-max K]\n"
+    "                       [--pin auto|off] [--io-threads N] [--profile] [--draft lookup|mtp|off] [--draft-max K]\n"
     "                       [--draft-adapt on|off]\n"
     "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
     "       colibri convert-jobs JOBFILE\n"

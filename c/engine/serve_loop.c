@@ -21,6 +21,7 @@
 #include "engine/engine_stream.h"
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
+#include "util/op_prof.h"
 
 
 typedef struct {
@@ -48,7 +49,8 @@ typedef struct {
     const char *finish;
     double t0, t_prefill, t_first;
     TurnMark mark;
-    GrammarRun *gr; /* constrained decoding (SUBMIT grammar=), or NULL */
+    ProfStats prof0; /* the decode profile when decoding began (--profile) */
+    GrammarRun *gr;  /* constrained decoding (SUBMIT grammar=), or NULL */
     uint64_t masks_before;
     double t_grammar;
     int dead_end; /* the grammar allowed no token while incomplete */
@@ -172,7 +174,7 @@ static void stream_finish(Loop *L, Stream *s) {
         const char *finish = s->verdict == 1 ? "stop" : s->finish;
         double total = now_ms() - s->t0, decode = total - s->t_first;
         if (!s->decoding) s->t_prefill = total; /* stopped during prefill */
-        char stats[700];
+        char stats[2048];
         engine_stream_end_since(e, &s->mark, total, stats, sizeof stats);
         if (s->gr) {
             GrammarStats gs;
@@ -185,6 +187,11 @@ static void stream_finish(Loop *L, Stream *s) {
         if (e->draft_mode) {
             size_t k = strlen(stats);
             snprintf(stats + k, sizeof stats - k, " draft_tokens=%ld draft_accepted=%ld", s->dc.tokens, s->dc.accepted);
+        }
+        if (prof_enabled && s->decoding) {
+            ProfStats now;
+            prof_snapshot(&now);
+            prof_fields(&s->prof0, &now, stats, sizeof stats);
         }
         if (f->routing) engine_stream_routing_since(e, &s->mark, f->id);
         emit_line("END %s prompt_tokens=%d completion_tokens=%d reused_tokens=%d ttft_ms=%.1f prefill_tok_s=%.1f "
@@ -354,6 +361,7 @@ static void prefill_one(Loop *L) {
     kv_checkpoint(s->kv); /* a turn boundary: the next turn may resume here */
     s->t_prefill = now_ms() - s->t0;
     s->decoding = 1;
+    if (prof_enabled) prof_snapshot(&s->prof0);
 }
 
 /* Samples s's next token and sends it; 1 when the token is to be fed back, 0 when the request
@@ -369,6 +377,7 @@ static int stream_sample(Loop *L, Stream *s) {
         s->finish = "stop";
         return 0;
     } /* e.g. a grammar of the empty string */
+    const ProfOp was = prof_enter(PROF_SAMPLER);
     const float *lg = sampler_penalize(&s->smp, s->logits); /* s->logits itself without penalties */
     if (s->gr) { /* budget: bytes the grammar may still need after this token, one per token left */
         int left = e->ctx - s->kv->n;
@@ -377,6 +386,7 @@ static int stream_sample(Loop *L, Stream *s) {
         double tg = now_ms();
         if (tok >= 0 && grammar_accept(s->gr, tok)) tok = -2;
         s->t_grammar += now_ms() - tg;
+        if (tok < 0) prof_leave(was);
         if (tok == -1) {
             s->dead_end = 1;
             return 0;
@@ -387,6 +397,7 @@ static int stream_sample(Loop *L, Stream *s) {
         }
     } else tok = sampler_sample(&s->smp, lg);
     sampler_accept(&s->smp, tok);
+    prof_leave(was);
     if (!s->produced) s->t_first = now_ms() - s->t0;
     if (!f->ignore_eos && engine_is_eos(&e->model.a, tok)) {
         s->finish = "stop";
@@ -457,7 +468,14 @@ static void verify_draft(Loop *L, Stream *s, int k) {
 }
 
 /* One token for every generating request, then one forward pass over all of them. */
+static void decode_step_run(Loop *L);
 static void decode_step(Loop *L) {
+    prof_step_begin();
+    decode_step_run(L);
+    prof_step_end();
+}
+
+static void decode_step_run(Loop *L) {
     Engine *e = L->e;
     const int V = e->model.a.vocab;
     int R = 0;
@@ -491,6 +509,7 @@ static void decode_step(Loop *L) {
     R = kept;
     if (!R) return;
     int oom;
+    prof_step_forward();
     if (R == 1) { /* a lone stream may draft: nobody else waits for its longer pass */
         Stream *s = &L->st[L->who[0]];
         int k = draft_size(L, s);

@@ -182,7 +182,9 @@ void expert_layer_run(const ExpertLayer *xl, const float *x, int T, const int *s
         start[e + 1] += start[e];
         cur[e] = start[e];
     }
-    if (moe_parallel_ok(T * K) && run_parallel(xl, need, n_need, x, T, sel, wts, out)) goto out;
+    /* gate, up and down of each (position, choice) row: 3 x width x H / 32 block dots */
+    const double dots = (double)T * K * 3.0 * xl->width * ((H + QBLOCK - 1) / QBLOCK);
+    if (moe_parallel_ok(T * K, dots) && run_parallel(xl, need, n_need, x, T, sel, wts, out)) goto out;
     for (int i = 0; i < T * K; i++) {
         at[i] = cur[sel[i]]++;
         rows[at[i]] = i;

@@ -5,8 +5,10 @@
 #define COLI_MOE_EXEC_H
 #include "experts/expert_store.h"
 
-/* Whether n_rows (positions x top_k) is few enough for the parallel path, on more than 1 thread. */
-int moe_parallel_ok(int n_rows);
+/* Whether n_rows (positions x top_k) is few enough for the parallel path, on more than 1 thread,
+ * and the layer's work (block_dots, 32-element dots over its rows) pays for a parallel region
+ * (par_worth): tiny experts run faster on the calling thread than through a fork and join. */
+int moe_parallel_ok(int n_rows, double block_dots);
 
 /* out[T][H] += sum over (t, j < K) of wts[t*K+j] * expert sel[t*K+j](x_t), each selected expert
  * run once over all the positions that chose it (batch-union). The outputs are added in expert

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "util/fwd_alloc.h"
+#include "util/op_prof.h"
 
 #define ROW_TILE 8
 
@@ -39,6 +40,31 @@ int par_worth(double block_dots) { return block_dots >= par_min_blocks(); }
 
 int par_threads(void) { return omp_get_max_threads(); }
 
+/* The decode profile's view of a matmul (util/op_prof.h): its weight bytes, and, on the thread
+ * that runs the pass, its time, attention's projections apart from the attention over the KV
+ * around them. Inside a parallel region (experts, one per thread) only the bytes count: the
+ * time is the region's. */
+static ProfOp mm_prof_enter(size_t bytes, int *timed) {
+    *timed = 0;
+    if (!prof_active) return PROF_LOOP;
+    const ProfOp prev = prof_current();
+    *timed = !omp_in_parallel();
+    if (*timed && prev == PROF_ATTN_KV) prof_switch(PROF_ATTN_PROJ);
+    prof_bytes(bytes);
+    return prev;
+}
+
+static void mm_prof_leave(ProfOp prev, int timed) {
+    if (timed && prof_current() != prev) prof_switch(prev);
+}
+
+/* What a parallel region's threads did not spend computing (its start, uneven shares, the
+ * join): the region's wall time less the threads' mean busy time, moved to PROF_SYNC. */
+static void mm_prof_sync(double t0, double busy, int nth) {
+    const double idle = (omp_get_wtime() - t0) - busy / (nth > 0 ? nth : 1);
+    if (idle > 0) prof_move_ms(prof_current(), PROF_SYNC, idle * 1e3);
+}
+
 /* q8/q4 weights: each activation row is quantized once to int16 blocks, then every weight row
  * takes integer block dots against it. A tile of weight rows meets the activations
  * QDOT_MAX_ROWS rows at a time, so during prefill both stay in L1 and each unpacked weight
@@ -53,14 +79,20 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
     const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
     const QDotFn qdot = kern.qdot[w->qt];
     const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;
+    int timed;
+    const ProfOp prev = mm_prof_enter((size_t)rows * w->row_bytes, &timed);
+    double busy = 0;
+    int team = 1;
     /* Serial: quantizing is ~1% of the dots, far less than the extra barrier (a futex round
      * trip with passive waiting) that a parallel loop here would add to every decode matmul. */
     for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
+    const double t0 = timed ? omp_get_wtime() : 0;
     if (qgemm) { /* one call per thread over its share of 16-row tiles and every position */
         int8_t *packed = (int8_t *)(buf + qfloats + 2 * nblk);
         kern.pack_act(&a, packed);
 #pragma omp parallel if ((double)rows * (double)nblk >= par_min_blocks())
         {
+            const double tb = timed ? omp_get_wtime() : 0;
             const int nth = omp_get_num_threads(), id = omp_get_thread_num(), t16 = (rows + 15) / 16;
             const int r0 = (int)((long)t16 * id / nth) * 16, r1e = (int)((long)t16 * (id + 1) / nth) * 16;
             const int r1 = r1e < rows ? r1e : rows;
@@ -70,21 +102,39 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
                     for (int t = 0; t < T; t++)
                         for (int r = r0; r < r1; r++) y[(size_t)t * rows + r] += bias[r];
             }
+            if (timed) {
+#pragma omp atomic
+                busy += omp_get_wtime() - tb;
+#pragma omp single nowait
+                team = omp_get_num_threads();
+            }
         }
-        return;
-    }
-#pragma omp parallel for schedule(static) if ((double)rows * (double)nblk >= par_min_blocks())
-    for (int tile = 0; tile < tiles; tile++) {
-        int r0 = tile * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
-        for (int t0 = 0; t0 < T; t0 += QDOT_MAX_ROWS) {
-            int nt = T - t0 < QDOT_MAX_ROWS ? T - t0 : QDOT_MAX_ROWS;
-            float *yt = y + (size_t)t0 * rows + r0;
-            qdot(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, t0, nt, yt, (size_t)rows);
-            if (bias)
-                for (int i = 0; i < nt; i++)
-                    for (int r = r0; r < r1; r++) yt[(size_t)i * rows + r - r0] += bias[r];
+    } else {
+#pragma omp parallel if ((double)rows * (double)nblk >= par_min_blocks())
+        {
+            const double tb = timed ? omp_get_wtime() : 0;
+#pragma omp for schedule(static) nowait
+            for (int tile = 0; tile < tiles; tile++) {
+                int r0 = tile * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
+                for (int p0 = 0; p0 < T; p0 += QDOT_MAX_ROWS) {
+                    int nt = T - p0 < QDOT_MAX_ROWS ? T - p0 : QDOT_MAX_ROWS;
+                    float *yt = y + (size_t)p0 * rows + r0;
+                    qdot(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, p0, nt, yt, (size_t)rows);
+                    if (bias)
+                        for (int i = 0; i < nt; i++)
+                            for (int r = r0; r < r1; r++) yt[(size_t)i * rows + r - r0] += bias[r];
+                }
+            }
+            if (timed) {
+#pragma omp atomic
+                busy += omp_get_wtime() - tb;
+#pragma omp single nowait
+                team = omp_get_num_threads();
+            }
         }
     }
+    if (timed) mm_prof_sync(t0, busy, team);
+    mm_prof_leave(prev, timed);
 }
 
 void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
@@ -95,6 +145,8 @@ void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
     const int rows = w->rows, cols = w->cols;
     const size_t padded = ((size_t)cols + 31) / 32 * 32;
     const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;
+    int timed;
+    const ProfOp prev = mm_prof_enter((size_t)rows * w->row_bytes, &timed);
 #pragma omp parallel for schedule(static)
     for (int tile = 0; tile < tiles; tile++) {
         float *buf = scratch(0, padded * ROW_TILE);
@@ -107,9 +159,73 @@ void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
             for (int i = 0; i < nr; i++) yt[i] = kern.dot(buf + i * padded, xt, cols) + (bias ? bias[r0 + i] : 0.0f);
         }
     }
+    mm_prof_leave(prev, timed);
+}
+
+/* Several q8/q4/q6 matrices on one input in one pass: the activation quantized once and one
+ * parallel region over all their row tiles, instead of a quantization and a fork and join per
+ * matrix. Each output row is the same qdot on the same quantized activation as matmul's. */
+static int fusable(int n, const QMat *const *ws) {
+    for (int i = 0; i < n; i++)
+        if (!kern.qdot[ws[i]->qt] || kern.qgemm[ws[i]->qt] || ws[i]->cols != ws[0]->cols) return 0;
+    return 1;
+}
+
+void matmul_fused(int n, float *const *ys, const float *x, int T, const QMat *const *ws, const float *const *biases) {
+    if (n < 2 || n > MATMUL_FUSE_MAX || !fusable(n, ws)) {
+        for (int i = 0; i < n; i++) matmul(ys[i], x, T, ws[i], biases[i]);
+        return;
+    }
+    const int cols = ws[0]->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
+    const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2;
+    float *buf = scratch(2, qfloats + 2 * nblk);
+    if (!buf) return;
+    const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
+    int first[MATMUL_FUSE_MAX + 1] = {0}; /* matrix i's tiles: first[i] .. first[i+1] */
+    size_t bytes = 0;
+    double rows_all = 0;
+    for (int i = 0; i < n; i++) {
+        first[i + 1] = first[i] + (ws[i]->rows + ROW_TILE - 1) / ROW_TILE;
+        bytes += (size_t)ws[i]->rows * ws[i]->row_bytes;
+        rows_all += ws[i]->rows;
+    }
+    int timed;
+    const ProfOp prev = mm_prof_enter(bytes, &timed);
+    double busy = 0;
+    int team = 1;
+    for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
+    const double t0 = timed ? omp_get_wtime() : 0;
+#pragma omp parallel if (rows_all * (double)nblk >= par_min_blocks())
+    {
+        const double tb = timed ? omp_get_wtime() : 0;
+#pragma omp for schedule(static) nowait
+        for (int g = 0; g < first[n]; g++) {
+            int i = 0;
+            while (g >= first[i + 1]) i++;
+            const QMat *w = ws[i];
+            const int rows = w->rows, r0 = (g - first[i]) * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
+            for (int p0 = 0; p0 < T; p0 += QDOT_MAX_ROWS) {
+                const int nt = T - p0 < QDOT_MAX_ROWS ? T - p0 : QDOT_MAX_ROWS;
+                float *yt = ys[i] + (size_t)p0 * rows + r0;
+                kern.qdot[w->qt](w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, p0, nt, yt, (size_t)rows);
+                if (biases[i])
+                    for (int k = 0; k < nt; k++)
+                        for (int r = r0; r < r1; r++) yt[(size_t)k * rows + r - r0] += biases[i][r];
+            }
+        }
+        if (timed) {
+#pragma omp atomic
+            busy += omp_get_wtime() - tb;
+#pragma omp single nowait
+            team = omp_get_num_threads();
+        }
+    }
+    if (timed) mm_prof_sync(t0, busy, team);
+    mm_prof_leave(prev, timed);
 }
 
 void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int cols) {
+    prof_bytes((size_t)rows * cols * sizeof(float));
 #pragma omp parallel for collapse(2) schedule(static) if (par_worth((double)T * rows * cols / QBLOCK))
     for (int t = 0; t < T; t++)
         for (int r = 0; r < rows; r++) y[(size_t)t * rows + r] = kern.dot(w + (size_t)r * cols, x + (size_t)t * cols, cols);
@@ -130,8 +246,8 @@ void mlp_swiglu(const Mlp *p, const float *x, int T, int inter, float *out) {
         free(u);
         return;
     } /* fwd_oom() tells the caller */
-    matmul(g, x, T, &p->gate, p->gate_b);
-    matmul(u, x, T, &p->up, p->up_b);
+    matmul_fused(2, (float *const[]){g, u}, x, T, (const QMat *const[]){&p->gate, &p->up},
+                 (const float *const[]){p->gate_b, p->up_b});
     if (p->act == ACT_SWIGLU_CLAMP) {
         const float a = p->alpha, lim = p->limit;
         for (size_t i = 0; i < (size_t)T * inter; i++) {

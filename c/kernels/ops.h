@@ -6,6 +6,10 @@
 
 /* y[T][rows] = x[T][cols] . W^T (+ bias); parallel over rows, several positions per weight pass. */
 void matmul(float *y, const float *x, int T, const QMat *w, const float *bias);
+/* matmul of n <= MATMUL_FUSE_MAX matrices on the same x (q/k/v, gate/up): the same bits as n
+ * matmul calls, with one activation quantization and one parallel region where they allow. */
+#define MATMUL_FUSE_MAX 4
+void matmul_fused(int n, float *const *ys, const float *x, int T, const QMat *const *ws, const float *const *biases);
 /* y[T][rows] = x[T][cols] . W^T for a plain f32 matrix (router). */
 void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int cols);
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps);

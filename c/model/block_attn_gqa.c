@@ -153,9 +153,8 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
         free(att);
         return;
     } /* fwd_oom() tells the caller */
-    matmul(q, x, T, &y->wq, y->bq);
-    matmul(k, x, T, &y->wk, y->bk);
-    matmul(v, x, T, &y->wv, y->bv);
+    matmul_fused(3, (float *const[]){q, k, v}, x, T, (const QMat *const[]){&y->wq, &y->wk, &y->wv},
+                 (const float *const[]){y->bq, y->bk, y->bv});
     if (y->qk_full)
         for (int t = 0; t < T; t++) {
             rmsnorm(q + (size_t)t * qd, q + (size_t)t * qd, y->q_norm, qd, y->qk_eps);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/op_prof.h"
 #include "experts/expert_store.h"
 #include "util/fwd_alloc.h"
 #include "model/layers.h"
@@ -53,10 +54,13 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
     int *sel = fwd_malloc(sizeof(int) * (size_t)T * p->K);
     float *wts = fwd_malloc(sizeof(float) * (size_t)T * p->K);
     /* forward always passes the token ids; a hash router's route alone only predicts */
+    const ProfOp was = prof_enter(PROF_ROUTER);
     if (sel && wts && p->router->route_ids && r->tokens) p->router->route_ids(p->router_self, x, r->tokens, T, sel, wts);
     else if (sel && wts) p->router->route(p->router_self, x, T, sel, wts);
     /* fwd_oom() tells the caller when an allocation (or the router) could not finish */
+    prof_switch_if(PROF_EXPERTS);
     if (sel && wts && !fwd_oom()) expert_layer_run(&p->xl, x, T, sel, wts, out);
+    prof_leave(was);
     free(sel);
     free(wts);
 }

@@ -8,6 +8,7 @@
 #include "model/hyper_conn.h"
 #include "model/model.h"
 #include "kernels/ops.h"
+#include "util/op_prof.h"
 
 int forward_max_batch = FORWARD_DEFAULT_BATCH;
 
@@ -54,6 +55,7 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
         free(comb);
         return -1;
     }
+    const ProfOp was = prof_enter(PROF_NORM); /* the glue between blocks */
     for (int t = 0; t < T; t++) {
         kern.dequant_row(m->embed.qt, m->embed.data + (size_t)tokens[t] * m->embed.row_bytes, H, row);
         for (int j = 0; j < S; j++) memcpy(x + ((size_t)t * S + j) * H, row, sizeof(float) * H);
@@ -67,8 +69,11 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
             if (!halves[h][1]->kind) continue;
             if (hc) hc_pre(y->hc[h], x, T, H, c, post, comb);
             run_block(halves[h][0], &r, hc ? c : x, T, xn);
+            /* attention's matmuls charge PROF_ATTN_PROJ (ops.c); an MoE block its own parts */
+            const ProfOp norm = prof_enter(h == 0 ? PROF_ATTN_KV : PROF_MLP);
             if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, tokens, xn, T, o);
             else run_block(halves[h][1], &r, xn, T, o);
+            prof_leave(norm);
             if (fwd_oom()) break; /* o is incomplete; forward() fails the pass */
             if (hc) hc_post(S, x, T, H, o, post, comb);
             else
@@ -76,11 +81,13 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
         }
     }
     if (logits && !fwd_oom()) {
+        const ProfOp norm = prof_enter(PROF_HEAD);
         int first = all_logits ? 0 : T - 1;
         BlockRun r = {a, -1, kv->n, kv->ctx, kv->type, NULL, tokens};
         if (hc) hc_head(m->hc_head, x + (size_t)first * S * H, T - first, H, c + (size_t)first * H);
         run_block(&m->final_norm, &r, (hc ? c : x) + (size_t)first * H, T - first, xn + (size_t)first * H);
         matmul(logits, xn + (size_t)first * H, T - first, &m->lm_head, NULL);
+        prof_leave(norm);
     }
     int failed = fwd_oom();
     if (!failed && rows) /* positions count only once every layer holds them */
@@ -95,6 +102,7 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
     free(c);
     free(post);
     free(comb);
+    prof_leave(was);
     return failed ? -1 : 0;
 }
 

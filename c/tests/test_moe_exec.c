@@ -52,7 +52,8 @@ void test_moe_exec(void) {
         }
     const int threads = omp_get_max_threads();
     omp_set_num_threads(2);
-    CHECK(moe_parallel_ok(T * K) && !moe_parallel_ok(100000), "decode-sized layers take the parallel path");
+    CHECK(moe_parallel_ok(T * K, 1e12) && !moe_parallel_ok(100000, 1e12), "decode-sized layers take the parallel path");
+    CHECK(!moe_parallel_ok(T * K, 0), "work too small for a parallel region stays on the calling thread");
     memset(got, 0, sizeof got);
     CHECK(moe_run_experts_parallel(ex, E, K, WIDTH, H, sel, wts, x, T, got) == 0 && !fwd_oom(), "parallel experts ran");
     CHECK(!memcmp(got, want, sizeof got), "parallel experts equal the serial loop bit for bit");

@@ -46,6 +46,9 @@ def add_arguments(p):
                    help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")
     p.add_argument("--gguf", help="GGUF file the peer runs (default: the file a pulled model came from)")
     p.add_argument("--mem-bw", type=float, help="memory read rate in GB/s instead of measuring it")
+    p.add_argument("--profile", action="store_true",
+                   help="the engine's per-op decode profile (--profile): each op's time, weight bytes and GB/s per "
+                        "decoded token of the greedy leg, medians over the runs")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -98,7 +101,7 @@ def colibri_run(model, args, first_token, vocab):
         return stats
 
     try:
-        extra = args.stream_args  # --kernels among them
+        extra = args.stream_args + (["--profile"] if args.profile else [])  # --kernels among them
         with engine_client.Engine(model, threads=args.threads, ctx=ctx, batch=args.batch, kv_slots=1, extra=extra) as eng:
             # Warm: the experts reach RAM on first use (O_DIRECT reads, no page cache kept between
             # engine runs), so the depth, or without one a prompt of other ids, routes the timed
@@ -120,7 +123,47 @@ def colibri_run(model, args, first_token, vocab):
     if int(tg["completion_tokens"]) < args.gen_tokens:
         raise UserError(f"the model ended after {tg['completion_tokens']} tokens; lower --gen-tokens")
     return (float(pp["prefill_tok_s"]), float(tg["decode_tok_s"]),
-            float(sampled["decode_tok_s"]) if sampled else None, int(threads))
+            float(sampled["decode_tok_s"]) if sampled else None, int(threads), profile_of(tg))
+
+
+PROFILE_OPS = ("attn_proj", "attn_kv", "router", "experts", "mlp", "head", "sampler", "norm", "sync", "loop")
+PROFILE_LABELS = {"attn_proj": "attention projections", "attn_kv": "attention over the KV", "router": "router",
+                  "experts": "routed experts", "mlp": "dense/shared MLP", "head": "output head (+ final norm)",
+                  "sampler": "sampler", "norm": "norms, residuals, embed", "sync": "waits in parallel regions",
+                  "loop": "protocol loop"}
+
+
+def profile_of(end):
+    """{op: (ms, bytes)} per decoded token from an END frame's prof_ fields; None without them."""
+    if "prof_token_ms" not in end:
+        return None
+    return {op: (float(end[f"prof_{op}_ms"]), float(end[f"prof_{op}_bytes"])) for op in PROFILE_OPS} | {
+        "token": (float(end["prof_token_ms"]), 0.0)}
+
+
+def profile_medians(runs):
+    """Per op: median ms, bytes, GB/s (bytes over the median time) over the runs' profiles."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return None
+    out = {}
+    for op in PROFILE_OPS + ("token",):
+        ms = statistics.median(r[op][0] for r in runs)
+        b = statistics.median(r[op][1] for r in runs)
+        out[op] = {"ms": ms, "bytes": b, "gb_s": b / ms / 1e6 if ms > 0 and b else None}
+    return out
+
+
+def print_profile(prof, mem_bw):
+    tok = prof["token"]["ms"]
+    print(f"per-op decode profile, per token ({tok:.3f} ms):")
+    print(f"  {'op':28s}{'ms':>9s}{'share':>8s}{'MB':>9s}{'GB/s':>8s}" + (f"{'of membw':>10s}" if mem_bw else ""))
+    for op in PROFILE_OPS:
+        p = prof[op]
+        share = 100 * p["ms"] / tok if tok > 0 else 0
+        rate = f"{p['gb_s']:8.2f}" if p["gb_s"] else f"{'-':>8s}"
+        of = (f"{100 * p['gb_s'] / mem_bw:9.0f}%" if p["gb_s"] else f"{'-':>10s}") if mem_bw else ""
+        print(f"  {PROFILE_LABELS[op]:28s}{p['ms']:9.4f}{share:7.1f}%{p['bytes'] / 1e6:9.2f}{rate}{of}")
 
 
 def peer_run(exe, gguf, args, threads):
@@ -174,11 +217,12 @@ def run(args):
         if not gguf or not gguf.is_file():
             raise UserError("the peer needs the GGUF file of this model: pass --gguf FILE")
         peer = (exe, gguf)
-    ours, theirs, threads = [], [], args.threads
+    ours, theirs, profiles, threads = [], [], [], args.threads
     for i in range(args.repeat):
-        pp, tg, sampled, used = colibri_run(model, args, first_token=i * 101, vocab=scan["arch"]["vocab"] or 1)
+        pp, tg, sampled, used, prof = colibri_run(model, args, first_token=i * 101, vocab=scan["arch"]["vocab"] or 1)
         threads = threads or used
         ours.append((pp, tg, sampled))
+        profiles.append(prof)
         if peer:
             theirs.append(peer_run(peer[0], peer[1], args, threads))
     one_thread = None if args.mem_bw else machine_probe.measure_memory_bw()
@@ -199,6 +243,8 @@ def run(args):
     }
     if one_thread:
         result["memory_read_one_thread_gb_s"] = one_thread
+    if args.profile:
+        result["colibri"]["profile"] = profile_medians(profiles)
     result["colibri"]["decode_gb_s"] = per_token * result["colibri"]["decode_tok_s"] / 1e9
     if result["colibri"]["sampled_decode_tok_s"]:  # what sampling adds to a decode step
         result["colibri"]["sampler_ms_per_token"] = 1e3 * (1 / result["colibri"]["sampled_decode_tok_s"]
@@ -228,4 +274,6 @@ def run(args):
     share = f" = {100 * c['decode_gb_s'] / mem_bw:.0f}% of {mem_bw:.1f} GB/s {result['memory_read_source']}" if mem_bw else ""
     floor = f"; a one-thread scan reads {one_thread:.1f} GB/s" if one_thread and all_threads else ""
     print(f"decode reads {per_token / 1e6:.1f} MB of weights per token: {c['decode_gb_s']:.2f} GB/s{share}{floor}")
+    if c.get("profile"):
+        print_profile(c["profile"], mem_bw)
     return 0
