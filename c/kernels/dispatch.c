@@ -97,6 +97,9 @@ static const struct {
     {"qdot.q4", offsetof(Kernels, qdot[QT_Q4])},
     {"qdot.mxfp4", offsetof(Kernels, qdot[QT_MXFP4])},
     {"qdot.q6", offsetof(Kernels, qdot[QT_Q6])},
+#define LOWBIT_ENTRY(S, QT) {"qdot." #S, offsetof(Kernels, qdot[QT])},
+    LOWBIT_TYPES(LOWBIT_ENTRY)
+#undef LOWBIT_ENTRY
 #define KV_ENTRIES(I, T)                                                                              \
     {"kv." T ".dot", offsetof(Kernels, kv[I].dot)}, {"kv." T ".axpy", offsetof(Kernels, kv[I].axpy)}, \
         {"kv." T ".attend", offsetof(Kernels, kv[I].attend)}, {                                       \

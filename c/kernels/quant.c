@@ -1,9 +1,11 @@
 #include "kernels/isa.h"
+#include "kernels/lowbit.h"
 
 #include <math.h>
 #include <string.h>
 
-static const char *QT_NAMES[QT_COUNT] = {"f32", "bf16", "f16", "q8", "q4", "mxfp4", "q6"};
+static const char *QT_NAMES[QT_COUNT] = {"f32",   "bf16",  "f16",     "q8",     "q4",    "mxfp4",   "q6",     "q2_k", "q3_k",
+                                         "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq4_nl", "iq4_xs"};
 
 const char *qtype_name(QType q) { return (unsigned)q < QT_COUNT ? QT_NAMES[q] : "?"; }
 
@@ -26,7 +28,10 @@ size_t qtype_row_bytes(QType q, int cols) {
     case QT_Q4: return blocks * 20;
     case QT_MXFP4: return blocks * 17;
     case QT_Q6: return blocks * 26;
-    default: return 0;
+    default: {
+        const LowbitType *t = lowbit_type(q);
+        return t && cols > 0 && cols % t->block == 0 ? (size_t)(cols / t->block) * (size_t)t->bytes : 0;
+    }
     }
 }
 
@@ -225,7 +230,7 @@ void dequant_row_portable(QType q, const void *src, int cols, float *dst) {
             for (int j = 0; j < QBLOCK; j++) dst[b * QBLOCK + j] = d * (float)q[j];
         }
         return;
-    default: return;
+    default: lowbit_dequant_row(q, src, cols, dst); return;
     }
 }
 
