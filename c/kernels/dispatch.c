@@ -105,7 +105,7 @@ static const struct {
         {"kv." T ".attend", offsetof(Kernels, kv[I].attend)}, {                                       \
         "kv." T ".attend_block", offsetof(Kernels, kv[I].attend_block)                                \
     }
-    KV_ENTRIES(0, "f32"),
+        KV_ENTRIES(0, "f32"),
     KV_ENTRIES(1, "f16"),
     KV_ENTRIES(2, "bf16"),
     ENTRY(mla_absorb),

@@ -175,17 +175,16 @@ static void dec_iq4_xs(const unsigned char *b, LowbitBlock *o) {
 }
 
 static const LowbitType TYPES[] = {
-    [QT_Q2_K - QT_Q2_K] = {256, 84, 1, dec_q2_k},         [QT_Q3_K - QT_Q2_K] = {256, 110, 0, dec_q3_k},
-    [QT_IQ1_S - QT_Q2_K] = {256, 50, 0, dec_iq1_s},       [QT_IQ1_M - QT_Q2_K] = {256, 56, 0, dec_iq1_m},
-    [QT_IQ2_XXS - QT_Q2_K] = {256, 66, 0, dec_iq2_xxs},   [QT_IQ2_XS - QT_Q2_K] = {256, 74, 0, dec_iq2_xs},
-    [QT_IQ2_S - QT_Q2_K] = {256, 82, 0, dec_iq2_s},       [QT_IQ3_XXS - QT_Q2_K] = {256, 98, 0, dec_iq3_xxs},
-    [QT_IQ3_S - QT_Q2_K] = {256, 110, 0, dec_iq3_s},      [QT_IQ4_NL - QT_Q2_K] = {32, 18, 0, dec_iq4_nl},
+    [QT_Q2_K - QT_Q2_K] = {256, 84, 1, dec_q2_k},       [QT_Q3_K - QT_Q2_K] = {256, 110, 0, dec_q3_k},
+    [QT_IQ1_S - QT_Q2_K] = {256, 50, 0, dec_iq1_s},     [QT_IQ1_M - QT_Q2_K] = {256, 56, 0, dec_iq1_m},
+    [QT_IQ2_XXS - QT_Q2_K] = {256, 66, 0, dec_iq2_xxs}, [QT_IQ2_XS - QT_Q2_K] = {256, 74, 0, dec_iq2_xs},
+    [QT_IQ2_S - QT_Q2_K] = {256, 82, 0, dec_iq2_s},     [QT_IQ3_XXS - QT_Q2_K] = {256, 98, 0, dec_iq3_xxs},
+    [QT_IQ3_S - QT_Q2_K] = {256, 110, 0, dec_iq3_s},    [QT_IQ4_NL - QT_Q2_K] = {32, 18, 0, dec_iq4_nl},
     [QT_IQ4_XS - QT_Q2_K] = {256, 136, 0, dec_iq4_xs},
 };
 
 const LowbitType *lowbit_type(QType qt) {
-    return qt >= QT_Q2_K && qt < QT_COUNT && qt - QT_Q2_K < (int)(sizeof TYPES / sizeof TYPES[0]) ? &TYPES[qt - QT_Q2_K]
-                                                                                                    : NULL;
+    return qt >= QT_Q2_K && qt < QT_COUNT && qt - QT_Q2_K < (int)(sizeof TYPES / sizeof TYPES[0]) ? &TYPES[qt - QT_Q2_K] : NULL;
 }
 
 void lowbit_dequant_row(QType qt, const void *src, int cols, float *dst) {

@@ -37,8 +37,17 @@ float lowbit_combine(const LowbitBlock *blk, int h, int has_min, int32_t is0, in
 
 /* Every low-bit type as X(suffix, QType), in enum order: the kernel sets name their dots
  * qdot_<suffix>_<set>. */
-#define LOWBIT_TYPES(X)                                                                                                       \
-    X(q2_k, QT_Q2_K) X(q3_k, QT_Q3_K) X(iq1_s, QT_IQ1_S) X(iq1_m, QT_IQ1_M) X(iq2_xxs, QT_IQ2_XXS) X(iq2_xs, QT_IQ2_XS)       \
-        X(iq2_s, QT_IQ2_S) X(iq3_xxs, QT_IQ3_XXS) X(iq3_s, QT_IQ3_S) X(iq4_nl, QT_IQ4_NL) X(iq4_xs, QT_IQ4_XS)
+#define LOWBIT_TYPES(X)    \
+    X(q2_k, QT_Q2_K)       \
+    X(q3_k, QT_Q3_K)       \
+    X(iq1_s, QT_IQ1_S)     \
+    X(iq1_m, QT_IQ1_M)     \
+    X(iq2_xxs, QT_IQ2_XXS) \
+    X(iq2_xs, QT_IQ2_XS)   \
+    X(iq2_s, QT_IQ2_S)     \
+    X(iq3_xxs, QT_IQ3_XXS) \
+    X(iq3_s, QT_IQ3_S)     \
+    X(iq4_nl, QT_IQ4_NL)   \
+    X(iq4_xs, QT_IQ4_XS)
 
 #endif

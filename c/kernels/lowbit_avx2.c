@@ -30,7 +30,8 @@ AVX2 static void lowbit_qdot_avx2(QType qt, QDOT_ARGS) {
                     const __m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = _mm256_loadu_si256((const __m256i *)(x + 16));
                     /* lanes: halves 0 and 1 of the weight dot, then of the activation sum */
                     __m256i s = _mm256_hadd_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
-                    if (t->has_min) s = _mm256_hadd_epi32(s, _mm256_hadd_epi32(_mm256_madd_epi16(x0, ones), _mm256_madd_epi16(x1, ones)));
+                    if (t->has_min)
+                        s = _mm256_hadd_epi32(s, _mm256_hadd_epi32(_mm256_madd_epi16(x0, ones), _mm256_madd_epi16(x1, ones)));
                     else s = _mm256_hadd_epi32(s, s);
                     const __m128i v = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
                     const int32_t is0 = _mm_cvtsi128_si32(v), is1 = _mm_extract_epi32(v, 1);
