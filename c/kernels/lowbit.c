@@ -2,6 +2,8 @@
  * them, with every float formula in the reference's order of operations. */
 #include "kernels/lowbit.h"
 
+#include "util/f16.h"
+
 #include <string.h>
 
 #include "kernels/lowbit_grids.h"
@@ -185,6 +187,11 @@ static const LowbitType TYPES[] = {
 
 const LowbitType *lowbit_type(QType qt) {
     return qt >= QT_Q2_K && qt < QT_COUNT && qt - QT_Q2_K < (int)(sizeof TYPES / sizeof TYPES[0]) ? &TYPES[qt - QT_Q2_K] : NULL;
+}
+
+size_t lowbit_row_bytes(QType qt, int cols) {
+    const LowbitType *t = lowbit_type(qt);
+    return t && cols > 0 && cols % t->block == 0 ? (size_t)(cols / t->block) * (size_t)t->bytes : 0;
 }
 
 void lowbit_dequant_row(QType qt, const void *src, int cols, float *dst) {

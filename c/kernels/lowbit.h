@@ -29,8 +29,6 @@ typedef struct {
 
 /* The type's block description, NULL if qt is not a low-bit type. */
 const LowbitType *lowbit_type(QType qt);
-/* cols floats from a row of cols/block whole blocks (the caller checked qtype_row_bytes != 0). */
-void lowbit_dequant_row(QType qt, const void *src, int cols, float *dst);
 /* One 32-element activation block's share of a dot, from the integer sums of its two halves
  * (h: the block's index within blk): every set combines them here, so all give the same bits. */
 float lowbit_combine(const LowbitBlock *blk, int h, int has_min, int32_t is0, int32_t is1, int32_t xs0, int32_t xs1);

@@ -1,5 +1,5 @@
 #include "kernels/isa.h"
-#include "kernels/lowbit.h"
+#include "util/f16.h"
 
 #include <math.h>
 #include <string.h>
@@ -28,29 +28,8 @@ size_t qtype_row_bytes(QType q, int cols) {
     case QT_Q4: return blocks * 20;
     case QT_MXFP4: return blocks * 17;
     case QT_Q6: return blocks * 26;
-    default: {
-        const LowbitType *t = lowbit_type(q);
-        return t && cols > 0 && cols % t->block == 0 ? (size_t)(cols / t->block) * (size_t)t->bytes : 0;
+    default: return lowbit_row_bytes(q, cols);
     }
-    }
-}
-
-float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
-    if (exp == 0) {
-        if (man == 0) bits = sign;
-        else { /* subnormal: normalise */ exp = 127 - 15 + 1;
-            while (!(man & 0x400)) {
-                man <<= 1;
-                exp--;
-            }
-            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
-        }
-    } else if (exp == 31) bits = sign | 0x7F800000 | (man << 13);
-    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
 }
 
 /* Round to nearest even without branches on the mantissa (the KV cache stores every K/V row

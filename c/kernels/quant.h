@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/f16.h"
+
 /* After q6: GGUF's low-bit blocks kept byte for byte (c/kernels/lowbit.h), rows of whole
  * 256-element blocks (32 for IQ4_NL). */
 typedef enum {
@@ -53,6 +55,10 @@ const char *qtype_name(QType q);
 int qtype_from_name(const char *name, QType *out); /* 0 ok, -1 unknown */
 /* 0 for a low-bit type whose block does not divide cols (those rows are never padded). */
 size_t qtype_row_bytes(QType q, int cols);
+/* The low-bit types' rows (c/kernels/lowbit.c): bytes (0 when cols is not whole blocks or q is
+ * not low-bit), and cols floats from a row of whole blocks. */
+size_t lowbit_row_bytes(QType q, int cols);
+void lowbit_dequant_row(QType qt, const void *src, int cols, float *dst);
 
 /* Row codecs (portable reference; quantize is used by the converter and writes the types
  * before QT_Q2_K only: the low-bit types come from GGUF files as they are). */
@@ -68,7 +74,6 @@ void mxfp4_quantize_row(const float *x, int cols, void *dst);
 void mxfp4_dequant_block_row(const void *src, int cols, float *dst);
 void mxfp4_from_release(const unsigned char *blocks, const unsigned char *scales, int cols, void *dst);
 
-float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f); /* round to nearest even, like torch */
