@@ -85,7 +85,7 @@ def test_dequant_matches_reference(lib, name):
 
 
 def test_row_bytes_and_names_refuse_bad_input(lib):
-    assert lib.gguf_type_from_name(b"GGUF_Q2_K") == -1
+    assert lib.gguf_type_from_name(b"GGUF_TQ1_0") == -1
     assert lib.gguf_type_from_name(b"Q4_K") == -1
     assert lib.gguf_type_from_name(None) == -1
     q4k = lib.gguf_type_from_name(b"GGUF_Q4_K")
@@ -127,3 +127,124 @@ def test_no_keep_path_where_not_exact(lib, name, qt):
     dst = np.zeros(256, dtype=np.uint8)
     assert lib.gguf_keep_row(lib.gguf_type_from_name(f"GGUF_{name}".encode()), data.ctypes.data, 256, QT[qt],
                              dst.ctypes.data) == 0
+
+
+# ---------------------------------------------------------------- low-bit types kept as they are
+
+LOWBIT = ["Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"]
+LOWBIT_QT = {n: 7 + i for i, n in enumerate(LOWBIT)}  # QT_Q2_K.. in c/kernels/quant.h
+F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,)}  # byte offsets of a block's f16 scales; the i-quants: (0,)
+
+
+def lowbit_blocks(name, rows, cols, rng):
+    """Random valid blocks: every bit pattern of the codes, grid and sign indexes is valid, so
+    the bytes are random except the f16 scales (finite, small, positive)."""
+    qtype = T[name]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    d = (rng.random((rows, cols // block, 2)) * 0.01 + 1e-4).astype(np.float16)
+    if name == "IQ1_M":  # d's 16 bits are the top nibbles of the four u16 scale words
+        bits = d[..., 0].view(np.uint16)
+        sc = raw[:, :, 48:56].copy().view(np.uint16)
+        for i in range(4):
+            sc[..., i] = (sc[..., i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12).astype(np.uint16)
+        raw[:, :, 48:56] = sc.view(np.uint8)
+    else:
+        for k, off in enumerate(F16_AT.get(name, (0,))):
+            raw[:, :, off:off + 2] = d[..., k:k + 1].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+class QAct(ctypes.Structure):  # c/kernels/quant.h
+    _fields_ = [("nb", ctypes.c_int), ("rows", ctypes.c_int), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("s", ctypes.c_void_p)]
+
+
+def act_quantize(lib, x):
+    """x's rows as the engine's int16 activation blocks (quantize_act_portable)."""
+    T_, cols = x.shape
+    nb = cols // 32
+    q = np.zeros((T_, nb, 32), dtype=np.int16)
+    d = np.zeros(nb * T_, dtype=np.float32)
+    s = np.zeros(nb * T_, dtype=np.float32)
+    a = QAct(nb, T_, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+    lib.quantize_act_portable.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(QAct), ctypes.c_int]
+    for t in range(T_):
+        row = np.ascontiguousarray(x[t])
+        lib.quantize_act_portable(row.ctypes.data, cols, ctypes.byref(a), t)
+    return a, (q, d, s)
+
+
+def qdot(lib, fn, data, a, t0, nt):
+    rows = data.shape[0]
+    y = np.zeros((nt, rows), dtype=np.float32)
+    f = getattr(lib, fn)
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(QAct), ctypes.c_int, ctypes.c_int,
+                  ctypes.c_void_p, ctypes.c_size_t]
+    w = np.ascontiguousarray(data)
+    f(w.ctypes.data, w.shape[1], rows, ctypes.byref(a), t0, nt, y.ctypes.data, rows)
+    return y
+
+
+@pytest.mark.parametrize("name", LOWBIT)
+def test_lowbit_dequant_is_bit_exact(lib, name):
+    """The engine's decode of random blocks equals gguf.quants.dequantize bit for bit, through
+    the GGUF source path and through the container type's own dequant_row."""
+    rng = np.random.default_rng(sum(map(ord, name)) + 1)
+    qtype = T[name]
+    tid = lib.gguf_type_from_name(f"GGUF_{name}".encode())
+    assert tid == int(qtype), f"type id of {name}"
+    cols = 1024
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    assert lib.gguf_row_bytes(tid, cols) == cols // block * size
+    lib.qtype_row_bytes.restype = ctypes.c_size_t
+    lib.qtype_row_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+    qt = LOWBIT_QT[name]
+    assert lib.qtype_row_bytes(qt, cols) == cols // block * size
+    assert lib.qtype_row_bytes(qt, cols + 16) == 0, "a row that is not whole blocks has no size"
+    data = lowbit_blocks(name, 6, cols, rng)
+    ref = quants.dequantize(data, qtype).astype(np.float32).reshape(6, cols)
+    got = c_dequant(lib, tid, data, cols)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    own = np.zeros_like(got)
+    for r in range(6):
+        row = np.ascontiguousarray(data[r])
+        lib.dequant_row(qt, row.ctypes.data, cols, own[r].ctypes.data)
+        dst = np.zeros(row.size, dtype=np.uint8)
+        assert lib.gguf_keep_row(tid, row.ctypes.data, cols, qt, dst.ctypes.data) == 1
+        assert dst.tobytes() == row.tobytes(), "kept byte for byte"
+        assert lib.gguf_keep_row(tid, row.ctypes.data, cols, QT["q8"], dst.ctypes.data) == 0
+    np.testing.assert_array_equal(own.view(np.uint32), ref.view(np.uint32))
+    assert np.abs(ref).max() > 0 and len(np.unique(ref)) > 16
+
+
+@pytest.mark.parametrize("name", LOWBIT)
+def test_lowbit_dot_within_bound(lib, name):
+    """qdot (weight rows . int16 activation rows) against dequant(w) . x in float64: the
+    activations' rounding is at most half a step (amax/32767) per element, so per block the
+    error is <= step/2 * sum|w|; the float accumulation adds at most (blocks + 4) ulps of
+    sum|w*x|. The AVX2 dot, where the CPU has it, equals the portable one bit for bit."""
+    rng = np.random.default_rng(sum(map(ord, name)) + 2)
+    qtype = T[name]
+    cols, rows, T_ = 512, 5, 7
+    data = lowbit_blocks(name, rows, cols, rng)
+    wf = quants.dequantize(data, qtype).astype(np.float64).reshape(rows, cols)
+    x = rng.standard_normal((T_, cols)).astype(np.float32)
+    x[1] *= 1e3  # blocks of very different scales
+    x[2, :40] = 0
+    a, keep = act_quantize(lib, x)
+    q, d, _ = keep
+    step = d.reshape(cols // 32, T_).T  # per row and block
+    suffix = name.lower()
+    for t0, nt in ((0, 4), (4, 3), (2, 1)):
+        got = qdot(lib, f"qdot_{suffix}_portable", data, a, t0, nt).astype(np.float64)
+        ref = x[t0:t0 + nt].astype(np.float64) @ wf.T
+        absw = np.abs(wf).reshape(rows, cols // 32, 32).sum(-1)  # rows x blocks
+        act_err = (step[t0:t0 + nt] / 2) @ absw.T * (1 + 1e-6)
+        fl = (cols // 32 + 4) * 2.0 ** -23 * (np.abs(x[t0:t0 + nt].astype(np.float64)) @ np.abs(wf).T)
+        err = np.abs(got - ref)
+        assert (err <= act_err + fl).all(), (name, t0, nt, float((err / (act_err + fl)).max()))
+        lib.kernels_supported.argtypes = [ctypes.c_int]
+        if lib.kernels_supported(1):  # KI_AVX2
+            fast = qdot(lib, f"qdot_{suffix}_avx2", data, a, t0, nt)
+            np.testing.assert_array_equal(fast.view(np.uint32), got.astype(np.float32).view(np.uint32))

@@ -97,12 +97,15 @@ static const struct {
     {"qdot.q4", offsetof(Kernels, qdot[QT_Q4])},
     {"qdot.mxfp4", offsetof(Kernels, qdot[QT_MXFP4])},
     {"qdot.q6", offsetof(Kernels, qdot[QT_Q6])},
+#define LOWBIT_ENTRY(S, QT) {"qdot." #S, offsetof(Kernels, qdot[QT])},
+    LOWBIT_TYPES(LOWBIT_ENTRY)
+#undef LOWBIT_ENTRY
 #define KV_ENTRIES(I, T)                                                                              \
     {"kv." T ".dot", offsetof(Kernels, kv[I].dot)}, {"kv." T ".axpy", offsetof(Kernels, kv[I].axpy)}, \
         {"kv." T ".attend", offsetof(Kernels, kv[I].attend)}, {                                       \
         "kv." T ".attend_block", offsetof(Kernels, kv[I].attend_block)                                \
     }
-    KV_ENTRIES(0, "f32"),
+        KV_ENTRIES(0, "f32"),
     KV_ENTRIES(1, "f16"),
     KV_ENTRIES(2, "bf16"),
     ENTRY(mla_absorb),

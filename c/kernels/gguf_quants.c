@@ -3,6 +3,8 @@
  * are read with memcpy. */
 #include "kernels/gguf_quants.h"
 
+#include "kernels/lowbit.h"
+
 #include <stdint.h>
 #include <string.h>
 
@@ -12,11 +14,44 @@ typedef struct {
 } GgufType;
 
 static const GgufType TYPES[] = {
-    {"GGUF_F32", GGUF_T_F32, 1, 4},       {"GGUF_F16", GGUF_T_F16, 1, 2},       {"GGUF_BF16", GGUF_T_BF16, 1, 2},
-    {"GGUF_Q4_0", GGUF_T_Q4_0, 32, 18},   {"GGUF_Q4_1", GGUF_T_Q4_1, 32, 20},   {"GGUF_Q5_0", GGUF_T_Q5_0, 32, 22},
-    {"GGUF_Q5_1", GGUF_T_Q5_1, 32, 24},   {"GGUF_Q8_0", GGUF_T_Q8_0, 32, 34},   {"GGUF_Q4_K", GGUF_T_Q4_K, 256, 144},
-    {"GGUF_Q5_K", GGUF_T_Q5_K, 256, 176}, {"GGUF_Q6_K", GGUF_T_Q6_K, 256, 210}, {"GGUF_MXFP4", GGUF_T_MXFP4, 32, 17},
+    {"GGUF_F32", GGUF_T_F32, 1, 4},
+    {"GGUF_F16", GGUF_T_F16, 1, 2},
+    {"GGUF_BF16", GGUF_T_BF16, 1, 2},
+    {"GGUF_Q4_0", GGUF_T_Q4_0, 32, 18},
+    {"GGUF_Q4_1", GGUF_T_Q4_1, 32, 20},
+    {"GGUF_Q5_0", GGUF_T_Q5_0, 32, 22},
+    {"GGUF_Q5_1", GGUF_T_Q5_1, 32, 24},
+    {"GGUF_Q8_0", GGUF_T_Q8_0, 32, 34},
+    {"GGUF_Q4_K", GGUF_T_Q4_K, 256, 144},
+    {"GGUF_Q5_K", GGUF_T_Q5_K, 256, 176},
+    {"GGUF_Q6_K", GGUF_T_Q6_K, 256, 210},
+    {"GGUF_MXFP4", GGUF_T_MXFP4, 32, 17},
+    {"GGUF_Q2_K", GGUF_T_Q2_K, 256, 84},
+    {"GGUF_Q3_K", GGUF_T_Q3_K, 256, 110},
+    {"GGUF_IQ1_S", GGUF_T_IQ1_S, 256, 50},
+    {"GGUF_IQ1_M", GGUF_T_IQ1_M, 256, 56},
+    {"GGUF_IQ2_XXS", GGUF_T_IQ2_XXS, 256, 66},
+    {"GGUF_IQ2_XS", GGUF_T_IQ2_XS, 256, 74},
+    {"GGUF_IQ2_S", GGUF_T_IQ2_S, 256, 82},
+    {"GGUF_IQ3_XXS", GGUF_T_IQ3_XXS, 256, 98},
+    {"GGUF_IQ3_S", GGUF_T_IQ3_S, 256, 110},
+    {"GGUF_IQ4_NL", GGUF_T_IQ4_NL, 32, 18},
+    {"GGUF_IQ4_XS", GGUF_T_IQ4_XS, 256, 136},
 };
+
+/* GGUF low-bit type -> the QType holding its blocks (lowbit.h). */
+static const struct {
+    int type;
+    QType qt;
+} LOWBIT[] = {{GGUF_T_Q2_K, QT_Q2_K},       {GGUF_T_Q3_K, QT_Q3_K},     {GGUF_T_IQ1_S, QT_IQ1_S},  {GGUF_T_IQ1_M, QT_IQ1_M},
+              {GGUF_T_IQ2_XXS, QT_IQ2_XXS}, {GGUF_T_IQ2_XS, QT_IQ2_XS}, {GGUF_T_IQ2_S, QT_IQ2_S},  {GGUF_T_IQ3_XXS, QT_IQ3_XXS},
+              {GGUF_T_IQ3_S, QT_IQ3_S},     {GGUF_T_IQ4_NL, QT_IQ4_NL}, {GGUF_T_IQ4_XS, QT_IQ4_XS}};
+
+QType gguf_lowbit_qtype(int type) {
+    for (size_t i = 0; i < sizeof LOWBIT / sizeof LOWBIT[0]; i++)
+        if (LOWBIT[i].type == type) return LOWBIT[i].qt;
+    return QT_COUNT;
+}
 #define NTYPES (sizeof TYPES / sizeof TYPES[0])
 
 static const GgufType *find(int type) {
@@ -155,7 +190,12 @@ void gguf_dequant_row(int type, const void *src, long long cols, float *dst) {
         }
         return;
     case GGUF_T_MXFP4: mxfp4_dequant_block_row(src, (int)cols, dst); return; /* colibri's mxfp4 block */
-    default: break;
+    default:
+        if (gguf_lowbit_qtype(type) != QT_COUNT) {
+            lowbit_dequant_row(gguf_lowbit_qtype(type), src, (int)cols, dst);
+            return;
+        }
+        break;
     }
     for (long long i = 0; i < nb; i++, s += t->bytes, dst += t->block) {
         switch (type) {
@@ -185,6 +225,10 @@ int gguf_keep_row(int type, const void *src, long long cols, QType qt, void *dst
     unsigned char *o = dst;
     if (type == GGUF_T_MXFP4 && qt == QT_MXFP4 && gguf_row_bytes(type, cols)) {
         memcpy(dst, src, (size_t)cols / 32 * 17);
+        return 1;
+    }
+    if (gguf_lowbit_qtype(type) != QT_COUNT && gguf_lowbit_qtype(type) == qt && gguf_row_bytes(type, cols)) {
+        memcpy(dst, src, gguf_row_bytes(type, cols)); /* the container's block is GGUF's */
         return 1;
     }
     if (gguf_row_bytes(type, cols) == 0 || (qt != QT_Q8 && qt != QT_Q4)) return 0;

@@ -3,6 +3,7 @@
 #ifndef COLI_KERNELS_ISA_H
 #define COLI_KERNELS_ISA_H
 #include "kernels/kernels.h"
+#include "kernels/lowbit.h"
 
 #define QDOT_ARGS const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy
 #define QGEMM_ARGS const unsigned char *w, size_t row_bytes, int nr, const QAct *a, const int8_t *packed, float *y, size_t ldy
@@ -40,6 +41,9 @@ void qdot_q8_portable(QDOT_ARGS);
 void qdot_q4_portable(QDOT_ARGS);
 void qdot_q6_portable(QDOT_ARGS);
 void qdot_mxfp4_portable(QDOT_ARGS);
+#define LOWBIT_DECL(S, QT) void qdot_##S##_portable(QDOT_ARGS);
+LOWBIT_TYPES(LOWBIT_DECL) /* lowbit_dot.c */
+#undef LOWBIT_DECL
 KV_ROW_DECL(portable, f32)
 KV_ROW_DECL(portable, f16)
 KV_ROW_DECL(portable, bf16)
@@ -59,6 +63,9 @@ void qdot_q8_avx2(QDOT_ARGS);
 void qdot_q4_avx2(QDOT_ARGS);
 void qdot_q6_avx2(QDOT_ARGS);
 void qdot_mxfp4_avx2(QDOT_ARGS);
+#define LOWBIT_DECL(S, QT) void qdot_##S##_avx2(QDOT_ARGS);
+LOWBIT_TYPES(LOWBIT_DECL) /* lowbit_avx2.c */
+#undef LOWBIT_DECL
 KV_ROW_DECL(avx2, f16)
 KV_ROW_DECL(avx2, bf16)
 KV_ATTEND_DECL(avx2, f32)
@@ -101,6 +108,10 @@ KV_ATTEND_DECL(neon, f32)
 KV_ATTEND_DECL(neon, f16)
 KV_ATTEND_DECL(neon, bf16)
 #endif
+
+/* Table entries for every low-bit type's dot: .qdot = {..., LOWBIT_TYPES(LOWBIT_QDOT_avx2)}. */
+#define LOWBIT_QDOT_portable(S, QT) [QT] = qdot_##S##_portable,
+#define LOWBIT_QDOT_avx2(S, QT) [QT] = qdot_##S##_avx2,
 
 /* The tables, each in its set's file; the ones this build has. */
 extern const Kernels kernel_set_portable;

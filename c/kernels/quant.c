@@ -1,9 +1,11 @@
 #include "kernels/isa.h"
+#include "util/f16.h"
 
 #include <math.h>
 #include <string.h>
 
-static const char *QT_NAMES[QT_COUNT] = {"f32", "bf16", "f16", "q8", "q4", "mxfp4", "q6"};
+static const char *QT_NAMES[QT_COUNT] = {"f32",   "bf16",  "f16",     "q8",     "q4",    "mxfp4",   "q6",    "q2_k",   "q3_k",
+                                         "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq4_nl", "iq4_xs"};
 
 const char *qtype_name(QType q) { return (unsigned)q < QT_COUNT ? QT_NAMES[q] : "?"; }
 
@@ -26,26 +28,8 @@ size_t qtype_row_bytes(QType q, int cols) {
     case QT_Q4: return blocks * 20;
     case QT_MXFP4: return blocks * 17;
     case QT_Q6: return blocks * 26;
-    default: return 0;
+    default: return lowbit_row_bytes(q, cols);
     }
-}
-
-float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
-    if (exp == 0) {
-        if (man == 0) bits = sign;
-        else { /* subnormal: normalise */ exp = 127 - 15 + 1;
-            while (!(man & 0x400)) {
-                man <<= 1;
-                exp--;
-            }
-            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
-        }
-    } else if (exp == 31) bits = sign | 0x7F800000 | (man << 13);
-    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
 }
 
 /* Round to nearest even without branches on the mantissa (the KV cache stores every K/V row
@@ -225,7 +209,7 @@ void dequant_row_portable(QType q, const void *src, int cols, float *dst) {
             for (int j = 0; j < QBLOCK; j++) dst[b * QBLOCK + j] = d * (float)q[j];
         }
         return;
-    default: return;
+    default: lowbit_dequant_row(q, src, cols, dst); return;
     }
 }
 

@@ -15,7 +15,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { QT_F32 = 0, QT_BF16, QT_F16, QT_Q8, QT_Q4, QT_MXFP4, QT_Q6, QT_COUNT } QType;
+#include "util/f16.h"
+
+/* After q6: GGUF's low-bit blocks kept byte for byte (c/kernels/lowbit.h), rows of whole
+ * 256-element blocks (32 for IQ4_NL). */
+typedef enum {
+    QT_F32 = 0,
+    QT_BF16,
+    QT_F16,
+    QT_Q8,
+    QT_Q4,
+    QT_MXFP4,
+    QT_Q6,
+    QT_Q2_K,
+    QT_Q3_K,
+    QT_IQ1_S,
+    QT_IQ1_M,
+    QT_IQ2_XXS,
+    QT_IQ2_XS,
+    QT_IQ2_S,
+    QT_IQ3_XXS,
+    QT_IQ3_S,
+    QT_IQ4_NL,
+    QT_IQ4_XS,
+    QT_COUNT
+} QType;
 
 #define QBLOCK 32
 
@@ -29,9 +53,15 @@ typedef struct {
 
 const char *qtype_name(QType q);
 int qtype_from_name(const char *name, QType *out); /* 0 ok, -1 unknown */
+/* 0 for a low-bit type whose block does not divide cols (those rows are never padded). */
 size_t qtype_row_bytes(QType q, int cols);
+/* The low-bit types' rows (c/kernels/lowbit.c): bytes (0 when cols is not whole blocks or q is
+ * not low-bit), and cols floats from a row of whole blocks. */
+size_t lowbit_row_bytes(QType q, int cols);
+void lowbit_dequant_row(QType qt, const void *src, int cols, float *dst);
 
-/* Row codecs (portable reference; quantize is used by the converter). */
+/* Row codecs (portable reference; quantize is used by the converter and writes the types
+ * before QT_Q2_K only: the low-bit types come from GGUF files as they are). */
 void quantize_row(QType q, const float *x, int cols, void *dst);
 void dequant_row(QType q, const void *src, int cols, float *dst);
 /* A q6 block's 32 elements as int8 q = u - 32 (the values q8 would hold with the same scale). */
@@ -44,7 +74,6 @@ void mxfp4_quantize_row(const float *x, int cols, void *dst);
 void mxfp4_dequant_block_row(const void *src, int cols, float *dst);
 void mxfp4_from_release(const unsigned char *blocks, const unsigned char *scales, int cols, void *dst);
 
-float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f); /* round to nearest even, like torch */

@@ -19,6 +19,17 @@ typedef void (*AnyFn)(void);
     X("qdot.q4", qdot[QT_Q4])                     \
     X("qdot.mxfp4", qdot[QT_MXFP4])               \
     X("qdot.q6", qdot[QT_Q6])                     \
+    X("qdot.q2_k", qdot[QT_Q2_K])                 \
+    X("qdot.q3_k", qdot[QT_Q3_K])                 \
+    X("qdot.iq1_s", qdot[QT_IQ1_S])               \
+    X("qdot.iq1_m", qdot[QT_IQ1_M])               \
+    X("qdot.iq2_xxs", qdot[QT_IQ2_XXS])           \
+    X("qdot.iq2_xs", qdot[QT_IQ2_XS])             \
+    X("qdot.iq2_s", qdot[QT_IQ2_S])               \
+    X("qdot.iq3_xxs", qdot[QT_IQ3_XXS])           \
+    X("qdot.iq3_s", qdot[QT_IQ3_S])               \
+    X("qdot.iq4_nl", qdot[QT_IQ4_NL])             \
+    X("qdot.iq4_xs", qdot[QT_IQ4_XS])             \
     X("kv.f32.dot", kv[0].dot)                    \
     X("kv.f32.axpy", kv[0].axpy)                  \
     X("kv.f32.attend", kv[0].attend)              \

@@ -58,10 +58,10 @@ static void test_quant_kernels(void) {
         /* worst-case error per element, relative to the row's absolute max */
         /* mxfp4: the scale 2^e puts amax in (3, 6]; the widest code step there is 2 (4 to 6), so
          * the error is at most one scale unit, under amax / 3 */
-        const float tol[QT_COUNT] = {0, 1.0f / 128, 1.0f / 1024, 1.0f / 127, 1.0f / 15 + 1e-3f, 1.0f / 3, 1.0f / 62 + 1e-3f};
+        const float tol[QT_Q2_K] = {0, 1.0f / 128, 1.0f / 1024, 1.0f / 127, 1.0f / 15 + 1e-3f, 1.0f / 3, 1.0f / 62 + 1e-3f};
         float amax = 0;
         for (int i = 0; i < cols; i++) amax = fmaxf(amax, fabsf(x[i]));
-        for (int q = 0; q < QT_COUNT; q++) {
+        for (int q = 0; q < QT_Q2_K; q++) { /* the types quantize_row writes (not GGUF's low-bit ones) */
             quantize_row((QType)q, x, cols, buf);
             dequant_row((QType)q, buf, cols, y);
             float err = 0;
@@ -317,7 +317,7 @@ static void test_qdot(void) {
     const int cols_list[] = {32, 64, 96, 45, 7, 1, 1000};
     for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++) {
         int cols = cols_list[c];
-        for (QType qt = QT_Q8; qt < QT_COUNT; qt++) {
+        for (QType qt = QT_Q8; qt < QT_Q2_K; qt++) { /* low-bit types: test_lowbit.c */
             check_qdot_random(qt, cols, &port, &fast, &seed);
             check_qdot_exact(qt, cols, &port, &seed);
             check_qdot_exact(qt, cols, &fast, &seed);
