@@ -79,8 +79,8 @@ export class Runtime {
         [cssVar('--prefill'), 'prefill', `${num(prefill)} ms`], [cssVar('--decode'), 'decode', `${num(decode)} ms`],
         [cssVar('--io'), 'expert I/O wait', last.io_wait_ms === null ? 'n/a' : `${num(last.io_wait_ms, 1)} ms`],
         ['transparent', 'hit rate', last.hit_rate === null ? 'n/a' : `${num(100 * last.hit_rate)}%`],
-        ...(last.draft_tokens ? [['transparent', 'drafts kept',
-          `${last.draft_accepted} of ${last.draft_tokens} (${num(100 * last.draft_accepted / last.draft_tokens)}%)`]] : []),
+        ...(last.draft_tokens ? [/** @type {[string, string, string]} */ (['transparent', 'drafts kept',
+          `${last.draft_accepted} of ${last.draft_tokens} (${num(100 * last.draft_accepted / last.draft_tokens)}%)`])] : []),
       ]);
     }
     this.drawTrend(turns.map((t) => t.decode_tok_s).filter((v) => Number.isFinite(v)).slice(-60));
