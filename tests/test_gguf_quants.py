@@ -2,9 +2,10 @@
 
 The C file is compiled with quant.c into a small shared library and called through ctypes, so
 these tests need neither the engine build nor the convert-jobs wiring."""
-import os
 import ctypes
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -254,10 +255,6 @@ def test_lowbit_dot_within_bound(lib, name):
 def test_lowbit_grids_are_generated_from_the_gguf_package():
     """c/kernels/lowbit_grids.c is what tools/gen_lowbit_grids.py writes from the installed gguf
     package's tables: a hand edit, or a gguf release that changed a lattice, fails here."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "tools" / "gen_lowbit_grids.py"), "--check"], cwd=root,
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_lowbit_grids.py"), "--check"], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stdout + r.stderr
