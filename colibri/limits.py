@@ -20,8 +20,15 @@ BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17, "q6": 26}  # f16 scale + 32 int8
 EXPERT_STORAGE = ("q4", "q6", "q8", "bf16", "f32", "mxfp4")  # what a container may hold routed experts as
 DENSE_STORAGE = ("q8", "q6", "q4", "bf16", "f32")  # and the dense trunk
 
+# GGUF's low-bit blocks, held in the container as llama.cpp writes them (c/kernels/lowbit.h):
+# storage -> (elements, bytes) per block. A row is whole blocks (GGUF rows always are), never padded.
+LOWBIT_BLOCKS = {"q2_k": (256, 84), "q3_k": (256, 110), "iq1_s": (256, 50), "iq1_m": (256, 56),
+                 "iq2_xxs": (256, 66), "iq2_xs": (256, 74), "iq2_s": (256, 82), "iq3_xxs": (256, 98),
+                 "iq3_s": (256, 110), "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
+
 # storage type -> safetensors dtype of its tensors (the quantized ones are raw bytes)
-STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8", "mxfp4": "U8", "q6": "U8"}
+STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8", "mxfp4": "U8", "q6": "U8",
+                 **{k: "U8" for k in LOWBIT_BLOCKS}}
 _VALUE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 
@@ -29,6 +36,11 @@ def row_bytes(storage, cols):
     """Bytes one stored row of `cols` logical columns takes (KeyError for an unknown storage)."""
     if storage in BLOCK_BYTES:
         return -(-cols // QBLOCK) * BLOCK_BYTES[storage]
+    if storage in LOWBIT_BLOCKS:
+        block, size = LOWBIT_BLOCKS[storage]
+        if cols % block:
+            raise ValueError(f"a {storage} row of {cols} columns is not whole {block}-element blocks")
+        return cols // block * size
     return _VALUE_BYTES[storage] * cols
 
 

@@ -54,13 +54,17 @@ def add_bpe_tokenizer(w, hf_dir, eos_token_id, pre="gpt-2"):
     w.add_eos_token_id(eos_token_id)
 
 
-def tensor_putter(w, matrix_type, unblocked=(T.F32, T.F16)):
+def tensor_putter(w, matrix_type, unblocked=(T.F32, T.F16), exact=None):
     """put(name, x, t=None) adding x to w: vectors f32, matrices matrix_type unless t says
     otherwise; a row that is not whole blocks of its type falls back to f16, as llama.cpp does,
-    unless its type is in `unblocked`. K-quants come from tests/gguf_kquant_encode.py."""
+    unless its type is in `unblocked`. K-quants come from tests/gguf_kquant_encode.py. With
+    `exact` (tests/gguf_lowbit_blocks.ExactWeights), a tensor it stored keeps that type and its
+    blocks."""
     import gguf_kquant_encode
 
     def put(name, x, t=None):
+        if t is None and exact is not None:
+            t = exact.type_of(x)
         if t is None:  # (T.F32 is 0)
             t = T.F32 if x.ndim == 1 else matrix_type
         if t not in unblocked and x.shape[-1] % gguf.GGML_QUANT_SIZES[t][0]:
@@ -70,6 +74,8 @@ def tensor_putter(w, matrix_type, unblocked=(T.F32, T.F16)):
             w.add_tensor(name, x)
         elif t == T.F16:
             w.add_tensor(name, x.astype(np.float16))
+        elif exact is not None and exact.type_of(x) == t:
+            w.add_tensor(name, exact.encode(x, t), raw_dtype=t)
         elif t.name in gguf_kquant_encode.ENCODERS:
             w.add_tensor(name, gguf_kquant_encode.quantize(x, t.name), raw_dtype=t)
         else:
@@ -97,9 +103,10 @@ def tokenizer_fields(tok_json):
     return tokens, types, merges
 
 
-def write_gguf(path, hf_dir, types=None, extra_kv=None, pad_vocab=0, matrix_type=None):
+def write_gguf(path, hf_dir, types=None, extra_kv=None, pad_vocab=0, matrix_type=None, exact=None):
     """An HF checkpoint directory -> GGUF file. types: GGUF type per HF tensor name pattern
-    (default: vectors F32, matrices matrix_type, by default the checkpoint's own dtype)."""
+    (default: vectors F32, matrices matrix_type, by default the checkpoint's own dtype; with
+    `exact`, the type and blocks it stored a tensor as, see tensor_putter)."""
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     family = cfg["model_type"]
     arch = GGUF_ARCH[family]
@@ -167,7 +174,11 @@ def write_gguf(path, hf_dir, types=None, extra_kv=None, pad_vocab=0, matrix_type
                 factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
         w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
 
+    put_exact = tensor_putter(w, matrix_type, exact=exact) if exact is not None else None
+
     def put(name, x, hf_name):
+        if put_exact is not None:
+            return put_exact(name, x, (types or {}).get(hf_name))
         t = (types or {}).get(hf_name) or (T.F32 if x.ndim == 1 else matrix_type)
         if t == T.F32:
             w.add_tensor(name, x.astype(np.float32))
@@ -446,9 +457,9 @@ def test_unsupported_type_named(tmp_path, oracle_root):
     src = write_gguf(tmp_path / "m.gguf", Path(oracle_root) / "llama" / "hf")
     g = convert_gguf.read_gguf(src)
     t = g.tensors["blk.0.attn_v.weight"]
-    t.type, t.type_name = 10, "Q2_K"
+    t.type, t.type_name = 34, "TQ1_0"  # ternary: no kernel reads it yet
     cfg = convert_gguf.build_config(g, g.tensors)[1]
-    with pytest.raises(ConvertError, match="'blk.0.attn_v.weight' is Q2_K"):
+    with pytest.raises(ConvertError, match="'blk.0.attn_v.weight' is TQ1_0; supported GGUF types: .*IQ1_S"):
         convert_gguf.map_tensors(g, "llama", cfg)
 
 

@@ -24,10 +24,10 @@ EXACT_TOL = 1e-3  # as tests/test_oracles.py: max|logit-ref| <= 1e-3 max|ref|
 GGUF_ARCH = {"glm4_moe": gguf.MODEL_ARCH.GLM4_MOE, "deepseek_v3": gguf.MODEL_ARCH.DEEPSEEK2}
 
 
-def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=None):
+def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=None, exact=None):
     """llama.cpp's Glm4MoeModel / DeepseekV2Model conversion of an HF checkpoint, in small.
     split_kv_b: True (recent llama.cpp: attn_k_b + attn_v_b), False (attn_kv_b), "both" (the
-    early MLA versions kept attn_kv_b beside the split copies)."""
+    early MLA versions kept attn_kv_b beside the split copies). exact: see tensor_putter."""
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     family = cfg["model_type"]
     arch = GGUF_ARCH[family]
@@ -86,7 +86,7 @@ def write_moe_gguf(path, hf_dir, split_kv_b=True, matrix_type=T.F32, kb_type=Non
             w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
     add_bpe_tokenizer(w, hf_dir, cfg["eos_token_id"])
 
-    put = tensor_putter(w, matrix_type)
+    put = tensor_putter(w, matrix_type, exact=exact)
 
     names = gguf.get_tensor_name_map(arch, blocks)
     E = cfg["n_routed_experts"]

@@ -15,6 +15,7 @@ from needs import need
 gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
+from gguf_lowbit_blocks import LOWBIT, lowbit_blocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
@@ -133,28 +134,7 @@ def test_no_keep_path_where_not_exact(lib, name, qt):
 
 # ---------------------------------------------------------------- low-bit types kept as they are
 
-LOWBIT = ["Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"]
 LOWBIT_QT = {n: 7 + i for i, n in enumerate(LOWBIT)}  # QT_Q2_K.. in c/kernels/quant.h
-F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,)}  # byte offsets of a block's f16 scales; the i-quants: (0,)
-
-
-def lowbit_blocks(name, rows, cols, rng):
-    """Random valid blocks: every bit pattern of the codes, grid and sign indexes is valid, so
-    the bytes are random except the f16 scales (finite, small, positive)."""
-    qtype = T[name]
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    d = (rng.random((rows, cols // block, 2)) * 0.01 + 1e-4).astype(np.float16)
-    if name == "IQ1_M":  # d's 16 bits are the top nibbles of the four u16 scale words
-        bits = d[..., 0].view(np.uint16)
-        sc = raw[:, :, 48:56].copy().view(np.uint16)
-        for i in range(4):
-            sc[..., i] = (sc[..., i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12).astype(np.uint16)
-        raw[:, :, 48:56] = sc.view(np.uint8)
-    else:
-        for k, off in enumerate(F16_AT.get(name, (0,))):
-            raw[:, :, off:off + 2] = d[..., k:k + 1].view(np.uint8)
-    return raw.reshape(rows, -1)
 
 
 class QAct(ctypes.Structure):  # c/kernels/quant.h

@@ -379,14 +379,28 @@ def test_k_quant_ssm_out_in_a_q8_container(wide, tmp_path):
 
 
 def test_unsupported_blocks_in_out_proj_are_refused(oracle_root, tmp_path):
-    """An IQ4_NL ssm_out (a type colibri's GGUF reader has no decoder for) is refused with the
-    list of supported types, as for any other tensor; nothing is written."""
-    src = write_qwen35_gguf(tmp_path / "m.gguf", Path(oracle_root) / VARIANT / "hf", out_type=T.Q4_0)
-    retype(src, "blk.0.ssm_out.weight", T.IQ4_NL)  # IQ4_NL blocks are Q4_0's size: 32 values in 18 bytes
-    assert convert_gguf.read_gguf(src).tensors["blk.0.ssm_out.weight"].type_name == "IQ4_NL"
-    with pytest.raises(ConvertError, match="tensor 'blk.0.ssm_out.weight' is IQ4_NL; supported GGUF types: .*Q4_K"):
+    """An I16 ssm_out (a type colibri's GGUF reader has no decoder for) is refused with the list
+    of supported types, as for any other tensor; nothing is written."""
+    src = write_qwen35_gguf(tmp_path / "m.gguf", Path(oracle_root) / VARIANT / "hf", out_type=T.F16)
+    retype(src, "blk.0.ssm_out.weight", T.I16)  # I16 elements are F16's size
+    assert convert_gguf.read_gguf(src).tensors["blk.0.ssm_out.weight"].type_name == "I16"
+    with pytest.raises(ConvertError, match="tensor 'blk.0.ssm_out.weight' is I16; supported GGUF types: .*Q4_K"):
         convert(src, tmp_path / "g", experts="q8", dense="q8")
     assert not (tmp_path / "g").exists()
+
+
+def test_low_bit_ssm_out_is_rewritten_like_any_block(oracle_root, tmp_path):
+    """An IQ4_NL ssm_out (same block size as Q4_0's) goes through the rewrite scratch like the
+    other block types: dequantized by the engine, columns put back, stored q8."""
+    src = write_qwen35_gguf(tmp_path / "m.gguf", Path(oracle_root) / VARIANT / "hf", out_type=T.Q4_0)
+    retype(src, "blk.0.ssm_out.weight", T.IQ4_NL)
+    out = convert(src, tmp_path / "g", experts="q8", dense="q8")
+    meta = {}
+    for f in out.glob("*.safetensors"):
+        meta.update(json.loads(safetensors_metadata(f)["colibri.tensors"]))
+    assert meta["model.layers.0.linear_attn.out_proj.weight"][0] == "q8"
+    got = logits(out, [1, 2, 3, 4], tmp_path / "g.f32")
+    assert np.isfinite(got).all()
 
 
 def retype(path, name, qtype):

@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "engine/engine_stream.h"
 #include "model/model.h"
+#include "kernels/lowbit.h"
 #include "kernels/quant.h"
 #ifndef COLI_VERSION
 #define COLI_VERSION "unknown"
@@ -149,6 +150,9 @@ int main(int argc, char **argv) {
                MAX_KV_SLOTS, QBLOCK, qtype_row_bytes(QT_Q8, QBLOCK), qtype_row_bytes(QT_Q4, QBLOCK),
                qtype_row_bytes(QT_MXFP4, QBLOCK), qtype_row_bytes(QT_Q6, QBLOCK), FORWARD_DEFAULT_BATCH,
                FORWARD_DEFAULT_BATCH_AMX, (unsigned long long)RUNTIME_BASE_BYTES);
+#define LOWBIT_LIMITS(suffix, qt) \
+    printf(#suffix "_block_elems %d\n" #suffix "_block_bytes %d\n", lowbit_type(qt)->block, lowbit_type(qt)->bytes);
+        LOWBIT_TYPES(LOWBIT_LIMITS)
         return 0;
     }
     if (!strcmp(cmd, "families")) {

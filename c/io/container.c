@@ -57,7 +57,13 @@ const JsonValue *ct_manifest(const Container *c) { return json_root(c->manifest)
 static int check_storage(const StTensor *st, QType qt, long long rows, long long cols, char *err, size_t errlen) {
     size_t rb = qtype_row_bytes(qt, (int)cols);
     const char *want = qt == QT_F32 ? "F32" : qt == QT_BF16 ? "BF16" : qt == QT_F16 ? "F16" : "U8";
-    long long want_cols = (qt == QT_Q8 || qt == QT_Q4 || qt == QT_MXFP4 || qt == QT_Q6) ? (long long)rb : cols;
+    const int blocked = qt != QT_F32 && qt != QT_BF16 && qt != QT_F16; /* rows of raw block bytes */
+    if (blocked && rb == 0) {                                          /* a low-bit row of partial blocks */
+        snprintf(err, errlen, "tensor '%s': %s rows of %lld columns are not whole blocks; the container is corrupt", st->name,
+                 qtype_name(qt), cols);
+        return -1;
+    }
+    long long want_cols = blocked ? (long long)rb : cols;
     int ok = strcmp(st->dtype, want) == 0 && ((st->ndim == 2 && st->shape[0] == rows && st->shape[1] == want_cols) ||
                                               (st->ndim == 1 && rows == 1 && st->shape[0] == want_cols));
     if (!ok) {

@@ -13,6 +13,7 @@
 
 #include "io/convert_gather.h"
 #include "kernels/gguf_quants.h"
+#include "kernels/lowbit.h"
 #include "kernels/quant.h"
 
 #define CHUNK_BYTES (32u << 20)
@@ -184,6 +185,14 @@ int convert_jobs_main(int argc, char **argv) {
         }
         if (!in_row || qtype_from_name(qn, &qt)) {
             fprintf(stderr, "convert-jobs: unsupported dtype %s or qtype %s\n", dt, qn);
+            rc = 2;
+            break;
+        }
+        if (lowbit_type(qt) && gguf_lowbit_qtype(gt) != qt) { /* low-bit blocks are kept, never written from floats */
+            fprintf(
+                stderr,
+                "convert-jobs: job line %ld: %s storage is kept from GGUF blocks of that type only; it is not written from %s\n",
+                done + 1, qn, dt);
             rc = 2;
             break;
         }

@@ -9,7 +9,11 @@ that HF `tokenizers` and the engine both read; the chat template goes to tokeniz
 Storage choice per tensor: a GGUF block that colibri can hold without float re-quantization
 is kept (Q8_0 -> q8 and Q4_1 -> q4 are byte copies, Q4_0 -> q4 and Q5_0 -> q8 exact
 re-encodings, Q4_K -> q4 keeps the nibbles with f16 sub-block scales), so a 4-bit source is
-never widened to q8 or q6 (that would add size and error). Q5_1, Q5_K and Q6_K are
+never widened to q8 or q6 (that would add size and error), and without --experts a Q8_0
+expert stays q8 rather than taking the default q4. The 1-3-bit K-quants and i-quants
+(Q2_K, Q3_K, IQ1_S .. IQ4_XS, what the dynamic quants of the large MoEs use) are stored as
+they are, one storage type each (q2_k, iq2_xxs, ...; docs/container.md), and the engine runs
+them with their own kernels (c/kernels/lowbit*.c). Q5_1, Q5_K and Q6_K are
 dequantized and re-quantized to the requested type: colibri has no 5-bit blocks, Q6_K scales
 16-element sub-blocks (a q8 or q6 block of 32 has one scale) and Q5_1/Q5_K add a minimum that
 q8 cannot hold. --experts/--dense bf16 or f32 always dequantize.
@@ -31,7 +35,7 @@ from colibri.checksum import sha256_file
 from colibri.convert import gguf_moe, gguf_qwen35, gguf_softmax_moe, gguf_spm
 from colibri.family import gpt_oss
 from colibri.convert import hf as convert_hf
-from colibri.convert.gguf_reader import GGUFError, read_gguf
+from colibri.convert.gguf_reader import GGML_TYPES, GGUFError, read_gguf
 from colibri.errors import ConvertError
 from colibri.limits import row_bytes
 from version import VERSION
@@ -43,9 +47,11 @@ ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen
          **gguf_softmax_moe.ARCHS}  # llama with experts: mixtral
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM"}
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
+LOW_BIT = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4") + LOW_BIT
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")   # kept as q4 when q4, q6 or q8 is asked for
 EXACT_Q8 = ("Q8_0", "Q5_0")           # kept as q8 when q8 is asked for
+# LOW_BIT blocks are kept as they are (storage q2_k, iq1_s, ...) when any block type is asked for
 
 # token types (llama.cpp's llama_token_type)
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
@@ -228,17 +234,22 @@ def _row_perm(rows, n_head):
     return out
 
 
-def storage_for(gtype, qtype):
-    """The colibri storage for a tensor of GGUF type gtype whose class asks for qtype."""
+def storage_for(gtype, qtype, default=False):
+    """The colibri storage for a tensor of GGUF type gtype whose class asks for qtype; with
+    default (the class's type was not chosen by the user), a Q8_0 block is kept as q8 too: the
+    file's author chose it, and re-quantizing it to the default q4 would only add error."""
+    if default and qtype == "q4" and gtype == "Q8_0":
+        return "q8"
     if qtype in ("q8", "q6", "q4") and gtype in FOUR_BIT:
         return "q4"
+    if qtype in ("q8", "q6", "q4") and gtype in LOW_BIT:
+        return gtype.lower()  # byte for byte: re-quantizing a 1-3-bit block to 4 bits only adds size
     if qtype == "q8" and gtype in EXACT_Q8:
         return "q8"
     return qtype
 
 
 def _gguf_row_bytes(info):
-    from colibri.convert.gguf_reader import GGML_TYPES
     _, block, size = GGML_TYPES[info.type]
     return info.shape[0] // block * size
 
@@ -534,6 +545,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
         arch["rope_inv_freq"] = inv
     tokenizer, specials, eos_ids, bos_id = build_tokenizer(g)
     table, sources = map_tensors(g, family, cfg)
+    experts_default = experts is None
     if experts is None:
         experts = convert_hf.default_experts(any(t.type == 39 and "exps" in n for n, t in g.tensors.items()))
     arch["_family"] = fam
@@ -552,7 +564,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
         if split or undo:  # kv_b_proj from attn_k_b (transposed into the scratch file) and attn_v_b
             gt = "F32"
         if o["qtype"] != "f32":
-            o["qtype"] = storage_for(gt, o["qtype"])
+            o["qtype"] = storage_for(gt, o["qtype"], default=experts_default and o["klass"] == "expert")
         dt = info.type_name if info.type_name in ("F32", "F16", "BF16") else f"GGUF_{info.type_name}"
         rb = _gguf_row_bytes(info)
         base = info.offset + row0 * rb

@@ -68,12 +68,12 @@ class Planner:
 
     def __init__(self, arch, experts_q, dense_q):
         self.arch, self.experts_q, self.dense_q = arch, experts_q, dense_q
-        self.outputs = []   # dicts: name, qtype, rows, cols, parts[(file, offset, dtype, rows)], anchor, order
+        self.outputs = []   # dicts: name, klass, qtype, rows, cols, parts[(file, offset, dtype, rows)], anchor, order
         self.used = set()
 
     def add(self, name, klass, rows, cols, parts, anchor, order):
         qtype = {"expert": self.experts_q, "dense": self.dense_q, "f32": "f32"}[klass]
-        self.outputs.append(dict(name=name, qtype=qtype, rows=rows, cols=cols, parts=parts, anchor=anchor, order=order))
+        self.outputs.append(dict(name=name, klass=klass, qtype=qtype, rows=rows, cols=cols, parts=parts, anchor=anchor, order=order))
 
 
 def plan_tensors(arch, tensors, experts_q, dense_q):

@@ -131,7 +131,10 @@ def check_storage(name, t, entry):
         return f"tensor '{name}' has no valid [storage, rows, cols] entry in colibri.tensors"
     storage, rows, cols = entry
     dtype = STORAGE_DTYPE[storage]
-    want_cols = row_bytes(storage, cols) if dtype == "U8" else cols
+    try:
+        want_cols = row_bytes(storage, cols) if dtype == "U8" else cols
+    except ValueError as e:  # a low-bit row of partial blocks
+        return f"tensor '{name}': {e}"
     shape = t["shape"]
     ok = t["dtype"] == dtype and (shape == [rows, want_cols] or (rows == 1 and shape == [want_cols]))
     if not ok:
