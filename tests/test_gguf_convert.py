@@ -103,10 +103,11 @@ def tokenizer_fields(tok_json):
     return tokens, types, merges
 
 
-def write_gguf(path, hf_dir, types=None, extra_kv=None, pad_vocab=0, matrix_type=None, exact=None):
+def write_gguf(path, hf_dir, types=None, extra_kv=None, pad_vocab=0, matrix_type=None, exact=None, split_max_tensors=0):
     """An HF checkpoint directory -> GGUF file. types: GGUF type per HF tensor name pattern
     (default: vectors F32, matrices matrix_type, by default the checkpoint's own dtype; with
-    `exact`, the type and blocks it stored a tensor as, see tensor_putter)."""
+    `exact`, the type and blocks it stored a tensor as, see tensor_putter). split_max_tensors:
+    gguf-split's parts (PATH-00001-of-0000N.gguf, the first part returned) of that many tensors."""
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     family = cfg["model_type"]
     arch = GGUF_ARCH[family]
@@ -117,7 +118,7 @@ def write_gguf(path, hf_dir, types=None, extra_kv=None, pad_vocab=0, matrix_type
     nkv = cfg.get("num_key_value_heads") or nh
     hd = cfg.get("head_dim") or H // nh
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(L)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(H)
@@ -230,7 +231,8 @@ def write_gguf(path, hf_dir, types=None, extra_kv=None, pad_vocab=0, matrix_type
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    parts = w.format_shard_names(Path(path))
+    return parts[0] if split_max_tensors else path
 
 
 def logits(model, ids, out):
@@ -453,6 +455,35 @@ def test_refusals(oracle_root, tmp_path):
         convert(src, tmp_path / "o")
 
 
+def test_split_gguf_reads_as_one_file(oracle_root, tmp_path):
+    """gguf-split's parts (PREFIX-00001-of-00003.gguf ...), given by the first part, convert to
+    the container the one-file GGUF gives: the same tensors, the same logits; the manifest names
+    every part. Another part, a missing part or a renamed first part are refused by name."""
+    vdir = Path(oracle_root) / "qwen3_moe"
+    info = json.loads((vdir / "ref.json").read_text())
+    one = write_gguf(tmp_path / "one.gguf", vdir / "hf", matrix_type=T.Q8_0)
+    first = write_gguf(tmp_path / "m.gguf", vdir / "hf", matrix_type=T.Q8_0, split_max_tensors=12)
+    parts = sorted(tmp_path.glob("m-*-of-*.gguf"))
+    n = len(parts)
+    assert n >= 3 and first.name == f"m-00001-of-{n:05d}.gguf", parts
+    g = convert_gguf.read_gguf(first)
+    assert len(g.tensors) == len(convert_gguf.read_gguf(one).tensors) and g.parts == [str(p) for p in parts]
+    a = logits(convert(one, tmp_path / "a"), info["ids"], tmp_path / "a.f32")
+    out = convert(first, tmp_path / "b")
+    assert np.array_equal(logits(out, info["ids"], tmp_path / "b.f32"), a)
+    man = json.loads((out / "colibri.json").read_text())
+    assert sorted(man["source"]["files"]) == [p.name for p in parts]
+    with pytest.raises(ConvertError, match=f"part 1 of a model split in {n}; give the first part \\(m-00001-of-{n:05d}.gguf\\)"):
+        convert(parts[1], tmp_path / "c")
+    parts[2].rename(tmp_path / "elsewhere.gguf")
+    with pytest.raises(ConvertError, match=f"part 3 of {n}, .*m-00003-of-{n:05d}.gguf, is missing"):
+        convert(first, tmp_path / "d")
+    (tmp_path / "elsewhere.gguf").rename(parts[2])
+    first.rename(tmp_path / "renamed.gguf")
+    with pytest.raises(ConvertError, match=f"must be named PREFIX-00001-of-{n:05d}.gguf"):
+        convert(tmp_path / "renamed.gguf", tmp_path / "e")
+
+
 def test_unsupported_type_named(tmp_path, oracle_root):
     src = write_gguf(tmp_path / "m.gguf", Path(oracle_root) / "llama" / "hf")
     g = convert_gguf.read_gguf(src)
@@ -543,16 +574,14 @@ def test_qwen3_dense_mapping():
     """qwen3 (dense) GGUF metadata and tensor names -> HF config and names (no qwen3 dense oracle
     exists, so the mapping is checked directly)."""
     import family_registry
-    from colibri.convert.gguf_reader import GGML_TYPES, TensorInfo
+    from colibri.convert.gguf_reader import GGML_TYPES, GGUFFile, TensorInfo
 
-    class G:
-        path = "qwen3.gguf"
-        metadata = {"general.architecture": "qwen3", "qwen3.block_count": 1, "qwen3.embedding_length": 64,
-                    "qwen3.feed_forward_length": 96, "qwen3.attention.head_count": 4,
-                    "qwen3.attention.head_count_kv": 2, "qwen3.attention.key_length": 32,
-                    "qwen3.attention.value_length": 32, "qwen3.rope.freq_base": 1e6, "qwen3.context_length": 4096,
-                    "qwen3.attention.layer_norm_rms_epsilon": 1e-6}
-        tensors = {}
+    G = GGUFFile("qwen3.gguf")
+    G.metadata = {"general.architecture": "qwen3", "qwen3.block_count": 1, "qwen3.embedding_length": 64,
+                  "qwen3.feed_forward_length": 96, "qwen3.attention.head_count": 4,
+                  "qwen3.attention.head_count_kv": 2, "qwen3.attention.key_length": 32,
+                  "qwen3.attention.value_length": 32, "qwen3.rope.freq_base": 1e6, "qwen3.context_length": 4096,
+                  "qwen3.attention.layer_norm_rms_epsilon": 1e-6}
 
     def t(name, *ne):
         G.tensors[name] = TensorInfo(name, 0, list(ne), 0, 4 * math.prod(ne), math.prod(ne))

@@ -129,6 +129,17 @@ def tiny_gguf(oracle_root, tmp_path_factory):
     return write_gguf(d / "tiny-Q8_0.gguf", Path(oracle_root) / "qwen2" / "hf").read_bytes()
 
 
+@pytest.fixture(scope="module")
+def tiny_split(oracle_root, tmp_path_factory):
+    """The tiny model as gguf-split's three parts (bytes of each)."""
+    from test_gguf_convert import write_gguf
+    d = tmp_path_factory.mktemp("split")
+    write_gguf(d / "tiny.gguf", Path(oracle_root) / "qwen2" / "hf", split_max_tensors=12)
+    parts = sorted(d.glob("tiny-*-of-*.gguf"))
+    assert len(parts) == 3, parts
+    return [p.read_bytes() for p in parts]
+
+
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("COLI_HOME", str(tmp_path / "home"))
@@ -138,7 +149,7 @@ def env(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def hub(tiny_gguf, oracle_root, monkeypatch):
+def hub(tiny_gguf, tiny_split, oracle_root, monkeypatch):
     hf = Path(oracle_root) / "llama" / "hf"
     repos = {
         "test-org/tiny-GGUF": {"tiny-Q8_0.gguf": tiny_gguf, "README.md": b"# tiny\n"},
@@ -146,6 +157,9 @@ def hub(tiny_gguf, oracle_root, monkeypatch):
                               "mmproj-tiny-F16.gguf": b"not a model"},
         "test-org/pref-GGUF": {"tiny-Q8_0.gguf": tiny_gguf, "tiny-Q4_K_M.gguf": tiny_gguf},
         "test-org/tiny-llama": {p.name: p.read_bytes() for p in hf.iterdir() if p.is_file()},
+        "test-org/split-GGUF": {**{f"UD-IQ1_S/tiny-UD-IQ1_S-{i + 1:05d}-of-00003.gguf": b for i, b in enumerate(tiny_split)},
+                                "tiny-Q2_K.gguf": tiny_gguf, "UD-Q2_K_XL/tiny-UD-Q2_K_XL.gguf": tiny_gguf},
+        "test-org/broken-split-GGUF": {f"tiny-{i + 1:05d}-of-00003.gguf": b for i, b in enumerate(tiny_split[:2])},
     }
     h = FakeHub(repos)
     monkeypatch.setenv("HF_ENDPOINT", h.url)
@@ -206,7 +220,7 @@ def test_safetensors_repo(env, hub):
 
 
 def test_choice_among_several_ggufs(env, hub):
-    with pytest.raises(UserError, match=r"several GGUF files; pick one with hf:test-org/two-GGUF:TAG "
+    with pytest.raises(UserError, match=r"several GGUF models; pick one with hf:test-org/two-GGUF:TAG "
                                         r"\(tiny-F16.gguf, tiny-F32.gguf\)"):
         model_store.pull("hf:test-org/two-GGUF", log=lambda *a, **k: None)
     dest = model_store.pull("hf:test-org/two-GGUF:f16", log=lambda *a, **k: None)
@@ -214,8 +228,25 @@ def test_choice_among_several_ggufs(env, hub):
     assert any(p.endswith("/tiny-F16.gguf") for p, _ in hub.log) and not any("mmproj" in p for p, _ in hub.log)
     model_store.pull("hf:test-org/pref-GGUF", log=lambda *a, **k: None)  # Q4_K_M preferred
     assert any(p.endswith("/tiny-Q4_K_M.gguf") for p, _ in hub.log)
-    with pytest.raises(UserError, match="matches 0 GGUF files"):
+    with pytest.raises(UserError, match="matches 0 GGUF models"):
         model_store.pull("hf:test-org/two-GGUF:Q2_K", log=lambda *a, **k: None)
+
+
+def test_split_quant_picked_whole(env, hub):
+    """hf:ORG/REPO:QUANT takes every part of one split model (here in a folder named by the
+    quant, as dynamic-quant repositories lay them out) and converts them as one; Q2_K means the
+    Q2_K model, not UD-Q2_K_XL; a split model with a part missing in the repository is refused."""
+    dest = model_store.pull("hf:test-org/split-GGUF:UD-IQ1_S", log=lambda *a, **k: None)
+    got = [p for p, _ in hub.log if "/resolve/" in p]
+    assert sum("UD-IQ1_S/tiny-UD-IQ1_S-0000" in p for p in got) == 3 and not any("Q2_K" in p for p in got), got
+    man = json.loads((dest / "colibri.json").read_text())
+    assert len(man["source"]["files"]) == 3
+    model_store.pull("hf:test-org/split-GGUF:Q2_K", log=lambda *a, **k: None)
+    assert any(p.endswith("/tiny-Q2_K.gguf") for p, _ in hub.log)
+    with pytest.raises(UserError, match=r"several GGUF models.*UD-IQ1_S/tiny-UD-IQ1_S-00001-of-00003.gguf \(3 parts\)"):
+        model_store.pull("hf:test-org/split-GGUF", log=lambda *a, **k: None)
+    with pytest.raises(UserError, match="is split in 3 parts but the repository has 2 of them"):
+        model_store.pull("hf:test-org/broken-split-GGUF", log=lambda *a, **k: None)
 
 
 def test_user_errors(env, hub):

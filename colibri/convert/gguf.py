@@ -18,8 +18,10 @@ dequantized and re-quantized to the requested type: colibri has no 5-bit blocks,
 16-element sub-blocks (a q8 or q6 block of 32 has one scale) and Q5_1/Q5_K add a minimum that
 q8 cannot hold. --experts/--dense bf16 or f32 always dequantize.
 
-One GGUF file becomes shards of about 2 GiB cut between layers (a layer and its experts stay
-in one shard), so an interrupted conversion resumes shard by shard.
+A model split by llama.cpp's gguf-split (PREFIX-00001-of-0000N.gguf, given by its first part)
+is read as one file: the first part's metadata, every part's tensors. One GGUF model becomes
+shards of about 2 GiB cut between layers (a layer and its experts stay in one shard), so an
+interrupted conversion resumes shard by shard.
 
 llama.cpp stores llama's Q and K projections with the rows of each head interleaved for its
 rotary layout; they are put back in HF order (one convert job per row).
@@ -268,7 +270,6 @@ def map_tensors(g, family, cfg):
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight", "ffn_gate_inp.weight": "mlp.gate.weight"}
     table, sources, unknown = {}, {}, []
-    path = str(Path(g.path).resolve())
     moe = family in ("glm4_moe", "deepseek_v3")
     per_layer.update(gguf_softmax_moe.PER_LAYER.get(family, {}))
     expert_prefix, experts = gguf_softmax_moe.EXPERTS.get(family, gguf_softmax_moe.DEFAULT_EXPERTS)
@@ -288,6 +289,7 @@ def map_tensors(g, family, cfg):
         if info.type_name not in SUPPORTED_TYPES:
             raise ConvertError(f"{g.path}: tensor '{name}' is {info.type_name}; supported GGUF types: "
                                f"{', '.join(SUPPORTED_TYPES)}")
+        path = g.file_of(info)
         shape = list(reversed(info.shape))
         hf, permute = names.get(name), None
         if hf is None and name.startswith("blk."):
@@ -339,7 +341,7 @@ def map_tensors(g, family, cfg):
         if list(k.shape) != [dn, kl, nh] or list(v.shape) != [kl, dv, nh]:
             raise ConvertError(f"{g.path}: blk.{l}.attn_k_b {k.shape} / attn_v_b {v.shape} do not match "
                                f"qk_nope {dn}, v_head_dim {dv}, kv_lora_rank {kl}, {nh} heads")
-        table[hn] = dict(file=path, dtype="F32", shape=[nh * (dn + dv), kl], offset=0)
+        table[hn] = dict(file=g.file_of(v), dtype="F32", shape=[nh * (dn + dv), kl], offset=0)
         sources[hn] = (v, 0, ("split_kv_b", l, k))
     if family == "qwen3_5_moe":
         gguf_qwen35.gated_q_sources(cfg, sources)
@@ -358,7 +360,7 @@ def rope_inv_freq_override(g, arch):
     half = arch["head_dim"] // 2
     if info.type_name != "F32" or info.n_elements != half:
         raise ConvertError(f"{g.path}: rope_freqs.weight must be F32 with {half} values")
-    with open(g.path, "rb") as f:
+    with open(g.file_of(info), "rb") as f:
         f.seek(info.offset)
         factors = struct.unpack(f"<{half}f", f.read(4 * half))
     base = float(g.metadata.get(f"{g.metadata['general.architecture']}.rope.freq_base", 10000.0))
@@ -574,7 +576,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
             o["parts"] = []
             for h in range(cfg["num_attention_heads"]):
                 o["parts"] += [(str(scratch.resolve()), k0 + h * dn * kl * 4, "F32", dn),
-                               (str(Path(g.path).resolve()), base + h * dv * rb, dt, dv)]
+                               (g.file_of(info), base + h * dv * rb, dt, dv)]
         elif undo:  # values llama.cpp rewrote: computed here, read from the scratch file
             gguf_qwen35.check(g, info, permute[1])
             off = sum(p[3] * p[4] for p in rewritten) * 4
@@ -589,15 +591,17 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
         kept.setdefault(f"{gt} -> {o['qtype']}", 0)
         kept[f"{gt} -> {o['qtype']}"] += 1
     shards = convert_hf.layout_shards(planner, shard_anchors(planner))
-    st = src.stat()
+    parts = [Path(p) for p in g.parts]  # one file, or every part of a split model
+    stats = {p.name: p.stat() for p in parts}
     settings = {"converter_version": VERSION, "format_version": convert_hf.FORMAT_VERSION, "experts": experts,
-                "dense": dense, "source": {src.name: [st.st_size, int(st.st_mtime)]}}
+                "dense": dense, "source": {n: [st.st_size, int(st.st_mtime)] for n, st in stats.items()}}
     state = convert_hf.start_conversion(out, settings, len(shards), log)
     if state is None:
         return out
     name = g.metadata.get("general.name") or src.name
-    log(f"converting {name} ({family_registry.FAMILIES[fam]['display']}, GGUF v{g.version}, {len(g.tensors)} tensors): "
-        f"experts {experts}, dense {dense}")
+    split = f" in {len(parts)} parts" if len(parts) > 1 else ""
+    log(f"converting {name} ({family_registry.FAMILIES[fam]['display']}, GGUF v{g.version}, {len(g.tensors)} tensors"
+        f"{split}): experts {experts}, dense {dense}")
     log("  storage: " + ", ".join(f"{k} x{v}" for k, v in sorted(kept.items())))
     if key_halves:
         log("transposing attn_k_b back into kv_b_proj")
@@ -629,7 +633,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
         out, family=fam, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
         bos=bos_id if bos_id is not None else -1, eos=eos_ids, shards=shards, quant_extra={"from_gguf": kept},
         mtp_layers=planner.mtp, log=log,
-        source={"files": {src.name: sha256_file(src)}, "model_type": cfg["model_type"],
+        source={"files": {p.name: sha256_file(p) for p in parts}, "model_type": cfg["model_type"],
                 "gguf": {"version": g.version, "architecture": g.metadata.get("general.architecture"),
                          "name": g.metadata.get("general.name"), "file_type": g.metadata.get("general.file_type")}})
     log(f"wrote {out}")

@@ -4,7 +4,6 @@ change before the normal row copy: stdlib only, and as fast as the engine's row 
 import os
 import subprocess
 import tempfile
-from pathlib import Path
 
 from colibri.errors import ConvertError
 from colibri.convert.hf import engine_binary
@@ -18,11 +17,10 @@ def source_dtype(info):
 def to_f32(g, pieces, dst, what):
     """pieces: [(info, offset)]: each whole tensor as float32 rows at its byte offset in dst,
     which is created (or cut) to end after the last one. what names the tensors for errors."""
-    src = str(Path(g.path).resolve())
     jobs, end = [], 0
     for info, off in pieces:
         cols = info.shape[0]
-        jobs.append(f"{src}\t{info.offset}\t{source_dtype(info)}\t{info.n_elements // cols}\t{cols}\t{dst}\t{off}\tf32\n")
+        jobs.append(f"{g.file_of(info)}\t{info.offset}\t{source_dtype(info)}\t{info.n_elements // cols}\t{cols}\t{dst}\t{off}\tf32\n")
         end = max(end, off + info.n_elements * 4)
     with open(dst, "wb") as f:
         f.truncate(end)

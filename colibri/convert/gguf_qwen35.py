@@ -134,7 +134,7 @@ def _floats(g, info):
             gguf_dequant.to_f32(g, [(info, 0)], Path(d) / "t.f32", info.name)
             return array.array("f", (Path(d) / "t.f32").read_bytes())
     n, size = info.n_elements, 4 if info.type_name == "F32" else 2
-    with open(g.path, "rb") as f:
+    with open(g.file_of(info), "rb") as f:
         f.seek(info.offset)
         raw = f.read(n * size)
     if info.type_name == "BF16":  # the top half of a float32

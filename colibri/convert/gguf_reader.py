@@ -7,7 +7,9 @@ past the end. Tensor bytes are not read; callers get absolute offsets and sizes.
 """
 import mmap
 import os
+import re
 import struct
+from pathlib import Path
 
 MAGIC = b"GGUF"
 MAX_DIMS = 4                  # GGML_MAX_DIMS
@@ -41,10 +43,12 @@ class GGUFError(ValueError):
 
 
 class TensorInfo:
-    __slots__ = ("name", "type", "type_name", "shape", "offset", "nbytes", "n_elements")
+    """One tensor: its bytes are nbytes at offset (from the start of the file) in file `path`
+    (a part of a split model, or the one file)."""
+    __slots__ = ("name", "type", "type_name", "shape", "offset", "nbytes", "n_elements", "path")
 
-    def __init__(self, name, ttype, shape, offset, nbytes, n_elements):
-        self.name, self.type, self.shape = name, ttype, shape
+    def __init__(self, name, ttype, shape, offset, nbytes, n_elements, path=None):
+        self.name, self.type, self.shape, self.path = name, ttype, shape, path
         self.type_name = GGML_TYPES[ttype][0]
         self.offset, self.nbytes, self.n_elements = offset, nbytes, n_elements
 
@@ -54,10 +58,12 @@ class TensorInfo:
 
 class GGUFFile:
     """version, metadata (key -> value; arrays are lists), value_types (key -> type name, e.g.
-    'ARRAY[STRING]'), tensors (name -> TensorInfo, file order kept), alignment, data_start."""
+    'ARRAY[STRING]'), tensors (name -> TensorInfo, file order kept), alignment, data_start;
+    parts: the files of a split model in order (just path for one file)."""
 
     def __init__(self, path):
         self.path = str(path)
+        self.parts = [self.path]
         self.version = 0
         self.metadata, self.value_types, self.tensors = {}, {}, {}
         self.alignment = DEFAULT_ALIGNMENT
@@ -66,6 +72,10 @@ class GGUFFile:
 
     def get(self, key, default=None):
         return self.metadata.get(key, default)
+
+    def file_of(self, info):
+        """The absolute path of the file holding tensor info's bytes."""
+        return str(Path(info.path or self.path).resolve())
 
 
 class _Cursor:
@@ -134,8 +144,52 @@ class _Cursor:
         return [self.value(etype, f"{what}[{i}]", depth + 1) for i in range(count)]
 
 
+SPLIT_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")  # llama.cpp's gguf-split: PREFIX-00001-of-00003.gguf
+
+
 def read_gguf(path):
-    """Parses the header, metadata and tensor infos of a GGUF file. Raises GGUFError."""
+    """Parses the header, metadata and tensor infos of a GGUF file, or of every part of a split
+    model given its first part (gguf-split's PREFIX-00001-of-0000N.gguf, `split.*` metadata):
+    the metadata is the first part's, the tensors those of all parts. Raises GGUFError."""
+    g = _read_one(path)
+    count = g.metadata.get("split.count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise GGUFError(f"{g.path}: split.count {count!r} is not a positive count")
+    if count == 1:
+        return g
+    return _read_split(g, count)
+
+
+def _read_split(g, count):
+    if g.metadata.get("split.no") != 0:
+        first = SPLIT_NAME.match(Path(g.path).name)
+        hint = f" ({first.group(1)}-00001-of-{first.group(3)}.gguf)" if first else ""
+        raise GGUFError(f"{g.path}: part {g.metadata.get('split.no', '?')!r} of a model split in {count}; "
+                        f"give the first part{hint}")
+    m = SPLIT_NAME.match(Path(g.path).name)
+    if not m or int(m.group(3)) != count:
+        raise GGUFError(f"{g.path}: a split model's first part ({count} parts) must be named "
+                        f"PREFIX-00001-of-{count:05d}.gguf so its other parts can be found")
+    parts = [g.path] + [str(Path(g.path).with_name(f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf")) for i in range(2, count + 1)]
+    for i, part in enumerate(parts[1:], 1):
+        if not os.path.exists(part):
+            raise GGUFError(f"{g.path}: part {i + 1} of {count}, {part}, is missing")
+        p = _read_one(part)
+        if p.metadata.get("split.count") != count or p.metadata.get("split.no") != i:
+            raise GGUFError(f"{part}: not part {i + 1} of {count} of {g.path} (its split.no "
+                            f"{p.metadata.get('split.no')!r}, split.count {p.metadata.get('split.count')!r})")
+        for name, info in p.tensors.items():
+            if name in g.tensors:
+                raise GGUFError(f"{part}: tensor '{name}' is also in {g.tensors[name].path}")
+            g.tensors[name] = info
+    want = g.metadata.get("split.tensors.count")
+    if want is not None and want != len(g.tensors):
+        raise GGUFError(f"{g.path}: the {count} parts hold {len(g.tensors)} tensors; split.tensors.count says {want}")
+    g.parts = parts
+    return g
+
+
+def _read_one(path):
     path = str(path)
     try:
         size = os.path.getsize(path)
@@ -225,7 +279,7 @@ def _parse(buf, path, size):
         if offset + nbytes > size - data_start:
             raise GGUFError(f"{path}: tensor '{name}' ({tname} {shape}, {nbytes} bytes at data offset {offset}) "
                             f"runs past the end of the file; it is truncated")
-        g.tensors[name] = TensorInfo(name, ttype, shape, data_start + offset, nbytes, n)
+        g.tensors[name] = TensorInfo(name, ttype, shape, data_start + offset, nbytes, n, path)
         spans.append((offset, offset + nbytes, name))
     spans.sort()
     for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):

