@@ -22,16 +22,25 @@ typedef struct {
     float sc[LOWBIT_MAX_BLOCK / 16], mn[LOWBIT_MAX_BLOCK / 16];
 } LowbitBlock;
 
+typedef void (*LowbitDecodeFn)(const unsigned char *b, LowbitBlock *o);
+
 typedef struct {
-    int block, bytes, has_min;                              /* elements and bytes per block; Q2_K's minimum */
-    void (*decode)(const unsigned char *b, LowbitBlock *o); /* one block */
+    int block, bytes, has_min; /* elements and bytes per block; Q2_K's minimum */
+    LowbitDecodeFn scales;     /* one block's sc (and mn) */
+    LowbitDecodeFn codes;      /* one block's q: what a SIMD set may replace with its own */
 } LowbitType;
 
 /* The type's block description, NULL if qt is not a low-bit type. */
 const LowbitType *lowbit_type(QType qt);
-/* One 32-element activation block's share of a dot, from the integer sums of its two halves
- * (h: the block's index within blk): every set combines them here, so all give the same bits. */
-float lowbit_combine(const LowbitBlock *blk, int h, int has_min, int32_t is0, int32_t is1, int32_t xs0, int32_t xs1);
+/* One block, both halves, portable. */
+void lowbit_decode(const LowbitType *t, const unsigned char *b, LowbitBlock *o);
+/* One weight block's share of a dot against one activation row, from the integer sums of its
+ * 16-element halves (is: q . x, xs: sum of x, for Q2_K's minimum) and the row's scales d of its
+ * per = block/32 activation blocks:
+ *   v[h] = d[h] * ((sc[2h]*is[2h] + sc[2h+1]*is[2h+1]) - (mn[2h]*xs[2h] + mn[2h+1]*xs[2h+1]))
+ * summed in the tree ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) (v0 alone for IQ4_NL), the order
+ * an 8-lane vector reduces in: every set evaluates exactly this, so all give the same bits. */
+float lowbit_block_sum(const LowbitBlock *blk, int per, int has_min, const int32_t *is, const int32_t *xs, const float *d);
 
 /* Every low-bit type as X(suffix, QType), in enum order: the kernel sets name their dots
  * qdot_<suffix>_<set>. */

@@ -1,43 +1,273 @@
-/* The AVX2 dots of the low-bit types: the block decode is lowbit.c's (scalar; a block serves
- * every activation row of the call), the 16-element integer sums are madd_epi16 over the int16
- * activations, and the float combination is lowbit_combine: exact integer sums in any order,
- * so the result is the portable dot's, bit for bit (tests/test_gguf_quants.py checks it). The
- * AVX-512, VNNI and AMX sets use these. */
+/* The AVX2 dots of the low-bit types. A block's float scales are lowbit.c's; its int8 codes come
+ * from the SIMD decoders here (lattice rows gathered as 64-bit words, signs applied with
+ * sign_epi8, bit fields unpacked 32 at a time), equal to lowbit.c's codes byte for byte. The
+ * 16-element integer sums are madd_epi16 over the int16 activations, reduced eight halves at a
+ * time, and a block's float combination is lowbit_block_sum's, evaluated in 8 lanes: exact
+ * integer sums and the same float operations in the same order, so the result is the portable
+ * dot's, bit for bit (tests/test_gguf_quants.py checks both the
+ * dot and, through it, the decoders). The AVX-512, VNNI and AMX sets use these. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <string.h>
 
 #include "kernels/isa.h"
 #include "kernels/lowbit.h"
+#include "kernels/lowbit_grids.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
+static uint32_t rd32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint16_t rd16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static int ld4(const int8_t *p) {
+    int v;
+    memcpy(&v, p, 4);
+    return v;
+}
+/* The sign bytes of four 7-bit sign indexes packed in aux (k-th at bit 7k). */
+static uint32_t ksigns4(uint32_t aux) {
+    return (uint32_t)lowbit_ksigns[aux & 127] | (uint32_t)lowbit_ksigns[aux >> 7 & 127] << 8 |
+           (uint32_t)lowbit_ksigns[aux >> 14 & 127] << 16 | (uint32_t)lowbit_ksigns[aux >> 21 & 127] << 24;
+}
+
+/* Four 8-coordinate lattice rows as one vector, loaded straight from the table (assembling them
+ * in a stack array first made every decode wait on a failed store-to-load forward). */
+AVX2 static inline __m256i rows8(const int8_t *r0, const int8_t *r1, const int8_t *r2, const int8_t *r3) {
+    const __m128i lo = _mm_castpd_si128(
+        _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)(const void *)r0)), (const double *)(const void *)r1));
+    const __m128i hi = _mm_castpd_si128(
+        _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)(const void *)r2)), (const double *)(const void *)r3));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* 0xFF in byte 8k + j where bit j of byte k of signs is set. */
+AVX2 static inline __m256i sign_bytes(uint32_t signs) {
+    const __m256i sel =
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs), sel);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(m, bits), bits);
+}
+
+/* 32 lattice coordinates, negated where the sign bits say. */
+AVX2 static inline void signed32(int8_t *q, __m256i g, uint32_t signs) {
+    const __m256i s = _mm256_or_si256(sign_bytes(signs), _mm256_set1_epi8(1)); /* -1 or +1 */
+    _mm256_storeu_si256((__m256i *)(void *)q, _mm256_sign_epi8(g, s));
+}
+
+AVX2 static void q_iq2_xxs(const unsigned char *b, LowbitBlock *o) {
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned char *g = b + 2 + 8 * ib;
+        signed32(o->q + 32 * ib, rows8(iq2xxs_grid[g[0]], iq2xxs_grid[g[1]], iq2xxs_grid[g[2]], iq2xxs_grid[g[3]]),
+                 ksigns4(rd32(g + 4)));
+    }
+}
+
+AVX2 static void q_iq2_xs(const unsigned char *b, LowbitBlock *o) {
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned char *p = b + 2 + 8 * ib;
+        const uint16_t v0 = rd16(p), v1 = rd16(p + 2), v2 = rd16(p + 4), v3 = rd16(p + 6);
+        const uint32_t s = (uint32_t)lowbit_ksigns[v0 >> 9] | (uint32_t)lowbit_ksigns[v1 >> 9] << 8 |
+                           (uint32_t)lowbit_ksigns[v2 >> 9] << 16 | (uint32_t)lowbit_ksigns[v3 >> 9] << 24;
+        signed32(o->q + 32 * ib, rows8(iq2xs_grid[v0 & 511], iq2xs_grid[v1 & 511], iq2xs_grid[v2 & 511], iq2xs_grid[v3 & 511]),
+                 s);
+    }
+}
+
+AVX2 static void q_iq2_s(const unsigned char *b, LowbitBlock *o) {
+    const unsigned char *qs = b + 2, *sg = b + 34, *qh = b + 66;
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned char *g = qs + 4 * ib;
+        const int h = qh[ib];
+        signed32(o->q + 32 * ib,
+                 rows8(iq2s_grid[g[0] | (h & 3) << 8], iq2s_grid[g[1] | (h >> 2 & 3) << 8], iq2s_grid[g[2] | (h >> 4 & 3) << 8],
+                       iq2s_grid[g[3] | (h >> 6 & 3) << 8]),
+                 rd32(sg + 4 * ib));
+    }
+}
+
+/* Eight 4-coordinate rows (IQ3's lattices) as one vector. */
+AVX2 static inline __m256i rows4(const int8_t *r0, const int8_t *r1, const int8_t *r2, const int8_t *r3, const int8_t *r4,
+                                 const int8_t *r5, const int8_t *r6, const int8_t *r7) {
+    return _mm256_setr_epi32(ld4(r0), ld4(r1), ld4(r2), ld4(r3), ld4(r4), ld4(r5), ld4(r6), ld4(r7));
+}
+
+AVX2 static void q_iq3_xxs(const unsigned char *b, LowbitBlock *o) {
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned char *g = b + 2 + 8 * ib;
+        signed32(o->q + 32 * ib,
+                 rows4(iq3xxs_grid[g[0]], iq3xxs_grid[g[1]], iq3xxs_grid[g[2]], iq3xxs_grid[g[3]], iq3xxs_grid[g[4]],
+                       iq3xxs_grid[g[5]], iq3xxs_grid[g[6]], iq3xxs_grid[g[7]]),
+                 ksigns4(rd32(b + 66 + 4 * ib)));
+    }
+}
+
+AVX2 static void q_iq3_s(const unsigned char *b, LowbitBlock *o) {
+    const unsigned char *qs = b + 2, *qh = b + 66, *sg = b + 74;
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned char *g = qs + 8 * ib; /* rows 8ib + j, the ninth index bit is bit j of qh[ib] */
+        const int h = qh[ib];
+        signed32(o->q + 32 * ib,
+                 rows4(iq3s_grid[g[0] | (h & 1) << 8], iq3s_grid[g[1] | (h >> 1 & 1) << 8], iq3s_grid[g[2] | (h >> 2 & 1) << 8],
+                       iq3s_grid[g[3] | (h >> 3 & 1) << 8], iq3s_grid[g[4] | (h >> 4 & 1) << 8],
+                       iq3s_grid[g[5] | (h >> 5 & 1) << 8], iq3s_grid[g[6] | (h >> 6 & 1) << 8],
+                       iq3s_grid[g[7] | (h >> 7 & 1) << 8]),
+                 rd32(sg + 4 * ib));
+    }
+}
+
+/* 8 * coordinate (-1, 0, 1) + delta per group of 8 (delta: +-1 in each byte). */
+AVX2 static inline void iq1_32(int8_t *q, __m256i g, __m256i delta) {
+    _mm256_storeu_si256((__m256i *)(void *)q, _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta));
+}
+
+AVX2 static void q_iq1_s(const unsigned char *b, LowbitBlock *o) {
+    for (int ib = 0; ib < 8; ib++) {
+        const uint16_t qh = rd16(b + 34 + 2 * ib);
+        const unsigned char *qs = b + 2 + 4 * ib;
+        iq1_32(o->q + 32 * ib,
+               rows8(iq1s_grid[qs[0] | (qh & 7) << 8], iq1s_grid[qs[1] | (qh >> 3 & 7) << 8],
+                     iq1s_grid[qs[2] | (qh >> 6 & 7) << 8], iq1s_grid[qs[3] | (qh >> 9 & 7) << 8]),
+               _mm256_set1_epi8((char)(1 - 2 * (qh >> 15)))); /* no branch: the signs are random */
+    }
+}
+
+AVX2 static void q_iq1_m(const unsigned char *b, LowbitBlock *o) {
+    const unsigned char *qs = b + 0, *qh = b + 32;
+    const __m256i one = _mm256_set1_epi8(1), eight = _mm256_set1_epi64x(0x08);
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned char *g = qs + 4 * ib;
+        const int h0 = qh[2 * ib], h1 = qh[2 * ib + 1]; /* nibbles of groups 4ib .. 4ib+3 */
+        const __m256i nib = _mm256_setr_epi64x(h0 & 0xF, h0 >> 4, h1 & 0xF, h1 >> 4);
+        /* delta -1 where the nibble's bit 3 is set: compare per 64-bit group, then every byte */
+        const __m256i neg = _mm256_cmpeq_epi64(_mm256_and_si256(nib, eight), eight);
+        iq1_32(o->q + 32 * ib,
+               rows8(iq1s_grid[g[0] | (h0 & 7) << 8], iq1s_grid[g[1] | (h0 >> 4 & 7) << 8], iq1s_grid[g[2] | (h1 & 7) << 8],
+                     iq1s_grid[g[3] | (h1 >> 4 & 7) << 8]),
+               _mm256_or_si256(neg, one));
+    }
+}
+
+/* Bits 2k, 2k+1 of 32 bytes. */
+AVX2 static inline __m256i crumbs(__m256i v, int k) {
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+}
+
+AVX2 static void q_q2_k(const unsigned char *b, LowbitBlock *o) {
+    for (int h = 0; h < 2; h++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(b + 16 + 32 * h));
+        for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(void *)(o->q + 128 * h + 32 * k), crumbs(v, k));
+    }
+}
+
+AVX2 static void q_q3_k(const unsigned char *b, LowbitBlock *o) {
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)b), four = _mm256_set1_epi8(4);
+    for (int h = 0; h < 2; h++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(b + 32 + 32 * h));
+        for (int k = 0; k < 4; k++) {
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+            const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+            _mm256_storeu_si256((__m256i *)(void *)(o->q + 128 * h + 32 * k),
+                                _mm256_sub_epi8(crumbs(v, k), _mm256_and_si256(clear, four)));
+        }
+    }
+}
+
+/* 32 codebook values from 16 bytes of nibbles (element j low nibble of byte j, j + 16 high). */
+AVX2 static inline void nl32(int8_t *q, const unsigned char *qs) {
+    const __m128i kv = _mm_loadu_si128((const __m128i *)(const void *)kvalues_iq4nl), m = _mm_set1_epi8(0xF);
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    _mm_storeu_si128((__m128i *)(void *)q, _mm_shuffle_epi8(kv, _mm_and_si128(v, m)));
+    _mm_storeu_si128((__m128i *)(void *)(q + 16), _mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+}
+
+AVX2 static void q_iq4_nl(const unsigned char *b, LowbitBlock *o) { nl32(o->q, b + 2); }
+
+AVX2 static void q_iq4_xs(const unsigned char *b, LowbitBlock *o) {
+    for (int ib = 0; ib < 8; ib++) nl32(o->q + 32 * ib, b + 8 + 16 * ib);
+}
+
+static const LowbitDecodeFn CODES[] = {
+    [QT_Q2_K - QT_Q2_K] = q_q2_k,     [QT_Q3_K - QT_Q2_K] = q_q3_k,       [QT_IQ1_S - QT_Q2_K] = q_iq1_s,
+    [QT_IQ1_M - QT_Q2_K] = q_iq1_m,   [QT_IQ2_XXS - QT_Q2_K] = q_iq2_xxs, [QT_IQ2_XS - QT_Q2_K] = q_iq2_xs,
+    [QT_IQ2_S - QT_Q2_K] = q_iq2_s,   [QT_IQ3_XXS - QT_Q2_K] = q_iq3_xxs, [QT_IQ3_S - QT_Q2_K] = q_iq3_s,
+    [QT_IQ4_NL - QT_Q2_K] = q_iq4_nl, [QT_IQ4_XS - QT_Q2_K] = q_iq4_xs,
+};
+
+/* The sums of each of v[0..8)'s eight int32 lanes. */
+AVX2 static inline __m256i hsum8(const __m256i *v) {
+    const __m256i e = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i f = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+/* Even and odd lanes of the 16 floats p[0..16), each as 8 lanes in order. */
+AVX2 static inline void even_odd(const float *p, __m256 *even, __m256 *odd) {
+    const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+
+/* lowbit_block_sum of a 256-element block, its eight parts in the lanes of one vector. */
+AVX2 static inline float block_sum8(const LowbitBlock *blk, int has_min, const __m256i *pw_even, const __m256i *pw_odd,
+                                    const __m256i *px_even, const __m256i *px_odd, __m256 d) {
+    __m256 sce, sco;
+    even_odd(blk->sc, &sce, &sco);
+    __m256 part = _mm256_add_ps(_mm256_mul_ps(sce, _mm256_cvtepi32_ps(hsum8(pw_even))),
+                                _mm256_mul_ps(sco, _mm256_cvtepi32_ps(hsum8(pw_odd))));
+    if (has_min) {
+        __m256 mne, mno;
+        even_odd(blk->mn, &mne, &mno);
+        part = _mm256_sub_ps(part, _mm256_add_ps(_mm256_mul_ps(mne, _mm256_cvtepi32_ps(hsum8(px_even))),
+                                                 _mm256_mul_ps(mno, _mm256_cvtepi32_ps(hsum8(px_odd)))));
+    }
+    const __m256 v = _mm256_mul_ps(d, part);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* v0+v4, v1+v5, .. */
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                              /* +(v2+v6), +(v3+v7) */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
 AVX2 static void lowbit_qdot_avx2(QType qt, QDOT_ARGS) {
     const LowbitType *t = lowbit_type(qt);
-    const int per = t->block / QBLOCK, nblk = a->nb / per;
+    const LowbitDecodeFn codes = CODES[qt - QT_Q2_K];
+    const int per = t->block / QBLOCK, nblk = a->nb / per, has_min = t->has_min;
     const __m256i ones = _mm256_set1_epi16(1);
     LowbitBlock blk;
     for (int r = 0; r < nr; r++) {
         float acc[QDOT_MAX_ROWS] = {0};
         const unsigned char *row = w + (size_t)r * row_bytes;
         for (int k = 0; k < nblk; k++) {
-            t->decode(row + (size_t)k * t->bytes, &blk);
-            for (int h = 0; h < per; h++) {
-                const int b = k * per + h;
-                const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk.q + QBLOCK * h)));
-                const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk.q + QBLOCK * h + 16)));
-                for (int i = 0; i < nt; i++) {
-                    const int16_t *x = a->q + ((size_t)(t0 + i) * a->nb + b) * QBLOCK;
-                    const __m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = _mm256_loadu_si256((const __m256i *)(x + 16));
-                    /* lanes: halves 0 and 1 of the weight dot, then of the activation sum */
-                    __m256i s = _mm256_hadd_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
-                    if (t->has_min)
-                        s = _mm256_hadd_epi32(s, _mm256_hadd_epi32(_mm256_madd_epi16(x0, ones), _mm256_madd_epi16(x1, ones)));
-                    else s = _mm256_hadd_epi32(s, s);
-                    const __m128i v = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                    const int32_t is0 = _mm_cvtsi128_si32(v), is1 = _mm_extract_epi32(v, 1);
-                    const int32_t xs0 = _mm_extract_epi32(v, 2), xs1 = _mm_extract_epi32(v, 3);
-                    acc[i] += a->d[(size_t)b * a->rows + t0 + i] * lowbit_combine(&blk, h, t->has_min, is0, is1, xs0, xs1);
+            const unsigned char *bb = row + (size_t)k * t->bytes;
+            t->scales(bb, &blk);
+            codes(bb, &blk);
+            __m256i w16[16];
+            for (int j = 0; j < 2 * per; j++)
+                w16[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk.q + 16 * j)));
+            for (int i = 0; i < nt; i++) {
+                const int16_t *x = a->q + ((size_t)(t0 + i) * a->nb + (size_t)k * per) * QBLOCK;
+                const float *dp = a->d + (size_t)k * per * a->rows + t0 + i;
+                if (per == 1) { /* IQ4_NL: one activation block per weight block */
+                    int32_t is[16], xs[16] = {0};
+                    __m256i pw[8] = {0};
+                    for (int j = 0; j < 2; j++)
+                        pw[j] = _mm256_madd_epi16(w16[j], _mm256_loadu_si256((const __m256i *)(const void *)(x + 16 * j)));
+                    _mm256_storeu_si256((__m256i *)(void *)is, hsum8(pw));
+                    acc[i] += lowbit_block_sum(&blk, 1, 0, is, xs, dp);
+                    continue;
                 }
+                __m256i pe[8], po[8], xe[8], xo[8];
+                for (int h = 0; h < 8; h++) {
+                    const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 * h));
+                    const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 * h + 16));
+                    pe[h] = _mm256_madd_epi16(w16[2 * h], x0);
+                    po[h] = _mm256_madd_epi16(w16[2 * h + 1], x1);
+                    if (has_min) xe[h] = _mm256_madd_epi16(x0, ones), xo[h] = _mm256_madd_epi16(x1, ones);
+                }
+                const size_t ds = (size_t)a->rows;
+                const __m256 d =
+                    _mm256_setr_ps(dp[0], dp[ds], dp[2 * ds], dp[3 * ds], dp[4 * ds], dp[5 * ds], dp[6 * ds], dp[7 * ds]);
+                acc[i] += block_sum8(&blk, has_min, pe, po, xe, xo, d);
             }
         }
         for (int i = 0; i < nt; i++) y[i * ldy + r] = acc[i];

@@ -5,16 +5,20 @@
  * amax/32767 per element) is 258x below int8's, far under the weights' own 2-4 bit rounding, so
  * the dot stays within float rounding of dequant(w) . x (tests/test_gguf_quants.py states the
  * bound). Per 32 activation elements: two 16-element integer sums (the weights' scale
- * granularity), combined in float exactly as lowbit_avx2.c combines them, so every set gives
- * the same bits. */
+ * granularity), combined per weight block by lowbit_block_sum, whose order lowbit_avx2.c
+ * evaluates as a vector, so every set gives the same bits. */
 #include "kernels/isa.h"
 #include "kernels/lowbit.h"
 
-/* acc += d * (sc0*is0 + sc1*is1 - (mn0*xs0 + mn1*xs1)) for 16-element halves 2h, 2h+1. */
-float lowbit_combine(const LowbitBlock *blk, int h, int has_min, int32_t is0, int32_t is1, int32_t xs0, int32_t xs1) {
-    float part = blk->sc[2 * h] * (float)is0 + blk->sc[2 * h + 1] * (float)is1;
-    if (has_min) part = part - (blk->mn[2 * h] * (float)xs0 + blk->mn[2 * h + 1] * (float)xs1);
-    return part;
+float lowbit_block_sum(const LowbitBlock *blk, int per, int has_min, const int32_t *is, const int32_t *xs, const float *d) {
+    float v[8];
+    for (int h = 0; h < per; h++) {
+        float part = blk->sc[2 * h] * (float)is[2 * h] + blk->sc[2 * h + 1] * (float)is[2 * h + 1];
+        if (has_min) part = part - (blk->mn[2 * h] * (float)xs[2 * h] + blk->mn[2 * h + 1] * (float)xs[2 * h + 1]);
+        v[h] = d[h] * part;
+    }
+    if (per == 1) return v[0];
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
 static void lowbit_qdot(QType qt, QDOT_ARGS) {
@@ -25,11 +29,13 @@ static void lowbit_qdot(QType qt, QDOT_ARGS) {
         float acc[QDOT_MAX_ROWS] = {0};
         const unsigned char *row = w + (size_t)r * row_bytes;
         for (int k = 0; k < nblk; k++) {
-            t->decode(row + (size_t)k * t->bytes, &blk);
-            for (int h = 0; h < per; h++) {
-                const int b = k * per + h;
-                const int8_t *q = blk.q + QBLOCK * h;
-                for (int i = 0; i < nt; i++) {
+            lowbit_decode(t, row + (size_t)k * t->bytes, &blk);
+            for (int i = 0; i < nt; i++) {
+                int32_t is[16], xs[16];
+                float d[8];
+                for (int h = 0; h < per; h++) {
+                    const int b = k * per + h;
+                    const int8_t *q = blk.q + QBLOCK * h;
                     const int16_t *x = a->q + ((size_t)(t0 + i) * a->nb + b) * QBLOCK;
                     int32_t is0 = 0, is1 = 0, xs0 = 0, xs1 = 0;
                     for (int j = 0; j < 16; j++) {
@@ -38,8 +44,10 @@ static void lowbit_qdot(QType qt, QDOT_ARGS) {
                         xs0 += x[j];
                         xs1 += x[j + 16];
                     }
-                    acc[i] += a->d[(size_t)b * a->rows + t0 + i] * lowbit_combine(&blk, h, t->has_min, is0, is1, xs0, xs1);
+                    is[2 * h] = is0, is[2 * h + 1] = is1, xs[2 * h] = xs0, xs[2 * h + 1] = xs1;
+                    d[h] = a->d[(size_t)b * a->rows + t0 + i];
                 }
+                acc[i] += lowbit_block_sum(&blk, per, t->has_min, is, xs, d);
             }
         }
         for (int i = 0; i < nt; i++) y[i * ldy + r] = acc[i];
