@@ -25,7 +25,6 @@ from test_gguf_convert import load_hf, write_gguf  # noqa: E402
 from test_gguf_moe import write_moe_gguf  # noqa: E402
 
 torch = need("torch")
-sys.path.insert(0, str(ROOT / "tools"))
 import make_oracles  # noqa: E402
 
 LOGIT_TOL = 2e-3  # max|logit-ref| / max|ref|: the engine's int16 activations against float32 (2e-4 measured)
