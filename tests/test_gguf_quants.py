@@ -208,7 +208,7 @@ def test_lowbit_dot_within_bound(lib, name):
     sum|w*x|. The AVX2 dot, where the CPU has it, equals the portable one bit for bit."""
     rng = np.random.default_rng(sum(map(ord, name)) + 2)
     qtype = T[name]
-    cols, rows, T_ = 512, 5, 7
+    cols, rows, T_ = 512, 5, 20
     data = lowbit_blocks(name, rows, cols, rng)
     wf = quants.dequantize(data, qtype).astype(np.float64).reshape(rows, cols)
     x = rng.standard_normal((T_, cols)).astype(np.float32)
@@ -218,7 +218,7 @@ def test_lowbit_dot_within_bound(lib, name):
     q, d, _ = keep
     step = d.reshape(cols // 32, T_).T  # per row and block
     suffix = name.lower()
-    for t0, nt in ((0, 4), (4, 3), (2, 1)):
+    for t0, nt in ((0, 4), (4, 3), (2, 1), (3, 16)):  # up to LOWBIT_MAX_ROWS rows per weight pass
         got = qdot(lib, f"qdot_{suffix}_portable", data, a, t0, nt).astype(np.float64)
         ref = x[t0:t0 + nt].astype(np.float64) @ wf.T
         absw = np.abs(wf).reshape(rows, cols // 32, 32).sum(-1)  # rows x blocks

@@ -235,7 +235,7 @@ AVX2 static void lowbit_qdot_avx2(QType qt, QDOT_ARGS) {
     const __m256i ones = _mm256_set1_epi16(1);
     LowbitBlock blk;
     for (int r = 0; r < nr; r++) {
-        float acc[QDOT_MAX_ROWS] = {0};
+        float acc[LOWBIT_MAX_ROWS] = {0};
         const unsigned char *row = w + (size_t)r * row_bytes;
         for (int k = 0; k < nblk; k++) {
             const unsigned char *bb = row + (size_t)k * t->bytes;

@@ -26,7 +26,7 @@ static void lowbit_qdot(QType qt, QDOT_ARGS) {
     const int per = t->block / QBLOCK, nblk = a->nb / per;
     LowbitBlock blk;
     for (int r = 0; r < nr; r++) {
-        float acc[QDOT_MAX_ROWS] = {0};
+        float acc[LOWBIT_MAX_ROWS] = {0};
         const unsigned char *row = w + (size_t)r * row_bytes;
         for (int k = 0; k < nblk; k++) {
             lowbit_decode(t, row + (size_t)k * t->bytes, &blk);

@@ -67,7 +67,7 @@ static void mm_prof_sync(double t0, double busy, int nth) {
 
 /* q8/q4 weights: each activation row is quantized once to int16 blocks, then every weight row
  * takes integer block dots against it. A tile of weight rows meets the activations
- * QDOT_MAX_ROWS rows at a time, so during prefill both stay in L1 and each unpacked weight
+ * qdot_pass_rows(type) rows at a time, so during prefill both stay in L1 and each unpacked weight
  * block serves several positions. */
 static void matmul_quant(float *y, const float *x, int T, const QMat *w, const float *bias) {
     const int rows = w->rows, cols = w->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
@@ -78,7 +78,7 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
     if (!buf) return;
     const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
     const QDotFn qdot = kern.qdot[w->qt];
-    const int tiles = (rows + ROW_TILE - 1) / ROW_TILE;
+    const int tiles = (rows + ROW_TILE - 1) / ROW_TILE, step = qdot_pass_rows(w->qt);
     int timed;
     const ProfOp prev = mm_prof_enter((size_t)rows * w->row_bytes, &timed);
     double busy = 0;
@@ -116,8 +116,8 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
 #pragma omp for schedule(static) nowait
             for (int tile = 0; tile < tiles; tile++) {
                 int r0 = tile * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
-                for (int p0 = 0; p0 < T; p0 += QDOT_MAX_ROWS) {
-                    int nt = T - p0 < QDOT_MAX_ROWS ? T - p0 : QDOT_MAX_ROWS;
+                for (int p0 = 0; p0 < T; p0 += step) {
+                    int nt = T - p0 < step ? T - p0 : step;
                     float *yt = y + (size_t)p0 * rows + r0;
                     qdot(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, p0, nt, yt, (size_t)rows);
                     if (bias)
@@ -204,8 +204,9 @@ void matmul_fused(int n, float *const *ys, const float *x, int T, const QMat *co
             while (g >= first[i + 1]) i++;
             const QMat *w = ws[i];
             const int rows = w->rows, r0 = (g - first[i]) * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
-            for (int p0 = 0; p0 < T; p0 += QDOT_MAX_ROWS) {
-                const int nt = T - p0 < QDOT_MAX_ROWS ? T - p0 : QDOT_MAX_ROWS;
+            const int step = qdot_pass_rows(w->qt);
+            for (int p0 = 0; p0 < T; p0 += step) {
+                const int nt = T - p0 < step ? T - p0 : step;
                 float *yt = ys[i] + (size_t)p0 * rows + r0;
                 kern.qdot[w->qt](w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, p0, nt, yt, (size_t)rows);
                 if (biases[i])

@@ -296,8 +296,8 @@ static void qdot_q4_row(const unsigned char *s, const QAct *a, int t0, int nt, f
     for (int r = 0; r < nt; r++) out[r] = acc[r] + mins[r];
 }
 
-static void qdot_rows(void (*row)(const unsigned char *, const QAct *, int, int, float *), const unsigned char *w,
-                      size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
+static void qdot_each_row(void (*row)(const unsigned char *, const QAct *, int, int, float *), const unsigned char *w,
+                          size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
     for (int r = 0; r < nr; r++) {
         float out[QDOT_MAX_ROWS];
         row(w + (size_t)r * row_bytes, a, t0, nt, out);
@@ -306,15 +306,15 @@ static void qdot_rows(void (*row)(const unsigned char *, const QAct *, int, int,
 }
 
 void qdot_q8_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
-    qdot_rows(qdot_q8_row, w, row_bytes, nr, a, t0, nt, y, ldy);
+    qdot_each_row(qdot_q8_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 
 void qdot_q4_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
-    qdot_rows(qdot_q4_row, w, row_bytes, nr, a, t0, nt, y, ldy);
+    qdot_each_row(qdot_q4_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 
 void qdot_q6_portable(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy) {
-    qdot_rows(qdot_q6_row, w, row_bytes, nr, a, t0, nt, y, ldy);
+    qdot_each_row(qdot_q6_row, w, row_bytes, nr, a, t0, nt, y, ldy);
 }
 
 void qdot_all_portable(QType qt, const unsigned char *w, size_t row_bytes, int nr, const QAct *a, float *y, size_t ldy) {

@@ -93,11 +93,15 @@ typedef struct {
     float *d, *s;
 } QAct;
 
-/* Activation rows per weight pass: each weight block is unpacked once and used this many times. */
+/* Activation rows per weight pass: each weight block is unpacked once and used this many times.
+ * The low-bit types take more: decoding their blocks costs more than a dot against one row. */
 #define QDOT_MAX_ROWS 4
+#define LOWBIT_MAX_ROWS 16
+static inline int qdot_pass_rows(QType qt) { return qt >= QT_Q2_K ? LOWBIT_MAX_ROWS : QDOT_MAX_ROWS; }
 
 /* y[i*ldy + r] = (weight row r; rows row_bytes apart) . (activation row t0+i) for r < nr and
- * i < nt <= QDOT_MAX_ROWS: an integer dot per block and one float multiply-add per block.
+ * i < nt <= qdot_pass_rows(the weights' type): an integer dot per block and one float
+ * multiply-add per block.
  * A row pair's result does not depend on nr, nt or t0 (batched prefill = token by token). */
 typedef void (*QDotFn)(const unsigned char *w, size_t row_bytes, int nr, const QAct *a, int t0, int nt, float *y, size_t ldy);
 
