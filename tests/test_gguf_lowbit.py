@@ -240,6 +240,8 @@ def test_lowbit_storage_is_never_written_from_floats(tmp_path):
     from colibri.convert import gguf as convert_gguf
     assert convert_gguf.storage_for("Q2_K", "q4") == "q2_k" and convert_gguf.storage_for("IQ1_S", "q8") == "iq1_s"
     assert convert_gguf.storage_for("IQ2_XXS", "bf16") == "bf16"
+    # a Q8_0 expert stays q8 unless --experts asked for q4
+    assert convert_gguf.storage_for("Q8_0", "q4", default=True) == "q8" and convert_gguf.storage_for("Q8_0", "q4") == "q4"
     src = tmp_path / "x.f32"
     np.ones(256, np.float32).tofile(src)
     jobs = tmp_path / "jobs.tsv"

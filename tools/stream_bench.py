@@ -3,12 +3,15 @@
 
   PYTHONPATH=. .venv/bin/python tools/stream_bench.py gen   DIR [--layers 48]    synthetic Qwen3-30B-A3B-like checkpoint
   PYTHONPATH=. .venv/bin/python tools/stream_bench.py prep  DIR --llama-cpp SRC  colibri container + llama.cpp Q4_0 GGUF
+  PYTHONPATH=. .venv/bin/python tools/stream_bench.py prep  DIR --llama-cpp SRC --quant IQ2_XXS   one low-bit GGUF for both
   PYTHONPATH=. .venv/bin/python tools/stream_bench.py run   DIR --llama-cpp SRC --limit-gb G [--ram G]
 
 `gen` writes random bf16 weights with the per-token geometry of Qwen3-30B-A3B (hidden 2048, 128
 experts, top-8, expert width 768, 32/4 heads x 128) and the real Qwen3 tokenizer, one shard per
 layer (bounded RAM). `prep` converts them with `coli convert` (q4 experts, q8 dense) and with
-llama.cpp's converter + quantizer (Q8_0, requantized to Q4_0). `run` alternates the two engines
+llama.cpp's converter + quantizer (Q8_0, requantized to Q4_0); with `--quant Q` llama.cpp writes
+the bf16 GGUF, an importance matrix where Q needs one, and the Q file, and colibri converts that
+same file (its low-bit blocks kept as they are), so both engines read the same bytes. `run` alternates the two engines
 inside one memory cgroup (v1 or v2) whose limit counts page cache too, so the mmap peer and the
 streaming engine get the same RAM; the page cache is dropped before each run. It measures the
 machine's O_DIRECT read bandwidth the same day and prints one table: decode tok/s, TTFT of a
@@ -115,8 +118,54 @@ def shard_keys(path):
 
 # ---------------------------------------------------------------- prep
 
+LOW_BIT_NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S")  # llama-quantize refuses these without one
+
+
+def paths(d, quant):
+    """(colibri container, llama.cpp GGUF) of one setting: the default pair (colibri's own q4
+    conversion of the checkpoint, llama.cpp Q4_0), or with --quant Q the GGUF llama-quantize
+    wrote as Q and colibri's conversion of that very file."""
+    if not quant:
+        return d / "colibri", d / "model-q4_0.gguf"
+    return d / f"colibri-{quant.lower()}", d / f"model-{quant.lower()}.gguf"
+
+
+def prep_quant(args, d, src):
+    """llama.cpp's bf16 GGUF, its importance matrix over this repository's docs (where the type
+    needs one), llama-quantize to --quant, and `coli convert` of that GGUF (blocks kept as they are)."""
+    col, gq = paths(d, args.quant)
+    gbf, imat, text = d / "model-bf16.gguf", d / "imatrix.gguf", d / "imatrix.txt"
+    py = str(ROOT / ".venv" / "bin" / "python")
+    bin_ = src / "build" / "bin"
+    if not gq.is_file():
+        if not gbf.is_file():
+            t = time.time()
+            env = dict(os.environ, PYTHONPATH=str(src / "gguf-py"))
+            subprocess.run([py, str(src / "convert_hf_to_gguf.py"), str(d / "hf"), "--outtype", "bf16", "--outfile", str(gbf)],
+                           check=True, env=env)
+            print(f"prep: llama.cpp convert (bf16) {time.time() - t:.0f} s", flush=True)
+        cmd = [str(bin_ / "llama-quantize")]
+        if args.quant.upper() in LOW_BIT_NEEDS_IMATRIX or args.imatrix:
+            if not imat.is_file():
+                text.write_text("\n\n".join(f.read_text() for f in sorted((ROOT / "docs").glob("*.md"))))
+                t = time.time()
+                subprocess.run([str(bin_ / "llama-imatrix"), "-m", str(gbf), "-f", str(text), "-o", str(imat), "-c", "512",
+                                "--chunks", "8", "-t", str(os.cpu_count() or 2)], check=True)
+                print(f"prep: llama-imatrix {time.time() - t:.0f} s", flush=True)
+            cmd += ["--imatrix", str(imat)]
+        t = time.time()
+        subprocess.run(cmd + [str(gbf), str(gq), args.quant.upper()], check=True)
+        print(f"prep: llama-quantize {args.quant.upper()} {time.time() - t:.0f} s", flush=True)
+    if not (col / "colibri.json").is_file():
+        t = time.time()
+        subprocess.run([str(ROOT / "coli"), "convert", str(gq), str(col)], check=True)
+        print(f"prep: coli convert of the {args.quant.upper()} GGUF {time.time() - t:.0f} s", flush=True)
+
+
 def prep(args):
     d = Path(args.dir)
+    if args.quant:
+        return prep_quant(args, d, Path(args.llama_cpp))
     hf, col, gq8, gq4 = d / "hf", d / "colibri", d / "model-q8_0.gguf", d / "model-q4_0.gguf"
     py = str(ROOT / ".venv" / "bin" / "python")
     if not (col / "colibri.json").is_file():
@@ -274,7 +323,7 @@ def llama_turn(cg, src, gguf, args):
 
 def run(args):
     d = Path(args.dir)
-    col, gguf = d / "colibri", d / "model-q4_0.gguf"
+    col, gguf = paths(d, args.quant)
     man = json.loads((col / "colibri.json").read_text())
     expert_files = [col / s for s in man["shards"]]
     cg = MemoryCgroup(int(args.limit_gb * 1e9))
@@ -331,10 +380,13 @@ def main():
     p = sub.add_parser("prep")
     p.add_argument("dir")
     p.add_argument("--llama-cpp", required=True, help="llama.cpp source tree with a build/ (outside this repo)")
+    p.add_argument("--quant", help="a llama-quantize type (IQ2_XXS, Q2_K, ...): both engines run that GGUF file")
+    p.add_argument("--imatrix", action="store_true", help="quantize with an importance matrix even where the type needs none")
     r = sub.add_parser("run")
     r.add_argument("dir")
     r.add_argument("--llama-cpp", required=True)
     r.add_argument("--limit-gb", type=float, required=True, help="memory cgroup limit for both engines")
+    r.add_argument("--quant", help="the setting prep --quant made (default: colibri q4 vs llama.cpp Q4_0)")
     r.add_argument("--ram", type=float, help="colibri's --ram (default: 90%% of the limit)")
     r.add_argument("--readahead", choices=("on", "off"))
     r.add_argument("--threads", type=int, default=2)
