@@ -22,7 +22,7 @@ static const char *human(uint64_t b) {
 
 int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errlen) {
     *out = (BudgetOut){0};
-    const uint64_t fixed = in->dense + in->kv + in->runtime + in->checkpoints + in->grammar + in->persist;
+    const uint64_t fixed = in->dense + in->kv + in->runtime + in->checkpoints + in->grammar + in->persist + in->pass;
     const int E = in->moe_layers > 0 ? in->experts : 0;
     if (in->cap && !E) {
         snprintf(err, errlen, "--cap %d: this model has no routed experts to cache", in->cap);
@@ -48,12 +48,15 @@ int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errle
             if (in->cap)
                 snprintf(err, errlen,
                          "--ram %g GB cannot hold dense %s + kv %s + runtime %s + %d x %d expert slots of "
-                         "%s (--cap %d); give at least --ram %.2f or a smaller --cap",
+                         "%s (--cap %d)%s%s; give at least --ram %.2f or a smaller --cap",
                          in->ram / GB, human(in->dense), human(in->kv), human(in->runtime), in->moe_layers, in->cap,
-                         human(in->slot_bytes), in->cap, gb_up(out->min_ram));
+                         human(in->slot_bytes), in->cap, in->pass ? " + prefill pass " : "", in->pass ? human(in->pass) : "",
+                         gb_up(out->min_ram));
             else {
-                char writer[64] = ""; /* named only with --kv-dir, so the message is unchanged without */
-                if (in->persist) snprintf(writer, sizeof writer, " + kv writer %s (--kv-dir)", human(in->persist));
+                char writer[128] = ""; /* named only with --kv-dir / a longer pass, so the message is unchanged without */
+                int w = in->persist ? snprintf(writer, sizeof writer, " + kv writer %s (--kv-dir)", human(in->persist)) : 0;
+                if (in->pass)
+                    snprintf(writer + w, sizeof writer - (size_t)w, " + prefill pass %s (--prefill-pass)", human(in->pass));
                 snprintf(err, errlen,
                          "--ram %g GB cannot hold dense %s + kv %s + runtime %s + checkpoints %s + grammar "
                          "%s%s%s; give at least --ram %.2f (or lower --ctx / --kv-slots)",
@@ -74,4 +77,14 @@ int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errle
     out->cache = E ? (uint64_t)out->cap * per_cap : 0;
     if (!E) out->cap = 0;
     return 0;
+}
+
+int ram_budget_pass(const BudgetIn *in, const BudgetOut *out, int want, int batch, uint64_t pos_bytes, int *limited) {
+    *limited = 0;
+    if (!in->ram || want <= batch || !pos_bytes) return want;
+    const uint64_t spare = in->ram > out->min_ram ? (in->ram - out->min_ram) / 2 : 0;
+    const uint64_t extra = spare / pos_bytes / (uint64_t)batch; /* whole batches past the first */
+    if (extra >= (uint64_t)(want / batch - 1)) return want;
+    *limited = 1;
+    return (int)(extra + 1) * batch;
 }
