@@ -169,16 +169,19 @@ def kv_writer_reserve(slot_bytes, checkpoint):
     return 2 * record + slot_bytes + KV_MAX_CHECKPOINTS * checkpoint
 
 
-def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, persist=0, prefill=0):
+def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, persist=0, prefill=0,
+                 prefill_auto=False):
     """The engine's split of a RAM budget (bytes; None or 0: no budget, every expert mapped):
     dense trunk + KV + runtime + state checkpoints + grammar + KV writer + the prefill pass's
     activations past one batch (prefill) fixed, the grammar's mask cache
     elastic (a 16th of the budget beyond its minimum, at most 64 MiB), the expert cache in whole
-    slots of the rest. Returns streaming, dense, cap (slots per MoE layer), cache (bytes),
-    mask_cache, min_ram (smallest budget that fits) and fits."""
+    slots of the rest. An automatic pass (prefill_auto) shrinks to fit, so it is no part of the
+    minimum. Returns streaming, dense, cap (slots per MoE layer), cache (bytes), mask_cache,
+    min_ram (smallest budget that fits) and fits."""
     ex = scan["experts"]
     dense = scan["tensor_bytes"] - scan["expert_bytes"] + scan["dense_f32_bytes"]
     fixed = dense + kv + runtime + checkpoints + grammar + persist + prefill
+    floor = fixed - (prefill if prefill_auto else 0)
     n, E = ex["layers"], ex["per_layer"] if ex["layers"] else 0
     per_cap = n * ex["slot_bytes"]
     mask_max = MASK_CACHE_MAX if grammar else 0
@@ -186,9 +189,9 @@ def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, per
            "checkpoints": checkpoints, "grammar": grammar, "persist": persist, "mask_cache": mask_max,
            "slot_bytes": ex["slot_bytes"], "fits": True}
     if not out["streaming"]:
-        out["min_ram"] = fixed + E * per_cap
+        out["min_ram"] = floor + E * per_cap
         return out
-    out["min_ram"] = fixed + ((cap or 1) if E else 0) * per_cap
+    out["min_ram"] = floor + ((cap or 1) if E else 0) * per_cap
     if ram and ram < out["min_ram"]:
         out["fits"] = False
         return out
@@ -211,7 +214,7 @@ def prefill_pass(split, budget, ctx, batch, per_pos, moe_layers, given=None):
     """c/engine/engine_stream.c prefill_pass_open and c/experts/ram_budget.c ram_budget_pass: the
     positions of one prefill pass and why. Streaming experts: the whole prompt (ctx rounded up to
     whole batches, at most PREFILL_PASS_MAX), shortened to the whole batches past the first that
-    half of the budget beyond its minimum holds; resident experts: one batch. Returns
+    half of the budget beyond its minimum and the mask cache holds; resident experts: one batch. Returns
     (positions, why, bytes past one batch); given: --prefill-pass."""
     if given and given % batch:
         raise UserError(f"--prefill-pass {given} must be a multiple of the prefill batch {batch} (--batch)")
@@ -222,7 +225,7 @@ def prefill_pass(split, budget, ctx, batch, per_pos, moe_layers, given=None):
     want = -(-min(ctx, PREFILL_PASS_MAX) // batch) * batch
     why = "prompt" if ctx <= PREFILL_PASS_MAX else "cap"
     if budget and want > batch and per_pos:
-        extra = max(budget - split["min_ram"], 0) // 2 // per_pos // batch
+        extra = max(budget - split["min_ram"] - split["mask_cache"], 0) // 2 // per_pos // batch
         if extra < want // batch - 1:
             want, why = (extra + 1) * batch, "budget"
     return want, why, (want - batch) * per_pos
@@ -304,7 +307,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     if budget and split["fits"]:
         pass_n, pass_why, pass_bytes = prefill_pass(split, budget, ctx, batch, pass_pos_bytes(man, ctx), n_moe, prefill)
         if pass_bytes:
-            split = budget_split(scan, budget, kv, runtime, cap, ckpt, grammar, writer, pass_bytes)
+            split = budget_split(scan, budget, kv, runtime, cap, ckpt, grammar, writer, pass_bytes, not prefill)
     dense = split["dense"]
     n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
     expert_each = ex["bytes_each"]

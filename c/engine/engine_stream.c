@@ -172,6 +172,7 @@ static int prefill_pass_open(Engine *e, const EngineOptions *o, int kv_ctx, char
     if (!o->prefill_pass) want = ram_budget_pass(in, &e->budget, want, b, per, &limited);
     if (limited) e->pass_why = "budget";
     in->pass = (uint64_t)(want - b) * per;
+    in->pass_auto = !o->prefill_pass;
     if (ram_budget_split(in, &e->budget, err, errlen)) return -1;
     forward_prefill_pass = want;
     return 0;

@@ -23,6 +23,7 @@ static const char *human(uint64_t b) {
 int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errlen) {
     *out = (BudgetOut){0};
     const uint64_t fixed = in->dense + in->kv + in->runtime + in->checkpoints + in->grammar + in->persist + in->pass;
+    const uint64_t floor = fixed - (in->pass_auto ? in->pass : 0); /* an automatic pass shrinks to fit: not a minimum */
     const int E = in->moe_layers > 0 ? in->experts : 0;
     if (in->cap && !E) {
         snprintf(err, errlen, "--cap %d: this model has no routed experts to cache", in->cap);
@@ -37,12 +38,12 @@ int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errle
     out->cap = E;
     const uint64_t mask_max = in->grammar ? GRAMMAR_MASK_CACHE_MAX : 0;
     if (!out->streaming) {
-        out->min_ram = fixed + (uint64_t)E * per_cap;
+        out->min_ram = floor + (uint64_t)E * per_cap;
         out->mask_cache = mask_max;
         return 0;
     }
     int want = in->cap ? in->cap : 1;
-    out->min_ram = fixed + (uint64_t)(E ? want : 0) * per_cap;
+    out->min_ram = floor + (uint64_t)(E ? want : 0) * per_cap;
     if (in->ram) {
         if (in->ram < out->min_ram) {
             if (in->cap)
@@ -82,7 +83,8 @@ int ram_budget_split(const BudgetIn *in, BudgetOut *out, char *err, size_t errle
 int ram_budget_pass(const BudgetIn *in, const BudgetOut *out, int want, int batch, uint64_t pos_bytes, int *limited) {
     *limited = 0;
     if (!in->ram || want <= batch || !pos_bytes) return want;
-    const uint64_t spare = in->ram > out->min_ram ? (in->ram - out->min_ram) / 2 : 0;
+    const uint64_t beyond = in->ram > out->min_ram + out->mask_cache ? in->ram - out->min_ram - out->mask_cache : 0;
+    const uint64_t spare = beyond / 2;                          /* the expert cache keeps the other half */
     const uint64_t extra = spare / pos_bytes / (uint64_t)batch; /* whole batches past the first */
     if (extra >= (uint64_t)(want / batch - 1)) return want;
     *limited = 1;

@@ -107,6 +107,10 @@ static void test_budget_pass(void) {
     in.pass = (uint64_t)(29 * 8 - 8) * 125000;
     CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.min_ram == 72000000ull && o.cap == 8, "cap %d min %llu", o.cap,
           (unsigned long long)o.min_ram);
+    in.pass_auto = 1; /* sized from the spare: the minimum stays the one-batch one */
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.min_ram == 44000000ull && o.cap == 8, "cap %d min %llu", o.cap,
+          (unsigned long long)o.min_ram);
+    in.pass_auto = 0;
     in.ram = 50000000; /* a pass the budget cannot hold is named in the refusal */
     CHECK(ram_budget_split(&in, &o, err, sizeof err) == -1 && strstr(err, "prefill pass 28.0 MB"), "%s", err);
     in.ram = 0;
