@@ -227,6 +227,13 @@ def test_a_prefill_pass_reads_each_routed_expert_once(oracle_root, containers):
     assert int(e_pass["misses"]) + int(e_pass["hits"]) == distinct  # one lookup per expert per layer
     assert int(e_chunk["misses"]) > 6 * int(e_pass["misses"])
     assert int(e_chunk["bytes_read"]) > 6 * int(e_pass["bytes_read"]) > 0
+    # a cache that holds every expert: the next layer's load while this one computes (read-ahead),
+    # so only the first MoE layer waits on demand reads
+    e = Raw(m, "--cap", "8", "--batch", "8", "--pin", "off", "--readahead", "off")
+    full = e.turn(ids, logits=1)
+    e.close()
+    assert full["logits"] == chunk["logits"]
+    assert int(full["end"]["misses"]) <= 8 < int(e_pass["misses"])
 
 
 def test_prefill_pass_flag_is_checked_and_resident_runs_keep_the_batch(containers, tmp_path):

@@ -246,6 +246,7 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
         StoreOptions so = {.cap = e->budget.cap,
                            .direct = !o->no_direct,
                            .readahead = o->readahead ? o->readahead == 1 : READAHEAD_DEFAULT,
+                           .batch = forward_max_batch,
                            .io_threads = o->io_threads > 0 ? o->io_threads : IO_THREADS_DEFAULT,
                            .pin_counts = pin ? e->usage.counts : NULL};
         if (expert_store_stream(s, &so, err, errlen)) return -1;
