@@ -89,6 +89,23 @@ def mla_chunk_bytes(layers, batch, ctx):
     return chunk + 4 * max(expanded, absorbed) + keep
 
 
+def _pos_floats(man):
+    """c/engine/engine_stream.c pos_floats: working floats per prefill position."""
+    a, layers = man["arch"], man.get("layers")
+    H = int(a.get("hidden_size") or 0)
+    qd = max(_spec_max(layers, "attn", "heads") * _spec_max(layers, "attn", "head_dim"), H)
+    W = max(_spec_max(layers, "mlp", "width"), H)
+    K, E = _spec_max(layers, "mlp", "top_k"), _spec_max(layers, "mlp", "experts")
+    return 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W
+
+
+def pass_pos_bytes(man, ctx, logits_rows=0):
+    """c/engine/engine_stream.c engine_pass_pos_bytes: what one more prefill pass position holds
+    (its working floats, a DSA indexer's selection row of ctx bytes, its logits for `coli logits`)."""
+    keep = ctx if _indexer_max(man.get("layers"), "topk") else 0
+    return 4 * _pos_floats(man) + keep + (4 * int(man["arch"].get("vocab_size") or 0) if logits_rows else 0)
+
+
 def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, tokenizer_bytes=0, streams=1):
     """Engine working memory besides weights and KV: per-position scratch of one prefill chunk,
     per-thread attention scores and rows, each decoding stream's logits and sampler buffers
@@ -97,9 +114,7 @@ def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, token
     H, V = int(a.get("hidden_size") or 0), int(a.get("vocab_size") or 0)
     qd = max(_spec_max(layers, "attn", "heads") * _spec_max(layers, "attn", "head_dim"), H)
     W = max(_spec_max(layers, "mlp", "width"), H)
-    K, E = _spec_max(layers, "mlp", "top_k"), _spec_max(layers, "mlp", "experts")
-    per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W
-    r = RUNTIME_BASE + 4 * max(batch, 1) * per_pos
+    r = RUNTIME_BASE + 4 * max(batch, 1) * _pos_floats(man)
     heads = _spec_max(layers, "attn", "heads")
     mla_hd = _spec_max(layers, "attn", "kv_lora_rank") + _spec_max(layers, "attn", "qk_rope_head_dim")
     hd = max(_spec_max(layers, "attn", "head_dim"), mla_hd)  # MLA: one shared head of kl + dr
@@ -154,15 +169,19 @@ def kv_writer_reserve(slot_bytes, checkpoint):
     return 2 * record + slot_bytes + KV_MAX_CHECKPOINTS * checkpoint
 
 
-def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, persist=0):
+def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, persist=0, prefill=0,
+                 prefill_auto=False):
     """The engine's split of a RAM budget (bytes; None or 0: no budget, every expert mapped):
-    dense trunk + KV + runtime + state checkpoints + grammar + KV writer fixed, the grammar's mask cache
+    dense trunk + KV + runtime + state checkpoints + grammar + KV writer + the prefill pass's
+    activations past one batch (prefill) fixed, the grammar's mask cache
     elastic (a 16th of the budget beyond its minimum, at most 64 MiB), the expert cache in whole
-    slots of the rest. Returns streaming, dense, cap (slots per MoE layer), cache (bytes),
-    mask_cache, min_ram (smallest budget that fits) and fits."""
+    slots of the rest. An automatic pass (prefill_auto) shrinks to fit, so it is no part of the
+    minimum. Returns streaming, dense, cap (slots per MoE layer), cache (bytes), mask_cache,
+    min_ram (smallest budget that fits) and fits."""
     ex = scan["experts"]
     dense = scan["tensor_bytes"] - scan["expert_bytes"] + scan["dense_f32_bytes"]
-    fixed = dense + kv + runtime + checkpoints + grammar + persist
+    fixed = dense + kv + runtime + checkpoints + grammar + persist + prefill
+    floor = fixed - (prefill if prefill_auto else 0)
     n, E = ex["layers"], ex["per_layer"] if ex["layers"] else 0
     per_cap = n * ex["slot_bytes"]
     mask_max = MASK_CACHE_MAX if grammar else 0
@@ -170,9 +189,9 @@ def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, per
            "checkpoints": checkpoints, "grammar": grammar, "persist": persist, "mask_cache": mask_max,
            "slot_bytes": ex["slot_bytes"], "fits": True}
     if not out["streaming"]:
-        out["min_ram"] = fixed + E * per_cap
+        out["min_ram"] = floor + E * per_cap
         return out
-    out["min_ram"] = fixed + ((cap or 1) if E else 0) * per_cap
+    out["min_ram"] = floor + ((cap or 1) if E else 0) * per_cap
     if ram and ram < out["min_ram"]:
         out["fits"] = False
         return out
@@ -186,6 +205,30 @@ def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, per
     if not E:
         out["cap"] = 0
     return out
+
+
+PREFILL_PASS_MAX = 4096  # c/model/model.h: an automatic pass covers a whole prompt up to this
+
+
+def prefill_pass(split, budget, ctx, batch, per_pos, moe_layers, given=None):
+    """c/engine/engine_stream.c prefill_pass_open and c/experts/ram_budget.c ram_budget_pass: the
+    positions of one prefill pass and why. Streaming experts: the whole prompt (ctx rounded up to
+    whole batches, at most PREFILL_PASS_MAX), shortened to the whole batches past the first that
+    half of the budget beyond its minimum and the mask cache holds; resident experts: one batch. Returns
+    (positions, why, bytes past one batch); given: --prefill-pass."""
+    if given and given % batch:
+        raise UserError(f"--prefill-pass {given} must be a multiple of the prefill batch {batch} (--batch)")
+    if not split["streaming"] or not moe_layers:
+        return batch, "resident", 0
+    if given:
+        return given, "flag", (given - batch) * per_pos
+    want = -(-min(ctx, PREFILL_PASS_MAX) // batch) * batch
+    why = "prompt" if ctx <= PREFILL_PASS_MAX else "cap"
+    if budget and want > batch and per_pos:
+        extra = max(budget - split["min_ram"] - split["mask_cache"], 0) // 2 // per_pos // batch
+        if extra < want // batch - 1:
+            want, why = (extra + 1) * batch, "budget"
+    return want, why, (want - batch) * per_pos
 
 
 def zipf_mass(c, n, s=1.0):
@@ -227,7 +270,8 @@ def kv_state(scan, ctx, kv=None):
 
 
 def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
-         batch=None, threads=None, measured_tok_s=None, kv_type=None, batch_given=False, kv_persist=False):
+         batch=None, threads=None, measured_tok_s=None, kv_type=None, batch_given=False, kv_persist=False,
+         prefill=None):
     """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s;
     batch None: the engine's default for this machine's kernel set; kv_persist: the engine
     saves its slots (--kv-dir), so its writer's bound is reserved."""
@@ -258,12 +302,18 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
             batch //= 2
             runtime = runtime_at(batch)
             split = split_at(runtime)
+    n_moe = ex["layers"]
+    pass_n, pass_why, pass_bytes = batch, "resident", 0
+    if budget and split["fits"]:
+        pass_n, pass_why, pass_bytes = prefill_pass(split, budget, ctx, batch, pass_pos_bytes(man, ctx), n_moe, prefill)
+        if pass_bytes:
+            split = budget_split(scan, budget, kv, runtime, cap, ckpt, grammar, writer, pass_bytes, not prefill)
     dense = split["dense"]
     n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
     expert_each = ex["bytes_each"]
     notes, problems = [], []
     mask_cache = split["mask_cache"] if split["fits"] else 0
-    fixed = dense + kv + runtime + ckpt + grammar + writer + mask_cache
+    fixed = dense + kv + runtime + ckpt + grammar + writer + pass_bytes + mask_cache
     if budget is None:
         problems.append("available memory is unknown; pass --ram GB")
     elif not split["fits"]:
@@ -329,7 +379,7 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
         "budget": budget, "budget_source": "--ram" if ram is not None else f"{int(BUDGET_SHARE * 100)}% of usable memory",
         "ctx": ctx, "kv_slots": kv_slots, "threads": threads, "batch": batch,
         "tiers": {"dense": dense, "runtime": runtime, "kv": kv, "checkpoints": ckpt, "grammar": grammar, "kv_writer": writer,
-                  "mask_cache": mask_cache, "expert_cache": cache_used,
+                  "prefill_pass": pass_bytes, "mask_cache": mask_cache, "expert_cache": cache_used,
                   "free": (budget - fixed - cache_used) if budget is not None else None},
         "kv_bytes_per_token_per_slot": kv_per_token, "kv_fixed_bytes_per_slot": kv_fixed,
         "kv_type": kv_type or _kv_default(),
@@ -344,7 +394,8 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
                          "checkpoint_bytes": ckpt, "grammar_bytes": grammar, "kv_writer_bytes": writer,
                          "mask_cache_bytes": split["mask_cache"],
                          "expert_cache_bytes": split["cache"], "cap": split["cap"] if split["fits"] else None,
-                         "experts": E if n_moe else 0, "moe_layers": n_moe, "batch": batch},
+                         "experts": E if n_moe else 0, "moe_layers": n_moe, "batch": batch,
+                         "prefill_pass": pass_n, "prefill_pass_why": pass_why, "prefill_pass_bytes": pass_bytes},
         "problems": problems,
         "min_ram": split["min_ram"],
         "notes": notes,
@@ -394,6 +445,9 @@ def format_plan(res):
                else "(none: no tokenizer.json, so no grammar requests)"),
             *([f"  {'KV writer':<14}{fmt_bytes(t['kv_writer']):>12}   (--kv-dir: records queued for the disk, "
                "two whole slots' worth, and one slot's image)"] if t.get("kv_writer") else []),
+            *([f"  {'prefill pass':<14}{fmt_bytes(t['prefill_pass']):>12}   ({p['engine_split']['prefill_pass']} "
+               "positions a pass, each streamed expert read once per pass; the activations past one batch)"]
+              if t.get("prefill_pass") else []),
             f"  {'mask cache':<14}{fmt_bytes(t['mask_cache']):>12}   "
             + (f"(elastic: 1/{MASK_CACHE_SHARE} of the budget beyond its minimum, at most "
                f"{fmt_bytes(MASK_CACHE_MAX)}; masks past it are rebuilt)" if t["grammar"] else ""),
@@ -422,7 +476,7 @@ def add_arguments(p):
     model_arg(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     launch_opts.add_engine_flags(
-        p, ("ram", "ctx", "kv-slots", "cap", "kv", "threads"), group=None,
+        p, ("ram", "ctx", "kv-slots", "cap", "kv", "threads", "batch", "prefill-pass"), group=None,
         ram={"help": "RAM budget in GB (default: 90%% of usable memory, cgroup limits included)"},
         ctx={"help": "context length to plan for (default: min(model max, 4096))"},
         kv_slots={"default": 1, "help": "KV slots (concurrent conversations, default 1)"},
@@ -443,6 +497,10 @@ def check_plan_args(args, scan):
         raise UserError(f"--ram {args.ram:g}: needs a positive number of GB")
     if not 1 <= args.kv_slots <= 16:
         raise UserError(f"--kv-slots {args.kv_slots}: the engine has 1 to 16 KV slots")
+    if getattr(args, "batch", None) is not None and not 1 <= args.batch <= 65536:
+        raise UserError(f"--batch {args.batch}: the engine takes 1 to 65536")
+    if getattr(args, "prefill_pass", None) is not None and args.prefill_pass < 0:
+        raise UserError(f"--prefill-pass {args.prefill_pass}: needs 0 (automatic) or a multiple of --batch")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: needs at least 1")
     for flag, v in (("--mem-bw", args.mem_bw), ("--disk-bw", args.disk_bw)):
@@ -507,7 +565,9 @@ def build(args):
         res["plan"] = plan(scan, machine, ram=int(args.ram * GB) if args.ram else None, ctx=args.ctx,
                            kv_slots=args.kv_slots, cap=args.cap, mem_bw=mem_bw, disk_bw=disk_bw,
                            threads=args.threads, measured_tok_s=measured, kv_type=args.kv,
-                           kv_persist=getattr(args, "kv_persist", False))
+                           kv_persist=getattr(args, "kv_persist", False), batch=getattr(args, "batch", None),
+                           batch_given=getattr(args, "batch", None) is not None,
+                           prefill=getattr(args, "prefill_pass", None))
     return res
 
 

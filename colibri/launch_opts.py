@@ -42,6 +42,9 @@ ENGINE_FLAGS = {
     "no-direct": dict(action="store_true", dest="no_direct", default=None,
                       help="read experts with buffered reads instead of O_DIRECT"),
     "readahead": dict(choices=("on", "off"), help="prefetch the next layer's likely experts while this one computes"),
+    "prefill-pass": dict(type=int, dest="prefill_pass", metavar="N",
+                         help="positions per prefill pass while experts stream, a multiple of --batch: each routed "
+                              "expert is read once per pass (default: the whole prompt, as the RAM budget allows)"),
     "pin": dict(choices=("auto", "off"), help="pin the experts this model used most (.coli_usage) at start-up "
                 "(default auto)"),
     "kernels": dict(choices=KERNEL_SETS, help="the engine's kernel set (default: the best this CPU runs; "
@@ -57,7 +60,7 @@ ENGINE_FLAGS = {
     "no-profile": dict(action="store_true", dest="no_profile",
                        help="ignore the profile saved by `coli tune` (also COLI_NO_PROFILE=1)"),
 }
-STREAM_FLAGS = ("ram", "cap", "no-direct", "readahead", "pin")  # the expert store's knobs
+STREAM_FLAGS = ("ram", "cap", "no-direct", "readahead", "pin", "prefill-pass")  # the expert store's knobs
 DRAFT_FLAGS = ("draft", "draft-max", "draft-adapt")  # speculative decoding
 LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv") + STREAM_FLAGS + DRAFT_FLAGS + ("kernels", "no-profile")
 
@@ -92,6 +95,10 @@ def stream_args(args):
         out += ["--cap", str(args.cap)]
     if getattr(args, "no_direct", None):
         out.append("--no-direct")
+    if getattr(args, "prefill_pass", None) is not None:
+        if args.prefill_pass < 0:
+            raise UserError(f"--prefill-pass {args.prefill_pass}: needs 0 (automatic) or a multiple of --batch")
+        out += ["--prefill-pass", str(args.prefill_pass)]
     for name in ("readahead", "pin", "kernels", "draft", "draft-adapt"):
         if getattr(args, name.replace("-", "_"), None) is not None:
             out += [f"--{name}", getattr(args, name.replace("-", "_"))]

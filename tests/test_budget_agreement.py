@@ -16,7 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "checkpoint_bytes", "grammar_bytes", "kv_writer_bytes",
           "mask_cache_bytes",
           "expert_cache_bytes", "cap", "experts", "moe_layers",
-          "batch")
+          "batch", "prefill_pass", "prefill_pass_bytes", "prefill_pass_why")
+WORDS = {"prefill_pass_why"}  # READY fields that are words, not numbers
+
+
+def ready_split(info):
+    return {k: info[k] if k in WORDS else int(info[k]) for k in FIELDS}
 
 
 def coli(*args):
@@ -35,10 +40,11 @@ def models(oracle_root, tmp_path_factory):
     return out
 
 
-def planned(model, ram, ctx, slots, threads, cap=None, kv=None, persist=False):
+def planned(model, ram, ctx, slots, threads, cap=None, kv=None, persist=False, batch=None, prefill=None):
     args = ["plan", "--json", "--no-measure", "--model", model, "--ram", ram, "--ctx", ctx, "--kv-slots", slots,
             "--threads", threads] + (["--cap", cap] if cap else []) + (["--kv", kv] if kv else []) + \
-        (["--kv-persist"] if persist else [])
+        (["--kv-persist"] if persist else []) + (["--batch", batch] if batch else []) + \
+        (["--prefill-pass", prefill] if prefill is not None else [])
     r = coli(*args)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["plan"]
@@ -64,9 +70,32 @@ def test_plan_split_equals_the_engines(models, case):
     p = planned(models[name], ram, ctx, slots, threads, cap, kv)
     extra = ["--ram", ram] + (["--cap", str(cap)] if cap else [])
     with engine_client.Engine(models[name], ctx=ctx, kv_slots=slots, threads=threads, kv=kv, extra=extra) as eng:
-        ready = {k: int(eng.info[k]) for k in FIELDS}
+        ready = ready_split(eng.info)
     assert p["engine_split"] == ready
     assert not p["problems"]
+
+
+PASS_CASES = [  # model, --ram GB, ctx, --batch, --prefill-pass, why the pass is as long as it is
+    ("streaming", "0.2", 512, 64, None, "prompt"),  # the whole prompt
+    ("streaming", "0.05", 512, 16, None, "budget"),  # half the spare budget holds a shorter one
+    ("streaming", "0.1", 256, 16, 64, "flag"),  # as given
+    ("qwen3_moe", "0.05", 500, 8, None, "prompt"),  # ctx rounded up to whole batches
+    ("llama", "0.05", 300, 8, None, "resident"),  # no routed experts: one batch
+]
+
+
+@pytest.mark.parametrize("case", PASS_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_plan_prefill_pass_equals_the_engines(models, case):
+    name, ram, ctx, batch, prefill, why = case
+    p = planned(models[name], ram, ctx, 1, 2, batch=batch, prefill=prefill)
+    extra = ["--ram", ram] + (["--prefill-pass", str(prefill)] if prefill is not None else [])
+    with engine_client.Engine(models[name], ctx=ctx, kv_slots=1, threads=2, batch=batch, extra=extra) as eng:
+        ready = ready_split(eng.info)
+    assert p["engine_split"] == ready
+    assert not p["problems"]
+    assert ready["prefill_pass_why"] == why
+    assert (ready["prefill_pass"] > batch) == (why != "resident")
+    assert ready["prefill_pass_bytes"] == 0 if why == "resident" else ready["prefill_pass_bytes"] > 0
 
 
 def test_a_budget_the_plan_refuses_the_engine_refuses(models):
@@ -84,5 +113,5 @@ def test_plan_counts_the_kv_writer_as_the_engine_does(models, name, tmp_path):
     bytes, and the rest of the split follows from it alike."""
     p = planned(models[name], "0.2", 256, 2, 2, persist=True)
     with engine_client.Engine(models[name], ctx=256, kv_slots=2, threads=2, kv_dir=tmp_path, extra=["--ram", "0.2"]) as eng:
-        ready = {k: int(eng.info[k]) for k in FIELDS}
+        ready = ready_split(eng.info)
     assert ready["kv_writer_bytes"] > 0 and p["engine_split"] == ready

@@ -21,7 +21,11 @@ MOE = [v for v, s in make_oracles.VARIANTS.items()
 # engine flags that may change where experts come from, never what they compute
 SETTINGS = [["--cap", "1"], ["--cap", "2"], ["--ram", "0.1", "--ctx", "256"], ["--cap", "1", "--readahead", "on"],
             ["--cap", "3", "--readahead", "off"], ["--cap", "1", "--no-direct"], ["--cap", "2", "--threads", "1"],
-            ["--cap", "2", "--threads", "2"], ["--cap", "1", "--batch", "5"], ["--cap", "2", "--io-threads", "1"]]
+            ["--cap", "2", "--threads", "2"], ["--cap", "1", "--batch", "5"], ["--cap", "2", "--io-threads", "1"],
+            # prefill passes: layer by layer over several batches (attention still a batch at a time)
+            ["--cap", "1", "--batch", "5", "--prefill-pass", "10"], ["--cap", "2", "--batch", "5", "--prefill-pass", "15"],
+            ["--cap", "1", "--batch", "32", "--prefill-pass", "64"], ["--cap", "1", "--batch", "32", "--prefill-pass", "0"],
+            ["--ram", "0.1", "--ctx", "256", "--batch", "5"]]
 END_KEYS = {"hits", "misses", "hit_rate", "bytes_read", "read_gbps", "io_wait_ms", "compute_ms", "peak_rss_mb", "rss_mb",
             "experts_pinned", "experts_cached", "experts_total"}
 READY_KEYS = {"ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "expert_cache_bytes", "cap", "experts",
@@ -56,7 +60,7 @@ def ref_ids(oracle_root, variant, key="ids"):
     return json.loads((Path(oracle_root) / variant / "ref.json").read_text())[key]
 
 
-LAUNCHER_FLAGS = {"--cap", "--ram", "--ctx", "--threads", "--batch"}
+LAUNCHER_FLAGS = {"--cap", "--ram", "--ctx", "--threads", "--batch", "--prefill-pass"}
 
 
 def logits(model, ids, out, *flags):
@@ -137,8 +141,9 @@ def test_logits_identical_under_every_streaming_setting(variant, oracle_root, co
             a, b = np.frombuffer(got, "<f4"), np.frombuffer(resident, "<f4")
             if make_oracles.VARIANTS[variant]["family"] not in TOP_K_SELECTION:
                 assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max(), f"{variant} {' '.join(flags)}"
-            # the same chunking with the experts streamed is byte-identical again
-            assert logits(containers[variant], ids, tmp_path / "t.f32", "--batch", "5") == got, variant
+            # the same chunking with the experts streamed (in passes or not) is byte-identical again
+            batch = flags[flags.index("--batch") + 1]
+            assert logits(containers[variant], ids, tmp_path / "t.f32", "--batch", batch) == got, f"{variant} {flags}"
             continue
         assert got == resident, f"{variant} {' '.join(flags)}: logits differ from the resident run"
 
@@ -199,6 +204,51 @@ def test_ready_end_and_routing_frames(oracle_root, containers, binary):
     end = res.turn(ids, logits=1)["end"]
     assert (end["misses"], end["hit_rate"], end["bytes_read"]) == ("0", "1.000", "0") and int(end["hits"]) > 0
     res.close()
+
+
+def test_a_prefill_pass_reads_each_routed_expert_once(oracle_root, containers):
+    """Under --cap 1 a prompt of 12 batches prefilled batch by batch reads nearly every expert
+    once per batch; one pass over the whole prompt (the default while experts stream) reads each
+    expert it routes to once per layer, and the logits do not change."""
+    m, ids = containers["qwen3_moe"], ref_ids(oracle_root, "qwen3_moe")
+    assert len(ids) >= 12 * 8
+    runs = {}
+    for p in ("8", "0"):
+        e = Raw(m, "--cap", "1", "--batch", "8", "--prefill-pass", p, "--pin", "off", "--readahead", "off")
+        runs[p] = e.ready, e.turn(ids, logits=1, routing=1)
+        e.close()
+    (chunk_ready, chunk), (pass_ready, whole) = runs["8"], runs["0"]
+    assert (chunk_ready["prefill_pass"], chunk_ready["prefill_pass_bytes"]) == ("8", "0")
+    assert int(pass_ready["prefill_pass"]) >= len(ids) and pass_ready["prefill_pass_why"] == "prompt"
+    assert int(pass_ready["prefill_pass_bytes"]) > 0
+    assert whole["logits"] == chunk["logits"]
+    distinct = int((whole["routing"] > 0).sum())  # (layer, expert) pairs the prompt routes to
+    e_pass, e_chunk = whole["end"], chunk["end"]
+    assert int(e_pass["misses"]) + int(e_pass["hits"]) == distinct  # one lookup per expert per layer
+    assert int(e_chunk["misses"]) > 6 * int(e_pass["misses"])
+    assert int(e_chunk["bytes_read"]) > 6 * int(e_pass["bytes_read"]) > 0
+    # a cache that holds every expert: the next layer's load while this one computes (read-ahead),
+    # so only the first MoE layer waits on demand reads
+    e = Raw(m, "--cap", "8", "--batch", "8", "--pin", "off", "--readahead", "off")
+    full = e.turn(ids, logits=1)
+    e.close()
+    assert full["logits"] == chunk["logits"]
+    assert int(full["end"]["misses"]) <= 8 < int(e_pass["misses"])
+
+
+def test_prefill_pass_flag_is_checked_and_resident_runs_keep_the_batch(containers, tmp_path):
+    m = str(containers["qwen3_moe"])
+    r = subprocess.run([engine(), "logits", "--model", m, "--ids", "1,2", "--out", str(tmp_path / "x"), "--cap", "1",
+                        "--batch", "8", "--prefill-pass", "12"], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "--prefill-pass 12 must be a multiple of the prefill batch 8" in r.stderr, r.stderr
+    e = Raw(m, "--batch", "8", "--prefill-pass", "64")
+    assert (e.ready["prefill_pass"], e.ready["prefill_pass_why"], e.ready["prefill_pass_bytes"]) == ("8", "resident", "0")
+    e.close()
+    # a budget shortens the pass to what half of its spare bytes hold, never below one batch
+    e = Raw(m, "--ram", "0.1", "--batch", "8")
+    assert int(e.ready["prefill_pass"]) % 8 == 0 and e.ready["prefill_pass_why"] in ("prompt", "budget")
+    e.close()
 
 
 def test_a_budget_that_cannot_fit_is_refused_with_the_numbers(containers, tmp_path):

@@ -24,6 +24,13 @@ def test_flags_become_engine_arguments(monkeypatch):
                                              "--pin", "off"]
 
 
+def test_prefill_pass_reaches_the_engine_and_a_negative_one_is_refused(monkeypatch):
+    monkeypatch.delenv("COLI_RAM_GB", raising=False)
+    assert launch_opts.stream_args(parse("--ram", "1", "--prefill-pass", "1024")) == ["--ram", "1", "--prefill-pass", "1024"]
+    with pytest.raises(UserError, match="--prefill-pass -8"):
+        launch_opts.stream_args(parse("--ram", "1", "--prefill-pass", "-8"))
+
+
 def test_environment_budget_and_its_refusal(monkeypatch):
     monkeypatch.setenv("COLI_RAM_GB", "0.25")
     assert launch_opts.stream_args(parse()) == ["--ram", "0.25"]

@@ -95,6 +95,9 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
         } else if (!strcmp(a, "--batch")) {
             rc = opt_int(a, v, 1, 1 << 16, &o->batch, err, errlen);
             i++;
+        } else if (!strcmp(a, "--prefill-pass")) {
+            rc = opt_int(a, v, 0, 1 << 20, &o->prefill_pass, err, errlen);
+            i++;
         } else if (!strcmp(a, "--portable")) o->portable = 1;
         else if (!strcmp(a, "--profile")) o->profile = 1;
         else if (!strcmp(a, "--kernels")) {
@@ -317,7 +320,7 @@ int engine_serve(Engine *e) {
     FrameReader in;
     reader_init(&in, 0);
     const Arch *a = &e->model.a;
-    char stream[600];
+    char stream[800];
     engine_stream_ready(e, stream, sizeof stream);
     char fallbacks[1024];
     kernels_fallbacks(kern.isa, fallbacks, sizeof fallbacks);

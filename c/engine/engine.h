@@ -26,7 +26,8 @@ typedef struct {
     ExpertStore store;           /* routed experts: mapped, or streamed through a cache */
     BudgetIn budget_in;          /* the RAM budget split (READY, the start-up line) */
     BudgetOut budget;
-    Usage usage; /* .coli_usage: routing counts over turns */
+    const char *pass_why; /* why the prefill pass is forward_prefill_pass long (READY prefill_pass_why) */
+    Usage usage;          /* .coli_usage: routing counts over turns */
     int usage_warned;
     EngineGrammar *grammar; /* constrained decoding (engine_grammar.h); NULL until a request has one */
     int draft_mode;         /* DRAFT_* (draft.h): --draft, turned off where the model's state cannot be cut back */
@@ -38,8 +39,9 @@ typedef struct {
 typedef struct {
     const char *model_dir;
     int ctx, kv_slots, threads, batch, portable;
-    int parallel; /* --parallel; 0: every KV slot */
-    int kernels;  /* KernIsa + 1 from --kernels; 0: the best this CPU runs */
+    int prefill_pass; /* --prefill-pass; 0: automatic */
+    int parallel;     /* --parallel; 0: every KV slot */
+    int kernels;      /* KernIsa + 1 from --kernels; 0: the best this CPU runs */
     const char *kv_dir;
     int skip_tokenizer; /* logits needs none, and a broken one must not block it */
     QType kv_type;      /* --kv: KV cache element type, when kv_set */

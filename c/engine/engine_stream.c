@@ -76,20 +76,38 @@ static uint64_t mla_chunk_bytes(const JsonValue *layers, uint64_t batch, uint64_
     return chunk + 4 * (expanded > absorbed ? expanded : absorbed) + keep;
 }
 
-uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
-                              int streams) {
+/* Floats of working memory per prefill position: residual, norm, block output; q, k, v,
+ * attention output; MLP gate and up; MoE gathered input, per-choice outputs, router
+ * probabilities; quantized activations. */
+static uint64_t pos_floats(const Model *m) {
     const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
-    const uint64_t H = (uint64_t)m->a.hidden, V = (uint64_t)m->a.vocab;
+    const uint64_t H = (uint64_t)m->a.hidden;
     uint64_t qd = (uint64_t)(spec_max(layers, "attn", "heads") * spec_max(layers, "attn", "head_dim"));
     uint64_t W = (uint64_t)spec_max(layers, "mlp", "width"), K = (uint64_t)spec_max(layers, "mlp", "top_k");
     uint64_t E = (uint64_t)spec_max(layers, "mlp", "experts");
     if (qd < H) qd = H;
     if (W < H) W = H;
-    /* floats per position: residual, norm, block output; q, k, v, attention output; MLP gate
-     * and up; MoE gathered input, per-choice outputs, router probabilities; quantized activations */
-    uint64_t per_pos = 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W;
+    return 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W;
+}
+
+uint64_t engine_pass_pos_bytes(const Model *m, int ctx, int logits_rows) {
+    const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
+    /* a DSA indexer's selection (a byte per key) of every chunk of the pass stays for the shared
+     * layers (c/model/block_attn_mla.c) */
+    const uint64_t keep = indexer_max(layers, "topk") ? (uint64_t)ctx : 0;
+    return 4 * pos_floats(m) + keep + (logits_rows ? 4 * (uint64_t)m->a.vocab : 0);
+}
+
+uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
+                              int streams) {
+    const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
+    const uint64_t V = (uint64_t)m->a.vocab;
+    uint64_t qd = (uint64_t)(spec_max(layers, "attn", "heads") * spec_max(layers, "attn", "head_dim"));
+    uint64_t W = (uint64_t)spec_max(layers, "mlp", "width");
+    if (qd < (uint64_t)m->a.hidden) qd = (uint64_t)m->a.hidden;
+    if (W < (uint64_t)m->a.hidden) W = (uint64_t)m->a.hidden;
     uint64_t b = (uint64_t)(batch > 0 ? batch : 1);
-    uint64_t r = RUNTIME_BASE_BYTES + 4 * b * per_pos;
+    uint64_t r = RUNTIME_BASE_BYTES + 4 * b * pos_floats(m);
     const uint64_t heads = (uint64_t)spec_max(layers, "attn", "heads");
     const uint64_t mla_hd = (uint64_t)(spec_max(layers, "attn", "kv_lora_rank") + spec_max(layers, "attn", "qk_rope_head_dim"));
     uint64_t hd = (uint64_t)spec_max(layers, "attn", "head_dim");
@@ -131,6 +149,33 @@ static void usage_clean(const char *dir) {
         unlink(p);
     }
     closedir(d);
+}
+
+/* The prefill pass (forward_prefill_pass). Streaming experts: a whole prompt (up to
+ * PREFILL_PASS_MAX positions, or --prefill-pass), so each routed expert is read once per pass,
+ * not once per batch; its activations past one batch join the budget, and a budget that cannot
+ * spare them takes a shorter pass (ram_budget_pass). Resident experts keep one batch. */
+static int prefill_pass_open(Engine *e, const EngineOptions *o, int kv_ctx, char *err, size_t errlen) {
+    BudgetIn *in = &e->budget_in;
+    const int b = forward_max_batch > 0 ? forward_max_batch : 1;
+    if (o->prefill_pass % b) {
+        snprintf(err, errlen, "--prefill-pass %d must be a multiple of the prefill batch %d (--batch)", o->prefill_pass, b);
+        return -1;
+    }
+    forward_prefill_pass = b;
+    e->pass_why = "resident";
+    if (!e->budget.streaming || !e->store.n) return 0;
+    const int lim = kv_ctx < PREFILL_PASS_MAX ? kv_ctx : PREFILL_PASS_MAX;
+    int want = o->prefill_pass ? o->prefill_pass : (lim + b - 1) / b * b, limited = 0;
+    e->pass_why = o->prefill_pass ? "flag" : kv_ctx <= PREFILL_PASS_MAX ? "prompt" : "cap";
+    const uint64_t per = engine_pass_pos_bytes(&e->model, kv_ctx, o->logits_rows);
+    if (!o->prefill_pass) want = ram_budget_pass(in, &e->budget, want, b, per, &limited);
+    if (limited) e->pass_why = "budget";
+    in->pass = (uint64_t)(want - b) * per;
+    in->pass_auto = !o->prefill_pass;
+    if (ram_budget_split(in, &e->budget, err, errlen)) return -1;
+    forward_prefill_pass = want;
+    return 0;
 }
 
 int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err, size_t errlen) {
@@ -185,6 +230,7 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     }
     if (lowered)
         fprintf(stderr, "colibri: --ram %g: prefill batch lowered to %d to fit the budget\n", o->ram_gb, forward_max_batch);
+    if (prefill_pass_open(e, o, kv_ctx, err, errlen)) return -1;
     if (s->n && s->experts && usage_init(&e->usage, s->n, s->experts)) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -200,6 +246,7 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
         StoreOptions so = {.cap = e->budget.cap,
                            .direct = !o->no_direct,
                            .readahead = o->readahead ? o->readahead == 1 : READAHEAD_DEFAULT,
+                           .batch = forward_max_batch,
                            .io_threads = o->io_threads > 0 ? o->io_threads : IO_THREADS_DEFAULT,
                            .pin_counts = pin ? e->usage.counts : NULL};
         if (expert_store_stream(s, &so, err, errlen)) return -1;
@@ -228,12 +275,14 @@ void engine_stream_ready(const Engine *e, char *buf, size_t n) {
     snprintf(buf, n,
              " ram_budget=%llu dense_bytes=%llu kv_bytes=%llu runtime_bytes=%llu checkpoint_bytes=%llu "
              "grammar_bytes=%llu kv_writer_bytes=%llu mask_cache_bytes=%llu expert_cache_bytes=%llu cap=%d "
-             "experts=%d moe_layers=%d expert_bytes=%llu pinned=%d direct=%d readahead=%d",
+             "experts=%d moe_layers=%d expert_bytes=%llu pinned=%d direct=%d readahead=%d prefill_pass=%d "
+             "prefill_pass_why=%s prefill_pass_bytes=%llu",
              (unsigned long long)in->ram, (unsigned long long)in->dense, (unsigned long long)in->kv,
              (unsigned long long)in->runtime, (unsigned long long)in->checkpoints, (unsigned long long)in->grammar,
              (unsigned long long)in->persist, (unsigned long long)e->budget.mask_cache, (unsigned long long)e->budget.cache,
              e->budget.cap, in->experts, in->moe_layers, (unsigned long long)s->expert_bytes, s->pinned,
-             s->streaming && s->direct, s->streaming && s->readahead);
+             s->streaming && s->direct, s->streaming && s->readahead, forward_pass_step(), e->pass_why ? e->pass_why : "resident",
+             (unsigned long long)in->pass);
 }
 
 void engine_stream_turn_begin(Engine *e) { expert_store_turn_begin(&e->store); }

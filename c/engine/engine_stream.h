@@ -40,6 +40,10 @@ uint64_t attend_scratch_floats(uint64_t heads, uint64_t hd, uint64_t ctx);
 uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
                               int streams);
 
+/* Bytes one more prefill pass position holds over ctx positions (its working floats, a DSA
+ * selection row, and its logits for `colibri logits`). */
+uint64_t engine_pass_pos_bytes(const Model *m, int ctx, int logits_rows);
+
 #define RUNTIME_BASE_BYTES (16ull << 20) /* binary, libc/libgomp, thread stacks, the JSON manifest */
 
 #endif

@@ -24,7 +24,8 @@ static const char *USAGE =
     "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
     "                       [--kernels portable|avx2|avx512|vnni|amx|neon] [--ram GB] [--cap N] [--no-direct] [--readahead on|off]\n"
     "                       [--pin auto|off] [--io-threads N] [--profile] [--draft lookup|mtp|off] [--draft-max K]\n"
-    "                       [--draft-adapt on|off]\n"
+    "                       [--draft-adapt on|off] [--prefill-pass N]   (N: positions per prefill pass when experts\n"
+    "                       stream, a multiple of --batch; 0 or absent: the whole prompt, as the budget allows)\n"
     "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
@@ -87,10 +88,10 @@ static int logits_main(int argc, char **argv) {
     }
     if (n > e.model.a.max_pos) /* RoPE extends past it, as transformers does; quality may suffer */
         fprintf(stderr, "colibri logits: warning: %d ids exceed the model's max_position_embeddings %d\n", n, e.model.a.max_pos);
-    /* Chunk by chunk, as forward() would split the pass anyway: only one chunk's logits are
-     * held, so the RAM budget need not hold [n][vocab]. */
+    /* Pass by pass, as forward() would split the prompt anyway: only one pass's logits are
+     * held (the budget counts them), so the RAM budget need not hold [n][vocab]. */
     KvCache kv = {0};
-    const int V = e.model.a.vocab, step = forward_max_batch > 0 ? forward_max_batch : 1;
+    const int V = e.model.a.vocab, step = forward_pass_step();
     float *logits = malloc(sizeof(float) * (size_t)(n < step ? n : step) * V);
     FILE *f = NULL;
     int rc = 1;

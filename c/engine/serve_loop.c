@@ -343,7 +343,7 @@ static void prefill_one(Loop *L) {
     Stream *s = next_prefill(L);
     if (!s) return;
     s->chunked_at = ++L->chunks;
-    const int step = forward_max_batch > 0 ? forward_max_batch : 1;
+    const int step = forward_pass_step(); /* a batch, or a whole pass while experts stream */
     const int m = s->n - s->done < step ? s->n - s->done : step;
     const int last = s->done + m == s->n;
     s->oom = forward(&L->e->model, s->kv, s->ids + s->done, m, last ? s->logits : NULL, 0) != 0;

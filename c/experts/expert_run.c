@@ -52,6 +52,22 @@ static void read_ahead(ExpertStore *s, const ExpertLayer *nx, const float *x, in
     free(want);
 }
 
+/* A prefill pass (more rows than a batch) routes to nearly every expert of every layer, before
+ * the next layer's routing is known: when the next layer's cache holds all its experts, the
+ * ones not in RAM load at read-ahead priority while this layer computes. A smaller cache would
+ * only evict what that layer's waves are about to use, so it reads on demand. */
+static void read_ahead_pass(ExpertStore *s, const ExpertLayer *nx) {
+    ExpertCache *c = nx->cache;
+    if (c->cap < nx->E) return;
+    for (int e = 0; e < nx->E; e++) {
+        if (c->slot_of[e] >= 0) continue;
+        int si = victim(c, NULL); /* an empty slot: cap >= E */
+        if (si < 0) break;
+        slot_assign(s, c, nx, si, e);
+        io_submit(&s->pool, &c->slots[si].req, 1);
+    }
+}
+
 static void wait_slot(ExpertStore *s, const ExpertLayer *xl, Slot *sl) {
     if (sl->state != SLOT_LOADING) return;
     io_promote(&s->pool, &sl->req);
@@ -103,7 +119,10 @@ static void run_streaming(const Work *w, const int *need, int n_need) {
             wave[nw++] = e;
             s->st.misses++;
         }
-        if (first && s->readahead && xl->next && xl->next->cache) read_ahead(s, xl->next, w->x, w->T);
+        if (first && xl->next && xl->next->cache) {
+            if (s->readahead) read_ahead(s, xl->next, w->x, w->T);
+            if (s->batch > 0 && w->T > s->batch) read_ahead_pass(s, xl->next);
+        }
         first = 0;
         /* what is in RAM first, then each read as it is waited for */
         for (int pass = 0; pass < 2; pass++)

@@ -33,33 +33,72 @@ typedef struct {
 } AttnMla;
 
 /* The selection of the last layer that ran an indexer, for the "shared" layers after it in the
- * same chunk (transformers passes the top-k up the layers the same way). Layers run in order,
- * one chunk at a time; batched decode runs a layer for every row (each its own KV slot) before
- * the next layer, so there is one record per slot, keyed by the slot's first layer state
- * (r->state - r->layer); p0/T say which chunk it belongs to. */
-#define SEL_SLOTS 64
-static struct {
-    const KvLayer *slot; /* NULL: a free record */
+ * same chunk (transformers passes the top-k up the layers the same way). Layers run in order;
+ * a prefill pass (c/model/forward.c) runs a layer's chunks one after another before the next
+ * layer, and batched decode runs a layer for every row (each its own KV slot), so there is one
+ * record per slot and chunk of the running pass, keyed by the slot's first layer state
+ * (r->state - r->layer) and p0/T. A chunk that opens a pass drops its slot's older records. */
+typedef struct {
+    const KvLayer *slot;
     unsigned char *keep; /* owned; NULL: every causal key */
     int p0, T;
-} last_sel[SEL_SLOTS];
+} SelRecord;
+static SelRecord *sels; /* oldest first */
+static int n_sels, cap_sels;
+#define SEL_SLOTS 64 /* records other slots keep (one each: decode rows); past it the oldest go */
 
-static int sel_record(const KvLayer *slot) {
-    int free_at = -1;
-    for (int i = 0; i < SEL_SLOTS; i++) {
-        if (last_sel[i].slot == slot) return i;
-        if (!last_sel[i].slot && free_at < 0) free_at = i;
-    }
-    return free_at >= 0 ? free_at : 0; /* more slots than records: the oldest use is replaced */
+static int sel_find(const KvLayer *slot, int p0, int T) {
+    for (int i = 0; i < n_sels; i++)
+        if (sels[i].slot == slot && sels[i].p0 == p0 && sels[i].T == T) return i;
+    return -1;
 }
 
-static void keep_selection(const KvLayer *slot, unsigned char *keep, int p0, int T) {
-    int i = sel_record(slot);
-    free(last_sel[i].keep);
-    last_sel[i].slot = slot;
-    last_sel[i].keep = keep;
-    last_sel[i].p0 = p0;
-    last_sel[i].T = T;
+/* Drops slot's records: all of them (a new pass), or only the one at p0 (a later indexer layer
+ * supersedes it). */
+static void sel_drop(const KvLayer *slot, int all, int p0) {
+    int m = 0;
+    for (int i = 0; i < n_sels; i++) {
+        if (sels[i].slot == slot && (all || sels[i].p0 == p0)) free(sels[i].keep);
+        else sels[m++] = sels[i];
+    }
+    n_sels = m;
+}
+
+/* Frees the oldest records of slots other than slot past SEL_SLOTS of them: a cache that is
+ * gone (a one-shot logits pass) must not keep its selections for the engine's life. */
+static void sel_bound(const KvLayer *slot) {
+    int others = 0;
+    for (int i = 0; i < n_sels; i++) others += sels[i].slot != slot;
+    for (int i = 0; i < n_sels && others >= SEL_SLOTS;) {
+        if (sels[i].slot == slot) {
+            i++;
+            continue;
+        }
+        free(sels[i].keep);
+        memmove(sels + i, sels + i + 1, sizeof *sels * (size_t)(n_sels - i - 1));
+        n_sels--;
+        others--;
+    }
+}
+
+/* Takes ownership of keep; 0, or -1 (keep freed, fwd_oom() set) when the table cannot grow. */
+static int keep_selection(const KvLayer *slot, unsigned char *keep, int p0, int T, int in_pass) {
+    sel_drop(slot, in_pass == 0, p0);
+    sel_bound(slot);
+    if (n_sels == cap_sels) {
+        int cap = cap_sels ? 2 * cap_sels : 16;
+        SelRecord *g = fwd_malloc(sizeof *g * (size_t)cap);
+        if (!g) {
+            free(keep);
+            return -1;
+        }
+        if (n_sels) memcpy(g, sels, sizeof *g * (size_t)n_sels);
+        free(sels);
+        sels = g;
+        cap_sels = cap;
+    }
+    sels[n_sels++] = (SelRecord){slot, keep, p0, T};
+    return 0;
 }
 
 /* Bytes of one cached position: the latent [c | k_rope] in the cache's type, then the indexer
@@ -397,17 +436,20 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
             free(keep);
             goto out;
         } /* a selection cut short is nobody's */
-        keep_selection(r->state - r->layer, keep, r->p0, T); /* owned there now, for the shared layers that follow */
+        /* owned there now, for the shared layers that follow */
+        if (keep_selection(r->state - r->layer, keep, r->p0, T, r->in_pass)) {
+            keep = NULL;
+            goto out;
+        }
     }
     if (y->shared_idx) {
-        /* load checked that an indexer layer comes first; it ran on this chunk just before */
-        const KvLayer *slot = r->state - r->layer;
-        int i = sel_record(slot);
-        if (last_sel[i].slot != slot || last_sel[i].p0 != r->p0 || last_sel[i].T != T) {
+        /* load checked that an indexer layer comes first; it ran on this chunk before */
+        int i = sel_find(r->state - r->layer, r->p0, T);
+        if (i < 0) {
             fprintf(stderr, "colibri: internal error: a shared DSA layer ran without its indexer layer's selection\n");
             abort();
         }
-        keep = last_sel[i].keep;
+        keep = sels[i].keep;
     }
     /* Expanding costs every cached position's keys and values once per chunk: worth it only
      * while the chunk is most of the context (a prompt's first chunks). Later chunks and decode
@@ -420,7 +462,7 @@ out:
     free(q);
     free(kva);
     free(att);
-    free(qa); /* keep belongs to last_sel */
+    free(qa); /* keep belongs to sels */
 }
 
 static void release(void *self) {

@@ -32,6 +32,7 @@ typedef struct {
     QType kv_type;         /* element type of the per-position state */
     KvLayer *state;        /* NULL for stateless blocks */
     const int32_t *tokens; /* the T token ids of x's rows (hash routing), or NULL */
+    int in_pass;           /* rows of the same prefill pass before x's first (c/model/forward.c); 0: x opens it */
 } BlockRun;
 
 struct BlockKind {

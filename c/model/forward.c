@@ -11,6 +11,12 @@
 #include "util/op_prof.h"
 
 int forward_max_batch = FORWARD_DEFAULT_BATCH;
+int forward_prefill_pass = 0;
+
+int forward_pass_step(void) {
+    const int b = forward_max_batch > 0 ? forward_max_batch : 1;
+    return forward_prefill_pass > b ? forward_prefill_pass : b;
+}
 
 int forward_default_batch(KernIsa isa) { return isa == KI_AMX ? FORWARD_DEFAULT_BATCH_AMX : FORWARD_DEFAULT_BATCH; }
 
@@ -26,15 +32,29 @@ static void attn_rows(const Block *b, const Arch *a, int l, KvCache *const *rows
                       float *out) {
     for (int t = 0; t < T && !fwd_oom(); t++) {
         KvCache *kv = rows[t];
-        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens + t};
+        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens + t, 0};
         run_block(b, &r, x + (size_t)t * a->hidden, 1, out + (size_t)t * a->hidden);
     }
 }
 
-/* 0, or -1 when an allocation failed (fwd_alloc.h); the cache then keeps only earlier chunks.
- * rows: NULL (T positions of kv), or T caches for batched decode (kv is rows[0]). */
+/* A prefill pass's attention, in the batch-sized chunks a chunk-by-chunk prefill runs: chunk s
+ * starts at position kv->n + s, and this layer's state already holds every position before it,
+ * so each chunk computes what it would alone (chunked attention forms depend on the chunk). */
+static void attn_chunks(const Block *b, const Arch *a, int l, KvCache *kv, const int32_t *tokens, const float *x, int T, int sub,
+                        float *out) {
+    for (int s = 0; s < T && !fwd_oom(); s += sub) {
+        const int n = T - s < sub ? T - s : sub;
+        BlockRun r = {a, l, kv->n + s, kv->ctx, kv->type, &kv->layer[l], tokens + s, s};
+        run_block(b, &r, x + (size_t)s * a->hidden, n, out + (size_t)s * a->hidden);
+    }
+}
+
+/* 0, or -1 when an allocation failed (fwd_alloc.h); the cache then keeps only earlier passes.
+ * rows: NULL (T positions of kv), or T caches for batched decode (kv is rows[0]). sub: the
+ * positions attention takes at a time (T, or the batch in a longer prefill pass); every other
+ * block sees all T rows, so each routed expert is read once for the whole pass. */
 static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, const int32_t *tokens, int T, float *logits,
-                         int all_logits) {
+                         int all_logits, int sub) {
     const Arch *a = &m->a;
     const int H = a->hidden, hc = m->hc_head != NULL, S = hc ? m->hc_head->n : 1; /* S residual streams */
     float *x = fwd_malloc(sizeof(float) * (size_t)T * S * H), *xn = fwd_malloc(sizeof(float) * (size_t)T * H);
@@ -63,7 +83,7 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
     free(row);
     for (int l = 0; l < a->n_layers && !fwd_oom(); l++) {
         const Layer *y = &m->layers[l];
-        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens};
+        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens, 0};
         const Block *halves[2][2] = {{&y->attn_norm, &y->attn}, {&y->mlp_norm, &y->mlp}};
         for (int h = 0; h < 2; h++) {
             if (!halves[h][1]->kind) continue;
@@ -72,6 +92,7 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
             /* attention's matmuls charge PROF_ATTN_PROJ (ops.c); an MoE block its own parts */
             const ProfOp norm = prof_enter(h == 0 ? PROF_ATTN_KV : PROF_MLP);
             if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, tokens, xn, T, o);
+            else if (h == 0 && sub < T) attn_chunks(halves[h][1], a, l, kv, tokens, xn, T, sub, o);
             else run_block(halves[h][1], &r, xn, T, o);
             prof_leave(norm);
             if (fwd_oom()) break; /* o is incomplete; forward() fails the pass */
@@ -83,7 +104,7 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
     if (logits && !fwd_oom()) {
         const ProfOp norm = prof_enter(PROF_HEAD);
         int first = all_logits ? 0 : T - 1;
-        BlockRun r = {a, -1, kv->n, kv->ctx, kv->type, NULL, tokens};
+        BlockRun r = {a, -1, kv->n, kv->ctx, kv->type, NULL, tokens, 0};
         if (hc) hc_head(m->hc_head, x + (size_t)first * S * H, T - first, H, c + (size_t)first * H);
         run_block(&m->final_norm, &r, (hc ? c : x) + (size_t)first * H, T - first, xn + (size_t)first * H);
         matmul(logits, xn + (size_t)first * H, T - first, &m->lm_head, NULL);
@@ -107,14 +128,14 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
 }
 
 int forward(const Model *m, KvCache *kv, const int32_t *tokens, int T, float *logits, int all_logits) {
-    int step = forward_max_batch > 0 ? forward_max_batch : 1;
+    const int batch = forward_max_batch > 0 ? forward_max_batch : 1, step = forward_pass_step();
     fwd_oom_clear();
     for (int s = 0; s < T; s += step) {
         int n = T - s < step ? T - s : step, last = s + n == T;
         float *dst = NULL;
         if (logits && all_logits) dst = logits + (size_t)s * m->a.vocab;
         else if (logits && last) dst = logits;
-        if (forward_chunk(m, kv, NULL, tokens + s, n, dst, all_logits)) {
+        if (forward_chunk(m, kv, NULL, tokens + s, n, dst, all_logits, batch)) {
             /* a recurrent state may hold part of the failed chunk: no prefix of it is trustworthy */
             if (!kv->truncatable) kv_restart(kv);
             return -1;
@@ -128,7 +149,7 @@ int forward_rows(const Model *m, KvCache *const *rows, const int32_t *tokens, in
     fwd_oom_clear();
     for (int s = 0; s < R; s += step) {
         int n = R - s < step ? R - s : step;
-        if (forward_chunk(m, rows[s], rows + s, tokens + s, n, logits + (size_t)s * m->a.vocab, 1)) {
+        if (forward_chunk(m, rows[s], rows + s, tokens + s, n, logits + (size_t)s * m->a.vocab, 1, n)) {
             for (int r = 0; r < R; r++) /* as in forward: a half-updated recurrent state is dropped */
                 if (!rows[r]->truncatable) kv_restart(rows[r]);
             return -1;

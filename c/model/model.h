@@ -142,6 +142,14 @@ int forward_rows(const Model *m, KvCache *const *rows, const int32_t *tokens, in
 
 /* Largest batch one forward call processes; longer prompts go in chunks of this size. */
 extern int forward_max_batch;
+/* Positions of one prefill pass when experts stream (--prefill-pass): a multiple of the batch,
+ * run layer by layer so each routed expert is read once per pass; attention still takes a batch
+ * at a time, so results do not depend on it. 0 or the batch: chunk by chunk. */
+extern int forward_prefill_pass;
+/* The positions forward() takes per pass: forward_prefill_pass, at least one batch. */
+int forward_pass_step(void);
+/* Automatic passes cover a whole prompt up to this many positions. */
+#define PREFILL_PASS_MAX 4096
 
 /* The prefill batch without --batch, by kernel set. AMX tiles take 16 positions of one expert
  * at a time, and at 128 positions, 128 experts and top-8 an expert meets 8 on average (half a

@@ -86,6 +86,37 @@ static void test_budget(void) {
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.mask_cache == 0, "no grammar: no mask cache");
 }
 
+/* The prefill pass takes at most half of what the budget has beyond its minimum, in whole
+ * batches past the first; without a budget it is what was asked. */
+static void test_budget_pass(void) {
+    char err[512];
+    BudgetOut o;
+    BudgetIn in = {.ram = 100000000,
+                   .dense = 30000000,
+                   .kv = 6000000,
+                   .runtime = 4000000,
+                   .moe_layers = 4,
+                   .experts = 64,
+                   .slot_bytes = 1000000};
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.min_ram == 44000000ull, "%s", err);
+    int limited = 0;
+    /* 56 MB spare: 28 MB for the pass; 1 MB a batch of 8 at 125 kB a position: 28 more batches */
+    CHECK(ram_budget_pass(&in, &o, 4096, 8, 125000, &limited) == 29 * 8 && limited, "budget-limited pass");
+    CHECK(ram_budget_pass(&in, &o, 128, 8, 125000, &limited) == 128 && !limited, "a pass that fits");
+    CHECK(ram_budget_pass(&in, &o, 8, 8, 125000, &limited) == 8 && !limited, "one batch");
+    in.pass = (uint64_t)(29 * 8 - 8) * 125000;
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.min_ram == 72000000ull && o.cap == 8, "cap %d min %llu", o.cap,
+          (unsigned long long)o.min_ram);
+    in.pass_auto = 1; /* sized from the spare: the minimum stays the one-batch one */
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.min_ram == 44000000ull && o.cap == 8, "cap %d min %llu", o.cap,
+          (unsigned long long)o.min_ram);
+    in.pass_auto = 0;
+    in.ram = 50000000; /* a pass the budget cannot hold is named in the refusal */
+    CHECK(ram_budget_split(&in, &o, err, sizeof err) == -1 && strstr(err, "prefill pass 28.0 MB"), "%s", err);
+    in.ram = 0;
+    CHECK(ram_budget_pass(&in, &o, 4096, 8, 125000, &limited) == 4096 && !limited, "no budget: as asked");
+}
+
 static void test_pool(void) {
     char path[] = "/tmp/coli_io_test_XXXXXX";
     int fd = mkstemp(path);
@@ -160,6 +191,7 @@ static void test_usage(void) {
 
 void test_expert_streaming(void) {
     test_budget();
+    test_budget_pass();
     test_pool();
     test_usage();
 }
