@@ -338,6 +338,21 @@ static Stream *next_prefill(Loop *L) {
     return best;
 }
 
+/* PROGRESS inside a pass of m positions: the share of its layers done, in positions, strictly
+ * below the pass's end (the frame after forward() reports that). */
+typedef struct {
+    Stream *s;
+    int m, sent;
+} PassProgress;
+
+static void pass_progress(void *ctx, int layers_done, int layers) {
+    PassProgress *p = ctx;
+    const int done = p->s->done + (int)((long)p->m * layers_done / layers);
+    if (layers_done >= layers || done <= p->sent) return;
+    p->sent = done;
+    emit_line("PROGRESS %s %d %d %d %.1f", p->s->f.id, done, p->s->n, p->s->reuse, now_ms() - p->s->t0);
+}
+
 /* One prefill chunk of one request still prefilling. */
 static void prefill_one(Loop *L) {
     Stream *s = next_prefill(L);
@@ -346,7 +361,10 @@ static void prefill_one(Loop *L) {
     const int step = forward_pass_step(); /* a batch, or a whole pass while experts stream */
     const int m = s->n - s->done < step ? s->n - s->done : step;
     const int last = s->done + m == s->n;
+    PassProgress pp = {s, m, s->done};
+    if (s->f.progress) forward_progress = (ForwardProgress){pass_progress, &pp};
     s->oom = forward(&L->e->model, s->kv, s->ids + s->done, m, last ? s->logits : NULL, 0) != 0;
+    forward_progress = (ForwardProgress){NULL, NULL};
     if (s->oom) {
         stream_finish(L, s);
         return;

@@ -12,6 +12,7 @@
 
 int forward_max_batch = FORWARD_DEFAULT_BATCH;
 int forward_prefill_pass = 0;
+ForwardProgress forward_progress = {NULL, NULL};
 
 int forward_pass_step(void) {
     const int b = forward_max_batch > 0 ? forward_max_batch : 1;
@@ -100,6 +101,7 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
             else
                 for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
         }
+        if (forward_progress.fn && T > sub && !rows) forward_progress.fn(forward_progress.ctx, l + 1, a->n_layers);
     }
     if (logits && !fwd_oom()) {
         const ProfOp norm = prof_enter(PROF_HEAD);

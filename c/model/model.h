@@ -148,6 +148,14 @@ extern int forward_max_batch;
 extern int forward_prefill_pass;
 /* The positions forward() takes per pass: forward_prefill_pass, at least one batch. */
 int forward_pass_step(void);
+/* Called by forward() after each layer of a pass longer than one batch (a prompt prefilled
+ * layer by layer reaches its positions only at the last layer, so a caller reporting progress
+ * needs the layers in between); NULL: none. */
+typedef struct {
+    void (*fn)(void *ctx, int layers_done, int layers);
+    void *ctx;
+} ForwardProgress;
+extern ForwardProgress forward_progress;
 /* Automatic passes cover a whole prompt up to this many positions. */
 #define PREFILL_PASS_MAX 4096
 
