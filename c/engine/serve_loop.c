@@ -353,12 +353,21 @@ static void pass_progress(void *ctx, int layers_done, int layers) {
     emit_line("PROGRESS %s %d %d %d %.1f", p->s->f.id, done, p->s->n, p->s->reuse, now_ms() - p->s->t0);
 }
 
+/* Whether a request other than s is running (decoding or prefilling). */
+static int others_on(const Loop *L, const Stream *s) {
+    for (int i = 0; i < L->e->parallel; i++)
+        if (L->st[i].on && &L->st[i] != s) return 1;
+    return 0;
+}
+
 /* One prefill chunk of one request still prefilling. */
 static void prefill_one(Loop *L) {
     Stream *s = next_prefill(L);
     if (!s) return;
     s->chunked_at = ++L->chunks;
-    const int step = forward_pass_step(); /* a batch, or a whole pass while experts stream */
+    /* a whole pass while experts stream (one read per expert), but one batch while others run:
+     * a pass would hold their tokens and prompts back for the whole of it */
+    const int step = others_on(L, s) ? (forward_max_batch > 0 ? forward_max_batch : 1) : forward_pass_step();
     const int m = s->n - s->done < step ? s->n - s->done : step;
     const int last = s->done + m == s->n;
     PassProgress pp = {s, m, s->done};
