@@ -74,7 +74,7 @@ static void q_iq2_xxs(const unsigned char *b, LowbitBlock *o) {
 }
 
 /* IQ2_XS, 74 bytes: d, qs[32] u16 (9-bit grid index, 7-bit sign index, per 8), scales[8] (two
- * 4-bit scales, per 16). IQ2_S's scales are the same bytes at the same place. */
+ * 4-bit scales, per 16). */
 static void sc_iq2_xs(const unsigned char *b, LowbitBlock *o) {
     const float d = h2f(b);
     for (int i = 0; i < 16; i++) o->sc[i] = d * (0.5f + (float)(b[66 + i / 2] >> (4 * (i % 2)) & 0xF)) * 0.25f;
