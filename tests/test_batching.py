@@ -23,13 +23,34 @@ CASES = {"llama-bf16": ("llama", "bf16", "bf16"), "qwen3_moe-bf16": ("qwen3_moe"
          "qwen3_moe-q4": ("qwen3_moe", "q4", "q8")}
 
 
+_CONVERTED = {}
+
+
+def converted(case, oracle_root, tmp_path_factory):
+    """The CASES container, converted once per test session."""
+    if case not in _CONVERTED:
+        name, experts, dense = CASES[case]
+        out = tmp_path_factory.mktemp("batch") / name
+        subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / name / "hf"), str(out),
+                        "--experts", experts, "--dense", dense], check=True, capture_output=True)
+        _CONVERTED[case] = out
+    return _CONVERTED[case]
+
+
 @pytest.fixture(scope="module", params=sorted(CASES))
 def model(request, oracle_root, tmp_path_factory):
-    name, experts, dense = CASES[request.param]
-    out = tmp_path_factory.mktemp("batch") / name
-    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / name / "hf"), str(out),
-                    "--experts", experts, "--dense", dense], check=True, capture_output=True)
-    return out
+    return converted(request.param, oracle_root, tmp_path_factory)
+
+
+# Experts streaming (--cap 1) prefill a lone prompt in one pass; next to another request they
+# take one batch per turn as the resident engine does. (case, engine flags); dense models have
+# no experts to stream.
+PREFILL_SETUPS = [(c, []) for c in sorted(CASES)] + [(c, ["--cap", "1"]) for c in sorted(CASES) if "moe" in c]
+
+
+@pytest.fixture(scope="module", params=PREFILL_SETUPS, ids=lambda s: s[0] + ("-streaming" if s[1] else ""))
+def prefill_setup(request, oracle_root, tmp_path_factory):
+    return converted(request.param[0], oracle_root, tmp_path_factory), request.param[1]
 
 
 def collect(eng, rids):
@@ -89,25 +110,14 @@ def test_sampled_requests_keep_their_own_seeds(model):
     assert together == alone
 
 
-# Experts streaming (--cap 1) prefill a lone prompt in one pass; next to another request they
-# take one batch per turn as the resident engine does.
-STREAMING = {"resident": [], "streaming": ["--cap", "1"]}
-
-
-def streaming_flags(model, mode):
-    if mode == "streaming" and model.name.startswith("llama"):
-        pytest.skip("a dense model has no experts to stream")
-    return STREAMING[mode]
-
-
-@pytest.mark.parametrize("mode", sorted(STREAMING))
-def test_long_prompt_does_not_stall_a_running_stream(model, mode):
+def test_long_prompt_does_not_stall_a_running_stream(prefill_setup):
     """B's 200-token prompt is prefilled 4 positions per chunk (50 chunks) while A streams: A
     gets a token after every chunk, so it emits at least 49 tokens between B's ACCEPT and B's
     first token. Tokens are counted, not seconds."""
     # A's budget is far beyond what it needs, so a test process slowed by a busy machine (A runs
     # on while B's SUBMIT is on its way) cannot see A end first
-    with engine_client.Engine(model, ctx=512, kv_slots=2, batch=4, extra=streaming_flags(model, mode)) as eng:
+    model, flags = prefill_setup
+    with engine_client.Engine(model, ctx=512, kv_slots=2, batch=4, extra=flags) as eng:
         eng.write(engine_client.submit_frame("a", [5, 6, 7], slot=0, max_tokens=500, temp=0, ignore_eos=1))
         verb, f, _ = eng.read_frame()
         assert verb == "ACCEPT"
@@ -155,11 +165,11 @@ def test_parallel_above_kv_slots_is_refused(model):
     assert "--parallel 3 exceeds --kv-slots 2" in e.value.message
 
 
-@pytest.mark.parametrize("mode", sorted(STREAMING))
-def test_short_prompt_is_not_held_behind_a_long_prefill(model, mode):
+def test_short_prompt_is_not_held_behind_a_long_prefill(prefill_setup):
     """A 200-token prompt (50 chunks of 4) arrives first, a 3-token one right behind it: the
     prompts take turns chunk by chunk, so the short one answers first."""
-    with engine_client.Engine(model, ctx=400, kv_slots=2, batch=4, extra=streaming_flags(model, mode)) as eng:
+    model, flags = prefill_setup
+    with engine_client.Engine(model, ctx=400, kv_slots=2, batch=4, extra=flags) as eng:
         eng.write(engine_client.submit_frame("long", [1 + i % 300 for i in range(200)], slot=0, max_tokens=2, temp=0,
                                              ignore_eos=1)
                   + engine_client.submit_frame("short", [5, 6, 7], slot=1, max_tokens=2, temp=0, ignore_eos=1))
