@@ -195,19 +195,20 @@ def streaming_ram(model_dir):
     return ram
 
 
-def kept_types(out):
-    man = json.loads((out / "colibri.json").read_text())
-    return man["quant"]["from_gguf"]
+def convert_keeping_every_type(src, tmp_path):
+    """The default conversion of src, which keeps every low-bit type as its own storage."""
+    out = convert(src, tmp_path / "c")
+    kept = json.loads((out / "colibri.json").read_text())["quant"]["from_gguf"]
+    for name in LOWBIT:
+        assert kept.get(f"{name} -> {name.lower()}", 0) > 0, (name, kept)
+    return out
 
 
 def test_qwen3moe_lowbit_gguf_against_transformers(tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
     hf, exact = build("qwen3_moe", QWEN3MOE, tmp_path, 301)
     src = write_gguf(tmp_path / "m.gguf", hf, matrix_type=T.F16, exact=exact)
-    out = convert(src, tmp_path / "c")
-    kept = kept_types(out)
-    for name in LOWBIT:
-        assert kept.get(f"{name} -> {name.lower()}", 0) > 0, (name, kept)
+    out = convert_keeping_every_type(src, tmp_path)
     r = subprocess.run([sys.executable, str(ROOT / "coli"), "info", "--model", str(out)], capture_output=True,
                        text=True, timeout=120)
     quant = next(ln for ln in r.stdout.splitlines() if ln.startswith("quant"))
@@ -225,10 +226,7 @@ def test_deepseek2_lowbit_gguf_against_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
     hf, exact = build("deepseek_v3", DEEPSEEK2, tmp_path, 311)
     src = write_moe_gguf(tmp_path / "m.gguf", hf, matrix_type=T.F16, exact=exact)
-    out = convert(src, tmp_path / "c")
-    kept = kept_types(out)
-    for name in LOWBIT:
-        assert kept.get(f"{name} -> {name.lower()}", 0) > 0, (name, kept)
+    out = convert_keeping_every_type(src, tmp_path)
     ref = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, attn_implementation="eager",
                                                experts_implementation="eager").eval()
     check_model(out, ref, tmp_path, 312, tol=MLA_LOGIT_TOL, f32=convert(src, tmp_path / "f", experts="f32", dense="f32"))

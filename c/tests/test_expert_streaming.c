@@ -10,17 +10,22 @@
 #include "experts/ram_budget.h"
 #include "experts/usage.h"
 
+/* 40 MB fixed, 4 layers x 1 MB slots, in a 100 MB budget. */
+static BudgetIn budget_100mb(void) {
+    return (BudgetIn){.ram = 100000000,
+                      .dense = 30000000,
+                      .kv = 6000000,
+                      .runtime = 4000000,
+                      .moe_layers = 4,
+                      .experts = 64,
+                      .slot_bytes = 1000000};
+}
+
 static void test_budget(void) {
     char err[512];
     BudgetOut o;
     /* 40 MB fixed, 4 layers x 1 MB slots: 100 MB leaves 60 MB = 15 slots per layer */
-    BudgetIn in = {.ram = 100000000,
-                   .dense = 30000000,
-                   .kv = 6000000,
-                   .runtime = 4000000,
-                   .moe_layers = 4,
-                   .experts = 64,
-                   .slot_bytes = 1000000};
+    BudgetIn in = budget_100mb();
     CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0, "%s", err);
     CHECK(o.streaming && o.cap == 15 && o.cache == 60000000ull, "cap %d cache %llu", o.cap, (unsigned long long)o.cache);
     CHECK(o.min_ram == 44000000ull, "min_ram %llu", (unsigned long long)o.min_ram);
@@ -91,13 +96,7 @@ static void test_budget(void) {
 static void test_budget_pass(void) {
     char err[512];
     BudgetOut o;
-    BudgetIn in = {.ram = 100000000,
-                   .dense = 30000000,
-                   .kv = 6000000,
-                   .runtime = 4000000,
-                   .moe_layers = 4,
-                   .experts = 64,
-                   .slot_bytes = 1000000};
+    BudgetIn in = budget_100mb();
     CHECK(ram_budget_split(&in, &o, err, sizeof err) == 0 && o.min_ram == 44000000ull, "%s", err);
     int limited = 0;
     /* 56 MB spare: 28 MB for the pass; 1 MB a batch of 8 at 125 kB a position: 28 more batches */
