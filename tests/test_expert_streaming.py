@@ -27,7 +27,7 @@ SETTINGS = [["--cap", "1"], ["--cap", "2"], ["--ram", "0.1", "--ctx", "256"], ["
             ["--cap", "1", "--batch", "32", "--prefill-pass", "64"], ["--cap", "1", "--batch", "32", "--prefill-pass", "0"],
             ["--ram", "0.1", "--ctx", "256", "--batch", "5"]]
 END_KEYS = {"hits", "misses", "hit_rate", "bytes_read", "read_gbps", "io_wait_ms", "compute_ms", "peak_rss_mb", "rss_mb",
-            "experts_pinned", "experts_cached", "experts_total"}
+            "experts_pinned", "experts_cached", "experts_total", "prefill_bytes_read", "prefill_io_wait_ms"}
 READY_KEYS = {"ram_budget", "dense_bytes", "kv_bytes", "runtime_bytes", "expert_cache_bytes", "cap", "experts",
               "moe_layers", "expert_bytes", "pinned", "direct", "readahead"}
 
@@ -195,6 +195,12 @@ def test_ready_end_and_routing_frames(oracle_root, containers, binary):
     hits, misses = int(end["hits"]), int(end["misses"])
     assert misses > 0 and float(end["hit_rate"]) == pytest.approx(hits / (hits + misses), abs=1e-3)
     assert int(end["bytes_read"]) >= misses * int(r["expert_bytes"])
+    # a logits turn is all prompt: its prefill reads are the turn's
+    assert (end["prefill_bytes_read"], end["prefill_io_wait_ms"]) == (end["bytes_read"], end["io_wait_ms"])
+    gen = e.turn(ids[::-1], max_tokens=6, temp=0)["end"]  # no prefix to reuse
+    assert END_KEYS <= set(gen)
+    assert 0 < int(gen["prefill_bytes_read"]) < int(gen["bytes_read"])  # --cap 2 of 8: decode reads too
+    assert float(gen["prefill_io_wait_ms"]) <= float(gen["io_wait_ms"])
     assert end["experts_total"] == "16" and int(end["experts_cached"]) <= 4 and int(end["peak_rss_mb"]) >= int(end["rss_mb"]) > 0
     # every position routes top_k = 2 experts in each MoE layer
     assert t["routing"].shape == (2, 8) and (t["routing"].sum(1) == 2 * len(ids)).all()

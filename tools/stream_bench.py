@@ -5,6 +5,7 @@
   PYTHONPATH=. .venv/bin/python tools/stream_bench.py prep  DIR --llama-cpp SRC  colibri container + llama.cpp Q4_0 GGUF
   PYTHONPATH=. .venv/bin/python tools/stream_bench.py prep  DIR --llama-cpp SRC --quant IQ2_XXS   one low-bit GGUF for both
   PYTHONPATH=. .venv/bin/python tools/stream_bench.py run   DIR --llama-cpp SRC --limit-gb G [--ram G]
+  PYTHONPATH=. .venv/bin/python tools/stream_bench.py ttft  DIR --llama-cpp SRC --limit-gb G --prompts 512,4096
 
 `gen` writes random bf16 weights with the per-token geometry of Qwen3-30B-A3B (hidden 2048, 128
 experts, top-8, expert width 768, 32/4 heads x 128) and the real Qwen3 tokenizer, one shard per
@@ -16,6 +17,9 @@ inside one memory cgroup (v1 or v2) whose limit counts page cache too, so the mm
 streaming engine get the same RAM; the page cache is dropped before each run. It measures the
 machine's O_DIRECT read bandwidth the same day and prints one table: decode tok/s, TTFT of a
 512-token prompt, expert hit rate, bytes read per token, achieved read GB/s, the disk-bound limit.
+`ttft` times prompts alone, one length after another, in the same cgroup: colibri streaming,
+llama.cpp mmap, and colibri with every expert resident (outside the cgroup, experts warmed), and
+prints each against the bound max(resident prefill time, every expert's bytes / O_DIRECT rate).
 
 Dev tool only: needs root (cgroup, drop_caches), numpy, and a llama.cpp build outside the repo.
 """
@@ -44,6 +48,9 @@ def random_bf16(rng, shape, np, exponent=0x3C00):
 
 
 def gen(args):
+    if args.geometry == "glm5":
+        import glm5_geometry  # tools/, beside this file
+        return glm5_geometry.gen(Path(args.dir) / "hf", args.layers, args.seed)
     import numpy as np
     out = Path(args.dir) / "hf"
     out.mkdir(parents=True, exist_ok=True)
@@ -267,19 +274,27 @@ def prompt_ids(n, seed):
     return [1000 + (seed * 7919 + i * 104729) % 140000 for i in range(n)]
 
 
-def colibri_turn(cg, col, args, seed):
+def start_engine(col, args, ctx, extra, cg=None):
     try:
         from colibri import engine_client
     except ImportError:
         sys.exit("run this tool from the checkout with PYTHONPATH=. (it drives the engine through colibri)")
-    extra = ["--ram", f"{args.ram:g}"] + (["--readahead", args.readahead] if args.readahead else [])
-    # the engine joins the cgroup before it execs, so every page it touches is charged there
-    join = ["sh", "-c", f'echo $$ > {cg.path / "cgroup.procs"} && exec "$@"', "sh",
-            str(engine_client.ensure_built()), "serve"]
+    command = None
+    if cg is not None:  # the engine joins the cgroup before it execs, so every page it touches is charged there
+        command = ["sh", "-c", f'echo $$ > {cg.path / "cgroup.procs"} && exec "$@"', "sh",
+                   str(engine_client.ensure_built()), "serve"]
     try:
-        eng = engine_client.Engine(col, ctx=1024, threads=args.threads, extra=extra, command=join)
+        return engine_client.Engine(col, ctx=ctx, threads=args.threads, extra=extra, command=command)
     except engine_client.EngineError as e:
         sys.exit(f"colibri did not start: {e.message}")
+
+
+def streaming_flags(args):
+    return ["--ram", f"{args.ram:g}"] + (["--readahead", args.readahead] if args.readahead else [])
+
+
+def colibri_turn(cg, col, args, seed):
+    eng = start_engine(col, args, 1024, streaming_flags(args), cg)
     # turn 1: the prompt alone (TTFT); turn 2 continues it from the KV cache, so its stats are
     # the decode's own: hit rate, bytes read per token, read rate
     ids = prompt_ids(args.prompt, seed)
@@ -370,6 +385,95 @@ def run(args):
         print(f"| disk-bound limit | {limit:.2f} tok/s; colibri at {100 * c['decode_tok_s'] / limit:.0f}% | | |")
 
 
+# ---------------------------------------------------------------- ttft
+
+def prompt_turn(eng, n, seed):
+    """One prompt of n ids, one token out: the END frame's fields (ttft_ms, bytes_read, io_wait_ms)."""
+    out = turn(eng, prompt_ids(n, seed), 1)
+    if int(out.get("reused_tokens", 0)):
+        sys.exit("the timed prompt reused a cached prefix: the prompts must differ from their first id")
+    return out
+
+
+def colibri_ttft(cg, col, args, n, seed):
+    eng = start_engine(col, args, n + 16, streaming_flags(args), cg)
+    end = prompt_turn(eng, n, seed)
+    eng.close()
+    f = lambda k: float(end.get(k, 0))  # noqa: E731
+    return {"ttft_s": f("ttft_ms") / 1000, "bytes_read": f("prefill_bytes_read"), "read_gbps": f("read_gbps"),
+            "io_wait_s": f("prefill_io_wait_ms") / 1000, "misses": f("misses"), "peak_rss_mb": f("peak_rss_mb"),
+            "prefill_pass": int(eng.info.get("prefill_pass", 0)), "pass_why": eng.info.get("prefill_pass_why", ""),
+            "info": eng.info}
+
+
+def resident_ttft(col, args, n, seed):
+    """The prompt with every expert in RAM: a 512-id prompt of other ids first routes every
+    expert in (they are read on first use), then the timed prompt, which shares no prefix."""
+    eng = start_engine(col, args, max(n, 512) + 16, [])
+    prompt_turn(eng, 512, 10_000 + seed)
+    end = prompt_turn(eng, n, seed)
+    eng.close()
+    return float(end["ttft_ms"]) / 1000
+
+
+def llama_ttft(cg, args, gguf, n):
+    exe = Path(args.llama_bin or Path(args.llama_cpp) / "build" / "bin") / "llama-batched-bench"
+    cmd = [str(exe), "-m", str(gguf), "-c", str(n + 16), "-b", "512", "-ub", "512", "-npp", str(n), "-ntg", "1",
+           "-npl", "1", "-t", str(args.threads), "-nr"]
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=cg.preexec(), timeout=7200)
+    if r.returncode:
+        sys.exit(f"llama-batched-bench failed ({r.returncode}): {r.stderr[-800:]}")
+    for line in r.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 10 and cells[0] == str(n):
+            return {"ttft_s": float(cells[4])}  # PP | TG | B | N_KV | T_PP s | ...
+    sys.exit(f"cannot parse llama-batched-bench output:\n{r.stdout[-800:]}")
+
+
+def ttft(args):
+    d = Path(args.dir)
+    col, gguf = paths(d, args.quant)
+    man = json.loads((col / "colibri.json").read_text())
+    lengths = [int(x) for x in args.prompts.split(",")]
+    cg = MemoryCgroup(int(args.limit_gb * 1e9))
+    rows = []
+    try:
+        drop_caches()
+        disk = direct_read_gbps([col / s for s in man["shards"]])
+        print(f"O_DIRECT read rate {disk:.2f} GB/s", flush=True)
+        for n in lengths:
+            res = resident_ttft(col, args, n, seed=n)
+            for i in range(args.repeat):
+                drop_caches()
+                cg.reset_peak()
+                ours = colibri_ttft(cg, col, args, n, seed=n + i)
+                ours["cgroup_peak"] = cg.peak()
+                print("colibri", n, json.dumps({k: v for k, v in ours.items() if k != "info"}), flush=True)
+                drop_caches()
+                cg.reset_peak()
+                theirs = llama_ttft(cg, args, gguf, n)
+                theirs["cgroup_peak"] = cg.peak()
+                print("llama.cpp", n, json.dumps(theirs), flush=True)
+                rows.append((n, res, ours, theirs))
+    finally:
+        cg.close()
+    info = rows[0][2]["info"]
+    # at these lengths every expert is routed (512 positions x top-8 of 128 leave an expert
+    # unrouted with probability (120/128)^4096 ~ 1e-115), so the prompt must read them all once
+    all_experts = int(info["moe_layers"]) * int(info["experts"]) * int(info["expert_bytes"])
+    print(f"\nlimit {args.limit_gb:g} GB, --ram {args.ram:g}, {args.threads} threads, O_DIRECT {disk:.2f} GB/s, "
+          f"every expert {all_experts / 1e9:.2f} GB\n")
+    print("| prompt | colibri TTFT | llama.cpp mmap TTFT | colibri / llama.cpp | bound | colibri / bound "
+          "| expert GB read | read GB/s | I/O wait | pass |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n, res, ours, theirs in rows:
+        bound = max(res, all_experts / disk / 1e9)
+        print(f"| {n} | {ours['ttft_s']:.1f} s | {theirs['ttft_s']:.1f} s | {ours['ttft_s'] / theirs['ttft_s']:.2f}x "
+              f"| {bound:.1f} s (resident {res:.1f} s, reads {all_experts / disk / 1e9:.1f} s) "
+              f"| {ours['ttft_s'] / bound:.2f}x | {ours['bytes_read'] / 1e9:.2f} | {ours['read_gbps']:.2f} "
+              f"| {ours['io_wait_s']:.1f} s | {ours['prefill_pass']} ({ours['pass_why']}) |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -377,6 +481,8 @@ def main():
     g.add_argument("dir")
     g.add_argument("--layers", type=int, default=48)
     g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--geometry", choices=("qwen3", "glm5"), default="qwen3",
+                   help="Qwen3-30B-A3B's (bf16) or GLM-5's (block-FP8, about 10 GB a layer)")
     p = sub.add_parser("prep")
     p.add_argument("dir")
     p.add_argument("--llama-cpp", required=True, help="llama.cpp source tree with a build/ (outside this repo)")
@@ -393,10 +499,21 @@ def main():
     r.add_argument("--prompt", type=int, default=512)
     r.add_argument("--gen", type=int, default=32)
     r.add_argument("--repeat", type=int, default=2)
+    t = sub.add_parser("ttft")
+    t.add_argument("dir")
+    t.add_argument("--llama-cpp", required=True)
+    t.add_argument("--llama-bin", help="the folder of llama-batched-bench (default: SRC/build/bin)")
+    t.add_argument("--limit-gb", type=float, required=True, help="memory cgroup limit for both engines")
+    t.add_argument("--quant", help="the setting prep --quant made (default: colibri q4 vs llama.cpp Q4_0)")
+    t.add_argument("--ram", type=float, help="colibri's --ram (default: 90%% of the limit)")
+    t.add_argument("--readahead", choices=("on", "off"))
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--prompts", default="512,4096,16384", help="prompt lengths, comma-separated")
+    t.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
-    if args.cmd == "run" and args.ram is None:
+    if args.cmd in ("run", "ttft") and args.ram is None:
         args.ram = 0.9 * args.limit_gb
-    {"gen": gen, "prep": prep, "run": run}[args.cmd](args)
+    {"gen": gen, "prep": prep, "run": run, "ttft": ttft}[args.cmd](args)
 
 
 if __name__ == "__main__":

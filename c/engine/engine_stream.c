@@ -335,11 +335,22 @@ void engine_stream_mark_free(TurnMark *m) {
     m->counts = NULL;
 }
 
-void engine_stream_end_since(Engine *e, const TurnMark *m, double turn_ms, char *buf, size_t n) {
+ExpertStats engine_stream_since(Engine *e, const TurnMark *m) {
     ExpertStore *s = &e->store;
     expert_store_turn_end(s);
-    ExpertStats d = {s->st.hits - m->st.hits, s->st.misses - m->st.misses, s->st.bytes_read - m->st.bytes_read,
-                     s->st.io_wait_ms - m->st.io_wait_ms, s->st.read_busy_s - m->st.read_busy_s};
+    return (ExpertStats){s->st.hits - m->st.hits, s->st.misses - m->st.misses, s->st.bytes_read - m->st.bytes_read,
+                         s->st.io_wait_ms - m->st.io_wait_ms, s->st.read_busy_s - m->st.read_busy_s};
+}
+
+void engine_stream_prefill_fields(const ExpertStats *d, char *buf, size_t n) {
+    size_t at = strlen(buf);
+    if (at < n)
+        snprintf(buf + at, n - at, " prefill_bytes_read=%llu prefill_io_wait_ms=%.1f", (unsigned long long)d->bytes_read,
+                 d->io_wait_ms);
+}
+
+void engine_stream_end_since(Engine *e, const TurnMark *m, double turn_ms, char *buf, size_t n) {
+    ExpertStats d = engine_stream_since(e, m);
     end_fields(e, &d, turn_ms, buf, n);
 }
 

@@ -48,6 +48,7 @@ typedef struct {
     int32_t tok;                /* the token this step feeds back */
     const char *finish;
     double t0, t_prefill, t_first;
+    ExpertStats prefill_io; /* the expert reads up to the end of the prompt */
     TurnMark mark;
     ProfStats prof0; /* the decode profile when decoding began (--profile) */
     GrammarRun *gr;  /* constrained decoding (SUBMIT grammar=), or NULL */
@@ -173,7 +174,10 @@ static void stream_finish(Loop *L, Stream *s) {
     else {
         const char *finish = s->verdict == 1 ? "stop" : s->finish;
         double total = now_ms() - s->t0, decode = total - s->t_first;
-        if (!s->decoding) s->t_prefill = total; /* stopped during prefill */
+        if (!s->decoding) { /* stopped during prefill */
+            s->t_prefill = total;
+            s->prefill_io = engine_stream_since(e, &s->mark);
+        }
         char stats[2048];
         engine_stream_end_since(e, &s->mark, total, stats, sizeof stats);
         if (s->gr) {
@@ -183,6 +187,7 @@ static void stream_finish(Loop *L, Stream *s) {
             snprintf(stats + k, sizeof stats - k, " grammar_ms=%.2f grammar_masks=%llu", s->t_grammar,
                      (unsigned long long)(gs.masks_built - s->masks_before));
         }
+        engine_stream_prefill_fields(&s->prefill_io, stats, sizeof stats);
         engine_persist_fields(e, stats, sizeof stats);
         if (e->draft_mode) {
             size_t k = strlen(stats);
@@ -388,6 +393,7 @@ static void prefill_one(Loop *L) {
     kv_checkpoint(s->kv); /* a turn boundary: the next turn may resume here */
     s->t_prefill = now_ms() - s->t0;
     s->decoding = 1;
+    s->prefill_io = engine_stream_since(L->e, &s->mark);
     if (prof_enabled) prof_snapshot(&s->prof0);
 }
 

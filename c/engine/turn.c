@@ -114,6 +114,8 @@ void engine_run_logits(Engine *e, const Frame *f, const int32_t *ids, int n) {
     double ms = now_ms() - t0;
     char stats[600];
     engine_stream_end_since(e, &mark, ms, stats, sizeof stats);
+    ExpertStats whole = engine_stream_since(e, &mark); /* the turn is all prompt */
+    engine_stream_prefill_fields(&whole, stats, sizeof stats);
     if (f->routing) engine_stream_routing_since(e, &mark, f->id);
     emit_line("END %s prompt_tokens=%d completion_tokens=0 reused_tokens=0 ttft_ms=%.1f prefill_tok_s=%.1f "
               "decode_tok_s=0.0 finish=logits%s",
