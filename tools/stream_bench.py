@@ -290,7 +290,8 @@ def start_engine(col, args, ctx, extra, cg=None):
 
 
 def streaming_flags(args):
-    return ["--ram", f"{args.ram:g}"] + (["--readahead", args.readahead] if args.readahead else [])
+    budget = ["--cap", str(args.cap)] if getattr(args, "cap", None) else ["--ram", f"{args.ram:g}"]
+    return budget + (["--readahead", args.readahead] if args.readahead else [])
 
 
 def colibri_turn(cg, col, args, seed):
@@ -389,31 +390,44 @@ def run(args):
 
 def prompt_turn(eng, n, seed):
     """One prompt of n ids, one token out: the END frame's fields (ttft_ms, bytes_read, io_wait_ms)."""
-    out = turn(eng, prompt_ids(n, seed), 1)
+    ids = prompt_ids(n, seed)
+    out = turn(eng, ids, 1)
     if int(out.get("reused_tokens", 0)):
         sys.exit("the timed prompt reused a cached prefix: the prompts must differ from their first id")
-    return out
+    return ids + [out["token"]], out
+
+
+def decode_leg(eng, ids, gen):
+    """gen tokens more after the prompt (its KV reused): decode tok/s and the reads per token."""
+    if not gen:
+        return {}
+    end = turn(eng, ids, gen)
+    n = int(end["completion_tokens"])
+    return {"decode_tok_s": float(end["decode_tok_s"]), "decode_bytes_per_token": float(end["bytes_read"]) / n,
+            "decode_hit_rate": float(end["hit_rate"])}
 
 
 def colibri_ttft(cg, col, args, n, seed):
-    eng = start_engine(col, args, n + 16, streaming_flags(args), cg)
-    end = prompt_turn(eng, n, seed)
+    eng = start_engine(col, args, n + args.gen + 16, streaming_flags(args), cg)
+    ids, end = prompt_turn(eng, n, seed)
+    dec = decode_leg(eng, ids, args.gen)
     eng.close()
     f = lambda k: float(end.get(k, 0))  # noqa: E731
     return {"ttft_s": f("ttft_ms") / 1000, "bytes_read": f("prefill_bytes_read"), "read_gbps": f("read_gbps"),
             "io_wait_s": f("prefill_io_wait_ms") / 1000, "misses": f("misses"), "peak_rss_mb": f("peak_rss_mb"),
             "prefill_pass": int(eng.info.get("prefill_pass", 0)), "pass_why": eng.info.get("prefill_pass_why", ""),
-            "info": eng.info}
+            **dec, "info": eng.info}
 
 
 def resident_ttft(col, args, n, seed):
     """The prompt with every expert in RAM: a 512-id prompt of other ids first routes every
     expert in (they are read on first use), then the timed prompt, which shares no prefix."""
-    eng = start_engine(col, args, max(n, 512) + 16, [])
+    eng = start_engine(col, args, max(n, 512) + args.gen + 16, [])
     prompt_turn(eng, 512, 10_000 + seed)
-    end = prompt_turn(eng, n, seed)
+    ids, end = prompt_turn(eng, n, seed)
+    dec = decode_leg(eng, ids, args.gen)
     eng.close()
-    return float(end["ttft_ms"]) / 1000
+    return {"ttft_s": float(end["ttft_ms"]) / 1000, **dec}
 
 
 def llama_ttft(cg, args, gguf, n):
@@ -435,7 +449,7 @@ def ttft(args):
     col, gguf = paths(d, args.quant)
     man = json.loads((col / "colibri.json").read_text())
     lengths = [int(x) for x in args.prompts.split(",")]
-    cg = MemoryCgroup(int(args.limit_gb * 1e9))
+    cg = MemoryCgroup(int(args.limit_gb * 1e9)) if args.limit_gb else None
     rows = []
     try:
         drop_caches()
@@ -443,35 +457,57 @@ def ttft(args):
         print(f"O_DIRECT read rate {disk:.2f} GB/s", flush=True)
         for n in lengths:
             res = resident_ttft(col, args, n, seed=n)
+            print("resident", n, json.dumps(res), flush=True)
             for i in range(args.repeat):
                 drop_caches()
-                cg.reset_peak()
+                if cg:
+                    cg.reset_peak()
                 ours = colibri_ttft(cg, col, args, n, seed=n + i)
-                ours["cgroup_peak"] = cg.peak()
+                ours["cgroup_peak"] = cg.peak() if cg else None
                 print("colibri", n, json.dumps({k: v for k, v in ours.items() if k != "info"}), flush=True)
-                drop_caches()
-                cg.reset_peak()
-                theirs = llama_ttft(cg, args, gguf, n)
-                theirs["cgroup_peak"] = cg.peak()
-                print("llama.cpp", n, json.dumps(theirs), flush=True)
+                theirs = None
+                if args.llama_cpp:
+                    drop_caches()
+                    cg.reset_peak()
+                    theirs = llama_ttft(cg, args, gguf, n)
+                    theirs["cgroup_peak"] = cg.peak()
+                    print("llama.cpp", n, json.dumps(theirs), flush=True)
                 rows.append((n, res, ours, theirs))
     finally:
-        cg.close()
+        if cg:
+            cg.close()
+    table(args, rows, disk)
+
+
+def table(args, rows, disk):
     info = rows[0][2]["info"]
     # at these lengths every expert is routed (512 positions x top-8 of 128 leave an expert
     # unrouted with probability (120/128)^4096 ~ 1e-115), so the prompt must read them all once
     all_experts = int(info["moe_layers"]) * int(info["experts"]) * int(info["expert_bytes"])
-    print(f"\nlimit {args.limit_gb:g} GB, --ram {args.ram:g}, {args.threads} threads, O_DIRECT {disk:.2f} GB/s, "
-          f"every expert {all_experts / 1e9:.2f} GB\n")
-    print("| prompt | colibri TTFT | llama.cpp mmap TTFT | colibri / llama.cpp | bound | colibri / bound "
-          "| expert GB read | read GB/s | I/O wait | pass |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    reads = all_experts / disk / 1e9
+    where = f"cgroup limit {args.limit_gb:g} GB, " if args.limit_gb else ""
+    print(f"\n{where}{' '.join(streaming_flags(args))}, {args.threads} threads, O_DIRECT {disk:.2f} GB/s, "
+          f"every expert {all_experts / 1e9:.2f} GB (reading them all: {reads:.1f} s)\n")
+    peer = bool(args.llama_cpp)
+    print("| prompt | colibri TTFT |" + (" llama.cpp mmap TTFT | colibri / llama.cpp |" if peer else "")
+          + " bound (resident) | colibri / bound | expert GB read | read GB/s | I/O wait | pass |")
+    print("|---|---|" + ("---|---|" if peer else "") + "---|---|---|---|---|---|")
     for n, res, ours, theirs in rows:
-        bound = max(res, all_experts / disk / 1e9)
-        print(f"| {n} | {ours['ttft_s']:.1f} s | {theirs['ttft_s']:.1f} s | {ours['ttft_s'] / theirs['ttft_s']:.2f}x "
-              f"| {bound:.1f} s (resident {res:.1f} s, reads {all_experts / disk / 1e9:.1f} s) "
+        bound = max(res["ttft_s"], reads)
+        vs = f" {theirs['ttft_s']:.1f} s | {ours['ttft_s'] / theirs['ttft_s']:.2f}x |" if peer else ""
+        print(f"| {n} | {ours['ttft_s']:.1f} s |{vs} {bound:.1f} s ({res['ttft_s']:.1f} s) "
               f"| {ours['ttft_s'] / bound:.2f}x | {ours['bytes_read'] / 1e9:.2f} | {ours['read_gbps']:.2f} "
               f"| {ours['io_wait_s']:.1f} s | {ours['prefill_pass']} ({ours['pass_why']}) |")
+    if not args.gen:
+        return
+    print(f"\n| decode after the prompt ({args.gen} tokens) | tok/s | bound | colibri / bound | MB read per token "
+          "| hit rate |\n|---|---|---|---|---|---|")
+    for n, res, ours, _ in rows:
+        per = ours["decode_bytes_per_token"]
+        limit = min(res["decode_tok_s"], disk * 1e9 / per if per else float("inf"))
+        print(f"| after {n} | {ours['decode_tok_s']:.2f} | {limit:.2f} (resident {res['decode_tok_s']:.2f}, "
+              f"disk {disk * 1e9 / per if per else float('inf'):.2f}) | {ours['decode_tok_s'] / limit:.2f}x "
+              f"| {per / 1e6:.0f} | {ours['decode_hit_rate']:.3f} |")
 
 
 def main():
@@ -501,17 +537,23 @@ def main():
     r.add_argument("--repeat", type=int, default=2)
     t = sub.add_parser("ttft")
     t.add_argument("dir")
-    t.add_argument("--llama-cpp", required=True)
+    t.add_argument("--llama-cpp", help="llama.cpp source tree with a build/ (outside this repo); without it, colibri alone")
     t.add_argument("--llama-bin", help="the folder of llama-batched-bench (default: SRC/build/bin)")
-    t.add_argument("--limit-gb", type=float, required=True, help="memory cgroup limit for both engines")
+    t.add_argument("--limit-gb", type=float, help="memory cgroup limit for both engines (needed with --llama-cpp)")
     t.add_argument("--quant", help="the setting prep --quant made (default: colibri q4 vs llama.cpp Q4_0)")
     t.add_argument("--ram", type=float, help="colibri's --ram (default: 90%% of the limit)")
+    t.add_argument("--cap", type=int, help="colibri's --cap (experts cached per layer) instead of --ram")
     t.add_argument("--readahead", choices=("on", "off"))
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--prompts", default="512,4096,16384", help="prompt lengths, comma-separated")
+    t.add_argument("--gen", type=int, default=0, help="tokens to decode after each prompt (decode against its bound)")
     t.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
-    if args.cmd in ("run", "ttft") and args.ram is None:
+    if args.cmd == "ttft" and args.llama_cpp and not args.limit_gb:
+        ap.error("ttft --llama-cpp needs --limit-gb: both engines run in one memory cgroup")
+    if args.cmd == "ttft" and not (args.cap or args.limit_gb or args.ram):
+        ap.error("ttft needs a budget for colibri: --limit-gb, --ram or --cap")
+    if args.cmd in ("run", "ttft") and args.ram is None and args.limit_gb:
         args.ram = 0.9 * args.limit_gb
     {"gen": gen, "prep": prep, "run": run, "ttft": ttft}[args.cmd](args)
 
