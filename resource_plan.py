@@ -99,11 +99,25 @@ def _pos_floats(man):
     return 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W
 
 
+def _pass_floats(man):
+    """c/engine/engine_stream.c pass_floats: the floats one more prefill pass position holds (its
+    residual, normed and output rows, hyper-connection streams, an MoE layer's input, K outputs,
+    scores and choices, the widest MLP's gate and up rows); attention runs a batch at a time."""
+    a, layers = man["arch"], man.get("layers")
+    H, K, E = int(a.get("hidden_size") or 0), _spec_max(layers, "mlp", "top_k"), _spec_max(layers, "mlp", "experts")
+    shared = max([int(((spec.get("mlp") or {}).get("shared") or {}).get("width") or 0)
+                  for spec in layers or [] if isinstance(spec, dict)] or [0])
+    W = max(_spec_max(layers, "mlp", "width"), shared)
+    hc = (man.get("trunk") or {}).get("hc_head")
+    S = int(hc.get("n") or 1) if isinstance(hc, dict) else 1
+    return (S + 2) * H + (H + S + S * S if isinstance(hc, dict) else 0) + (K + 1) * H + E + 4 * K + 2 * W
+
+
 def pass_pos_bytes(man, ctx, logits_rows=0):
     """c/engine/engine_stream.c engine_pass_pos_bytes: what one more prefill pass position holds
     (its working floats, a DSA indexer's selection row of ctx bytes, its logits for `coli logits`)."""
     keep = ctx if _indexer_max(man.get("layers"), "topk") else 0
-    return 4 * _pos_floats(man) + keep + (4 * int(man["arch"].get("vocab_size") or 0) if logits_rows else 0)
+    return 4 * _pass_floats(man) + keep + (4 * int(man["arch"].get("vocab_size") or 0) if logits_rows else 0)
 
 
 def runtime_bytes(man, ctx, batch=DEFAULT_BATCH, threads=1, logits_rows=0, tokenizer_bytes=0, streams=1):

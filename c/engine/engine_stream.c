@@ -14,6 +14,7 @@
 #include "kernels/kv_kernels.h"
 #include "kv/kv_writer.h"
 #include "engine/protocol.h"
+#include "model/hyper_conn.h"
 #include "model/layers.h"
 
 #define READAHEAD_DEFAULT 0 /* measured: see docs/architecture.md */
@@ -90,12 +91,39 @@ static uint64_t pos_floats(const Model *m) {
     return 3 * H + 4 * qd + 2 * W + H + (K + 1) * H + E + 16 * K + qd + W;
 }
 
+/* The largest shared-expert width (mlp.shared.width; 0: none). */
+static long long shared_width_max(const JsonValue *layers) {
+    long long m = 0;
+    for (size_t l = 0; layers && layers->type == JSON_ARR && l < layers->len; l++) {
+        const JsonValue *b = json_get(&layers->items[l], "mlp"), *sh = b ? json_get(b, "shared") : NULL;
+        long long v = sh && sh->type == JSON_OBJ ? json_get_int(sh, "width", 0) : 0;
+        if (v > m) m = v;
+    }
+    return m;
+}
+
+/* What one more position of a prefill pass holds (attention runs a batch at a time, in the
+ * runtime share): the residual, normed and block-output rows of forward_chunk (a residual row per
+ * hyper-connection stream, and their collapse and mix weights), an MoE layer's gathered input, K
+ * outputs, router scores and choices, and the gate and up rows of the widest MLP over every
+ * position (a dense layer, a shared expert, or an expert that every position routes to). */
+static uint64_t pass_floats(const Model *m) {
+    const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
+    const uint64_t H = (uint64_t)m->a.hidden, S = m->hc_head ? (uint64_t)m->hc_head->n : 1;
+    const uint64_t K = (uint64_t)spec_max(layers, "mlp", "top_k"), E = (uint64_t)spec_max(layers, "mlp", "experts");
+    uint64_t W = (uint64_t)spec_max(layers, "mlp", "width");
+    const uint64_t shared = (uint64_t)shared_width_max(layers);
+    if (shared > W) W = shared;
+    const uint64_t hc = m->hc_head ? H + S + S * S : 0;
+    return (S + 2) * H + hc + (K + 1) * H + E + 4 * K + 2 * W;
+}
+
 uint64_t engine_pass_pos_bytes(const Model *m, int ctx, int logits_rows) {
     const JsonValue *layers = json_get(ct_manifest(m->ct), "layers");
     /* a DSA indexer's selection (a byte per key) of every chunk of the pass stays for the shared
      * layers (c/model/block_attn_mla.c) */
     const uint64_t keep = indexer_max(layers, "topk") ? (uint64_t)ctx : 0;
-    return 4 * pos_floats(m) + keep + (logits_rows ? 4 * (uint64_t)m->a.vocab : 0);
+    return 4 * pass_floats(m) + keep + (logits_rows ? 4 * (uint64_t)m->a.vocab : 0);
 }
 
 uint64_t engine_runtime_bytes(const Model *m, int batch, int ctx, int threads, int logits_rows, uint64_t tokenizer_bytes,
@@ -246,7 +274,6 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
         StoreOptions so = {.cap = e->budget.cap,
                            .direct = !o->no_direct,
                            .readahead = o->readahead ? o->readahead == 1 : READAHEAD_DEFAULT,
-                           .batch = forward_max_batch,
                            .io_threads = o->io_threads > 0 ? o->io_threads : IO_THREADS_DEFAULT,
                            .pin_counts = pin ? e->usage.counts : NULL};
         if (expert_store_stream(s, &so, err, errlen)) return -1;

@@ -52,16 +52,20 @@ static void read_ahead(ExpertStore *s, const ExpertLayer *nx, const float *x, in
     free(want);
 }
 
-/* A prefill pass (more rows than a batch) routes to nearly every expert of every layer, before
- * the next layer's routing is known: when the next layer's cache holds all its experts, the
- * ones not in RAM load at read-ahead priority while this layer computes. A smaller cache would
- * only evict what that layer's waves are about to use, so it reads on demand. */
-static void read_ahead_pass(ExpertStore *s, const ExpertLayer *nx) {
+/* Rows enough that nearly every expert of a layer is routed (each expert's chance of none is
+ * about e^-4): a prefill pass, or a long prompt's batch. */
+static int routes_nearly_all(const ExpertLayer *xl, int T) { return (long long)T * xl->K >= 4LL * xl->E; }
+
+/* Such rows route to nearly every expert of the next layer too, before its routing is known: its
+ * experts not in RAM load at read-ahead priority while this layer computes, in the order its
+ * sweep takes them (by id), as many as its cache has slots for. In a cache smaller than the layer
+ * this evicts experts that layer wants too, for others it wants as much: the bytes stay the same
+ * and the reads start earlier. */
+static void read_ahead_sweep(ExpertStore *s, const ExpertLayer *nx) {
     ExpertCache *c = nx->cache;
-    if (c->cap < nx->E) return;
     for (int e = 0; e < nx->E; e++) {
         if (c->slot_of[e] >= 0) continue;
-        int si = victim(c, NULL); /* an empty slot: cap >= E */
+        int si = victim(c, NULL);
         if (si < 0) break;
         slot_assign(s, c, nx, si, e);
         io_submit(&s->pool, &c->slots[si].req, 1);
@@ -78,34 +82,38 @@ static void wait_slot(ExpertStore *s, const ExpertLayer *xl, Slot *sl) {
     sl->state = SLOT_READY;
 }
 
-/* Waves of at most cap experts: the ones in RAM (or already loading) join at once; each miss
- * takes a slot no expert of the wave uses, its read goes to the pool, and the hits are
- * computed while the misses load. An expert leaves the cache only after its wave is done. */
+/* The needed experts through the cache, as a sliding window: the ones in RAM (or already
+ * loading) join at once; each miss takes a slot no needed expert holds, and its read goes to the
+ * pool; whatever has landed is computed first, and each computed expert frees its slot for the
+ * next miss, so reads stay in flight while the math runs. */
 static void run_streaming(const Work *w, const int *need, int n_need) {
     const ExpertLayer *xl = w->xl;
     ExpertStore *s = xl->store;
     ExpertCache *c = xl->cache;
-    int *pend = fwd_malloc(sizeof(int) * (size_t)n_need), *wave = fwd_malloc(sizeof(int) * (size_t)n_need);
-    if (!pend || !wave) {
-        free(pend);
-        free(wave);
+    int *miss = fwd_malloc(sizeof(int) * (size_t)n_need), *held = fwd_malloc(sizeof(int) * (size_t)n_need);
+    if (!miss || !held) {
+        free(miss);
+        free(held);
         return;
     }
-    memcpy(pend, need, sizeof(int) * (size_t)n_need);
-    int n_pend = n_need, first = 1;
-    while (n_pend && !fwd_oom()) {
-        int nw = 0;
-        for (int i = 0; i < n_pend; i++) {
-            int si = c->slot_of[pend[i]];
-            if (si < 0) continue;
-            c->slots[si].busy = 1;
-            if (c->slots[si].state == SLOT_LOADING) io_promote(&s->pool, &c->slots[si].req);
-            wave[nw++] = pend[i];
-            s->st.hits++;
+    int n_miss = 0, n_held = 0, next = 0;
+    for (int i = 0; i < n_need; i++) {
+        int si = c->slot_of[need[i]];
+        if (si < 0) {
+            miss[n_miss++] = need[i];
+            continue;
         }
-        for (int i = 0; i < n_pend; i++) {
-            int e = pend[i];
-            if (c->slot_of[e] >= 0) continue;
+        c->slots[si].busy = 1;
+        if (c->slots[si].state == SLOT_LOADING) io_promote(&s->pool, &c->slots[si].req);
+        held[n_held++] = need[i];
+        s->st.hits++;
+    }
+    if (xl->next && xl->next->cache) {
+        if (s->readahead) read_ahead(s, xl->next, w->x, w->T);
+        if (routes_nearly_all(xl, w->T)) read_ahead_sweep(s, xl->next);
+    }
+    while ((next < n_miss || n_held) && !fwd_oom()) {
+        for (; next < n_miss; next++) {
             int si = victim(c, NULL);
             for (int j = 0; si < 0 && j < c->cap; j++) /* a read-ahead in flight: let it land, then reuse it */
                 if (c->slots[j].state == SLOT_LOADING && !c->slots[j].busy) {
@@ -113,46 +121,32 @@ static void run_streaming(const Work *w, const int *need, int n_need) {
                     si = j;
                 }
             if (si < 0) break;
-            slot_assign(s, c, xl, si, e);
+            slot_assign(s, c, xl, si, miss[next]);
             c->slots[si].busy = 1;
             io_submit(&s->pool, &c->slots[si].req, 0);
-            wave[nw++] = e;
+            held[n_held++] = miss[next];
             s->st.misses++;
         }
-        if (first && xl->next && xl->next->cache) {
-            if (s->readahead) read_ahead(s, xl->next, w->x, w->T);
-            if (s->batch > 0 && w->T > s->batch) read_ahead_pass(s, xl->next);
-        }
-        first = 0;
-        /* what is in RAM first, then each read as it is waited for */
-        for (int pass = 0; pass < 2; pass++)
-            for (int i = 0; i < nw; i++) {
-                Slot *sl = &c->slots[c->slot_of[wave[i]]];
-                if ((sl->state == SLOT_READY) != (pass == 0) || sl->busy != 1) continue;
-                wait_slot(s, xl, sl);
-                compute(w, &sl->mlp, wave[i]);
-                sl->busy = 2; /* computed */
-            }
-        for (int i = 0; i < nw; i++) {
-            Slot *sl = &c->slots[c->slot_of[wave[i]]];
-            sl->busy = 0;
-            sl->last = ++c->tick;
-        }
-        /* the wave's experts are done; the rest wait for the next wave */
-        int m = 0;
-        for (int i = 0; i < n_pend; i++) {
-            int done = 0;
-            for (int j = 0; j < nw && !done; j++) done = wave[j] == pend[i];
-            if (!done) pend[m++] = pend[i];
-        }
-        if (!nw) {
+        if (!n_held) {
             fprintf(stderr, "colibri: expert cache of layer %d has no free slot (internal error)\n", xl->layer);
             exit(1);
         }
-        n_pend = m;
+        int k = 0; /* what is in RAM first, else the oldest read */
+        for (int i = 0; i < n_held; i++)
+            if (c->slots[c->slot_of[held[i]]].state == SLOT_READY) {
+                k = i;
+                break;
+            }
+        Slot *sl = &c->slots[c->slot_of[held[k]]];
+        wait_slot(s, xl, sl);
+        compute(w, &sl->mlp, held[k]);
+        sl->busy = 0;
+        sl->last = ++c->tick;
+        memmove(held + k, held + k + 1, sizeof(int) * (size_t)(n_held - k - 1));
+        n_held--;
     }
-    free(pend);
-    free(wave);
+    free(miss);
+    free(held);
 }
 
 /* Few rows (decode) with every needed expert in RAM (resident, or cached and loaded): one

@@ -228,7 +228,6 @@ int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t
     s->streaming = 1;
     s->cap = o->cap;
     s->readahead = o->readahead;
-    s->batch = o->batch;
     s->n_files = (int)ct->n_shards;
     s->fd_direct = malloc(sizeof(int) * (size_t)s->n_files);
     s->fd_buf = malloc(sizeof(int) * (size_t)s->n_files);

@@ -45,7 +45,6 @@ typedef struct {
     int cap;       /* slots per MoE layer, 1..E (streaming) */
     int direct;    /* try O_DIRECT */
     int readahead; /* next-layer read-ahead */
-    int batch;     /* the prefill batch: a layer run over more rows is a prefill pass (expert_run.c) */
     int io_threads;
     const uint64_t *pin_counts; /* [moe_layers][experts] from .coli_usage, or NULL: pin nothing */
 } StoreOptions;
@@ -60,7 +59,6 @@ struct ExpertStore {
     uint64_t expert_total; /* every routed expert's bytes */
     int split_reason;      /* 1: some expert is not one byte range; it is read tensor by tensor */
     int streaming, cap, direct, readahead, pinned;
-    int batch; /* StoreOptions.batch */
     IoPool pool;
     int pool_started;
     int n_files, *fd_direct, *fd_buf;
