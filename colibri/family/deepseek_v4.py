@@ -275,3 +275,8 @@ def source_tensors(tensors, log=None):
             raise ValueError(f"source tensors '{name}' and another both map to '{c}'")
         out[c] = t
     return out
+
+
+def hf_source_tensors(tensors, arch, log):
+    """The converter's renames (colibri/family/parts.py): transformers' module names."""
+    return source_tensors(tensors, log)

@@ -108,3 +108,8 @@ def source_tensors(tensors, log):
             name = pat.sub(rep, name)
         out[name] = t
     return out
+
+
+def hf_source_tensors(tensors, arch, log):
+    """The converter's renames (colibri/family/parts.py): the layer specs' names."""
+    return source_tensors(tensors, log)

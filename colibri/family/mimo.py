@@ -63,3 +63,11 @@ def attn_overrides(arch, l, nkv):
     return {"kv_heads": 2 * nkv if sliding else nkv, "window": arch["sliding_window"] if sliding else 0,
             "ring": sliding, "sinks": sliding, "v_head_dim": arch["v_head_dim"], "v_scale": arch["v_scale"],
             "rope": {"style": "neox", "dim": table["dim"], "inv_freq": table["inv_freq"], "scale": table["scale"]}}
+
+
+def hf_source_tensors(tensors, arch, log):
+    """The tensors as they are; a checkpoint in transformers' layout names the sliding layers'
+    sinks `sinks`, not `attention_sink_bias`, and the layer specs follow it."""
+    if arch.get("mimo") and any(n.endswith(".self_attn.sinks") for n in tensors):
+        arch["mimo"]["sinks_name"] = "sinks"
+    return tensors

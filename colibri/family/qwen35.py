@@ -123,3 +123,8 @@ def text_tensors(tensors, log):
     if mtp:
         log(f"note: the multi-token-prediction head ({mtp} tensors under {MTP_PREFIX}*) is not converted")
     return out
+
+
+def hf_source_tensors(tensors, arch, log):
+    """The converter's renames (colibri/family/parts.py): the text model's own names."""
+    return text_tensors(tensors, log)
