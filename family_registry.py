@@ -277,6 +277,10 @@ FAMILIES = {
         "default_tie": False,
         "tools": "deepseek",         # V4's DSML <tool_calls> block (V3.2 named it function_calls)
         "thinking": "thinking",
+        # the release encodes chats with a Python script: the template written when a checkpoint has
+        # none (colibri/chat_template/defaults/), and where its text comes from
+        "default_chat_template": ("deepseek_v4.jinja", "llama.cpp's default DeepSeek-V4 template, "
+                                                       "models/templates/deepseek-ai-DeepSeek-V4.jinja"),
     },
 }
 

@@ -17,7 +17,6 @@ FAMILY_ALLOWED = {
     "colibri.convert.gguf_softmax_moe": "GGUF architecture names are the file format's own keys",
     "colibri.convert.gguf_qwen35": "GGUF architecture names are the file format's own keys",
     "colibri.convert.gguf_spm": "the SentencePiece vocabulary GGUF calls `llama`",
-    "colibri.convert.default_chat_template": "the stock templates transformers gives families without one",
     # tool-call syntaxes are named after the model line that introduced them (hermes, glm, ...)
     "colibri.toolcall.formats": "tool-call syntaxes carry the name of the model line that defined them",
     "colibri.toolcall.forced": "tool-call syntaxes carry the name of the model line that defined them",
