@@ -123,6 +123,7 @@ def moe_spec(arch, p):
 
 # GGUF: the names llama.cpp gives this family's tensors and metadata
 GGUF_ARCH = "gpt-oss"
+GGUF_ARCHS = {GGUF_ARCH: "gpt_oss"}
 
 GGUF_PER_LAYER = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",

@@ -1,6 +1,7 @@
 """Mixtral's expert layout (`expert_names: mixtral`, also MiniMax-M2's): experts under
 block_sparse_moe.experts.N.w1/w3/w2 and the router at block_sparse_moe.gate, as the releases
 save them."""
+from colibri.family import gguf_softmax_moe
 
 
 def hf_source_tensors(tensors, arch, log):
@@ -9,3 +10,23 @@ def hf_source_tensors(tensors, arch, log):
     if arch.get("expert_names") == "mixtral" and not any(".block_sparse_moe." in n for n in tensors):
         del arch["expert_names"]
     return tensors
+
+
+# ---------------------------------------------------------------- GGUF
+# llama.cpp writes Mixtral as architecture `llama` with llama.expert_count > 0 (llama.py's
+# gguf_family): Q/K rows permuted like llama's, every layer sparse, one width for all experts.
+# A file that names attention.sliding_window gets it honoured (llama.cpp's converter does not
+# write one: Mixtral's releases have none).
+GGUF_ARCHS = {}
+GGUF_HF_CLASS = {"mixtral": "MixtralForCausalLM"}
+GGUF_PERMUTED_QK = True
+GGUF_PER_LAYER = {"ffn_gate_inp.weight": "block_sparse_moe.gate.weight"}
+# HF expert projection names: (prefix under the layer, {GGUF tensor: HF projection})
+GGUF_EXPERTS = ("block_sparse_moe.experts", {"ffn_gate_exps.weight": "w1", "ffn_up_exps.weight": "w3",
+                                             "ffn_down_exps.weight": "w2"})
+
+
+def gguf_llama_config(g, tensors, m, family, cfg, L):
+    """The MoE keys of a Mixtral file, added to the llama-style config."""
+    experts, used, _, _, width, _ = gguf_softmax_moe.moe_layers(g, tensors, m, family, cfg, L, windowed=True)
+    cfg.update(num_local_experts=experts, num_experts_per_tok=used, intermediate_size=width)

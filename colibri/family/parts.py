@@ -5,7 +5,8 @@ that owns that layout is found here, so the shared drivers (the converters, norm
 specs.py) ask for a part by its name instead of testing for a family. A family whose flags name
 no module of its own has no parts: the shared builders do everything."""
 import family_registry
-from colibri.family import common, deepseek, deepseek_v4, gpt_oss, kimi, mimo, mixtral, qwen35
+from colibri.family import (common, deepseek, deepseek_v4, gpt_oss, kimi, llama, mimo, mixtral, olmoe, qwen2,
+                            qwen2_moe, qwen3, qwen35)
 
 # registry flag -> {its value: the module that owns that layout}, in the order their parts apply
 BY_FLAG = {
@@ -71,3 +72,31 @@ def expert_planner(arch):
     """plan_experts(p, tensors, take, pre, names, E, I, H) of an expert layout the shared per-expert
     and fused paths cannot read (gpt-oss's interleaved gate_up), or None."""
     return getattr(BY_FLAG["expert_names"].get(arch.get("expert_names")), "plan_experts", None)
+
+
+# ---------------------------------------------------------------- GGUF
+# The module that reads each family's llama.cpp files. Each declares GGUF_ARCHS (the
+# general.architecture names it reads -> family) and either gguf_config(g, tensors, m, uniform,
+# base) -> (family, HF config), or GGUF_HF_CLASS and gguf_llama_config(g, tensors, m, family,
+# cfg, L), its additions to the llama-style config colibri/convert/gguf.py builds. Optional:
+# gguf_family(metadata) (the family a file of its architecture is), GGUF_PER_LAYER (blk.N tensor ->
+# HF name), GGUF_EXPERTS, GGUF_PERMUTED_QK (llama.cpp permuted the Q/K rows), GGUF_SPLIT_KV_B,
+# gguf_blocks(cfg), gguf_key_halves(cfg), gguf_skipped(g, cfg), gguf_expert_bias_rows(...),
+# gguf_rewrites(cfg, name, hf, shape), gguf_finish_sources(cfg, sources), gguf_notes(g, cfg).
+GGUF_BY_FAMILY = {"llama": llama, "qwen2": qwen2, "qwen3": qwen3, "qwen3_moe": qwen3, "glm4_moe": deepseek,
+                  "deepseek_v3": deepseek, "gpt_oss": gpt_oss, "qwen3_5_moe": qwen35, "olmoe": olmoe,
+                  "qwen2_moe": qwen2_moe, "mixtral": mixtral}
+# general.architecture -> family, in the order the converter lists what it reads
+GGUF_ARCHS = {a: f for m in dict.fromkeys(GGUF_BY_FAMILY.values()) for a, f in m.GGUF_ARCHS.items()}
+
+
+def gguf_family(gg_arch, metadata):
+    """The family of a GGUF file of a known architecture."""
+    family = GGUF_ARCHS[gg_arch]
+    override = getattr(GGUF_BY_FAMILY[family], "gguf_family", None)
+    return override(metadata) if override else family
+
+
+def gguf_module(family):
+    """The module that reads the family's GGUF files."""
+    return GGUF_BY_FAMILY[family]
