@@ -117,7 +117,7 @@ def normalize_arch(cfg):
     if layered:
         arch["mimo"] = layered
     if fam["qk_norm"] == "full":
-        if family == "olmoe" and heads * head_dim != hidden:
+        if fam.get("qk_norm_width") == "hidden_size" and heads * head_dim != hidden:
             raise UnsupportedModel(f"{family}: q/k norms span hidden_size, so head_dim {head_dim} x {heads} heads "
                                    f"must equal hidden_size {hidden}")
         arch.update(qk_norm=True, qk_norm_scope="full")
@@ -127,7 +127,7 @@ def normalize_arch(cfg):
             raise UnsupportedModel(f"config.json clip_qkv {cfg['clip_qkv']!r} must be positive (or null)")
         arch["clip_qkv"] = clip
     window = cfg.get("sliding_window")
-    if family == "mixtral" and window and int(window) < arch["max_position_embeddings"]:
+    if fam.get("sliding_window") == "every_layer" and window and int(window) < arch["max_position_embeddings"]:
         # every layer's queries see their last `window` positions (a longer window never binds)
         arch["sliding_window"] = int(window)
     if fam.get("layer_windows") == "use_sliding_window":  # Qwen2-MoE: windows only when switched on
