@@ -175,7 +175,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 whole(mlp["shared"]["gate"]["tensors"]["weight"], "f32", [1, H], o)
         names = mlp["expert_tensors"]
         pre = f"model.layers.{l}"
-        plan_experts = family_parts.expert_planner(arch)  # a layout of the family's own
+        plan_experts = family_parts.expert_planner(arch.get("_family"))  # a layout of the family's own
         if plan_experts:
             plan_experts(p, tensors, take, pre, names, E, I, H)
             continue

@@ -123,6 +123,12 @@ def arch(cfg, rope_table, f32):
     }
 
 
+def own_arch(cfg, rope_table, f32):
+    """normalize.py's hook (colibri/family/parts.py): the whole architecture, from the config
+    with transformers' defaults."""
+    return arch(config(cfg), rope_table, f32)
+
+
 def _hc(arch, name):
     d = arch["dsv4"]
     return {"n": d["hc_mult"], "iters": d["hc_sinkhorn_iters"], "eps": d["hc_eps"], "norm_eps": arch["rms_norm_eps"],

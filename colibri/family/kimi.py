@@ -25,6 +25,11 @@ def config(cfg):
     return out
 
 
+def config_defaults(cfg):
+    """normalize.py's hook (colibri/family/parts.py): the release's spellings."""
+    return config(cfg)
+
+
 def linear_arch(cfg, layers):
     """The KDA/MLA layer pattern and the KDA geometry; raises ValueError on an unusable config."""
     if cfg.get("mla_use_nope") is False:

@@ -31,8 +31,8 @@ def config_defaults(cfg):
 
 
 def attn_arch(cfg, rope_table):
-    """The per-layer attention facts; rope_table(params) -> (dim, inv_freq, scale) for one
-    layer kind's rope parameters. Raises ValueError on an inconsistent config."""
+    """The per-layer attention facts; rope_table(params, default partial rotary factor) -> (dim,
+    inv_freq, scale) for one layer kind's rope parameters. Raises ValueError on an inconsistent config."""
     layers = int(cfg["num_hidden_layers"])
     types = cfg["layer_types"]
     if len(types) != layers or set(types) - {FULL, SLIDING}:
@@ -42,7 +42,7 @@ def attn_arch(cfg, rope_table):
         raise ValueError(f"rope_parameters must hold one object per layer type ({', '.join(sorted(set(types)))})")
     tables = {}
     for t in sorted(set(types)):
-        dim, inv, scale = rope_table(rope[t])
+        dim, inv, scale = rope_table(rope[t], DEFAULT_PARTIAL)
         tables[t] = {"dim": dim, "inv_freq": inv, "scale": scale}
     window = int(cfg["sliding_window"])
     if window < 1:
