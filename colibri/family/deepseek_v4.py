@@ -136,10 +136,11 @@ def _hc(arch, name):
 
 
 def trunk_extra(arch):
-    """The final collapse of the streams (HyperHead), before the final norm."""
+    """The trunk's extra block: the final collapse of the streams (HyperHead), before the final norm."""
     d = arch["dsv4"]
-    return {"n": d["hc_mult"], "eps": d["hc_eps"], "norm_eps": arch["rms_norm_eps"],
-            "tensors": {"fn": "model.hc_head.hc_fn", "base": "model.hc_head.hc_base", "scale": "model.hc_head.hc_scale"}}
+    return {"hc_head": {"n": d["hc_mult"], "eps": d["hc_eps"], "norm_eps": arch["rms_norm_eps"],
+                        "tensors": {"fn": "model.hc_head.hc_fn", "base": "model.hc_head.hc_base",
+                                    "scale": "model.hc_head.hc_scale"}}}
 
 
 def layer_specs(arch, norm):

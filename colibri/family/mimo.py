@@ -65,6 +65,18 @@ def attn_overrides(arch, l, nkv):
             "rope": {"style": "neox", "dim": table["dim"], "inv_freq": table["inv_freq"], "scale": table["scale"]}}
 
 
+def gqa_per_layer(arch, l, p, attn):
+    """specs.py's hook (colibri/family/parts.py): layer l's gqa spec `attn` with its own KV heads,
+    window, sinks, v geometry and RoPE table, and the KV state that follows from them."""
+    hd, at = attn["head_dim"], attn["tensors"]
+    attn.update(attn_overrides(arch, l, attn["kv_heads"]))
+    if attn["sinks"]:
+        at["sinks"] = f"{p}.self_attn.{arch['mimo'].get('sinks_name', 'attention_sink_bias')}"
+    attn["state"]["kv_values_per_pos"] = attn["kv_heads"] * (hd + attn["v_head_dim"])
+    if attn["ring"]:  # a sliding layer keeps only its window
+        attn["state"]["window"] = attn["window"]
+
+
 def hf_source_tensors(tensors, arch, log):
     """The tensors as they are; a checkpoint in transformers' layout names the sliding layers'
     sinks `sinks`, not `attention_sink_bias`, and the layer specs follow it."""

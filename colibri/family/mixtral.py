@@ -4,6 +4,12 @@ save them."""
 from colibri.family import gguf_softmax_moe
 
 
+def moe_names(p):
+    """specs.py's hook (colibri/family/parts.py): layer p's expert and router tensor names."""
+    ex = {x: f"{p}.block_sparse_moe.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
+    return ex, f"{p}.block_sparse_moe.gate.weight"
+
+
 def hf_source_tensors(tensors, arch, log):
     """The tensors as they are; a checkpoint in transformers' own layout (save_original_format=False:
     mlp.gate, fused experts) reads through the shared MoE names instead."""

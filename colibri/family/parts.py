@@ -77,6 +77,36 @@ def indexer_shapes(ix, hidden, q_lora):
     return deepseek.indexer_shapes(ix, hidden, q_lora)
 
 
+# ---------------------------------------------------------------- layer specs
+# specs.py works from an arch alone (an older manifest's too): these are found by the arch fields
+# a family's normalization writes, not by the family.
+
+LINEAR_ATTN = {"gated_deltanet": qwen35.deltanet_spec, "kda": kimi.kda_spec}  # layer_attn -> its spec
+
+
+def whole_layout(arch):
+    """The module that lays out every layer, with layer_specs(arch, norm) and trunk_extra(arch),
+    or None for the shared per-layer path."""
+    return deepseek_v4 if arch.get("dsv4") else None
+
+
+def gqa_per_layer(arch):
+    """gqa_per_layer(arch, l, p, attn) of an arch whose gqa layers differ one from another, or None."""
+    return mimo.gqa_per_layer if arch.get("mimo") else None
+
+
+def gated_q_names(p):
+    """Container names of the query and output-gate halves of a gated q_proj."""
+    return qwen35.gated_q_names(p)
+
+
+def moe_layout(arch):
+    """(moe_spec(arch, p) of a MoE block of the module's own, moe_names(p) of the shared block under
+    the module's tensor names), by the arch's expert_names; (None, None) for the shared ones."""
+    module = {"gpt_oss": gpt_oss, "mixtral": mixtral}.get(arch.get("expert_names"))
+    return getattr(module, "moe_spec", None), getattr(module, "moe_names", None)
+
+
 # ---------------------------------------------------------------- GGUF
 
 # general.architecture -> family, in MODULES' order
