@@ -109,6 +109,10 @@ def moe_layout(arch):
 
 # ---------------------------------------------------------------- GGUF
 
+# every name colibri/convert/gguf.py asks a module for (tests/test_family_parts.py holds the two equal)
+GGUF_HOOKS = ("GGUF_ARCHS", "GGUF_HF_CLASS", "GGUF_PER_LAYER", "GGUF_EXPERTS", "GGUF_PERMUTED_QK", "GGUF_SPLIT_KV_B",
+              "gguf_family", "gguf_config", "gguf_llama_config", "gguf_blocks", "gguf_key_halves", "gguf_skipped",
+              "gguf_expert_bias_rows", "gguf_rewrites", "gguf_finish_sources", "gguf_notes")
 # general.architecture -> family, in MODULES' order
 GGUF_ARCHS = {a: f for m in dict.fromkeys(MODULES.values()) for a, f in getattr(m, "GGUF_ARCHS", {}).items()}
 
