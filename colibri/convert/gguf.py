@@ -1,7 +1,8 @@
 """`coli convert FILE.gguf OUT`: a llama.cpp GGUF file -> colibri container (stdlib only).
 
 The GGUF metadata becomes an HF-style config.json (so colibri.family.normalize.normalize_arch applies as
-for any checkpoint), the GGUF tensors are mapped to HF names and handed to convert_hf's planner
+for any checkpoint; a family's own keys and tensor names come from its module, found through
+colibri/family/parts.py), the GGUF tensors are mapped to HF names and handed to convert_hf's planner
 and shard writer, and the engine's convert-jobs moves the bytes with GGUF block types as
 sources (c/kernels/gguf_quants.c). The tokenizer is rebuilt from tokenizer.ggml.* as a tokenizer.json
 that HF `tokenizers` and the engine both read; the chat template goes to tokenizer_config.json.
