@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FAMILY_ALLOWED = {
     # llama.cpp names its tokenizers after model lines (tokenizer.ggml.pre = qwen2, llama3, ...;
     # tokenizer.ggml.model = llama): the reader's table maps those keys onto HF pre-tokenizers
-    "colibri.convert.gguf": "GGUF's tokenizer names are the file format's own keys",
+    "colibri.convert.gguf": "GGUF's tokenizer names (and a message on llama.cpp's permuted Q/K) are the format's own",
     "colibri.convert.gguf_spm": "the SentencePiece vocabulary GGUF calls `llama`",
     # tool-call syntaxes are named after the model line that introduced them (hermes, glm, ...)
     "colibri.toolcall.formats": "tool-call syntaxes carry the name of the model line that defined them",

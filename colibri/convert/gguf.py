@@ -193,8 +193,8 @@ def build_config(g, tensors):
                                "original_max_position_embeddings": m.need("rope.scaling.original_context_length", int)}
     elif scaling not in (None, "none"):
         raise ConvertError(f"{g.path}: rope scaling '{scaling}' is not supported")
-    if hasattr(reader, "gguf_llama_config"):  # the family's own keys (biases, experts, norms)
-        reader.gguf_llama_config(g, tensors, m, family, cfg, L)
+    if hasattr(reader, "gguf_config_keys"):  # the family's own keys (biases, experts, norms)
+        reader.gguf_config_keys(g, tensors, m, family, cfg, L)
     return family, _special_ids(g, cfg)
 
 

@@ -16,7 +16,7 @@ def gguf_family(metadata):
     return "llama"
 
 
-def gguf_llama_config(g, tensors, m, family, cfg, L):
+def gguf_config_keys(g, tensors, m, family, cfg, L):
     """The bias flags of a llama file, added to the llama-style config."""
     cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
     cfg["mlp_bias"] = False

@@ -32,7 +32,7 @@ GGUF_EXPERTS = ("block_sparse_moe.experts", {"ffn_gate_exps.weight": "w1", "ffn_
                                              "ffn_down_exps.weight": "w2"})
 
 
-def gguf_llama_config(g, tensors, m, family, cfg, L):
+def gguf_config_keys(g, tensors, m, family, cfg, L):
     """The MoE keys of a Mixtral file, added to the llama-style config."""
     experts, used, _, _, width, _ = gguf_softmax_moe.moe_layers(g, tensors, m, family, cfg, L, windowed=True)
     cfg.update(num_local_experts=experts, num_experts_per_tok=used, intermediate_size=width)

@@ -10,7 +10,7 @@ GGUF_ARCHS = {"olmoe": "olmoe"}
 GGUF_HF_CLASS = {"olmoe": "OlmoeForCausalLM"}
 
 
-def gguf_llama_config(g, tensors, m, family, cfg, L):
+def gguf_config_keys(g, tensors, m, family, cfg, L):
     """The MoE and norm keys of an OLMoE file, added to the llama-style config."""
     experts, used, _, _, width, norm = gguf_softmax_moe.moe_layers(g, tensors, m, family, cfg, L)
     cfg.update(num_experts=experts, num_experts_per_tok=used, intermediate_size=width,

@@ -12,7 +12,7 @@ without a module, or whose module lacks a hook, gets the shared builders' way. H
   layout the shared paths cannot read).
 - GGUF files: GGUF_ARCHS (the general.architecture names it reads -> family), and either
   gguf_config(g, tensors, m, uniform, base) -> (family, HF config) or GGUF_HF_CLASS and
-  gguf_llama_config(g, tensors, m, family, cfg, L) (its keys added to the llama-style config
+  gguf_config_keys(g, tensors, m, family, cfg, L) (its keys added to the llama-style config
   colibri/convert/gguf.py builds); optional gguf_family(metadata), GGUF_PER_LAYER (blk.N tensor ->
   HF name), GGUF_EXPERTS, GGUF_PERMUTED_QK, GGUF_SPLIT_KV_B, gguf_blocks(cfg),
   gguf_key_halves(cfg), gguf_skipped(g, cfg), gguf_expert_bias_rows(...), gguf_rewrites(cfg,
@@ -112,7 +112,7 @@ def moe_layout(arch):
 
 # every name colibri/convert/gguf.py asks a module for (tests/test_family_parts.py holds the two equal)
 GGUF_HOOKS = ("GGUF_ARCHS", "GGUF_HF_CLASS", "GGUF_PER_LAYER", "GGUF_EXPERTS", "GGUF_PERMUTED_QK", "GGUF_SPLIT_KV_B",
-              "gguf_family", "gguf_config", "gguf_llama_config", "gguf_blocks", "gguf_key_halves", "gguf_skipped",
+              "gguf_family", "gguf_config", "gguf_config_keys", "gguf_blocks", "gguf_key_halves", "gguf_skipped",
               "gguf_expert_bias_rows", "gguf_rewrites", "gguf_finish_sources", "gguf_notes")
 # general.architecture -> family, in MODULES' order
 GGUF_ARCHS = {a: f for m in dict.fromkeys(MODULES.values()) for a, f in getattr(m, "GGUF_ARCHS", {}).items()}

@@ -19,7 +19,7 @@ GGUF_PER_LAYER = {
 }
 
 
-def gguf_llama_config(g, tensors, m, family, cfg, L):
+def gguf_config_keys(g, tensors, m, family, cfg, L):
     """The MoE and shared-expert keys of a Qwen2-MoE file, added to the llama-style config."""
     experts, used, sparse, dense, width, norm = gguf_softmax_moe.moe_layers(g, tensors, m, family, cfg, L,
                                                                             dense_layers=True)

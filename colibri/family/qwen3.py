@@ -9,7 +9,7 @@ GGUF_ARCHS = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
 GGUF_HF_CLASS = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
-def gguf_llama_config(g, tensors, m, family, cfg, L):
+def gguf_config_keys(g, tensors, m, family, cfg, L):
     """The bias flag, and a Qwen3-MoE file's MoE keys, added to the llama-style config."""
     cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
     if family == "qwen3_moe":
