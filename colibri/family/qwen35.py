@@ -10,7 +10,6 @@ converted: images are not supported, and the MTP head is not run."""
 from colibri.errors import ConvertError
 
 TEXT_PREFIX, VISION_PREFIX, MTP_PREFIX = "model.language_model.", "model.visual.", "mtp."
-ELEM = {"F32": 4, "BF16": 2, "F16": 2}
 
 
 def text_config(cfg):
