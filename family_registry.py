@@ -66,6 +66,7 @@ FAMILIES = {
         **_LLAMA_LIKE,
         "biases": "config",
         "qk_norm": "full",           # q/k RMSNorm over the whole projection, not per head
+        "qk_norm_width": "hidden_size",  # ... hidden_size wide, so heads x head_dim must equal it
         "moe": True,
         "moe_width": "intermediate_size",
         "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
@@ -93,6 +94,7 @@ FAMILIES = {
         "moe_width": "intermediate_size",
         "renorm": True,
         "expert_names": "mixtral",   # block_sparse_moe.experts.N.w1/w3/w2, block_sparse_moe.gate
+        "sliding_window": "every_layer",  # the config's sliding_window binds every layer (no layer_types)
         "rope_theta": 1000000.0,     # the config class's default_theta
         "rotary": "whole",           # partial_rotary_factor is not read (see _whole_rotary)
         "default_tie": False,
@@ -277,6 +279,10 @@ FAMILIES = {
         "default_tie": False,
         "tools": "deepseek",         # V4's DSML <tool_calls> block (V3.2 named it function_calls)
         "thinking": "thinking",
+        # the release encodes chats with a Python script: the template written when a checkpoint has
+        # none (colibri/chat_template/defaults/), and where its text comes from
+        "default_chat_template": ("deepseek_v4.jinja", "llama.cpp's default DeepSeek-V4 template, "
+                                                       "models/templates/deepseek-ai-DeepSeek-V4.jinja"),
     },
 }
 

@@ -195,7 +195,7 @@ def test_q8_0_gguf_matches_q8_safetensors(variant, oracle_root, tmp_path):
 def test_k_b_transpose(qt, tmp_path):
     """write_kv_b_key_halves on a block-quantized attn_k_b (dequantized by the engine): the
     scratch file holds exactly the transposed dequantization, head by head."""
-    from colibri.convert import gguf_moe
+    from colibri.convert import gguf_kv_b
     engine()
     rng = np.random.default_rng(3)
     nh, kl, dn = 2, 8, 64
@@ -210,7 +210,7 @@ def test_k_b_transpose(qt, tmp_path):
     deq = gguf.quants.dequantize(q, qt).astype(np.float32).reshape(nh, kl, dn)
     g = convert_gguf.read_gguf(tmp_path / "k.gguf")
     cfg = {"num_attention_heads": nh, "qk_nope_head_dim": dn, "kv_lora_rank": kl, "num_hidden_layers": 1}
-    gguf_moe.write_kv_b_key_halves(g, cfg, tmp_path / "s.f32")
+    gguf_kv_b.write_kv_b_key_halves(g, cfg, tmp_path / "s.f32")
     got = np.fromfile(tmp_path / "s.f32", dtype="<f4").reshape(nh, dn, kl)
     np.testing.assert_array_equal(got, deq.transpose(0, 2, 1))
     assert not (tmp_path / "s.f32.deq").exists()

@@ -160,7 +160,7 @@ def test_qwen35moe_gguf_matches_safetensors(oracle_root, tmp_path):
     assert (got.argmax(-1) == ref.argmax(-1)).all()
     man, st_man = (json.loads((d / "colibri.json").read_text()) for d in (out, st))
     assert man["family"] == st_man["family"] == "qwen3_5_moe"
-    assert not (out / convert_gguf.gguf_qwen35.SCRATCH).exists()
+    assert not (out / convert_gguf.gguf_undo.SCRATCH).exists()
     assert man["layers"] == st_man["layers"] and man["arch"] == st_man["arch"]
 
 
@@ -183,7 +183,7 @@ def test_mtp_block_is_left_out(oracle_root, tmp_path):
 def test_a_log_and_heads_come_back(oracle_root, tmp_path):
     """The undone DeltaNet tensors equal the checkpoint's: A_log from -exp(A_log), dt_bias and
     out_proj's columns back from tiled to grouped heads, norms from 1 + w."""
-    from colibri.convert import gguf_qwen35
+    from colibri.convert import gguf_undo
     hf_dir = Path(oracle_root) / VARIANT / "hf"
     sd = load_hf(hf_dir)
     g = convert_gguf.read_gguf(write_qwen35_gguf(tmp_path / "m.gguf", hf_dir))
@@ -200,7 +200,7 @@ def test_a_log_and_heads_come_back(oracle_root, tmp_path):
         pieces[hf] = (off, info, how, 1 if len(shape) == 1 else shape[0], shape[-1])
         off += info.n_elements * 4
     gguf_engine()
-    gguf_qwen35.write_scratch(g, tmp_path / "scratch", list(pieces.values()))
+    gguf_undo.write_scratch(g, tmp_path / "scratch", list(pieces.values()))
     scratch = np.fromfile(tmp_path / "scratch", dtype="<f4")
     for hf, (off, info, *_) in pieces.items():
         vals = scratch[off // 4:off // 4 + info.n_elements]

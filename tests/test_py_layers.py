@@ -10,15 +10,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Shared modules that name families and keep doing so, each with why.
 FAMILY_ALLOWED = {
-    # GGUF files name their architecture (general.architecture = qwen3moe, deepseek2, ...): the
-    # reader's tables map those names onto the registry's families
-    "colibri.convert.gguf": "GGUF architecture names are the file format's own keys",
-    "colibri.convert.gguf_moe": "GGUF architecture names are the file format's own keys",
-    "colibri.convert.gguf_softmax_moe": "GGUF architecture names are the file format's own keys",
-    "colibri.convert.gguf_qwen35": "GGUF architecture names are the file format's own keys",
+    # llama.cpp names its tokenizers after model lines (tokenizer.ggml.pre = qwen2, llama3, ...;
+    # tokenizer.ggml.model = llama): the reader's table maps those keys onto HF pre-tokenizers
+    "colibri.convert.gguf": "GGUF's tokenizer names (and a message on llama.cpp's permuted Q/K) are the format's own",
     "colibri.convert.gguf_spm": "the SentencePiece vocabulary GGUF calls `llama`",
-    "colibri.convert.hf": "the converter's per-family tensor rewrites (not yet in colibri/family/)",
-    "colibri.convert.default_chat_template": "the stock templates transformers gives families without one",
     # tool-call syntaxes are named after the model line that introduced them (hermes, glm, ...)
     "colibri.toolcall.formats": "tool-call syntaxes carry the name of the model line that defined them",
     "colibri.toolcall.forced": "tool-call syntaxes carry the name of the model line that defined them",

@@ -8,14 +8,10 @@ writes into the same model's GGUFs; a checkpoint's own template always wins.
 import shutil
 from pathlib import Path
 
+import family_registry
 from colibri.chat_template.render import TemplateError, load_chat_template
 
 DEFAULTS_DIR = Path(__file__).resolve().parents[1] / "chat_template" / "defaults"
-# family -> (packaged file, where its text comes from)
-DEFAULTS = {
-    "deepseek_v4": ("deepseek_v4.jinja", "llama.cpp's default DeepSeek-V4 template, "
-                                         "models/templates/deepseek-ai-DeepSeek-V4.jinja"),
-}
 
 
 def has_chat_template(model_dir):
@@ -29,9 +25,10 @@ def has_chat_template(model_dir):
 
 def write_default(out, family, log):
     """Write the family's default template into the converted directory `out` when it has none."""
-    if family not in DEFAULTS or has_chat_template(out):
+    default = family_registry.FAMILIES.get(family, {}).get("default_chat_template")  # (packaged file, origin)
+    if default is None or has_chat_template(out):
         return False
-    fname, origin = DEFAULTS[family]
+    fname, origin = default
     shutil.copyfile(DEFAULTS_DIR / fname, Path(out) / "chat_template.jinja")
     log(f"note: the checkpoint ships no chat template; wrote chat_template.jinja from {origin}")
     return True

@@ -1,7 +1,8 @@
 """`coli convert FILE.gguf OUT`: a llama.cpp GGUF file -> colibri container (stdlib only).
 
 The GGUF metadata becomes an HF-style config.json (so colibri.family.normalize.normalize_arch applies as
-for any checkpoint), the GGUF tensors are mapped to HF names and handed to convert_hf's planner
+for any checkpoint; a family's own keys and tensor names come from its module, found through
+colibri/family/parts.py), the GGUF tensors are mapped to HF names and handed to convert_hf's planner
 and shard writer, and the engine's convert-jobs moves the bytes with GGUF block types as
 sources (c/kernels/gguf_quants.c). The tokenizer is rebuilt from tokenizer.ggml.* as a tokenizer.json
 that HF `tokenizers` and the engine both read; the chat template goes to tokenizer_config.json.
@@ -34,8 +35,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
-from colibri.convert import gguf_moe, gguf_qwen35, gguf_softmax_moe, gguf_spm
-from colibri.family import gpt_oss
+from colibri.convert import gguf_kv_b, gguf_spm, gguf_undo
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGML_TYPES, GGUFError, read_gguf
 from colibri.errors import ConvertError
@@ -43,12 +43,9 @@ from colibri.limits import row_bytes
 from version import VERSION
 from colibri.family import common as family_common
 from colibri.family import normalize as family_normalize
+from colibri.family import parts as family_parts
 
-ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe",
-         "deepseek2": "deepseek_v3", "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe",
-         **gguf_softmax_moe.ARCHS}  # llama with experts: mixtral
-HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "qwen3_moe": "Qwen3MoeForCausalLM"}
+ARCHS = family_parts.GGUF_ARCHS  # general.architecture -> family: every kind of file this reads
 LOW_BIT = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4") + LOW_BIT
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")   # kept as q4 when q4, q6 or q8 is asked for
@@ -145,20 +142,19 @@ def build_config(g, tensors):
     if gg_arch not in ARCHS:
         raise ConvertError(f"{g.path}: GGUF architecture '{gg_arch}' is not supported "
                            f"(supported: {', '.join(ARCHS)})")
-    family = gguf_softmax_moe.family_for(gg_arch, g.metadata) or ARCHS[gg_arch]
+    family = family_parts.gguf_family(gg_arch, g.metadata)
+    reader = family_parts.gguf_module(family)
     m = _Meta(g, gg_arch)
     L = m.need("block_count", int)
     H = m.need("embedding_length", int)
     emb = tensors.get("token_embd.weight")
     if emb is None or len(emb.shape) != 2:
         raise ConvertError(f"{g.path}: no 2-D token_embd.weight tensor")
-    if gg_arch in gguf_moe.ARCHS or gg_arch in (gpt_oss.GGUF_ARCH, gguf_qwen35.ARCH):
+    if hasattr(reader, "gguf_config"):  # the family's module builds the whole config
         base = {"hidden_size": H, "hidden_act": "silu", "rms_norm_eps": float(m.need("attention.layer_norm_rms_epsilon", float)),
                 "max_position_embeddings": m.get("context_length", 4096, kind=int), "vocab_size": emb.shape[1],
                 "tie_word_embeddings": "output.weight" not in tensors, "torch_dtype": "float32"}
-        builder = {gpt_oss.GGUF_ARCH: gpt_oss.gguf_config,
-                   gguf_qwen35.ARCH: gguf_qwen35.build_config}.get(gg_arch, gguf_moe.build_config)
-        family, cfg = builder(g, tensors, m, _uniform, base)
+        family, cfg = reader.gguf_config(g, tensors, m, _uniform, base)
         return family, _special_ids(g, cfg)
     heads = _uniform(m, "attention.head_count", L)
     kv = _uniform(m, "attention.head_count_kv", L) if f"{gg_arch}.attention.head_count_kv" in g.metadata else heads
@@ -172,7 +168,7 @@ def build_config(g, tensors):
     if rot and rot != head_dim:
         raise ConvertError(f"{g.path}: partial rotary embedding ({rot} of {head_dim} dims) is not supported for {gg_arch}")
     cfg = {
-        "architectures": [HF_CLASS.get(family)],
+        "architectures": [reader.GGUF_HF_CLASS[family]],
         "model_type": family,
         "hidden_size": H,
         "num_hidden_layers": L,
@@ -197,20 +193,8 @@ def build_config(g, tensors):
                                "original_max_position_embeddings": m.need("rope.scaling.original_context_length", int)}
     elif scaling not in (None, "none"):
         raise ConvertError(f"{g.path}: rope scaling '{scaling}' is not supported")
-    if family == "llama":
-        cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
-        cfg["mlp_bias"] = False
-    if family in gguf_softmax_moe.FAMILIES:
-        gguf_softmax_moe.moe_config(g, tensors, m, family, cfg, L)
-    if family in ("qwen3", "qwen3_moe"):
-        cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
-    if family == "qwen3_moe":
-        cfg["num_experts"] = m.need("expert_count", int)
-        cfg["num_experts_per_tok"] = m.need("expert_used_count", int)
-        cfg["moe_intermediate_size"] = m.need("expert_feed_forward_length", int)
-        cfg["norm_topk_prob"] = bool(m.get("expert_weights_norm", True))
-        cfg["decoder_sparse_step"] = 1
-        cfg["mlp_only_layers"] = [l for l in range(L) if f"blk.{l}.ffn_gate_inp.weight" not in tensors]
+    if hasattr(reader, "gguf_config_keys"):  # the family's own keys (biases, experts, norms)
+        reader.gguf_config_keys(g, tensors, m, family, cfg, L)
     return family, _special_ids(g, cfg)
 
 
@@ -256,9 +240,14 @@ def _gguf_row_bytes(info):
     return info.shape[0] // block * size
 
 
+DEFAULT_EXPERTS = ("mlp.experts", {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
+                                   "ffn_down_exps.weight": "down_proj"})
+
+
 def map_tensors(g, family, cfg):
     """GGUF tensors -> (table for convert_hf.plan_tensors, sources: HF name -> (info, first row, permute heads))."""
-    L = cfg["num_hidden_layers"]
+    reader = family_parts.gguf_module(family)
+    L = reader.gguf_blocks(cfg) if hasattr(reader, "gguf_blocks") else cfg["num_hidden_layers"]
     names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
     per_layer = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -270,22 +259,17 @@ def map_tensors(g, family, cfg):
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight", "ffn_gate_inp.weight": "mlp.gate.weight"}
     table, sources, unknown = {}, {}, []
-    moe = family in ("glm4_moe", "deepseek_v3")
-    per_layer.update(gguf_softmax_moe.PER_LAYER.get(family, {}))
-    expert_prefix, experts = gguf_softmax_moe.EXPERTS.get(family, gguf_softmax_moe.DEFAULT_EXPERTS)
-    llama_rows = family in ("llama", "mixtral")  # llama.cpp permuted their Q/K rows
-    if moe:
-        per_layer.update(gguf_moe.PER_LAYER)
-        L += int(cfg.get("num_nextn_predict_layers") or 0) if family == "glm4_moe" else 0
-    if family == "gpt_oss":
-        per_layer.update(gpt_oss.GGUF_PER_LAYER)
-    if family == "qwen3_5_moe":
-        per_layer.update(gguf_qwen35.PER_LAYER)
+    per_layer.update(getattr(reader, "GGUF_PER_LAYER", {}))
+    expert_prefix, experts = getattr(reader, "GGUF_EXPERTS", DEFAULT_EXPERTS)
+    permuted_qk = getattr(reader, "GGUF_PERMUTED_QK", False)  # llama.cpp permuted the Q/K rows
+    splits_kv_b = getattr(reader, "GGUF_SPLIT_KV_B", False)  # MLA's kv_b_proj as attn_k_b + attn_v_b
+    bias_rows = getattr(reader, "gguf_expert_bias_rows", None)
+    rewrites = getattr(reader, "gguf_rewrites", None)
     split_kv_b = {}
-    mtp = set(gguf_qwen35.mtp_tensors(g, cfg)) if family == "qwen3_5_moe" else set()
+    skipped = set(reader.gguf_skipped(g, cfg)) if hasattr(reader, "gguf_skipped") else set()
     for name, info in g.tensors.items():
-        if name == "rope_freqs.weight" or name in mtp:
-            continue  # read by rope_inv_freq_override; qwen35moe's MTP head is not converted
+        if name == "rope_freqs.weight" or name in skipped:
+            continue  # read by rope_inv_freq_override; a part the family does not convert
         if info.type_name not in SUPPORTED_TYPES:
             raise ConvertError(f"{g.path}: tensor '{name}' is {info.type_name}; supported GGUF types: "
                                f"{', '.join(SUPPORTED_TYPES)}")
@@ -296,17 +280,17 @@ def map_tensors(g, family, cfg):
             parts = name.split(".", 2)
             if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) < L:
                 pre = f"model.layers.{parts[1]}"
-                if moe and parts[2] in ("attn_k_b.weight", "attn_v_b.weight"):
+                if splits_kv_b and parts[2] in ("attn_k_b.weight", "attn_v_b.weight"):
                     split_kv_b.setdefault(int(parts[1]), {})[parts[2][5]] = info
                     continue
                 if parts[2] in per_layer:
                     hf = f"{pre}.{per_layer[parts[2]]}"
-                    if llama_rows and parts[2] in ("attn_q.weight", "attn_k.weight"):
+                    if permuted_qk and parts[2] in ("attn_q.weight", "attn_k.weight"):
                         permute = cfg["num_attention_heads"] if parts[2] == "attn_q.weight" else cfg["num_key_value_heads"]
-                    if llama_rows and parts[2] in ("attn_q.bias", "attn_k.bias"):
+                    if permuted_qk and parts[2] in ("attn_q.bias", "attn_k.bias"):
                         raise ConvertError(f"{g.path}: llama GGUF with Q/K biases is not supported yet "
                                            "(their elements are permuted; see docs)")
-                elif family == "gpt_oss" and gpt_oss.gguf_expert_bias_rows(parts[2], shape, pre, path, table, sources, info):
+                elif bias_rows and bias_rows(parts[2], shape, pre, path, table, sources, info):
                     continue
                 elif parts[2] in experts:
                     if len(shape) != 3:
@@ -324,8 +308,8 @@ def map_tensors(g, family, cfg):
             raise ConvertError(f"{g.path}: tensor '{name}' has {len(shape)} dimensions where 1 or 2 are expected")
         if hf.endswith("shared_expert_gate.weight") and len(shape) == 1:
             shape = [1, shape[0]]  # a one-row matrix, which llama.cpp may store as a vector
-        if family == "qwen3_5_moe":  # llama.cpp's rewrites, read back (gguf_qwen35.py)
-            shape, rows, how = gguf_qwen35.rewrites(cfg, name, hf, shape)
+        if rewrites:  # llama.cpp's rewrites of the family's tensors, read back (gguf_undo.py)
+            shape, rows, how = rewrites(cfg, name, hf, shape)
             permute = ("rows", rows) if rows else ("scratch", how) if how else None
         # dtype is a placeholder for the planner's checks: the real source type is in `sources`
         table[hf] = dict(file=path, dtype="F32", shape=shape, offset=0)
@@ -343,8 +327,8 @@ def map_tensors(g, family, cfg):
                                f"qk_nope {dn}, v_head_dim {dv}, kv_lora_rank {kl}, {nh} heads")
         table[hn] = dict(file=g.file_of(v), dtype="F32", shape=[nh * (dn + dv), kl], offset=0)
         sources[hn] = (v, 0, ("split_kv_b", l, k))
-    if family == "qwen3_5_moe":
-        gguf_qwen35.gated_q_sources(cfg, sources)
+    if hasattr(reader, "gguf_finish_sources"):
+        reader.gguf_finish_sources(cfg, sources)
     if unknown:
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise ConvertError(f"{g.path}: GGUF tensors the {family} layout does not use: {', '.join(unknown[:5])}{more}; "
@@ -556,7 +540,9 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     trunk, layers = convert_hf.block_specs(arch, planner)
     kept = {}
     scratch = out / KV_B_SCRATCH
-    key_halves = gguf_moe.key_half_offsets(g, cfg) if family == "deepseek_v3" else {}
+    reader = family_parts.gguf_module(family)
+    halves = hasattr(reader, "gguf_key_halves") and reader.gguf_key_halves(cfg)
+    key_halves = gguf_kv_b.key_half_offsets(g, cfg) if halves else {}
     rewritten = []
     for o in planner.outputs:
         info, row0, permute = sources[o["name"]]
@@ -578,10 +564,10 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
                 o["parts"] += [(str(scratch.resolve()), k0 + h * dn * kl * 4, "F32", dn),
                                (g.file_of(info), base + h * dv * rb, dt, dv)]
         elif undo:  # values llama.cpp rewrote: computed here, read from the scratch file
-            gguf_qwen35.check(g, info, permute[1])
+            gguf_undo.check(g, info, permute[1])
             off = sum(p[3] * p[4] for p in rewritten) * 4
             rewritten.append((off, info, permute[1], o["rows"], o["cols"]))
-            o["parts"] = [(str((out / gguf_qwen35.SCRATCH).resolve()), off, "F32", o["rows"])]
+            o["parts"] = [(str((out / gguf_undo.SCRATCH).resolve()), off, "F32", o["rows"])]
         elif isinstance(permute, tuple):  # rows in another order (qwen35moe's tiled value heads)
             o["parts"] = [(o["parts"][0][0], base + r * rb, dt, 1) for r in permute[1]]
         elif permute:
@@ -605,18 +591,17 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     log("  storage: " + ", ".join(f"{k} x{v}" for k, v in sorted(kept.items())))
     if key_halves:
         log("transposing attn_k_b back into kv_b_proj")
-        gguf_moe.write_kv_b_key_halves(g, cfg, scratch)
-    if family == "qwen3_5_moe" and gguf_qwen35.mtp_tensors(g, cfg):
-        log(f"note: the multi-token-prediction head ({len(gguf_qwen35.mtp_tensors(g, cfg))} tensors in the blocks "
-            f"after layer {cfg['num_hidden_layers'] - 1}) is not converted")
+        gguf_kv_b.write_kv_b_key_halves(g, cfg, scratch)
+    for note in reader.gguf_notes(g, cfg) if hasattr(reader, "gguf_notes") else ():
+        log(note)
     if rewritten:
         log("undoing llama.cpp's rewrites of the DeltaNet tensors and norms")
-        gguf_qwen35.write_scratch(g, out / gguf_qwen35.SCRATCH, rewritten)
+        gguf_undo.write_scratch(g, out / gguf_undo.SCRATCH, rewritten)
     try:
         convert_hf.write_missing_shards(out, shards, state, log)
     finally:
         scratch.unlink(missing_ok=True)
-        (out / gguf_qwen35.SCRATCH).unlink(missing_ok=True)
+        (out / gguf_undo.SCRATCH).unlink(missing_ok=True)
     write_json(out / "config.json", cfg)
     write_json(out / "tokenizer.json", tokenizer)
     tcfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,

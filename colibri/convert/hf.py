@@ -21,7 +21,6 @@ from pathlib import Path
 
 import family_registry
 from colibri.convert import default_chat_template
-from colibri.family import deepseek, deepseek_v4, gpt_oss, kimi, qwen35
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
@@ -29,6 +28,7 @@ from colibri.errors import ConvertError
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
 from colibri.family import normalize as family_normalize
+from colibri.family import parts as family_parts
 from colibri.family import specs as family_specs
 from colibri import engine_client
 
@@ -41,6 +41,7 @@ COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "gener
 STATE_FILE = ".coli_convert.json"
 # Source tensors that carry no weights the engine needs.
 IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+ELEM = {"F32": 4, "BF16": 2, "F16": 2}  # bytes per value of the float source dtypes
 
 
 def source_files(src):
@@ -112,7 +113,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
     whole(trunk["embed"], "dense", [V, H], (0,))
     whole(trunk["final_norm"]["tensors"]["weight"], "f32", [H], (0,))
     if "hc_head" in trunk:  # DeepSeek-V4's final collapse of the residual streams
-        for key, shape in deepseek_v4.hc_shapes(trunk["hc_head"], H).items():
+        for key, shape in family_parts.hc_shapes(trunk["hc_head"], H).items():
             whole(trunk["hc_head"]["tensors"][key], "f32", shape, (L + 1,))
     if arch["tie_word_embeddings"]:
         if "lm_head.weight" in tensors:
@@ -124,10 +125,10 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
         parts, anchor = [], None
         for src, shape, ranges in pieces:
             t = take(src, shape)
-            if t["dtype"] not in qwen35.ELEM:
+            if t["dtype"] not in ELEM:
                 raise ConvertError(f"source tensor '{src}' is {t['dtype']}; this layout needs F32, F16 or BF16")
             anchor = anchor or t["file"]
-            parts += [(t["file"], t["offset"] + r0 * cols * qwen35.ELEM[t["dtype"]], t["dtype"], n) for r0, n in ranges]
+            parts += [(t["file"], t["offset"] + r0 * cols * ELEM[t["dtype"]], t["dtype"], n) for r0, n in ranges]
         p.add(name, klass, rows, cols, parts, anchor, order)
 
     for l, spec in enumerate(family_specs.layer_specs(arch)):
@@ -136,25 +137,21 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
         for hc in ("attn_hc", "mlp_hc"):  # DeepSeek-V4's hyper-connections
             if hc in spec:
-                for key, shape in deepseek_v4.hc_shapes(spec[hc], H).items():
+                for key, shape in family_parts.hc_shapes(spec[hc], H).items():
                     whole(spec[hc]["tensors"][key], "f32", shape, o)
-        if spec["attn"]["kind"] == "kda":
-            special = kimi.attn_outputs(spec["attn"], H, lambda n: list(tensors[n]["shape"]) if n in tensors else None)
-        else:
-            special = qwen35.attn_outputs(spec["attn"], arch, f"model.layers.{l}", H) if arch.get("attn_output_gate") else None
+        special = family_parts.attn_outputs(spec["attn"], arch, f"model.layers.{l}", H,
+                                            lambda n: list(tensors[n]["shape"]) if n in tensors else None)
         for out in special or ():
             rows_of(*out, o)
         if not special:  # gated DeltaNet / KDA / gated-q layers are gathered above
-            kind = spec["attn"]["kind"]
-            shapes = (deepseek.mla_shapes(spec["attn"], H) if kind == "mla" else
-                      deepseek_v4.attn_shapes(spec["attn"], H) if kind == "dsv4" else gqa_shapes(spec["attn"], H))
+            shapes = family_parts.attn_shapes(spec["attn"], H)
         for key, name in ({} if special else spec["attn"]["tensors"]).items():
             whole(name, "dense" if len(shapes[key]) == 2 else "f32", shapes[key], o)
-        for name, shape, klass in deepseek_v4.compress_tensors(spec["attn"], H):  # DeepSeek-V4's compressors
+        for name, shape, klass in family_parts.compress_tensors(spec["attn"], H):  # DeepSeek-V4's compressors
             whole(name, klass, shape, o)
         if "tensors" in spec["attn"].get("indexer", {}):  # DSA lightning indexer: dense trunk
             ix = spec["attn"]["indexer"]
-            ishapes = deepseek.indexer_shapes(ix, H, spec["attn"]["q_lora_rank"])
+            ishapes = family_parts.indexer_shapes(ix, H, spec["attn"]["q_lora_rank"])
             for key, name in ix["tensors"].items():
                 whole(name, "dense" if len(ishapes[key]) == 2 else "f32", ishapes[key], o)
         mlp = spec["mlp"]
@@ -178,8 +175,9 @@ def plan_tensors(arch, tensors, experts_q, dense_q):
                 whole(mlp["shared"]["gate"]["tensors"]["weight"], "f32", [1, H], o)
         names = mlp["expert_tensors"]
         pre = f"model.layers.{l}"
-        if arch.get("expert_names") == "gpt_oss":
-            gpt_oss.plan_experts(p, tensors, take, pre, names, E, I, H)
+        plan_experts = family_parts.expert_planner(arch.get("_family"))  # a layout of the family's own
+        if plan_experts:
+            plan_experts(p, tensors, take, pre, names, E, I, H)
             continue
         fused = f"{pre}.mlp.experts.gate_up_proj"  # transformers' fused source layout
         if fused in tensors:
@@ -238,17 +236,6 @@ def fp4_part(p, tensors, name, rows, cols):
                            f"[{rows}, {cols}] needs {packed} packed values and [{rows}, {cols // 32}] F8_E8M0 scales")
     p.used.update((name, name + "_scale_inv"))
     return (t["file"], t["offset"], "MXFP4", rows, ("mxfp4", s["file"], s["offset"], 1))
-
-
-def gqa_shapes(attn, hidden):
-    """Source shape of every tensor a "gqa" spec names, from the layer's own geometry (MiMo's
-    sliding layers have more KV heads than its full ones, and v heads narrower than q/k)."""
-    nh, nkv, hd = attn["heads"], attn["kv_heads"], attn["head_dim"]
-    vd = attn.get("v_head_dim", hd)
-    full = attn.get("qk_norm") == "full"  # one norm over all heads (OLMoE, MiniMax-M2)
-    return {"q": [nh * hd, hidden], "k": [nkv * hd, hidden], "v": [nkv * vd, hidden], "o": [hidden, nh * vd],
-            "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * vd], "o_bias": [hidden],
-            "q_norm": [nh * hd] if full else [hd], "k_norm": [nkv * hd] if full else [hd], "sinks": [nh]}
 
 
 MTP_RE = re.compile(r"^model\.layers\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
@@ -418,19 +405,11 @@ def convert(src, out, experts=None, dense="q8", log=print):
             if name in tensors:
                 raise ConvertError(f"tensor '{name}' appears in two source shards")
             tensors[name] = dict(t, file=str(f.resolve()))
-    rename = {"gated_deltanet": qwen35.text_tensors, "kda": kimi.source_tensors}.get(family_registry.FAMILIES[family].get("hybrid"))
-    if rename:
-        tensors = rename(tensors, log)
-    if family_registry.FAMILIES[family].get("attn_layout") == "dsv4":
-        try:
-            tensors = deepseek_v4.source_tensors(tensors, log)
-        except ValueError as e:
-            raise ConvertError(str(e)) from None
+    try:
+        tensors = family_parts.hf_source_tensors(family, tensors, arch, log)
+    except ValueError as e:
+        raise ConvertError(str(e)) from None
     attach_fp8_scales(cfg, tensors)
-    if arch.get("expert_names") == "mixtral" and not any(".block_sparse_moe." in n for n in tensors):
-        del arch["expert_names"]  # transformers' own layout (save_original_format=False): mlp.gate, fused experts
-    if arch.get("mimo") and any(n.endswith(".self_attn.sinks") for n in tensors):
-        arch["mimo"]["sinks_name"] = "sinks"  # MiMo in transformers' layout: sinks, not attention_sink_bias
     if experts is None:
         experts = default_experts(any(n.endswith(".experts.gate_up_proj_blocks") or (".experts." in n and is_fp4(tensors, n))
                                       for n in tensors))

@@ -1,1 +1,2 @@
-"""Per-family layer-spec builders that family_registry composes (stdlib only)."""
+"""The code over the registry's facts: shared builders and drivers, one module per family's own
+parts, and parts.py, the one lookup from a family to them (stdlib only)."""

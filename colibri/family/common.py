@@ -22,6 +22,16 @@ def layer(arch, p, attn, mlp):
     }
 
 
+def gqa_shapes(attn, hidden):
+    """Source shape of every tensor a "gqa" spec names, from the layer's own geometry (MiMo's
+    sliding layers have more KV heads than its full ones, and v heads narrower than q/k)."""
+    nh, nkv, hd = attn["heads"], attn["kv_heads"], attn["head_dim"]
+    vd = attn.get("v_head_dim", hd)
+    full = attn.get("qk_norm") == "full"  # one norm over all heads (OLMoE, MiniMax-M2)
+    return {"q": [nh * hd, hidden], "k": [nkv * hd, hidden], "v": [nkv * vd, hidden], "o": [hidden, nh * vd],
+            "q_bias": [nh * hd], "k_bias": [nkv * hd], "v_bias": [nkv * vd], "o_bias": [hidden],
+            "q_norm": [nh * hd] if full else [hd], "k_norm": [nkv * hd] if full else [hd], "sinks": [nh]}
+
 
 def rope_inv_freq(cfg, head_dim, default_partial=1.0, partial=None, default_theta=10000.0):
     """inv_freq and cos/sin scale exactly as transformers' modeling_rope_utils computes them."""

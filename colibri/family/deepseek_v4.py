@@ -123,6 +123,12 @@ def arch(cfg, rope_table, f32):
     }
 
 
+def own_arch(cfg, rope_table, f32):
+    """normalize.py's hook (colibri/family/parts.py): the whole architecture, from the config
+    with transformers' defaults."""
+    return arch(config(cfg), rope_table, f32)
+
+
 def _hc(arch, name):
     d = arch["dsv4"]
     return {"n": d["hc_mult"], "iters": d["hc_sinkhorn_iters"], "eps": d["hc_eps"], "norm_eps": arch["rms_norm_eps"],
@@ -130,10 +136,11 @@ def _hc(arch, name):
 
 
 def trunk_extra(arch):
-    """The final collapse of the streams (HyperHead), before the final norm."""
+    """The trunk's extra block: the final collapse of the streams (HyperHead), before the final norm."""
     d = arch["dsv4"]
-    return {"n": d["hc_mult"], "eps": d["hc_eps"], "norm_eps": arch["rms_norm_eps"],
-            "tensors": {"fn": "model.hc_head.hc_fn", "base": "model.hc_head.hc_base", "scale": "model.hc_head.hc_scale"}}
+    return {"hc_head": {"n": d["hc_mult"], "eps": d["hc_eps"], "norm_eps": arch["rms_norm_eps"],
+                        "tensors": {"fn": "model.hc_head.hc_fn", "base": "model.hc_head.hc_base",
+                                    "scale": "model.hc_head.hc_scale"}}}
 
 
 def layer_specs(arch, norm):
@@ -275,3 +282,8 @@ def source_tensors(tensors, log=None):
             raise ValueError(f"source tensors '{name}' and another both map to '{c}'")
         out[c] = t
     return out
+
+
+def hf_source_tensors(tensors, arch, log):
+    """The converter's renames (colibri/family/parts.py): transformers' module names."""
+    return source_tensors(tensors, log)

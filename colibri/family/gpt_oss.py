@@ -122,7 +122,8 @@ def moe_spec(arch, p):
 
 
 # GGUF: the names llama.cpp gives this family's tensors and metadata
-GGUF_ARCH = "gpt-oss"
+ARCH_NAME = "gpt-oss"  # llama.cpp's general.architecture
+GGUF_ARCHS = {ARCH_NAME: "gpt_oss"}
 
 GGUF_PER_LAYER = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
@@ -131,7 +132,7 @@ GGUF_PER_LAYER = {
     "ffn_gate_inp.bias": "mlp.router.bias",
 }
 # [E, rows] GGUF tensors -> per-expert HF names (rows = one vector per expert)
-GGUF_EXPERT_BIASES = {"ffn_gate_exps.bias": "gate_proj", "ffn_up_exps.bias": "up_proj", "ffn_down_exps.bias": "down_proj"}
+EXPERT_BIASES = {"ffn_gate_exps.bias": "gate_proj", "ffn_up_exps.bias": "up_proj", "ffn_down_exps.bias": "down_proj"}
 
 
 def gguf_config(g, tensors, m, uniform, base):
@@ -146,7 +147,7 @@ def gguf_config(g, tensors, m, uniform, base):
     limit = m.get("swiglu_clamp_exp")
     if isinstance(limit, list):
         if len(set(limit)) != 1:
-            raise ConvertError(f"{g.path}: {GGUF_ARCH}.swiglu_clamp_exp varies by layer ({limit[:8]}); not supported")
+            raise ConvertError(f"{g.path}: {ARCH_NAME}.swiglu_clamp_exp varies by layer ({limit[:8]}); not supported")
         limit = limit[0]
     rope = {"rope_type": "default", "rope_theta": float(m.get("rope.freq_base", 150000.0, kind=float))}
     kind = m.get("rope.scaling.type")
@@ -156,7 +157,7 @@ def gguf_config(g, tensors, m, uniform, base):
                     beta_fast=float(m.get("rope.scaling.yarn_beta_fast", 32.0, kind=float)),
                     beta_slow=float(m.get("rope.scaling.yarn_beta_slow", 1.0, kind=float)), truncate=False)
     elif kind not in (None, "none"):
-        raise ConvertError(f"{g.path}: rope scaling '{kind}' is not supported for {GGUF_ARCH}")
+        raise ConvertError(f"{g.path}: rope scaling '{kind}' is not supported for {ARCH_NAME}")
     cfg = dict(base, architectures=["GptOssForCausalLM"], model_type="gpt_oss", num_hidden_layers=L,
                num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd,
                intermediate_size=m.need("expert_feed_forward_length", int),
@@ -169,7 +170,7 @@ def gguf_config(g, tensors, m, uniform, base):
 
 def gguf_expert_bias_rows(name, shape, pre, path, table, sources, info):
     """ffn_*_exps.bias [E, rows] -> one f32 vector per expert; False if name is not one."""
-    proj = GGUF_EXPERT_BIASES.get(name)
+    proj = EXPERT_BIASES.get(name)
     if proj is None:
         return False
     if len(shape) != 2:

@@ -25,6 +25,11 @@ def config(cfg):
     return out
 
 
+def config_defaults(cfg):
+    """normalize.py's hook (colibri/family/parts.py): the release's spellings."""
+    return config(cfg)
+
+
 def linear_arch(cfg, layers):
     """The KDA/MLA layer pattern and the KDA geometry; raises ValueError on an unusable config."""
     if cfg.get("mla_use_nope") is False:
@@ -108,3 +113,8 @@ def source_tensors(tensors, log):
             name = pat.sub(rep, name)
         out[name] = t
     return out
+
+
+def hf_source_tensors(tensors, arch, log):
+    """The converter's renames (colibri/family/parts.py): the layer specs' names."""
+    return source_tensors(tensors, log)

@@ -31,8 +31,8 @@ def config_defaults(cfg):
 
 
 def attn_arch(cfg, rope_table):
-    """The per-layer attention facts; rope_table(params) -> (dim, inv_freq, scale) for one
-    layer kind's rope parameters. Raises ValueError on an inconsistent config."""
+    """The per-layer attention facts; rope_table(params, default partial rotary factor) -> (dim,
+    inv_freq, scale) for one layer kind's rope parameters. Raises ValueError on an inconsistent config."""
     layers = int(cfg["num_hidden_layers"])
     types = cfg["layer_types"]
     if len(types) != layers or set(types) - {FULL, SLIDING}:
@@ -42,7 +42,7 @@ def attn_arch(cfg, rope_table):
         raise ValueError(f"rope_parameters must hold one object per layer type ({', '.join(sorted(set(types)))})")
     tables = {}
     for t in sorted(set(types)):
-        dim, inv, scale = rope_table(rope[t])
+        dim, inv, scale = rope_table(rope[t], DEFAULT_PARTIAL)
         tables[t] = {"dim": dim, "inv_freq": inv, "scale": scale}
     window = int(cfg["sliding_window"])
     if window < 1:
@@ -63,3 +63,23 @@ def attn_overrides(arch, l, nkv):
     return {"kv_heads": 2 * nkv if sliding else nkv, "window": arch["sliding_window"] if sliding else 0,
             "ring": sliding, "sinks": sliding, "v_head_dim": arch["v_head_dim"], "v_scale": arch["v_scale"],
             "rope": {"style": "neox", "dim": table["dim"], "inv_freq": table["inv_freq"], "scale": table["scale"]}}
+
+
+def gqa_per_layer(arch, l, p, attn):
+    """specs.py's hook (colibri/family/parts.py): layer l's gqa spec `attn` with its own KV heads,
+    window, sinks, v geometry and RoPE table, and the KV state that follows from them."""
+    hd, at = attn["head_dim"], attn["tensors"]
+    attn.update(attn_overrides(arch, l, attn["kv_heads"]))
+    if attn["sinks"]:
+        at["sinks"] = f"{p}.self_attn.{arch['mimo'].get('sinks_name', 'attention_sink_bias')}"
+    attn["state"]["kv_values_per_pos"] = attn["kv_heads"] * (hd + attn["v_head_dim"])
+    if attn["ring"]:  # a sliding layer keeps only its window
+        attn["state"]["window"] = attn["window"]
+
+
+def hf_source_tensors(tensors, arch, log):
+    """The tensors as they are; a checkpoint in transformers' layout names the sliding layers'
+    sinks `sinks`, not `attention_sink_bias`, and the layer specs follow it."""
+    if arch.get("mimo") and any(n.endswith(".self_attn.sinks") for n in tensors):
+        arch["mimo"]["sinks_name"] = "sinks"
+    return tensors

@@ -1,7 +1,8 @@
 """HF config.json -> (family, the normalized architecture colibri.json carries as ``arch``),
 following the registry's flags; a family with parts of its own adds them from its module."""
 from family_registry import FAMILIES, UnsupportedModel, family_for_model_type
-from colibri.family import class_defaults, deepseek, deepseek_v4, kimi, mimo, qwen35
+from colibri.family import class_defaults, deepseek
+from colibri.family import parts as family_parts
 from colibri.family.common import float32, rope_inv_freq
 
 
@@ -9,25 +10,25 @@ def normalize_arch(cfg):
     """HF config.json -> (family, arch dict for colibri.json). Raises UnsupportedModel."""
     family = family_for_model_type(cfg.get("model_type"))
     fam = FAMILIES[family]
-    if fam.get("hybrid") == "gated_deltanet":  # a vision-language wrapper: its text model
-        cfg = qwen35.text_config(cfg)
+    text_config = family_parts.hook(family, "text_config")
+    if text_config:  # a vision-language wrapper: its text model
+        cfg = text_config(cfg)
     cfg = class_defaults.fill(family, cfg)  # what transformers assumes for a field left out
-    if fam.get("attn_layout") == "dsv4":
+    own_arch = family_parts.hook(family, "own_arch")
+    if own_arch:  # an architecture the family's module builds whole
         try:
-            cfg = deepseek_v4.config(cfg)
-            return family, deepseek_v4.arch(cfg, lambda c, params: rope_inv_freq(dict(c, rope_parameters=params),
-                                                                               int(c["head_dim"])), float32)
+            return family, own_arch(cfg, lambda c, params: rope_inv_freq(dict(c, rope_parameters=params),
+                                                                       int(c["head_dim"])), float32)
         except KeyError as e:
             raise UnsupportedModel(f"config.json lacks a usable {e}") from None
         except (TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json: {e}") from None
-    if fam.get("attn_layout") == "mimo":
+    config_defaults = family_parts.hook(family, "config_defaults")
+    if config_defaults:  # the release's own spellings, the config class's defaults
         try:
-            cfg = mimo.config_defaults(cfg)
+            cfg = config_defaults(cfg)
         except (KeyError, TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json lacks a usable {e}") from None
-    elif fam.get("hybrid") == "kda":  # the release's own spellings
-        cfg = kimi.config(cfg)
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
@@ -54,10 +55,11 @@ def normalize_arch(cfg):
     if cfg.get("use_sliding_window") and fam.get("layer_windows") != "use_sliding_window":
         raise UnsupportedModel("sliding-window attention (use_sliding_window=true) is not supported yet")
     layered = None
-    if fam.get("attn_layout") == "mimo":  # one RoPE table per layer kind; the model's is layer 0's
+    attn_arch = family_parts.hook(family, "attn_arch")
+    if attn_arch:  # one RoPE table per layer kind; the model's is layer 0's
         try:
-            layered = mimo.attn_arch(cfg, lambda params: rope_inv_freq(dict(cfg, rope_parameters=params), head_dim,
-                                                                      mimo.DEFAULT_PARTIAL))
+            layered = attn_arch(cfg, lambda params, partial: rope_inv_freq(dict(cfg, rope_parameters=params), head_dim,
+                                                                          partial))
         except (KeyError, TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json: {e}") from None
         for t in layered["rope_by_type"].values():
@@ -117,7 +119,7 @@ def normalize_arch(cfg):
     if layered:
         arch["mimo"] = layered
     if fam["qk_norm"] == "full":
-        if family == "olmoe" and heads * head_dim != hidden:
+        if fam.get("qk_norm_width") == "hidden_size" and heads * head_dim != hidden:
             raise UnsupportedModel(f"{family}: q/k norms span hidden_size, so head_dim {head_dim} x {heads} heads "
                                    f"must equal hidden_size {hidden}")
         arch.update(qk_norm=True, qk_norm_scope="full")
@@ -127,7 +129,7 @@ def normalize_arch(cfg):
             raise UnsupportedModel(f"config.json clip_qkv {cfg['clip_qkv']!r} must be positive (or null)")
         arch["clip_qkv"] = clip
     window = cfg.get("sliding_window")
-    if family == "mixtral" and window and int(window) < arch["max_position_embeddings"]:
+    if fam.get("sliding_window") == "every_layer" and window and int(window) < arch["max_position_embeddings"]:
         # every layer's queries see their last `window` positions (a longer window never binds)
         arch["sliding_window"] = int(window)
     if fam.get("layer_windows") == "use_sliding_window":  # Qwen2-MoE: windows only when switched on
@@ -172,9 +174,10 @@ def normalize_arch(cfg):
                 arch["expert_names"] = fam["expert_names"]
             if fam.get("shared_expert") == "gated":
                 arch["shared_width"] = int(cfg["shared_expert_intermediate_size"])
-    if fam.get("hybrid"):
+    linear_arch = family_parts.hook(family, "linear_arch")
+    if linear_arch:  # a hybrid's linear-attention layers
         try:
-            arch.update((kimi if fam["hybrid"] == "kda" else qwen35).linear_arch(cfg, layers))
+            arch.update(linear_arch(cfg, layers))
         except (TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json: {e}") from None
     arch["layer_mlp"] = kinds

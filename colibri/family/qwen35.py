@@ -7,9 +7,9 @@ Releases ship the vision-language wrapper: config.json holds the text model unde
 `text_config` and the weights live under `model.language_model.*`, beside the vision tower
 (`model.visual.*`) and the multi-token-prediction head (`mtp.*`). Only the text model is
 converted: images are not supported, and the MTP head is not run."""
+from colibri.errors import ConvertError
 
 TEXT_PREFIX, VISION_PREFIX, MTP_PREFIX = "model.language_model.", "model.visual.", "mtp."
-ELEM = {"F32": 4, "BF16": 2, "F16": 2}
 
 
 def text_config(cfg):
@@ -123,3 +123,148 @@ def text_tensors(tensors, log):
     if mtp:
         log(f"note: the multi-token-prediction head ({mtp} tensors under {MTP_PREFIX}*) is not converted")
     return out
+
+
+def hf_source_tensors(tensors, arch, log):
+    """The converter's renames (colibri/family/parts.py): the text model's own names."""
+    return text_tensors(tensors, log)
+
+
+# ---------------------------------------------------------------- GGUF
+# GGUF import of llama.cpp's `qwen35moe` (Qwen3.5 / Qwen3.6 MoE, gated DeltaNet hybrid): its
+# metadata as the qwen3_5_moe_text config, its tensor names back to the HF names the specs
+# above read, and llama.cpp's rewrites undone (their values through colibri/convert/gguf_undo.py).
+#
+# What llama.cpp's converter (Qwen3_5MoeTextModel) does, and how it is read back:
+# - A_log is stored as -exp(A_log) (ssm_a): written back into a scratch file as the float32
+#   whose exp it is.
+# - With fewer key than value heads, the value heads are reordered from grouped (by key head) to
+#   tiled: the V rows of attn_qkv, the rows of attn_gate / ssm_alpha / ssm_beta, the V channels of
+#   ssm_conv1d are read in HF order row by row; ssm_a, ssm_dt.bias and the columns of ssm_out go
+#   through the scratch file: a column order cuts through a row's blocks, so ssm_out is dequantized
+#   there (by the engine, from any block type the importer reads: Q4_K, Q6_K, Q5_0, ...), its
+#   columns put back, and re-quantized to the requested --dense type like any float tensor.
+# - The conv is squeezed to [channels, kernel]: declared [channels, 1, kernel] again.
+# - Every norm but the DeltaNet one (ssm_norm) is stored as 1 + w: w comes back through the
+#   scratch file (exact in float32: the subtraction of 1 is exact).
+# - The hybrid pattern is full_attention_interval (every n-th layer full attention).
+# - The multi-token-prediction head is written as nextn_predict_layers extra blocks after the
+#   text model's; like the HF path, colibri does not convert it (gguf_skipped lists it, gguf_notes logs it).
+
+GGUF_ARCHS = {"qwen35moe": "qwen3_5_moe"}
+
+GGUF_PER_LAYER = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_qkv.weight": "linear_attn.in_proj_qkv.weight", "attn_gate.weight": "linear_attn.in_proj_z.weight",
+    "ssm_alpha.weight": "linear_attn.in_proj_a.weight", "ssm_beta.weight": "linear_attn.in_proj_b.weight",
+    "ssm_conv1d.weight": "linear_attn.conv1d.weight", "ssm_a": "linear_attn.A_log",
+    "ssm_dt.bias": "linear_attn.dt_bias", "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+}
+
+
+def gguf_config(g, tensors, m, uniform, base):
+    """(family, HF config) of a qwen35moe file; base holds the keys every MoE import shares."""
+    blocks = m.need("block_count", int)
+    L = blocks - (m.get("nextn_predict_layers", 0, kind=int) or 0)  # the MTP layers come last
+    if L < 1:
+        raise ConvertError(f"{g.path}: {m.arch}.block_count {blocks} leaves no layer besides the "
+                           f"{blocks - L} multi-token-prediction layers")
+    heads, kv = uniform(m, "attention.head_count", blocks), uniform(m, "attention.head_count_kv", blocks)
+    head_dim = m.need("attention.key_length", int)
+    rot = m.need("rope.dimension_count", int)
+    every = m.need("full_attention_interval", int)
+    nk, nv = m.need("ssm.group_count", int), m.need("ssm.time_step_rank", int)
+    inner = m.need("ssm.inner_size", int)
+    if not every or not nk or nv % nk or inner % nv:
+        raise ConvertError(f"{g.path}: {nv} value heads over {nk} key heads (inner size {inner}), "
+                           f"full attention every {every} layers: not a valid DeltaNet geometry")
+    experts, used = m.need("expert_count", int), m.need("expert_used_count", int)
+    cfg = dict(base, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", num_hidden_layers=L,
+               num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, attention_bias=False,
+               layer_types=["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(L)],
+               linear_conv_kernel_dim=m.need("ssm.conv_kernel", int), linear_key_head_dim=m.need("ssm.state_size", int),
+               linear_num_key_heads=nk, linear_num_value_heads=nv, linear_value_head_dim=inner // nv,
+               num_experts=experts, num_experts_per_tok=used,
+               intermediate_size=uniform(m, "feed_forward_length", blocks) if f"{m.arch}.feed_forward_length" in g.metadata else 0,
+               moe_intermediate_size=m.need("expert_feed_forward_length", int),
+               shared_expert_intermediate_size=m.need("expert_shared_feed_forward_length", int),
+               rope_parameters={"rope_type": "default", "rope_theta": float(m.get("rope.freq_base", 10000.0, kind=float)),
+                                "partial_rotary_factor": rot / head_dim})
+    for l in range(L):
+        info = tensors.get(f"blk.{l}.ffn_up_exps.weight")
+        if info is None or len(info.shape) != 3 or info.shape[2] != experts:
+            raise ConvertError(f"{g.path}: blk.{l}.ffn_up_exps.weight must hold {experts} experts "
+                               f"({m.arch}.expert_count); it is {None if info is None else list(info.shape)}")
+    return "qwen3_5_moe", cfg
+
+
+def gguf_skipped(g, cfg):
+    """The GGUF tensors not converted: the MTP layers (blk.N with N >= the text model's layer count)."""
+    L = cfg["num_hidden_layers"]
+    return [n for n in g.tensors if n.startswith("blk.") and n.split(".")[1].isdigit() and int(n.split(".")[1]) >= L]
+
+
+def _hf_heads(nk, nv):
+    """GGUF head index of each HF value head: HF head k*r + j sits at tiled position j*nk + k."""
+    r = nv // nk
+    return [(h % r) * nk + h // r for h in range(nv)]
+
+
+def _rows(heads, hd, start=0):
+    return [start + heads[h] * hd + i for h in range(len(heads)) for i in range(hd)]
+
+
+def gguf_rewrites(cfg, name, hf, shape):
+    """How tensor `name` is read back: (HF shape, rows, scratch) where rows lists the GGUF row
+    of each HF row (None: in order) and scratch is (op, indices) for undone(): op 'log_neg',
+    'minus_one', 'cols' (a column order) or None (the elements in another order;
+    colibri/convert/gguf_undo.py)."""
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    heads = _hf_heads(nk, nv)
+    tiled = nk != nv
+    kind = name.split(".", 2)[2] if name.startswith("blk.") else name
+    if kind == "ssm_conv1d.weight":
+        qk = 2 * nk * dk
+        return [shape[0], 1, shape[1]], (list(range(qk)) + _rows(heads, dv, qk)) if tiled else None, None
+    if kind == "attn_qkv.weight" and tiled:
+        qk = 2 * nk * dk
+        return shape, list(range(qk)) + _rows(heads, dv, qk), None
+    if kind == "attn_gate.weight" and tiled:
+        return shape, _rows(heads, dv), None
+    if kind in ("ssm_alpha.weight", "ssm_beta.weight") and tiled:
+        return shape, _rows(heads, 1), None
+    if kind == "ssm_a":
+        return shape, None, ("log_neg", heads)
+    if kind == "ssm_dt.bias":
+        return shape, None, (None, heads) if tiled else None
+    if kind == "ssm_out.weight" and tiled:
+        return shape, None, ("cols", _rows(heads, dv))
+    if hf.endswith("norm.weight") and kind != "ssm_norm.weight":
+        return shape, None, ("minus_one", None)
+    return shape, None, None
+
+
+def gguf_finish_sources(cfg, sources):
+    """The planner splits each full-attention q_proj (heads x (query, gate)) into two outputs;
+    each is read as rows of the GGUF attn_q, which llama.cpp stores unchanged."""
+    nh, hd = cfg["num_attention_heads"], cfg["head_dim"]
+    for hf in [n for n in sources if n.endswith(".self_attn.q_proj.weight")]:
+        info, row0, _ = sources[hf]
+        query, gate = gated_q_names(hf[:-len(".self_attn.q_proj.weight")])
+        for name, half in ((query, 0), (gate, 1)):
+            sources[name] = (info, row0, ("rows", [(2 * h + half) * hd + i for h in range(nh) for i in range(hd)]))
+
+
+def gguf_notes(g, cfg):
+    """What the log tells about a file's parts that are not converted."""
+    mtp = gguf_skipped(g, cfg)
+    if not mtp:
+        return []
+    return [f"note: the multi-token-prediction head ({len(mtp)} tensors in the blocks "
+            f"after layer {cfg['num_hidden_layers'] - 1}) is not converted"]

@@ -2,15 +2,17 @@
 shared GQA and softmax-MoE blocks here, each family's own blocks from its module."""
 import family_registry
 from family_registry import KV_DEFAULT, KV_TYPES
-from colibri.family import common, deepseek, deepseek_v4, gpt_oss, kimi, mimo, qwen35
+from colibri.family import common, deepseek
+from colibri.family import parts as family_parts
 
 
 def layer_specs(arch):
     """Per-layer block specs for colibri.json (docs/container.md): which blocks each layer runs,
     their geometry, and the container tensor names each block reads. The engine spells no
     tensor name; it reads these. Also applied to an older manifest's arch, which had none."""
-    if arch.get("dsv4"):
-        return deepseek_v4.layer_specs(arch, common.norm)
+    whole = family_parts.whole_layout(arch)
+    if whole:  # a module that lays out every layer itself
+        return whole.layer_specs(arch, common.norm)
     L, nkv, hd = int(arch["num_layers"]), int(arch["num_kv_heads"]), int(arch["head_dim"])
     nh, eps = arch.get("num_heads"), arch.get("rms_norm_eps")
     kinds = arch.get("layer_mlp") or ["dense"] * L
@@ -19,8 +21,8 @@ def layer_specs(arch):
         p = f"model.layers.{l}"
         mlp = deepseek.moe_mlp_spec(arch, p) if kinds[l] == "moe" and arch.get("router") == "sigmoid_group" else None
         linear = (arch.get("layer_attn") or [None] * L)[l]
-        if linear in ("gated_deltanet", "kda"):
-            attn = qwen35.deltanet_spec(arch, p) if linear == "gated_deltanet" else kimi.kda_spec(arch, p)
+        if linear in family_parts.LINEAR_ATTN:
+            attn = family_parts.LINEAR_ATTN[linear](arch, p)
             specs.append(common.layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
             continue
         if arch.get("attn") == "mla":
@@ -39,13 +41,9 @@ def layer_specs(arch):
                 "rope": {"style": "neox", "dim": arch.get("rotary_dim")},
                 "state": {"kv_values_per_pos": 2 * nkv * hd, "fixed_bytes": 0, "truncatable": True},
                 "tensors": at}
-        if arch.get("mimo"):
-            attn.update(mimo.attn_overrides(arch, l, nkv))
-            if attn["sinks"]:
-                at["sinks"] = f"{p}.self_attn.{arch['mimo'].get('sinks_name', 'attention_sink_bias')}"
-            attn["state"]["kv_values_per_pos"] = attn["kv_heads"] * (hd + attn["v_head_dim"])
-            if attn["ring"]:  # a sliding layer keeps only its window
-                attn["state"]["window"] = attn["window"]
+        per_layer = family_parts.gqa_per_layer(arch)
+        if per_layer:  # each layer's own geometry
+            per_layer(arch, l, p, attn)
         if arch.get("attn_sinks"):  # one learned logit per head joins the softmax
             at["sinks"] = f"{p}.self_attn.sinks"
         if window and arch.get("kv_ring"):  # the slot keeps only the window (a ring)
@@ -54,7 +52,7 @@ def layer_specs(arch):
         if arch.get("clip_qkv"):
             attn["clip_qkv"] = arch["clip_qkv"]
         if arch.get("attn_output_gate"):  # q_proj's per-head query|gate halves, split by the converter
-            at["q"], at["gate"] = qwen35.gated_q_names(p)
+            at["q"], at["gate"] = family_parts.gated_q_names(p)
         if arch.get("norm_offset") and arch.get("qk_norm"):
             attn["qk_norm_offset"] = arch["norm_offset"]
         specs.append(common.layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
@@ -63,11 +61,11 @@ def layer_specs(arch):
 
 def _mlp_spec(arch, p, kind):
     if kind == "moe":
-        if arch.get("expert_names") == "gpt_oss":
-            return gpt_oss.moe_spec(arch, p)
-        if arch.get("expert_names") == "mixtral":
-            ex = {x: f"{p}.block_sparse_moe.experts.{{e}}.{w}.weight" for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}
-            router = f"{p}.block_sparse_moe.gate.weight"
+        own, names = family_parts.moe_layout(arch)
+        if own:  # a MoE block of the module's own
+            return own(arch, p)
+        if names:  # the shared block under the module's tensor names
+            ex, router = names(p)
         else:
             ex = {x: f"{p}.mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
             router = f"{p}.mlp.gate.weight"
@@ -93,8 +91,9 @@ def trunk_spec(arch):
     trunk = {"embed": "model.embed_tokens.weight",
              "final_norm": common.norm(arch, "model.norm.weight"),
              "lm_head": "model.embed_tokens.weight" if arch.get("tie_word_embeddings") else "lm_head.weight"}
-    if arch.get("dsv4"):  # the streams collapse into one before the final norm
-        trunk["hc_head"] = deepseek_v4.trunk_extra(arch)
+    whole = family_parts.whole_layout(arch)
+    if whole:  # e.g. residual streams that collapse into one before the final norm
+        trunk.update(whole.trunk_extra(arch))
     return trunk
 
 
