@@ -14,7 +14,9 @@ import pytest
 import make_variant_oracles
 from test_oracles import (EXACT, QUANT, TIE, coli, exact_ratio, greedy_check, load_ref, parse_ids, quant_stats, run_logits,
                           safe_positions)
+from colibri.family import class_defaults as family_defaults
 from colibri.family import normalize as family_normalize
+from colibri.family import parts as family_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = list(make_variant_oracles.VARIANTS)
@@ -141,6 +143,38 @@ def test_absent_fields_take_the_config_class_defaults(model_type):
     _, want = family_normalize.normalize_arch(full)
     diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
     assert not diff, f"{model_type}: fields left out are read otherwise than the class defaults: {diff}"
+
+
+# the class whose to_dict spells out a family's CLASS_DEFAULTS (Qwen3.5's are its text model's)
+DEFAULTS_CLASS = {f: "qwen3_5_moe_text" if f == "qwen3_5_moe" else f for f in family_parts.MODULES
+                  if family_defaults.defaults(f)}
+# defaults the class turns into other fields instead of keeping (KimiLinearConfig writes
+# first_k_dense_replace into mlp_layer_types)
+DERIVED = {"kimi_linear": {"first_k_dense_replace"}}
+
+
+def test_every_family_with_class_defaults_is_checked():
+    assert set(DEFAULTS_CLASS.values()) <= set(CONFIG_CLASSES), DEFAULTS_CLASS
+    for module in set(family_parts.MODULES.values()):  # keyed by families the module serves
+        for family in getattr(module, "CLASS_DEFAULTS", {}):
+            assert family_parts.MODULES.get(family) is module, (module.__name__, family)
+
+
+@pytest.mark.parametrize("family", list(DEFAULTS_CLASS))
+def test_class_defaults_are_the_config_class_values(family):
+    """Each family module's CLASS_DEFAULTS value is its config class's (a rope table may gain the
+    class's own rope_theta)."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    full = json.loads(json.dumps(getattr(transformers, CONFIG_CLASSES[DEFAULTS_CLASS[family]])(**MINIMAL).to_dict()))
+    for key, value in family_defaults.defaults(family).items():
+        if key in DERIVED.get(family, ()):
+            continue
+        got = full.get(key)
+        if isinstance(value, dict) and isinstance(got, dict):
+            got = {k: got.get(k) for k in value}
+        assert got == value, f"{family}.{key}: {value!r}, the class has {full.get(key)!r}"
 
 
 # ---------- what convert refuses, and the CLI a scorer drives ----------

@@ -26,6 +26,15 @@ tensor names as HF names. What llama.cpp's converter (GptOssModel) does, and how
 """
 from colibri.errors import ConvertError
 
+# transformers' config class defaults for fields config.json leaves out (class_defaults.fill)
+CLASS_DEFAULTS = {
+    "gpt_oss": {"intermediate_size": 2880, "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-05,
+                "max_position_embeddings": 131072, "num_local_experts": 128, "num_experts_per_tok": 4,
+                "sliding_window": 128,
+                # GptOssConfig.__post_init__, when neither rope_parameters nor rope_scaling is given
+                "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "truncate": False, "original_max_position_embeddings": 4096}}}
+
 ELEM = {"F32": 4, "BF16": 2, "F16": 2}
 
 

@@ -9,6 +9,17 @@ model_max_length, ...) and lists its layer kinds as 1-indexed `linear_attn_confi
 conv per q/k/v. family_registry maps a config with these helpers."""
 import re
 
+# transformers' config class defaults for fields config.json leaves out (class_defaults.fill)
+# in the release's spellings (config() maps them to the usual ones afterwards)
+CLASS_DEFAULTS = {
+    "kimi_linear": {"intermediate_size": 9216, "rms_norm_eps": 1e-05, "model_max_length": 1048576,
+                    "num_experts": 256, "num_experts_per_token": 8, "moe_intermediate_size": 1024,
+                    "moe_renormalize": True, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                    "v_head_dim": 128, "num_shared_experts": 1, "routed_scaling_factor": 2.446,
+                    "num_expert_group": 1, "topk_group": 1,
+                    # KimiLinearConfig.__post_init__: one dense layer unless mlp_layer_types says otherwise
+                    "first_k_dense_replace": 1}}
+
 # release spelling -> the name the DeepSeek helpers read
 ALIASES = {"num_experts_per_token": "num_experts_per_tok", "moe_renormalize": "norm_topk_prob",
            "num_expert_group": "n_group", "num_shared_experts": "n_shared_experts",

@@ -4,6 +4,12 @@ than v heads, values scaled by attention_value_scale; a dense first layer, then 
 experts (no shared ones). Defaults are the transformers config class's, used when config.json
 leaves a field out."""
 
+# transformers' config class defaults for fields config.json leaves out (class_defaults.fill)
+CLASS_DEFAULTS = {
+    "mimo_v2_flash": {"intermediate_size": 16384, "num_key_value_heads": 4, "rms_norm_eps": 1e-05,
+                      "max_position_embeddings": 131072, "n_routed_experts": 256, "num_experts_per_tok": 8,
+                      "moe_intermediate_size": 2048, "norm_topk_prob": True, "n_group": 1, "topk_group": 1}}
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 DEFAULT_ROPE = {FULL: {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.334},
                 SLIDING: {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334}}

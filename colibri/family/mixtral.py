@@ -3,6 +3,14 @@ block_sparse_moe.experts.N.w1/w3/w2 and the router at block_sparse_moe.gate, as 
 save them."""
 from colibri.family import gguf_softmax_moe
 
+# transformers' config class defaults for fields config.json leaves out (class_defaults.fill)
+CLASS_DEFAULTS = {
+    "mixtral": {"intermediate_size": 14336, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+                "max_position_embeddings": 131072, "num_local_experts": 8, "num_experts_per_tok": 2},
+    "minimax_m2": {"intermediate_size": 1536, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-06,
+                   "max_position_embeddings": 196608, "num_local_experts": 256, "num_experts_per_tok": 8},
+}
+
 
 def moe_names(p):
     """specs.py's hook (colibri/family/parts.py): layer p's expert and router tensor names."""

@@ -6,6 +6,10 @@ attention.clamp_kqv where the file has it (llama.cpp's converter writes it for O
 from colibri.errors import ConvertError
 from colibri.family import gguf_softmax_moe
 
+# transformers' config class defaults for fields config.json leaves out (class_defaults.fill)
+CLASS_DEFAULTS = {"olmoe": {"intermediate_size": 2048, "rms_norm_eps": 1e-05, "max_position_embeddings": 4096,
+                            "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False}}
+
 GGUF_ARCHS = {"olmoe": "olmoe"}
 GGUF_HF_CLASS = {"olmoe": "OlmoeForCausalLM"}
 

@@ -4,12 +4,14 @@ The shared drivers (the converters, normalize.py, specs.py) ask here for a part 
 hook: a function or a table the module defines) instead of testing for a family; a family
 without a module, or whose module lacks a hook, gets the shared builders' way. Hooks:
 
-- HF checkpoints: text_config(cfg) (a wrapper config's text model), config_defaults(cfg) (the
-  release's own spellings and defaults), own_arch(cfg, rope_table, f32) (an architecture the
-  module builds whole), attn_arch(cfg, rope_table) (per-layer attention facts; rope_table(params,
-  default partial rotary factor)), linear_arch(cfg, layers) (a hybrid's linear-attention
-  layers), hf_source_tensors(tensors, arch, log) (tensor renames), plan_experts(...) (an expert
-  layout the shared paths cannot read).
+- HF checkpoints: text_config(cfg) (a wrapper config's text model), CLASS_DEFAULTS ({family:
+  {field: transformers' config class default}}, keyed by family as one module may serve several;
+  class_defaults.fill reads it), config_defaults(cfg) (the release's own spellings and
+  defaults), own_arch(cfg, rope_table, f32) (an architecture the module builds whole),
+  attn_arch(cfg, rope_table) (per-layer attention facts; rope_table(params, default partial
+  rotary factor)), linear_arch(cfg, layers) (a hybrid's linear-attention layers),
+  hf_source_tensors(tensors, arch, log) (tensor renames), plan_experts(...) (an expert layout the
+  shared paths cannot read).
 - GGUF files: GGUF_ARCHS (the general.architecture names it reads -> family), and either
   gguf_config(g, tensors, m, uniform, base) -> (family, HF config) or GGUF_HF_CLASS and
   gguf_config_keys(g, tensors, m, family, cfg, L) (its keys added to the llama-style config

@@ -9,6 +9,12 @@ the dense MLP its ffn_gate/ffn_up/ffn_down name."""
 from colibri.errors import ConvertError
 from colibri.family import gguf_softmax_moe
 
+# transformers' config class defaults for fields config.json leaves out (class_defaults.fill)
+CLASS_DEFAULTS = {
+    "qwen2_moe": {"intermediate_size": 5632, "num_key_value_heads": 16, "rms_norm_eps": 1e-06,
+                  "max_position_embeddings": 32768, "num_experts": 60, "num_experts_per_tok": 4,
+                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632}}
+
 GGUF_ARCHS = {"qwen2moe": "qwen2_moe"}
 GGUF_HF_CLASS = {"qwen2_moe": "Qwen2MoeForCausalLM"}
 GGUF_PER_LAYER = {

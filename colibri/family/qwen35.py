@@ -9,6 +9,12 @@ Releases ship the vision-language wrapper: config.json holds the text model unde
 converted: images are not supported, and the MTP head is not run."""
 from colibri.errors import ConvertError
 
+# transformers' config class defaults for fields config.json leaves out (class_defaults.fill)
+CLASS_DEFAULTS = {
+    "qwen3_5_moe": {"num_key_value_heads": 2, "head_dim": 256, "rms_norm_eps": 1e-06, "max_position_embeddings": 32768,
+                    "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                    "shared_expert_intermediate_size": 512}}
+
 TEXT_PREFIX, VISION_PREFIX, MTP_PREFIX = "model.language_model.", "model.visual.", "mtp."
 
 
