@@ -161,8 +161,8 @@ FAMILIES = {
         "moe": "sigmoid_group",
         "default_tie": False,
     },
-    # The DeepSeek-V3 line (colibri/family/deepseek.py): sigmoid group-limited routing, shared
-    # experts, leading dense layers; "mla" attention keeps the compressed latent per position.
+    # The DeepSeek-V3 line (colibri/family/mla.py, sigmoid_moe.py): sigmoid group-limited routing,
+    # shared experts, leading dense layers; "mla" attention keeps the compressed latent per position.
     "glm4_moe": {
         "display": "GLM-4.5 / 4.6 / 4.7",
         "model_types": ["glm4_moe"],

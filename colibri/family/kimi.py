@@ -1,7 +1,7 @@
 """Kimi-Linear (`kimi_linear`): a hybrid of Kimi-delta-attention (KDA) layers, whose fixed
 recurrent state decays per key channel, and MLA full-attention layers without any position
 encoding; sigmoid group-limited routing with a correction bias and scaling plus shared experts
-(the DeepSeek-V3 MoE, colibri/family/deepseek.py), a dense first layer.
+(the shared sigmoid MoE, colibri/family/sigmoid_moe.py), a dense first layer.
 
 The release's config spells several fields its own way (num_experts_per_token, moe_renormalize,
 model_max_length, ...) and lists its layer kinds as 1-indexed `linear_attn_config.kda_layers` /
@@ -20,7 +20,7 @@ CLASS_DEFAULTS = {
                     # KimiLinearConfig.__post_init__: one dense layer unless mlp_layer_types says otherwise
                     "first_k_dense_replace": 1}}
 
-# release spelling -> the name the DeepSeek helpers read
+# release spelling -> the name the shared MLA and MoE builders read
 ALIASES = {"num_experts_per_token": "num_experts_per_tok", "moe_renormalize": "norm_topk_prob",
            "num_expert_group": "n_group", "num_shared_experts": "n_shared_experts",
            "model_max_length": "max_position_embeddings"}

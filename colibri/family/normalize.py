@@ -1,7 +1,8 @@
 """HF config.json -> (family, the normalized architecture colibri.json carries as ``arch``),
 following the registry's flags; a family with parts of its own adds them from its module."""
 from family_registry import FAMILIES, UnsupportedModel, family_for_model_type
-from colibri.family import class_defaults, deepseek
+from colibri.family import class_defaults, sigmoid_moe
+from colibri.family import mla as mla_builders
 from colibri.family import parts as family_parts
 from colibri.family.common import float32, rope_inv_freq
 
@@ -41,9 +42,9 @@ def normalize_arch(cfg):
     mla = None
     if fam.get("attn") == "mla":
         try:
-            mla = deepseek.mla_arch(cfg, fam.get("mla_rope"))
+            mla = mla_builders.mla_arch(cfg, fam.get("mla_rope"))
             if fam.get("dsa_rope"):
-                mla.update(deepseek.dsa_arch(cfg, fam["dsa_rope"]))
+                mla.update(mla_builders.dsa_arch(cfg, fam["dsa_rope"]))
         except KeyError as e:
             raise UnsupportedModel(f"config.json lacks a usable MLA field {e}") from None
         except (TypeError, ValueError) as e:
@@ -146,7 +147,7 @@ def normalize_arch(cfg):
     kinds = ["dense"] * layers
     if fam["moe"] == "sigmoid_group":
         try:
-            arch.update(deepseek.moe_arch(cfg, layers))
+            arch.update(sigmoid_moe.moe_arch(cfg, layers))
         except (TypeError, ValueError) as e:
             raise UnsupportedModel(f"config.json: {e}") from None
         kinds = arch.pop("layer_mlp")

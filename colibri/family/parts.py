@@ -19,7 +19,7 @@ without a module, or whose module lacks a hook, gets the shared builders' way. H
   HF name), GGUF_EXPERTS, GGUF_PERMUTED_QK, GGUF_SPLIT_KV_B, gguf_blocks(cfg),
   gguf_key_halves(cfg), gguf_skipped(g, cfg), gguf_expert_bias_rows(...), gguf_rewrites(cfg,
   name, hf, shape), gguf_finish_sources(cfg, sources), gguf_notes(g, cfg)."""
-from colibri.family import (common, deepseek, deepseek_v4, gpt_oss, kimi, llama, mimo, mixtral, olmoe, qwen2,
+from colibri.family import (common, deepseek, deepseek_v4, gpt_oss, kimi, llama, mimo, mixtral, mla, olmoe, qwen2,
                             qwen2_moe, qwen3, qwen35)
 
 # family -> the module of its own parts (one module may serve a line of families), in the order
@@ -52,7 +52,7 @@ def expert_planner(family):
 
 def attn_shapes(attn, hidden):
     """Source shape of every tensor an attention spec names, by its kind."""
-    shapes = {"mla": deepseek.mla_shapes, "dsv4": deepseek_v4.attn_shapes}.get(attn["kind"], common.gqa_shapes)
+    shapes = {"mla": mla.mla_shapes, "dsv4": deepseek_v4.attn_shapes}.get(attn["kind"], common.gqa_shapes)
     return shapes(attn, hidden)
 
 
@@ -77,7 +77,7 @@ def compress_tensors(attn, hidden):
 
 def indexer_shapes(ix, hidden, q_lora):
     """Source shape of every tensor a DSA lightning-indexer spec names."""
-    return deepseek.indexer_shapes(ix, hidden, q_lora)
+    return mla.indexer_shapes(ix, hidden, q_lora)
 
 
 # ---------------------------------------------------------------- layer specs

@@ -2,7 +2,7 @@
 shared GQA and softmax-MoE blocks here, each family's own blocks from its module."""
 import family_registry
 from family_registry import KV_DEFAULT, KV_TYPES
-from colibri.family import common, deepseek
+from colibri.family import common, mla, sigmoid_moe
 from colibri.family import parts as family_parts
 
 
@@ -19,14 +19,14 @@ def layer_specs(arch):
     specs = []
     for l in range(L):
         p = f"model.layers.{l}"
-        mlp = deepseek.moe_mlp_spec(arch, p) if kinds[l] == "moe" and arch.get("router") == "sigmoid_group" else None
+        mlp = sigmoid_moe.moe_mlp_spec(arch, p) if kinds[l] == "moe" and arch.get("router") == "sigmoid_group" else None
         linear = (arch.get("layer_attn") or [None] * L)[l]
         if linear in family_parts.LINEAR_ATTN:
             attn = family_parts.LINEAR_ATTN[linear](arch, p)
             specs.append(common.layer(arch, p, attn, mlp or _mlp_spec(arch, p, kinds[l])))
             continue
         if arch.get("attn") == "mla":
-            specs.append(common.layer(arch, p, deepseek.mla_attn_spec(arch, p), mlp or _mlp_spec(arch, p, kinds[l])))
+            specs.append(common.layer(arch, p, mla.mla_attn_spec(arch, p), mlp or _mlp_spec(arch, p, kinds[l])))
             continue
         at = {x: f"{p}.self_attn.{x}_proj.weight" for x in "qkvo"}
         for x in "qkvo":
