@@ -32,7 +32,7 @@ def coli(*args):
 @pytest.fixture(scope="module")
 def models(oracle_root, tmp_path_factory):
     out = {"streaming": streaming_model.container()}
-    for v in ("qwen3_moe", "llama", "gpt_oss", "qwen3_5_moe", "glm_moe_dsa"):
+    for v in ("qwen3_moe", "llama", "gpt_oss", "qwen3_5_moe", "glm_moe_dsa", "glm_moe_dsa_shared", "deepseek_v4"):
         d = tmp_path_factory.mktemp(v) / "c"
         r = coli("convert", Path(oracle_root) / v / "hf", d)
         assert r.returncode == 0, r.stderr
@@ -81,6 +81,8 @@ PASS_CASES = [  # model, --ram GB, ctx, --batch, --prefill-pass, why the pass is
     ("streaming", "0.1", 256, 16, 64, "flag"),  # as given
     ("qwen3_moe", "0.05", 500, 8, None, "prompt"),  # ctx rounded up to whole batches
     ("llama", "0.05", 300, 8, None, "resident"),  # no routed experts: one batch
+    ("glm_moe_dsa_shared", "0.05", 400, 8, None, "prompt"),  # a shared expert's rows, the indexer's selection
+    ("deepseek_v4", "0.05", 400, 8, None, "prompt"),  # a residual row per hyper-connection stream
 ]
 
 
