@@ -27,11 +27,11 @@ typedef struct {
 } TurnMark;
 void engine_stream_mark(Engine *e, TurnMark *m);
 void engine_stream_mark_free(TurnMark *m);
-/* As engine_stream_end_fields and engine_stream_routing, for what happened since the mark. */
 /* The expert reads since the mark (the whole store's, other requests' included). */
 ExpertStats engine_stream_since(Engine *e, const TurnMark *m);
 /* Appends END's prefill_bytes_read and prefill_io_wait_ms: the reads of the prompt, d. */
 void engine_stream_prefill_fields(const ExpertStats *d, char *buf, size_t n);
+/* As engine_stream_end_fields and engine_stream_routing, for what happened since the mark. */
 void engine_stream_end_since(Engine *e, const TurnMark *m, double turn_ms, char *buf, size_t n);
 void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char *id);
 
