@@ -108,16 +108,21 @@ def write_shard(path, specs, rng, np):
     os.replace(tmp, path)
 
 
-def gen(out, layers, seed):
-    import numpy as np
-    if layers < 2:
-        sys.exit("--layers must be at least 2 (the dense layer and one MoE layer)")
+def copy_tokenizer(out):
+    """The real Qwen3 tokenizer into out (created), as both synthetic checkpoints carry it."""
     out.mkdir(parents=True, exist_ok=True)
     tok = ROOT / ".cache" / "tokenizers" / "qwen3"
     if not (tok / "tokenizer.json").is_file():
         sys.exit("the Qwen3 tokenizer is missing: run `make test` once (it fetches .cache/tokenizers)")
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok / f, out / f)
+
+
+def gen(out, layers, seed):
+    import numpy as np
+    if layers < 2:
+        sys.exit("--layers must be at least 2 (the dense layer and one MoE layer)")
+    copy_tokenizer(out)
     (out / "config.json").write_text(json.dumps(dict(CONFIG, num_hidden_layers=layers, first_k_dense_replace=1), indent=1))
     rng = np.random.default_rng(seed)
     shards = [("trunk", [("model.embed_tokens.weight", "BF16", (VOCAB, H)), ("lm_head.weight", "BF16", (VOCAB, H)),

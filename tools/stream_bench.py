@@ -26,12 +26,13 @@ Dev tool only: needs root (cgroup, drop_caches), numpy, and a llama.cpp build ou
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import glm5_geometry  # tools/, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 GEOMETRY = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -49,16 +50,10 @@ def random_bf16(rng, shape, np, exponent=0x3C00):
 
 def gen(args):
     if args.geometry == "glm5":
-        import glm5_geometry  # tools/, beside this file
         return glm5_geometry.gen(Path(args.dir) / "hf", args.layers, args.seed)
     import numpy as np
     out = Path(args.dir) / "hf"
-    out.mkdir(parents=True, exist_ok=True)
-    tok = ROOT / ".cache" / "tokenizers" / "qwen3"
-    if not (tok / "tokenizer.json").is_file():
-        sys.exit("the Qwen3 tokenizer is missing: run `make test` once (it fetches .cache/tokenizers)")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tok / f, out / f)
+    glm5_geometry.copy_tokenizer(out)
     V = 151936
     H, nh, nkv, hd = (GEOMETRY[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"))
     E, I, L = GEOMETRY["num_experts"], GEOMETRY["moe_intermediate_size"], args.layers

@@ -56,15 +56,9 @@ static void test_budget(void) {
     dense.ram = 39000000;
     CHECK(ram_budget_split(&dense, &o, err, sizeof err) == -1 && strstr(err, "--ram 0.04"), "%s", err);
     /* checkpoints and the grammar are fixed; the mask cache takes 1/16 of the spare budget */
-    BudgetIn g = {.ram = 100000000,
-                  .dense = 30000000,
-                  .kv = 6000000,
-                  .runtime = 4000000,
-                  .checkpoints = 8000000,
-                  .grammar = 2000000,
-                  .moe_layers = 4,
-                  .experts = 64,
-                  .slot_bytes = 1000000};
+    BudgetIn g = budget_100mb();
+    g.checkpoints = 8000000;
+    g.grammar = 2000000;
     CHECK(ram_budget_split(&g, &o, err, sizeof err) == 0 && o.min_ram == 54000000ull, "min_ram %llu",
           (unsigned long long)o.min_ram);
     /* spare 46 MB: mask cache 2.875 MB; 100 - 50 - 2.875 = 47.1 MB: 11 slots per layer */
