@@ -51,8 +51,8 @@ ENGINE_FLAGS = {
                     "`coli info` names it); the engine refuses one this CPU or build cannot run"),
     "draft": dict(choices=("lookup", "mtp", "off"),
                   help="speculative decoding: lookup drafts the tokens that followed the latest earlier match of the "
-                       "last few tokens (prompt and output), verified in one pass; the output is exactly the same. "
-                       "mtp (the checkpoint's MTP heads) is not implemented yet (default off)"),
+                       "last few tokens (prompt and output), verified in one pass; mtp drafts with the checkpoint's "
+                       "multi-token-prediction layer (containers whose `coli info` says it drafts). The output is exactly the same either way (default off)"),
     "draft-max": dict(type=int, dest="draft_max", metavar="K", help="most tokens drafted at a time, 1-64 (default 8)"),
     "draft-adapt": dict(choices=("on", "off"), dest="draft_adapt",
                         help="on (default): the draft length follows the measured acceptance, and drafting pauses "
@@ -106,8 +106,6 @@ def stream_args(args):
         if not 1 <= args.draft_max <= 64:
             raise UserError(f"--draft-max {args.draft_max}: needs 1 to 64 tokens")
         out += ["--draft-max", str(args.draft_max)]
-    if getattr(args, "draft", None) == "mtp":
-        raise UserError("--draft mtp: running the checkpoint's MTP heads is not implemented yet; use --draft lookup")
     return out
 
 
@@ -135,6 +133,11 @@ def budget_line(info, batch=None):
         line += (f" ({b['cap']} of {b['experts']} experts per layer"
                  + (", every expert in RAM" if b["cap"] >= b["experts"] else ", the rest stream from disk")
                  + (f", {info.get('pinned')} pinned" if info.get("pinned", "0") != "0" else "") + ")")
+    if info.get("mtp_unbudgeted_bytes", "0") not in ("0", ""):
+        extra_note += (f"; the MTP head's routed experts ({fmt_bytes(int(info['mtp_unbudgeted_bytes']))}) are read "
+                       "through the page cache, outside this budget")
+    if info.get("draft_off"):
+        extra_note += f"; drafting off: the model's {info['draft_off'].replace('_', ' ')} cannot be cut back"
     return line + extra_note
 
 

@@ -252,6 +252,16 @@ def test_glm4moe_mtp_layer_kept_not_run(oracle_root, tmp_path):
                     experts="f32", dense="f32")
     man = json.loads((out / "colibri.json").read_text())
     assert man["mtp_layers"] == [L] and json.loads((out / "config.json").read_text())["num_hidden_layers"] == L
+    assert man["mtp"][0]["layer"] == L  # the nextn tensors, named back, make the head --draft mtp runs
+    import subprocess
+    import mtp_reference
+    from colibri import engine_client
+    ids = info["ids"][:12]
+    r = subprocess.run([str(engine_client.release_engine()), "logits", "--model", str(out), "--ids", ",".join(map(str, ids)),
+                        "--out", str(tmp_path / "m.f32"), "--mtp-out", str(tmp_path / "mtp.f32")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ref = mtp_reference.mtp_logits(d, ids)
+    assert ratio(np.fromfile(tmp_path / "mtp.f32", "<f4").reshape(ref.shape), ref) < 1e-4
     np.testing.assert_array_equal(logits(out, info["ids"], tmp_path / "a.f32"), logits(plain, info["ids"], tmp_path / "b.f32"))
     kept = {}
     for s in man["shards"]:
@@ -262,7 +272,7 @@ def test_glm4moe_mtp_layer_kept_not_run(oracle_root, tmp_path):
 
 def test_coli_convert_and_info_glm4moe_gguf(oracle_root, tmp_path):
     """`coli convert FILE.gguf OUT` (default storage) on a glm4moe file with its MTP layer, then
-    `coli info` names the family and says the MTP layer is kept, not run."""
+    `coli info` names the family and says the MTP layer drafts with --draft mtp."""
     from launcher_helpers import coli
     d, L, _ = with_glm_mtp(oracle_root, tmp_path)
     src = write_moe_gguf(tmp_path / "glm.gguf", d, matrix_type=T.Q8_0)
@@ -272,4 +282,4 @@ def test_coli_convert_and_info_glm4moe_gguf(oracle_root, tmp_path):
     r = coli("info", "--model", tmp_path / "c")
     assert r.returncode == 0, r.stderr
     assert "family       glm4_moe" in r.stdout
-    assert f"multi-token-prediction layer(s) (layer {L}): kept in the container, not run" in r.stdout
+    assert f"multi-token-prediction layer(s) (layer {L}): drafts tokens with --draft mtp" in r.stdout

@@ -1,5 +1,6 @@
 """Multi-token-prediction layers (stored at layer index num_hidden_layers in DeepSeek-V3 and
-GLM-4.5 releases) are kept in the container, not dropped, and not run; `coli info` says so."""
+GLM-4.5 releases) are kept in the container, not dropped, and described by the manifest's `mtp`
+entry; only `--draft mtp` runs them (test_mtp_draft.py), so the logits do not change."""
 import json
 import shutil
 from pathlib import Path
@@ -34,7 +35,7 @@ def with_mtp(oracle_root, tmp_path_factory):
     return d, L, extra
 
 
-def test_mtp_layer_is_kept_but_not_run(with_mtp, oracle_root, tmp_path):
+def test_mtp_layer_is_kept_and_only_drafts(with_mtp, oracle_root, tmp_path):
     from safetensors.torch import load_file
     d, L, extra = with_mtp
     info = json.loads((Path(oracle_root) / "deepseek_v3" / "ref.json").read_text())
@@ -60,7 +61,10 @@ def test_mtp_layer_is_kept_but_not_run(with_mtp, oracle_root, tmp_path):
     assert scan["dense_bytes"] == plain["dense_bytes"]
     r = coli("info", "--model", tmp_path / "mtp")
     assert r.returncode == 0, r.stderr
-    assert f"multi-token-prediction layer(s) (layer {L}): kept in the container, not run" in r.stdout
+    assert f"multi-token-prediction layer(s) (layer {L}): drafts tokens with --draft mtp" in r.stdout
+    entry = man["mtp"][0]
+    assert entry["layer"] == L and entry["eh_proj"] == f"model.layers.{L}.eh_proj.weight"
+    assert entry["head"] is None and entry["embed"] is None  # the trunk's are shared
 
 
 def test_only_the_declared_mtp_layers_are_kept(with_mtp, tmp_path):

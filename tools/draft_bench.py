@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Speculative decoding benchmark: decode tok/s with prompt-lookup drafts (--draft lookup) against
-plain decoding (--draft off), on prompts with much to copy and on prompts with nothing to copy.
+"""Speculative decoding benchmark: decode tok/s with prompt-lookup drafts (--draft lookup) or the
+checkpoint's MTP head (--draft mtp) against plain decoding (--draft off), on prompts with much to
+copy and on prompts with nothing to copy.
 
-    PYTHONPATH=. tools/draft_bench.py --model smollm2 [--rounds 3] [--threads N] [--max-tokens 160]
-        [--adapt on|off] [--temp T --seed S] [--raw] [--json]
+    PYTHONPATH=. tools/draft_bench.py --model smollm2 [--draft lookup|mtp] [--rounds 3] [--threads N]
+        [--max-tokens 160] [--adapt on|off] [--temp T --seed S] [--raw] [--json]
 
 Each prompt is a chat request through `coli run` (the model's template, greedy or --temp), run with and
 without drafts in turn, the order alternating between rounds: on a shared machine a swing in load
@@ -52,7 +53,7 @@ PROMPTS = {
 def run_once(args, prompt, draft):
     cmd = [sys.executable, str(ROOT / "coli"), "run", "--model", args.model, "--temp", str(args.temp), "--seed",
            str(args.seed), "--max-tokens", str(args.max_tokens), "--stats", "--draft", draft, prompt]
-    if draft == "lookup":
+    if draft != "off":
         cmd += ["--draft-adapt", args.adapt]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
@@ -71,6 +72,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--draft", choices=("lookup", "mtp"), default="lookup",
+                    help="the drafter compared with plain decoding (mtp: models whose container runs an MTP head)")
     ap.add_argument("--adapt", choices=("on", "off"), default="on", help="--draft-adapt of the drafted side")
     ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy); with a seed "
                     "both sides still print the same text")
@@ -82,25 +85,25 @@ def main(argv=None):
     for name, (kind, prompt) in PROMPTS.items():
         plain, drafted, ratios, drafts = [], [], [], []
         for rnd in range(args.rounds):
-            order = ("off", "lookup") if rnd % 2 == 0 else ("lookup", "off")
+            order = ("off", args.draft) if rnd % 2 == 0 else (args.draft, "off")
             got = {d: run_once(args, prompt, d) for d in order}
-            if got["off"][0] != got["lookup"][0]:
+            if got["off"][0] != got[args.draft][0]:
                 raise SystemExit(f"{name}: the drafted output differs from plain decoding")
-            p, d = float(got["off"][1]["decode_tok_s"]), float(got["lookup"][1]["decode_tok_s"])
+            p, d = float(got["off"][1]["decode_tok_s"]), float(got[args.draft][1]["decode_tok_s"])
             plain.append(p)
             drafted.append(d)
             ratios.append(d / p if p else 0.0)
-            drafts.append((int(got["lookup"][1].get("draft_tokens", 0)), int(got["lookup"][1].get("draft_accepted", 0)),
-                           int(got["lookup"][1]["completion_tokens"])))
-        results[name] = {"kind": kind, "plain_tok_s": statistics.median(plain), "lookup_tok_s": statistics.median(drafted),
+            st = got[args.draft][1]
+            drafts.append((int(st.get("draft_tokens", 0)), int(st.get("draft_accepted", 0)), int(st["completion_tokens"])))
+        results[name] = {"kind": kind, "plain_tok_s": statistics.median(plain), "draft_tok_s": statistics.median(drafted),
                          "ratio": statistics.median(ratios), "draft_tokens": drafts[-1][0],
                          "draft_accepted": drafts[-1][1], "completion_tokens": drafts[-1][2]}
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"{'prompt':10s} {'kind':5s} {'plain tok/s':>11s} {'lookup tok/s':>12s} {'ratio':>6s} {'kept/drafted':>13s}")
+    print(f"{'prompt':10s} {'kind':5s} {'plain tok/s':>11s} {args.draft + ' tok/s':>12s} {'ratio':>6s} {'kept/drafted':>13s}")
     for name, r in results.items():
-        print(f"{name:10s} {r['kind']:5s} {r['plain_tok_s']:11.1f} {r['lookup_tok_s']:12.1f} {r['ratio']:6.2f} "
+        print(f"{name:10s} {r['kind']:5s} {r['plain_tok_s']:11.1f} {r['draft_tok_s']:12.1f} {r['ratio']:6.2f} "
               f"{r['draft_accepted']:6d}/{r['draft_tokens']:<6d} ({r['completion_tokens']} tokens)")
 
 

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 #include "engine/draft.h"
+#include "engine/engine_mtp.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -179,10 +180,6 @@ static int engine_draft_open(Engine *e, const EngineOptions *o, char *err, size_
     e->draft_mode = o->draft ? o->draft - 1 : DRAFT_OFF;
     e->draft_max = o->draft_max ? o->draft_max : DRAFT_DEFAULT_MAX;
     e->draft_fixed = o->draft_fixed;
-    if (e->draft_mode == DRAFT_MTP) {
-        snprintf(err, errlen, "--draft mtp: running the MTP heads is not implemented yet; use --draft lookup");
-        return -1;
-    }
     if (!e->draft_mode) return 0;
     for (int l = 0; l < a->n_layers; l++) {
         const StateDesc *s = &a->state[l];
@@ -192,7 +189,7 @@ static int engine_draft_open(Engine *e, const EngineOptions *o, char *err, size_
             return 0;
         }
     }
-    return 0;
+    return e->draft_mode == DRAFT_MTP ? engine_mtp_open(e, err, errlen) : 0;
 }
 
 int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
@@ -262,6 +259,7 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
         engine_close(e);
         return -1;
     }
+    engine_mtp_streaming(e);
     if (o->kv_dir) restore_slots(e, o->kv_dir);
     return 0;
 }
@@ -308,6 +306,7 @@ void engine_close(Engine *e) {
     engine_grammar_free(e);
     for (int i = 0; i < MAX_KV_SLOTS; i++)
         if (e->slots[i].tokens) kv_free(&e->slots[i]);
+    engine_mtp_close(e);
     if (e->tok) tok_free(e->tok);
     e->tok = NULL;
     model_free(&e->model);
@@ -325,11 +324,16 @@ int engine_serve(Engine *e) {
     char fallbacks[1024];
     kernels_fallbacks(kern.isa, fallbacks, sizeof fallbacks);
     emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s kernel_fallbacks=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d draft=%s draft_max=%d draft_adapt=%s%s%s%s",
+              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d draft=%s draft_max=%d draft_adapt=%s "
+              "mtp_unbudgeted_bytes=%llu%s%s%s",
               a->family, a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name, fallbacks[0] ? fallbacks : "none",
               omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type), kv_bytes_per_token(a), kv_bytes(a, e->ctx),
-              forward_max_batch, e->parallel, e->draft_mode == DRAFT_LOOKUP ? "lookup" : "off", e->draft_max,
-              e->draft_fixed ? "off" : "on", e->draft_off ? " draft_off=" : "", e->draft_off ? e->draft_off : "", stream);
+              forward_max_batch, e->parallel,
+              e->draft_mode == DRAFT_LOOKUP ? "lookup"
+              : e->draft_mode == DRAFT_MTP  ? "mtp"
+                                            : "off",
+              e->draft_max, e->draft_fixed ? "off" : "on", (unsigned long long)e->mtp_unbudgeted,
+              e->draft_off ? " draft_off=" : "", e->draft_off ? e->draft_off : "", stream);
     int rc = serve_loop(e, &in);
     reader_free(&in);
     return rc;

@@ -5,6 +5,7 @@
 #include "model/model.h"
 #include "experts/ram_budget.h"
 #include "experts/usage.h"
+#include "engine/mtp_draft.h"
 
 #define MAX_KV_SLOTS 16
 
@@ -29,11 +30,13 @@ typedef struct {
     const char *pass_why; /* why the prefill pass is forward_prefill_pass long (READY prefill_pass_why) */
     Usage usage;          /* .coli_usage: routing counts over turns */
     int usage_warned;
-    EngineGrammar *grammar; /* constrained decoding (engine_grammar.h); NULL until a request has one */
-    int draft_mode;         /* DRAFT_* (draft.h): --draft, turned off where the model's state cannot be cut back */
-    int draft_max;          /* --draft-max */
-    int draft_fixed;        /* --draft-adapt off: always draft draft_max tokens where a match exists */
-    const char *draft_off;  /* why drafting is off although asked for, or NULL */
+    EngineGrammar *grammar;     /* constrained decoding (engine_grammar.h); NULL until a request has one */
+    int draft_mode;             /* DRAFT_* (draft.h): --draft, turned off where the model's state cannot be cut back */
+    int draft_max;              /* --draft-max */
+    int draft_fixed;            /* --draft-adapt off: always draft draft_max tokens where a match exists */
+    const char *draft_off;      /* why drafting is off although asked for, or NULL */
+    MtpTrack mtp[MAX_KV_SLOTS]; /* --draft mtp: each slot's MTP head state (set up on first use) */
+    uint64_t mtp_unbudgeted;    /* bytes of the head's routed experts read through the page cache (streaming) */
 } Engine;
 
 typedef struct {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "io/container.h"
+#include "model/mtp.h"
 #include "kernels/dsa_score.h"
 #include "grammar/grammar.h"
 #include "kernels/kv_kernels.h"
@@ -224,8 +225,11 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     int slots = o->logits_rows ? 1 : e->n_slots, kv_ctx = o->logits_rows ? o->logits_rows : e->ctx;
     int streams = o->logits_rows ? 1 : e->parallel; /* requests decoding at once */
     /* each stream's verify-pass logits (serve_loop.c), when it may draft */
-    const uint64_t draft_bytes =
+    uint64_t draft_bytes =
         e->draft_mode ? (uint64_t)streams * (uint64_t)(e->draft_max + 1) * (uint64_t)e->model.a.vocab * sizeof(float) : 0;
+    if (e->model.mtp) /* each slot's MTP head: its one-layer KV, a verify pass's states, its logits */
+        draft_bytes += (uint64_t)slots * (kv_bytes(&e->model.mtp->a, kv_ctx) +
+                                          ((uint64_t)(e->draft_max + 3) * e->model.a.hidden + e->model.a.vocab) * sizeof(float));
     BudgetIn *in = &e->budget_in;
     *in = (BudgetIn){.ram = (uint64_t)(o->ram_gb * 1e9),
                      .dense = expert_store_dense_bytes(s),

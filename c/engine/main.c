@@ -5,9 +5,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/draft.h"
 #include "engine/engine.h"
 #include "engine/engine_stream.h"
 #include "model/model.h"
+#include "model/mtp.h"
 #include "kernels/lowbit.h"
 #include "kernels/quant.h"
 #ifndef COLI_VERSION
@@ -26,7 +28,7 @@ static const char *USAGE =
     "                       [--pin auto|off] [--io-threads N] [--profile] [--draft lookup|mtp|off] [--draft-max K]\n"
     "                       [--draft-adapt on|off] [--prefill-pass N]   (N: positions per prefill pass when experts\n"
     "                       stream, a multiple of --batch; 0 or absent: the whole prompt, as the budget allows)\n"
-    "       colibri logits --model DIR --ids 1,2,3 --out FILE [engine options]\n"
+    "       colibri logits --model DIR --ids 1,2,3 --out FILE [--mtp-out FILE] [engine options]\n"
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
     "       colibri detokenize --model DIR 1,2,3\n"
@@ -36,10 +38,12 @@ static const char *USAGE =
     "       colibri limits     (KV slots, quantized block sizes, default --batch, runtime base bytes; one `name value` a line)\n"
     "       colibri version\n";
 
+static int mtp_logits(Engine *e, const int32_t *ids, int n, const char *path);
+
 static int logits_main(int argc, char **argv) {
     EngineOptions o = {0};
     o.skip_tokenizer = 1;
-    const char *ids_arg = NULL, *out = NULL;
+    const char *ids_arg = NULL, *out = NULL, *mtp_out = NULL;
     char err[1024];
     for (int i = 2; i < argc;) {
         if (!strcmp(argv[i], "--ids") && i + 1 < argc) {
@@ -49,6 +53,11 @@ static int logits_main(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[i + 1];
+            i += 2;
+            continue;
+        }
+        if (!strcmp(argv[i], "--mtp-out") && i + 1 < argc) {
+            mtp_out = argv[i + 1];
             i += 2;
             continue;
         }
@@ -71,7 +80,8 @@ static int logits_main(int argc, char **argv) {
         o.kv_set = 1;
         o.kv_type = QT_F32;
     }
-    o.logits_rows = 1; /* the budget holds this pass's KV and one chunk of its logits */
+    if (mtp_out) o.draft = DRAFT_MTP + 1; /* loads the head; the states come from this pass, not a slot */
+    o.logits_rows = 1;                    /* the budget holds this pass's KV and one chunk of its logits */
     for (const char *c = ids_arg; *c; c++) o.logits_rows += *c == ',';
     Engine e;
     if (engine_open(&e, &o, err, sizeof err)) {
@@ -115,10 +125,58 @@ static int logits_main(int argc, char **argv) {
         rc = 1;
     }
     if (f && rc) unlink(out); /* no partial logits file */
+    if (!rc && mtp_out) rc = mtp_logits(&e, ids, n, mtp_out);
     kv_free(&kv);
     free(logits);
     free(ids);
     engine_close(&e);
+    return rc;
+}
+
+/* forward_hidden for `logits --mtp-out`: every position's last-layer state, in order. */
+typedef struct {
+    float *h;
+    int n, cap, H;
+} HiddenRows;
+
+static void keep_rows(void *ctx, KvCache *kv, const float *x, int T, const int32_t *tokens) {
+    (void)kv;
+    (void)tokens;
+    HiddenRows *r = ctx;
+    int m = T < r->cap - r->n ? T : r->cap - r->n;
+    memcpy(r->h + (size_t)r->n * r->H, x, sizeof(float) * (size_t)m * r->H);
+    r->n += m;
+}
+
+/* The MTP head's logits for ids: row i from the main state of position i and ids[i + 1] (the
+ * prediction of ids[i + 2]), [n - 1][vocab], written to path. Runs the main model again. */
+static int mtp_logits(Engine *e, const int32_t *ids, int n, const char *path) {
+    const Model *m = &e->model;
+    const int H = m->a.hidden, V = m->a.vocab;
+    HiddenRows rows = {malloc(sizeof(float) * (size_t)n * H), 0, n, H};
+    float *logits = malloc(sizeof(float) * (size_t)V * (n > 1 ? n - 1 : 1));
+    KvCache kv = {0}, mk = {0};
+    FILE *f = NULL;
+    int rc = 1;
+    forward_hidden = (ForwardHidden){keep_rows, &rows};
+    if (!rows.h || !logits || kv_init(&kv, &m->a, n) || kv_init(&mk, &m->mtp->a, n))
+        fprintf(stderr, "colibri logits: out of memory for the MTP pass\n");
+    else if (forward(m, &kv, ids, n, NULL, 0) || rows.n != n ||
+             (n > 1 && mtp_run(m, &mk, rows.h, ids + 1, n - 1, NULL, logits, 1)))
+        fprintf(stderr, "colibri logits: out of memory for the MTP pass\n");
+    else if (!(f = fopen(path, "wb")) || fwrite(logits, sizeof(float) * V, (size_t)(n - 1), f) != (size_t)(n - 1))
+        fprintf(stderr, "colibri logits: cannot write %s\n", path);
+    else rc = 0;
+    if (f && fclose(f) && !rc) {
+        fprintf(stderr, "colibri logits: cannot write %s\n", path);
+        rc = 1;
+    }
+    if (f && rc) unlink(path);
+    forward_hidden = (ForwardHidden){NULL, NULL};
+    kv_free(&kv);
+    kv_free(&mk);
+    free(rows.h);
+    free(logits);
     return rc;
 }
 

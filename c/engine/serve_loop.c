@@ -18,6 +18,7 @@
 
 #include "engine/engine_grammar.h"
 #include "engine/draft.h"
+#include "engine/engine_mtp.h"
 #include "engine/engine_stream.h"
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -218,7 +219,7 @@ static int slot_busy(const Loop *L, int slot) {
 /* Whether requests in slot kv may draft: drafting is on and every layer's state can be cut back
  * to any position (no recurrent state, no sliding-window ring). */
 static int can_draft(const Engine *e, const KvCache *kv) {
-    return e->draft_mode == DRAFT_LOOKUP && kv->truncatable && !kv->ring_total;
+    return (e->draft_mode == DRAFT_LOOKUP || e->draft_mode == DRAFT_MTP) && kv->truncatable && !kv->ring_total;
 }
 
 /* Starts queued request p in a free entry: validation, ACCEPT (before any prefill), sampler. A
@@ -260,6 +261,8 @@ static void admit(Loop *L, Pending *p) {
     /* Reuse the common prefix (as far as every layer's state allows, see kv_reuse); at least
      * one prompt token is recomputed to get fresh logits. */
     int reuse = kv_reuse(kv, ids, n);
+    MtpTrack *mt = engine_mtp_track(e, kv);
+    if (mt) mtp_track_reuse(mt, reuse);
     if (reuse < e->low_water[f->slot]) e->low_water[f->slot] = reuse; /* the next record starts there */
     if (reuse < kv->last_common) /* the state cannot be cut back there: say why the prefix is recomputed */
         fprintf(stderr,
@@ -462,8 +465,12 @@ static int draft_size(Loop *L, Stream *s) {
     if (forward_max_batch - 1 < room) room = forward_max_batch - 1; /* one pass, within the working memory planned */
     int k = draft_ctl_want(&s->dc, room);
     if (k <= 0) return 0;
-    kv->tokens[kv->n] = s->tok; /* the history to match ends with the token fed now (room >= 1: it fits) */
     s->vin[0] = s->tok;
+    if (L->e->draft_mode == DRAFT_MTP) {
+        MtpTrack *t = engine_mtp_track(L->e, kv);
+        return t ? mtp_draft(&L->e->model, t, kv, s->tok, k, s->vin + 1) : 0;
+    }
+    kv->tokens[kv->n] = s->tok; /* the history to match ends with the token fed now (room >= 1: it fits) */
     return draft_lookup(kv->tokens, kv->n + 1, k, s->vin + 1);
 }
 
@@ -476,7 +483,11 @@ static void verify_draft(Loop *L, Stream *s, int k) {
     KvCache *kv = s->kv;
     const int n0 = kv->n;
     double t = now_ms();
-    if (forward(&e->model, kv, s->vin, k + 1, s->vlog, 1)) {
+    MtpTrack *mt = engine_mtp_track(e, kv);
+    if (mt) mt->capture = 1, mt->n_rows = 0; /* the head runs the kept positions once they are known */
+    const int failed = forward(&e->model, kv, s->vin, k + 1, s->vlog, 1);
+    if (mt) mt->capture = 0;
+    if (failed) {
         s->oom = 1;
         stream_finish(L, s);
         return;
@@ -495,6 +506,7 @@ static void verify_draft(Loop *L, Stream *s, int k) {
         accepted++;
     }
     if (kv->n < e->low_water[s->f.slot]) e->low_water[s->f.slot] = kv->n;
+    if (mt) mtp_track_verified(&e->model, mt, n0, s->vin, accepted);
     draft_ctl_verified(&s->dc, k, accepted, emitted, ms);
     if (go_on) s->pending = 1;
     else stream_finish(L, s);

@@ -85,4 +85,11 @@ double bl_num(BlockLoader *L, const JsonValue *spec, const char *key, double lo,
 const char *bl_str(BlockLoader *L, const JsonValue *spec, const char *key);
 const JsonValue *bl_obj(BlockLoader *L, const JsonValue *spec, const char *key);
 
+/* A layer from its manifest spec (model_load.c): its blocks, checked against the state the spec
+ * declares; hc_model: the trunk has hyper-connection streams. 0, or -1 with L->err. */
+int layer_load(BlockLoader *L, Layer *y, const JsonValue *spec, int hc_model);
+/* What the layer keeps per KV slot for kv_type (its blocks' states together). */
+StateDesc layer_state(const Layer *y, QType kv_type);
+void layer_free(Layer *y);
+
 #endif

@@ -13,6 +13,12 @@
 int forward_max_batch = FORWARD_DEFAULT_BATCH;
 int forward_prefill_pass = 0;
 ForwardProgress forward_progress = {NULL, NULL};
+ForwardHidden forward_hidden = {NULL, NULL};
+
+typedef struct {
+    float *xn, *o;          /* a block's input (normed) and output, [T][hidden] */
+    float *c, *post, *comb; /* hyper-connections: the collapsed input and the mix weights, or NULL */
+} LayerScratch;
 
 int forward_pass_step(void) {
     const int b = forward_max_batch > 0 ? forward_max_batch : 1;
@@ -50,6 +56,39 @@ static void attn_chunks(const Block *b, const Arch *a, int l, KvCache *kv, const
     }
 }
 
+/* One layer over x[T][hidden] in place: x += attn(attn_norm(x)); x += mlp(mlp_norm(x)), or with
+ * S > 0 residual streams mixed by the layer's hyper-connections. rows / sub as forward_chunk's. */
+static void layer_run(const Arch *a, const Layer *y, int l, int S, KvCache *kv, KvCache *const *rows, const int32_t *tokens,
+                      float *x, int T, int sub, const LayerScratch *w) {
+    const int H = a->hidden;
+    BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens, 0};
+    const Block *halves[2][2] = {{&y->attn_norm, &y->attn}, {&y->mlp_norm, &y->mlp}};
+    for (int h = 0; h < 2; h++) {
+        if (!halves[h][1]->kind) continue;
+        if (S) hc_pre(y->hc[h], x, T, H, w->c, w->post, w->comb);
+        run_block(halves[h][0], &r, S ? w->c : x, T, w->xn);
+        /* attention's matmuls charge PROF_ATTN_PROJ (ops.c); an MoE block its own parts */
+        const ProfOp norm = prof_enter(h == 0 ? PROF_ATTN_KV : PROF_MLP);
+        if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, tokens, w->xn, T, w->o);
+        else if (h == 0 && sub < T) attn_chunks(halves[h][1], a, l, kv, tokens, w->xn, T, sub, w->o);
+        else run_block(halves[h][1], &r, w->xn, T, w->o);
+        prof_leave(norm);
+        if (fwd_oom()) return; /* o is incomplete; forward() fails the pass */
+        if (S) hc_post(S, x, T, H, w->o, w->post, w->comb);
+        else
+            for (size_t i = 0; i < (size_t)T * H; i++) x[i] += w->o[i];
+    }
+}
+
+int forward_layer(const Arch *a, const Layer *y, int l, KvCache *kv, const int32_t *tokens, float *x, int T) {
+    const int sub = forward_max_batch > 0 ? forward_max_batch : 1;
+    float *xn = fwd_malloc(sizeof(float) * (size_t)T * a->hidden), *o = fwd_malloc(sizeof(float) * (size_t)T * a->hidden);
+    if (xn && o) layer_run(a, y, l, 0, kv, NULL, tokens, x, T, sub, &(LayerScratch){xn, o, NULL, NULL, NULL});
+    free(xn);
+    free(o);
+    return fwd_oom() ? -1 : 0;
+}
+
 /* 0, or -1 when an allocation failed (fwd_alloc.h); the cache then keeps only earlier passes.
  * rows: NULL (T positions of kv), or T caches for batched decode (kv is rows[0]). sub: the
  * positions attention takes at a time (T, or the batch in a longer prefill pass); every other
@@ -82,26 +121,15 @@ static int forward_chunk(const Model *m, KvCache *kv, KvCache *const *rows, cons
         for (int j = 0; j < S; j++) memcpy(x + ((size_t)t * S + j) * H, row, sizeof(float) * H);
     }
     free(row);
+    LayerScratch w = {xn, o, c, post, comb};
     for (int l = 0; l < a->n_layers && !fwd_oom(); l++) {
-        const Layer *y = &m->layers[l];
-        BlockRun r = {a, l, kv->n, kv->ctx, kv->type, &kv->layer[l], tokens, 0};
-        const Block *halves[2][2] = {{&y->attn_norm, &y->attn}, {&y->mlp_norm, &y->mlp}};
-        for (int h = 0; h < 2; h++) {
-            if (!halves[h][1]->kind) continue;
-            if (hc) hc_pre(y->hc[h], x, T, H, c, post, comb);
-            run_block(halves[h][0], &r, hc ? c : x, T, xn);
-            /* attention's matmuls charge PROF_ATTN_PROJ (ops.c); an MoE block its own parts */
-            const ProfOp norm = prof_enter(h == 0 ? PROF_ATTN_KV : PROF_MLP);
-            if (rows && h == 0) attn_rows(halves[h][1], a, l, rows, tokens, xn, T, o);
-            else if (h == 0 && sub < T) attn_chunks(halves[h][1], a, l, kv, tokens, xn, T, sub, o);
-            else run_block(halves[h][1], &r, xn, T, o);
-            prof_leave(norm);
-            if (fwd_oom()) break; /* o is incomplete; forward() fails the pass */
-            if (hc) hc_post(S, x, T, H, o, post, comb);
-            else
-                for (size_t i = 0; i < (size_t)T * H; i++) x[i] += o[i];
-        }
+        layer_run(a, &m->layers[l], l, hc ? S : 0, kv, rows, tokens, x, T, sub, &w);
         if (forward_progress.fn && T > sub && !rows) forward_progress.fn(forward_progress.ctx, l + 1, a->n_layers);
+    }
+    if (forward_hidden.fn && !hc && !fwd_oom()) { /* the last layer's output, before the final norm */
+        if (rows)
+            for (int t = 0; t < T; t++) forward_hidden.fn(forward_hidden.ctx, rows[t], x + (size_t)t * H, 1, tokens + t);
+        else forward_hidden.fn(forward_hidden.ctx, kv, x, T, tokens);
     }
     if (logits && !fwd_oom()) {
         const ProfOp norm = prof_enter(PROF_HEAD);

@@ -55,6 +55,7 @@ typedef struct {
 } Layer;
 
 typedef struct Container Container;
+typedef struct MtpHead MtpHead;
 
 typedef struct {
     Arch a;
@@ -64,6 +65,7 @@ typedef struct {
     Layer *layers;
     StateDesc *state; /* [n_layers]: a.state points here */
     Container *ct;
+    MtpHead *mtp; /* NULL, or the multi-token-prediction head (mtp.h), loaded for --draft mtp */
 } Model;
 
 extern const char *const ENGINE_FAMILIES[]; /* NULL-terminated */
@@ -156,6 +158,18 @@ typedef struct {
     void *ctx;
 } ForwardProgress;
 extern ForwardProgress forward_progress;
+/* Called by forward() with the last layer's output x[T][hidden] (before the final norm) of the
+ * positions kv->n.. (not yet appended), fed tokens[0..T); batched decode calls it per row. The
+ * multi-token-prediction drafter (mtp.h) builds on these states; NULL: none. Not called for
+ * models with hyper-connection streams. */
+typedef struct {
+    void (*fn)(void *ctx, KvCache *kv, const float *x, int T, const int32_t *tokens);
+    void *ctx;
+} ForwardHidden;
+extern ForwardHidden forward_hidden;
+/* One layer y (index l of kv's layers) over x[T][hidden] in place, at positions kv->n..; attention
+ * takes a batch at a time. 0, or -1 when memory ran out. */
+int forward_layer(const Arch *a, const Layer *y, int l, KvCache *kv, const int32_t *tokens, float *x, int T);
 /* Automatic passes cover a whole prompt up to this many positions. */
 #define PREFILL_PASS_MAX 4096
 

@@ -84,7 +84,9 @@ def model_info(d):
                          "resumes at turn-boundary checkpoints)")
         if m.get("mtp_layers"):
             lines.append(f"mtp          {len(m['mtp_layers'])} multi-token-prediction layer(s) (layer "
-                         f"{', '.join(map(str, m['mtp_layers']))}): kept in the container, not run")
+                         f"{', '.join(map(str, m['mtp_layers']))}): "
+                         + ("drafts tokens with --draft mtp" if m.get("mtp") else "kept in the container, not run "
+                            "(re-convert for --draft mtp)"))
         lines.append(f"quant        {quant_line(storage_by_class(d, m))}")
         lines.append(f"on disk      {size / 1e6:.1f} MB in {len(m['shards'])} shard(s)")
         lines.append(f"sampling     {sampling.describe(*sampling.model_defaults(d))}; coli chat and coli serve "

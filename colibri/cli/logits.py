@@ -14,6 +14,9 @@ def add_arguments(lg):
     lg.add_argument("--ids", required=True, help="comma-separated token ids")
     lg.add_argument("--out", required=True, help="output file: little-endian float32, len(ids) rows of vocab values, "
                     "row i the logits after reading ids[0..i]")
+    lg.add_argument("--mtp-out", dest="mtp_out", metavar="FILE",
+                    help="also the MTP head's logits, float32 [len(ids) - 1, vocab]: row i from position i's state and "
+                         "ids[i + 1], the prediction of ids[i + 2] (containers with an MTP layer)")
     launch_opts.add_engine_flags(lg, ("ctx", "threads", "batch", "kv") + launch_opts.STREAM_FLAGS + ("kernels",),
                                  group=None, threads={"help": "compute threads (default: all cores)"},
                                  batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH}, "
@@ -29,5 +32,6 @@ def run(args):
     launch_opts.check_cap(args.cap, launch_opts.manifest(d)["arch"])
     exe = engine_client.ensure_built()
     r = subprocess.run([str(exe), "logits", "--model", str(d), "--ids", ",".join(map(str, ids)),
-                        "--out", args.out] + launch_opts.engine_args(args), env=engine_client.engine_env())
+                        "--out", args.out] + (["--mtp-out", args.mtp_out] if args.mtp_out else [])
+                       + launch_opts.engine_args(args), env=engine_client.engine_env())
     return r.returncode

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import family_registry
 from colibri.checksum import sha256_file
-from colibri.convert import gguf_kv_b, gguf_spm, gguf_undo
+from colibri.convert import gguf_kv_b, gguf_spm, gguf_undo, mtp_spec
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGML_TYPES, GGUFError, read_gguf
 from colibri.errors import ConvertError
@@ -617,7 +617,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     convert_hf.write_manifest(
         out, family=fam, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
         bos=bos_id if bos_id is not None else -1, eos=eos_ids, shards=shards, quant_extra={"from_gguf": kept},
-        mtp_layers=planner.mtp, log=log,
+        mtp_layers=planner.mtp, mtp=mtp_spec.mtp_specs(arch, planner.mtp, convert_hf.written_names(planner), log), log=log,
         source={"files": {p.name: sha256_file(p) for p in parts}, "model_type": cfg["model_type"],
                 "gguf": {"version": g.version, "architecture": g.metadata.get("general.architecture"),
                          "name": g.metadata.get("general.name"), "file_type": g.metadata.get("general.file_type")}})

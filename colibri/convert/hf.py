@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.convert import default_chat_template
+from colibri.convert import default_chat_template, mtp_spec
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
@@ -285,23 +285,18 @@ def attach_fp8_scales(cfg, tensors):
         t["scale"] = dict(s, name=sname, block=block)
 
 
+def written_names(planner):
+    return {o["name"] for o in planner.outputs}
+
+
 def block_specs(arch, planner):
     """The manifest's trunk and per-layer block specs (family_registry), checked against the
     tensors this conversion writes: the engine loads exactly the names the specs give."""
     trunk, layers = family_specs.trunk_spec(arch), family_specs.layer_specs(arch)
-    written = {o["name"] for o in planner.outputs}
+    written = written_names(planner)
     names = [trunk["embed"], trunk["lm_head"], trunk["final_norm"]["tensors"]["weight"]]
-
-    def walk(block):
-        for key, v in block.items():
-            if key == "tensors":
-                names.extend(v.values())
-            elif key == "expert_tensors":
-                names.extend(t.replace("{e}", str(e)) for t in v.values() for e in range(block["experts"]))
-            elif isinstance(v, dict):
-                walk(v)
     for spec in layers:
-        walk(spec)
+        mtp_spec.spec_tensor_names(spec, names)
     missing = sorted(set(names) - written)
     if missing:
         raise ConvertError(f"the layer specs name tensors this conversion does not write: {', '.join(missing[:5])}")
@@ -438,13 +433,13 @@ def convert(src, out, experts=None, dense="q8", log=print):
     write_manifest(out, family=family, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
                    bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src, family), shards=shards,
                    source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")},
-                   mtp_layers=planner.mtp, log=log)
+                   mtp_layers=planner.mtp, mtp=mtp_spec.mtp_specs(arch, planner.mtp, written_names(planner), log), log=log)
     log(f"wrote {out}")
     return out
 
 
 def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None,
-                   mtp_layers=None, log=None):
+                   mtp_layers=None, mtp=None, log=None):
     """colibri.json, for every converter: written last and renamed into place, so its presence
     means the container is complete (docs/container.md)."""
     manifest = {
@@ -466,8 +461,10 @@ def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos
         "source": source,
         shard_sums.KEY: shard_sums.record(str(out), [fname for fname, _ in shards], log),
     }
-    if mtp_layers:  # kept, not run: no layer spec names their tensors
+    if mtp_layers:  # kept; run as drafters (--draft mtp) where `mtp` describes them
         manifest["mtp_layers"] = mtp_layers
+    if mtp:
+        manifest["mtp"] = mtp
     tmp = out / "colibri.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / "colibri.json")

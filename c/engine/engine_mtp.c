@@ -1,0 +1,50 @@
+/* --draft mtp in the engine (engine_mtp.h). */
+#include "engine/engine_mtp.h"
+
+#include <stdio.h>
+
+#include "engine/draft.h"
+#include "model/layers.h"
+#include "model/mtp.h"
+
+MtpTrack *engine_mtp_track(Engine *e, const KvCache *kv) {
+    if (!e->model.mtp || kv < e->slots || kv >= e->slots + e->n_slots) return NULL;
+    MtpTrack *t = &e->mtp[kv - e->slots];
+    if (!t->kv.tokens && mtp_track_init(t, &e->model, e->ctx, e->draft_max + 1)) return NULL;
+    return t;
+}
+
+/* forward_hidden: the main model's states of a pass over a slot go to its tracker. */
+static void slot_states(void *ctx, KvCache *kv, const float *x, int T, const int32_t *tokens) {
+    Engine *e = ctx;
+    MtpTrack *t = engine_mtp_track(e, kv);
+    if (t) mtp_track_hidden(&e->model, t, kv, x, T, tokens);
+}
+
+int engine_mtp_open(Engine *e, char *err, size_t errlen) {
+    if (mtp_load(&e->model, err, errlen)) return -1;
+    const StateDesc *s = &e->model.mtp->state;
+    if (!s->truncatable || (s->window > 0 && s->window < e->ctx)) {
+        snprintf(err, errlen, "--draft mtp: the MTP layer's state cannot be cut back to any position; use --draft lookup");
+        return -1;
+    }
+    forward_hidden = (ForwardHidden){slot_states, e};
+    return 0;
+}
+
+void engine_mtp_streaming(Engine *e) {
+    const ExpertLayer *mx = e->model.mtp ? moe_expert_layer(&e->model.mtp->y.mlp) : NULL;
+    if (!mx || !e->store.streaming) return; /* not among the store's layers: its cache and budget leave them out */
+    const Mlp *x0 = &mx->experts[0];
+    e->mtp_unbudgeted = (uint64_t)mx->E * (uint64_t)(x0->gate.rows * x0->gate.row_bytes + x0->up.rows * x0->up.row_bytes +
+                                                     x0->down.rows * x0->down.row_bytes);
+    fprintf(stderr,
+            "colibri: --draft mtp: the MTP layer's routed experts (%.1f MB) are read through the page cache, outside the "
+            "expert cache and the --ram budget; drafting pauses itself where it does not pay\n",
+            (double)e->mtp_unbudgeted / 1e6);
+}
+
+void engine_mtp_close(Engine *e) {
+    for (int i = 0; i < MAX_KV_SLOTS; i++) mtp_track_free(&e->mtp[i]);
+    if (forward_hidden.ctx == e) forward_hidden = (ForwardHidden){NULL, NULL};
+}
