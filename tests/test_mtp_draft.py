@@ -162,3 +162,20 @@ def test_draft_bench_measures_mtp(bigram_models, engine_bin):  # noqa: F811
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert all(row["draft_tok_s"] > 0 and 0 < row["draft_tokens"] for row in res.values()), res
+
+
+def test_batched_decode_keeps_every_slot_s_head_in_step(bigram_models):
+    """Two requests decoding together (batched rows, no drafts while both run), then the longer
+    one alone (it drafts): each slot's head follows its own rows, and every output is the plain
+    one."""
+    from test_batching import collect
+    c = bigram_models("deepseek_v3")
+    jobs = ((PROMPT, 48), ([9, 10, 11, 12, 5, 6, 7, 8] * 2, 16))
+    outs = {}
+    for name, extra in (("plain", []), ("mtp", FORCED)):
+        with engine_client.Engine(c, ctx=256, threads=1, kv_slots=2, extra=extra + ["--parallel", "2"]) as eng:
+            eng.write(b"".join(engine_client.submit_frame(f"r{i}", p, slot=i, max_tokens=n, ignore_eos=1)
+                               for i, (p, n) in enumerate(jobs)))
+            outs[name] = collect(eng, ["r0", "r1"])[0]
+        assert_clean_exit(eng)
+    assert outs["mtp"] == outs["plain"] and len(outs["mtp"]["r0"]) == 48

@@ -14,12 +14,12 @@
 #include "model/model.h"
 
 typedef struct {
-    KvCache kv;       /* the head's slot: its entry at position i needs the main token i+1 */
-    float *pending;   /* [hidden]: the main state of position pending_pos, its next token not fed yet */
-    int pending_pos;  /* -1: none */
-    float *rows;      /* [cap][hidden]: the states of a verify pass (capture) */
-    int cap, n_rows;  /* rows held, and how many the last captured pass gave */
-    int capture;      /* the next pass over the slot is a verify pass: keep its states */
+    KvCache kv;        /* the head's slot: its entry at position i needs the main token i+1 */
+    float *pending;    /* [hidden]: the main state of position pending_pos, its next token not fed yet */
+    int pending_pos;   /* -1: none */
+    float *rows;       /* [cap][hidden]: the states of a verify pass (capture) */
+    int cap, n_rows;   /* rows held, and how many the last captured pass gave */
+    int capture;       /* the next pass over the slot is a verify pass: keep its states */
     float *h, *logits; /* a chained draft's state [hidden] and logits [vocab] */
 } MtpTrack;
 

@@ -70,4 +70,3 @@ void layer_free(Layer *y) {
     hc_free(y->hc[1]);
     memset(y, 0, sizeof *y);
 }
-

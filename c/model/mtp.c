@@ -66,8 +66,7 @@ static void norm_rows(const Block *b, const MtpHead *p, const KvCache *mkv, cons
     b->kind->run(b->self, &r, x, T, out);
 }
 
-int mtp_run(const Model *m, KvCache *mkv, const float *h, const int32_t *next, int T, float *out, float *logits,
-            int all_logits) {
+int mtp_run(const Model *m, KvCache *mkv, const float *h, const int32_t *next, int T, float *out, float *logits, int all_logits) {
     const MtpHead *p = m->mtp;
     const int H = m->a.hidden;
     const size_t padded = ((size_t)H + 31) / 32 * 32;

@@ -28,7 +28,6 @@ void mtp_free(Model *m);
  * states (NULL: zeros, for positions whose state is gone), next[T] the tokens after them. out:
  * NULL or [T][hidden], the head's states (a chained draft's next h); logits: NULL, [T][vocab]
  * (all_logits) or [vocab] for the last row. 0, or -1 when memory ran out (mkv unchanged). */
-int mtp_run(const Model *m, KvCache *mkv, const float *h, const int32_t *next, int T, float *out, float *logits,
-            int all_logits);
+int mtp_run(const Model *m, KvCache *mkv, const float *h, const int32_t *next, int T, float *out, float *logits, int all_logits);
 
 #endif
