@@ -17,6 +17,7 @@ import pytest
 import mtp_reference
 from colibri import engine_client
 from engine_binaries import assert_clean_exit, engine_bin, env_for  # noqa: F401
+from test_batching import collect
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["deepseek_v3", "glm4_moe", "glm_moe_dsa"]
@@ -168,7 +169,6 @@ def test_batched_decode_keeps_every_slot_s_head_in_step(bigram_models):
     """Two requests decoding together (batched rows, no drafts while both run), then the longer
     one alone (it drafts): each slot's head follows its own rows, and every output is the plain
     one."""
-    from test_batching import collect
     c = bigram_models("deepseek_v3")
     jobs = ((PROMPT, 48), ([9, 10, 11, 12, 5, 6, 7, 8] * 2, 16))
     outs = {}
