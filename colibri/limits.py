@@ -17,8 +17,11 @@ BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17, "q6": 26}  # f16 scale + 32 int8
 # bytes; e8m0 scale + 16 bytes of e2m1 nibbles (gpt-oss releases' format, c/kernels/mxfp4.c); f16 scale + 16 nibble
 # bytes + 8 bytes of high bit pairs (c/kernels/quant.h)
 
-EXPERT_STORAGE = ("q4", "q6", "q8", "bf16", "f32", "mxfp4")  # what a container may hold routed experts as
-DENSE_STORAGE = ("q8", "q6", "q4", "bf16", "f32")  # and the dense trunk
+# GGUF's low-bit blocks the converter writes from float weights (c/kernels/lowbit_quantize.h); the
+# lattice i-quants (iq1_*, iq2_*, iq3_*) are kept from GGUF files only.
+WRITABLE_LOWBIT = ("q2_k", "q3_k", "iq4_xs", "iq4_nl")
+EXPERT_STORAGE = ("q4", "q6", "q8", "bf16", "f32", "mxfp4") + WRITABLE_LOWBIT  # what a container may hold routed
+DENSE_STORAGE = ("q8", "q6", "q4", "bf16", "f32") + WRITABLE_LOWBIT  # experts as, and the dense trunk
 
 # GGUF's low-bit blocks, held in the container as llama.cpp writes them (c/kernels/lowbit.h):
 # storage -> (elements, bytes) per block. A row is whole blocks (GGUF rows always are), never padded.
@@ -42,6 +45,16 @@ def row_bytes(storage, cols):
             raise ValueError(f"a {storage} row of {cols} columns is not whole {block}-element blocks")
         return cols // block * size
     return _VALUE_BYTES[storage] * cols
+
+
+def fitted_storage(storage, cols):
+    """The storage a row of `cols` columns gets when `storage` was asked for: a low-bit type whose
+    block does not divide the row falls back, as llama-quantize does, to iq4_nl (32-element
+    blocks) or, when even that does not fit, to q4 (which pads its last block)."""
+    block = LOWBIT_BLOCKS.get(storage, (1,))[0]
+    if cols % block == 0:
+        return storage
+    return "iq4_nl" if cols % LOWBIT_BLOCKS["iq4_nl"][0] == 0 else "q4"
 
 
 def engine_report(exe):

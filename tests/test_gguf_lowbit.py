@@ -232,11 +232,14 @@ def test_deepseek2_lowbit_gguf_against_transformers(tmp_path):
     check_model(out, ref, tmp_path, 312, tol=MLA_LOGIT_TOL, f32=convert(src, tmp_path / "f", experts="f32", dense="f32"))
 
 
-def test_lowbit_storage_is_never_written_from_floats(tmp_path):
-    """--experts q4 on a Q2_K tensor keeps Q2_K; bf16 dequantizes; a job asking convert-jobs to
-    write q2_k from floats is refused with the reason."""
+def test_lattice_storage_is_never_written_from_floats(tmp_path):
+    """--experts q4 (or q3_k) on a Q2_K tensor keeps Q2_K; bf16 dequantizes; a job asking
+    convert-jobs to write iq2_xxs from floats is refused with the reason (q2_k, q3_k and the IQ4
+    types are written: tests/test_lowbit_quantize.py)."""
     from colibri.convert import gguf as convert_gguf
     assert convert_gguf.storage_for("Q2_K", "q4") == "q2_k" and convert_gguf.storage_for("IQ1_S", "q8") == "iq1_s"
+    assert convert_gguf.storage_for("Q2_K", "q3_k") == "q2_k" and convert_gguf.storage_for("IQ2_XS", "iq4_xs") == "iq2_xs"
+    assert convert_gguf.storage_for("F16", "q3_k") == "q3_k" and convert_gguf.storage_for("Q4_K", "q2_k") == "q2_k"
     assert convert_gguf.storage_for("IQ2_XXS", "bf16") == "bf16"
     # a Q8_0 expert stays q8 unless --experts asked for q4
     assert convert_gguf.storage_for("Q8_0", "q4", default=True) == "q8" and convert_gguf.storage_for("Q8_0", "q4") == "q4"
@@ -244,9 +247,9 @@ def test_lowbit_storage_is_never_written_from_floats(tmp_path):
     np.ones(256, np.float32).tofile(src)
     jobs = tmp_path / "jobs.tsv"
     (tmp_path / "o.bin").write_bytes(b"")
-    jobs.write_text(f"{src}\t0\tF32\t1\t256\t{tmp_path / 'o.bin'}\t0\tq2_k\n")
+    jobs.write_text(f"{src}\t0\tF32\t1\t256\t{tmp_path / 'o.bin'}\t0\tiq2_xxs\n")
     r = subprocess.run([str(engine()), "convert-jobs", str(jobs)], capture_output=True, text=True)
-    assert r.returncode != 0 and "q2_k storage is kept from GGUF blocks of that type only" in r.stderr, r.stderr
+    assert r.returncode != 0 and "iq2_xxs storage is kept from GGUF blocks of that type only" in r.stderr, r.stderr
 
 
 def test_container_check_of_low_bit_rows():

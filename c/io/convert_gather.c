@@ -1,5 +1,7 @@
 #include "io/convert_gather.h"
 
+#include "kernels/lowbit_quantize.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -61,8 +63,12 @@ static float elem(const char *dt, const unsigned char *p) {
 }
 
 int gather_job(const char *fields, const char *src, long long soff, const char *dt, long long rows, long long cols, int dfd,
-               long long doff, QType qt) {
+               long long doff, QType qt, const float *imp) {
     const size_t out_row = qtype_row_bytes(qt, (int)cols), padded = ((size_t)cols + 31) / 32 * 32;
+    if (!qtype_writable(qt) || !out_row) {
+        fprintf(stderr, "convert-jobs: %s rows of %lld elements cannot be written from floats\n", qtype_name(qt), cols);
+        return -1;
+    }
     unsigned char *in = NULL, *sc = NULL, *out = malloc(out_row * (size_t)rows);
     float *f = calloc(padded * (size_t)rows, sizeof(float));
     int rc = -1;
@@ -98,7 +104,8 @@ int gather_job(const char *fields, const char *src, long long soff, const char *
         }
     }
     if (strncmp(fields, "\tmxfp4\t", 7) || qt != QT_MXFP4)
-        for (long long r = 0; r < rows; r++) quantize_row(qt, f + (size_t)r * padded, (int)cols, out + (size_t)r * out_row);
+        for (long long r = 0; r < rows; r++)
+            quantize_row_weighted(qt, f + (size_t)r * padded, imp, (int)cols, out + (size_t)r * out_row);
     size_t n = out_row * (size_t)rows, done_b = 0;
     while (done_b < n) {
         ssize_t w = pwrite(dfd, out + done_b, n - done_b, (off_t)(doff + (long long)done_b));

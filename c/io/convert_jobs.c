@@ -14,6 +14,7 @@
 #include "io/convert_gather.h"
 #include "kernels/gguf_quants.h"
 #include "kernels/lowbit.h"
+#include "kernels/lowbit_quantize.h"
 #include "kernels/quant.h"
 
 #define CHUNK_BYTES (32u << 20)
@@ -123,6 +124,18 @@ static int load_scale(const char *line, long long rows, long long cols, BlockSca
     return rc;
 }
 
+/* Calibrated jobs end in "\timportance\tPATH\tOFFSET": cols f32 weights at OFFSET of PATH, one per
+ * input column (lowbit_quantize.h says how they weigh each block's error). */
+static int load_importance(const char *line, long long cols, float **out, OpenFile *f) {
+    char path[4096];
+    long long off;
+    const char *p = strstr(line, "\timportance\t");
+    if (!p || sscanf(p, "\timportance\t%4095[^\t]\t%lld", path, &off) != 2 || off < 0) return -1;
+    *out = malloc(sizeof(float) * (size_t)cols);
+    int fd = open_cached(f, path, O_RDONLY);
+    return *out && fd >= 0 && !full_pread(fd, *out, sizeof(float) * (size_t)cols, (off_t)off) ? 0 : -1;
+}
+
 /* A PROGRESS line for the launcher at most every half second, and at the last job. */
 static void progress(long done, long total, double *last) {
     struct timespec ts;
@@ -144,7 +157,8 @@ int convert_jobs_main(int argc, char **argv) {
         fprintf(stderr, "convert-jobs: cannot open %s\n", argv[2]);
         return 2;
     }
-    OpenFile src = {{0}, -1}, dst = {{0}, -1}, sc = {{0}, -1};
+    OpenFile src = {{0}, -1}, dst = {{0}, -1}, sc = {{0}, -1}, imf = {{0}, -1};
+    float *imp = NULL; /* the job's per-column importance weights (calibration), or NULL */
     BlockScale bs = {0};
     char line[16384];
     long total = 0, done = 0;
@@ -168,7 +182,14 @@ int convert_jobs_main(int argc, char **argv) {
         const char *gf = gather_fields(line);
         if (gf) { /* strided or MXFP4 sources: convert_gather.c */
             int dfd = qtype_from_name(qn, &qt) ? -1 : open_cached(&dst, dp, O_WRONLY);
-            if (dfd < 0 || gather_job(gf, sp, soff, dt, rows, cols, dfd, doff, qt)) {
+            free(imp);
+            imp = NULL;
+            if (dfd >= 0 && strstr(line, "\timportance\t") && load_importance(line, cols, &imp, &imf)) {
+                fprintf(stderr, "convert-jobs: job line %ld: cannot read its %lld importance weights\n", done + 1, cols);
+                rc = 2;
+                break;
+            }
+            if (dfd < 0 || gather_job(gf, sp, soff, dt, rows, cols, dfd, doff, qt, imp)) {
                 if (dfd < 0) fprintf(stderr, "convert-jobs: unsupported qtype %s or cannot open %s\n", qn, dp);
                 rc = 2;
                 break;
@@ -188,11 +209,24 @@ int convert_jobs_main(int argc, char **argv) {
             rc = 2;
             break;
         }
-        if (lowbit_type(qt) && gguf_lowbit_qtype(gt) != qt) { /* low-bit blocks are kept, never written from floats */
+        if (!qtype_writable(qt) && gguf_lowbit_qtype(gt) != qt) { /* the lattice i-quants are kept, never written */
             fprintf(
                 stderr,
                 "convert-jobs: job line %ld: %s storage is kept from GGUF blocks of that type only; it is not written from %s\n",
                 done + 1, qn, dt);
+            rc = 2;
+            break;
+        }
+        if (!qtype_row_bytes(qt, (int)cols)) {
+            fprintf(stderr, "convert-jobs: job line %ld: a row of %lld elements is not a whole number of %s blocks\n", done + 1,
+                    cols, qn);
+            rc = 2;
+            break;
+        }
+        free(imp);
+        imp = NULL;
+        if (strstr(line, "\timportance\t") && load_importance(line, cols, &imp, &imf)) {
+            fprintf(stderr, "convert-jobs: job line %ld: cannot read its %lld importance weights\n", done + 1, cols);
             rc = 2;
             break;
         }
@@ -247,7 +281,7 @@ int convert_jobs_main(int argc, char **argv) {
                     const float *srow = bs.s + ((bs.row0 + r + i) / bs.br - bs.srow0) * bs.scols;
                     for (long long c = 0; c < cols; c++) f[c] *= srow[c / bs.bc];
                 }
-                quantize_row(qt, f, (int)cols, orow);
+                quantize_row_weighted(qt, f, imp, (int)cols, orow);
             }
             if (full_pwrite(dfd, out, out_row * (size_t)n, (off_t)(doff + r * (long long)out_row))) {
                 fprintf(stderr, "convert-jobs: write to %s failed: %s\n", dp, strerror(errno));
@@ -265,6 +299,8 @@ int convert_jobs_main(int argc, char **argv) {
     free(in);
     free(out);
     free(bs.s);
+    free(imp);
+    if (imf.fd > 0) close(imf.fd);
     if (sc.fd > 0) close(sc.fd);
     if (src.fd > 0) close(src.fd);
     if (dst.fd > 0) close(dst.fd);

@@ -39,7 +39,7 @@ from colibri.convert import gguf_kv_b, gguf_spm, gguf_undo, mtp_spec
 from colibri.convert import hf as convert_hf
 from colibri.convert.gguf_reader import GGML_TYPES, GGUFError, read_gguf
 from colibri.errors import ConvertError
-from colibri.limits import row_bytes
+from colibri.limits import WRITABLE_LOWBIT, fitted_storage, row_bytes
 from version import VERSION
 from colibri.family import common as family_common
 from colibri.family import normalize as family_normalize
@@ -228,8 +228,8 @@ def storage_for(gtype, qtype, default=False):
         return "q8"
     if qtype in ("q8", "q6", "q4") and gtype in FOUR_BIT:
         return "q4"
-    if qtype in ("q8", "q6", "q4") and gtype in LOW_BIT:
-        return gtype.lower()  # byte for byte: re-quantizing a 1-3-bit block to 4 bits only adds size
+    if qtype in ("q8", "q6", "q4", *WRITABLE_LOWBIT) and gtype in LOW_BIT:
+        return gtype.lower()  # byte for byte: re-quantizing a low-bit block only adds error (and size)
     if qtype == "q8" and gtype in EXACT_Q8:
         return "q8"
     return qtype
@@ -589,6 +589,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     log(f"converting {name} ({family_registry.FAMILIES[fam]['display']}, GGUF v{g.version}, {len(g.tensors)} tensors"
         f"{split}): experts {experts}, dense {dense}")
     log("  storage: " + ", ".join(f"{k} x{v}" for k, v in sorted(kept.items())))
+    convert_hf.log_fallbacks(planner, log)
     if key_halves:
         log("transposing attn_k_b back into kv_b_proj")
         gguf_kv_b.write_kv_b_key_halves(g, cfg, scratch)

@@ -23,7 +23,7 @@ import family_registry
 from colibri.convert import default_chat_template, mtp_spec
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
-from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_DTYPE, row_bytes
+from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, LOWBIT_BLOCKS, STORAGE_DTYPE, fitted_storage, row_bytes
 from colibri.errors import ConvertError
 from colibri.convert.safetensors_io import SafetensorsError, build_header, read_header
 from version import VERSION
@@ -71,9 +71,13 @@ class Planner:
         self.arch, self.experts_q, self.dense_q = arch, experts_q, dense_q
         self.outputs = []   # dicts: name, klass, qtype, rows, cols, parts[(file, offset, dtype, rows)], anchor, order
         self.used = set()
+        self.fallbacks = {}  # (asked, stored) -> tensors whose rows the asked block type does not divide
 
     def add(self, name, klass, rows, cols, parts, anchor, order):
-        qtype = {"expert": self.experts_q, "dense": self.dense_q, "f32": "f32"}[klass]
+        asked = {"expert": self.experts_q, "dense": self.dense_q, "f32": "f32"}[klass]
+        qtype = fitted_storage(asked, cols)
+        if qtype != asked:
+            self.fallbacks[asked, qtype] = self.fallbacks.get((asked, qtype), 0) + 1
         self.outputs.append(dict(name=name, klass=klass, qtype=qtype, rows=rows, cols=cols, parts=parts, anchor=anchor, order=order))
 
 
@@ -422,6 +426,7 @@ def convert(src, out, experts=None, dense="q8", log=print):
                        if o["qtype"] == "bf16" and parts[0][2] in ("F32", "F16")})
     if narrowed:
         log(f"note: bf16 storage rounds wider source weights ({', '.join(narrowed)}); use f32 to keep them exactly")
+    log_fallbacks(planner, log)
     log(f"converting {family_registry.FAMILIES[family]['display']} ({len(tensors)} source tensors, "
         f"{len(files)} shard(s)): experts {experts}, dense {dense}")
     write_missing_shards(out, shards, state, log)
@@ -436,6 +441,13 @@ def convert(src, out, experts=None, dense="q8", log=print):
                    mtp_layers=planner.mtp, mtp=mtp_spec.mtp_specs(arch, planner.mtp, written_names(planner), log), log=log)
     log(f"wrote {out}")
     return out
+
+
+def log_fallbacks(planner, log):
+    """Says which tensors did not get the asked block type because their rows are not whole blocks."""
+    for (asked, stored), n in sorted(planner.fallbacks.items()):
+        log(f"note: {n} tensor(s) have rows that are not whole {LOWBIT_BLOCKS[asked][0]}-element {asked} blocks; "
+            f"stored as {stored}")
 
 
 def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None,
