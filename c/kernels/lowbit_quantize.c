@@ -124,15 +124,16 @@ static float fit_min_scale(int n, const float *x, const float *w, int nmax, int 
     return best_a;
 }
 
-/* The index of the IQ4_NL codebook value nearest v (the codebook is ascending). */
+/* The index of the IQ4_NL codebook value nearest v (the codebook is ascending): how many of the
+ * midpoints between neighbours lie at or below v. Branch-free, which the candidate searches
+ * below need: a binary search's mispredicted branches made IQ4 writing 4x slower. */
+static const float iq4_midpoints[15] = {/* (kvalues_iq4nl[k] + kvalues_iq4nl[k + 1]) / 2 */
+                                        -115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+                                        7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
 static int nearest_code(float v) {
-    int lo = 0, hi = 15;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (v < (float)kvalues_iq4nl[mid]) hi = mid;
-        else lo = mid;
-    }
-    return v - (float)kvalues_iq4nl[lo] <= (float)kvalues_iq4nl[hi] - v ? lo : hi;
+    int q = 0;
+    for (int k = 0; k < 15; k++) q += v > iq4_midpoints[k];
+    return q;
 }
 
 /* x ~ d * codebook[idx] for a sub-block of n, as fit_grid does for integer codes. */
@@ -175,7 +176,9 @@ static float code_weight(int n, const float *w, const int *L, const int8_t *book
 }
 
 /* 2-bit codes at their Q2_K/Q3_K place: element e is bits 2*(e/32%4) of qs[32*(e/128) + e%32]. */
-static void put_2bit(unsigned char *qs, int e, int v) { qs[32 * (e / 128) + e % 32] |= (unsigned char)((v & 3) << (2 * (e / 32 % 4))); }
+static void put_2bit(unsigned char *qs, int e, int v) {
+    qs[32 * (e / 128) + e % 32] |= (unsigned char)((v & 3) << (2 * (e / 32 % 4)));
+}
 
 static void q2_k_block(const float *x, const float *w, unsigned char *b) {
     int L[256], Ls[16], Lm[16];
