@@ -26,7 +26,7 @@ def test_every_gguf_architecture_maps_to_the_module_that_declares_it():
 
 
 def test_the_gguf_hooks_asked_for_are_the_ones_the_modules_define():
-    source = (ROOT / "colibri" / "convert" / "gguf.py").read_text()
+    source = "".join((ROOT / "colibri" / "convert" / f).read_text() for f in ("gguf.py", "gguf_names.py"))
     asked = set(re.findall(r"reader\.(\w+)", source)) | set(re.findall(r"attr\(reader, \"(\w+)\"", source))
     assert asked | {"GGUF_ARCHS", "gguf_family"} == set(parts.GGUF_HOOKS)  # those two parts.py reads itself
     for module in set(parts.MODULES.values()):

@@ -30,6 +30,9 @@ def add_arguments(c):
     c.add_argument("src", help="a Hugging Face checkpoint directory (config.json + *.safetensors) or a .gguf file")
     c.add_argument("out", help="output container directory (new or empty; an interrupted conversion resumes there)")
     add_storage_flags(c)
+    c.add_argument("--imatrix", metavar="FILE", default=None,
+                   help="the importance matrix (GGUF, from llama.cpp's imatrix tool) of this model: weighs the errors of the "
+                        "q2_k/q3_k/iq4_xs/iq4_nl writers by each column's mean squared activation")
 
 
 def run(args):
@@ -42,8 +45,9 @@ def run(args):
                         "directory (config.json + *.safetensors)")
     try:
         if src.is_file() and src.suffix == ".gguf":
-            convert_gguf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log)
+            convert_gguf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log,
+                                 imatrix=args.imatrix)
         else:
-            convert_hf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log)
+            convert_hf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log, imatrix=args.imatrix)
     except ConvertError as e:
         raise UserError(str(e)) from None

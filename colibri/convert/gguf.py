@@ -37,6 +37,7 @@ import family_registry
 from colibri.checksum import sha256_file
 from colibri.convert import gguf_kv_b, gguf_spm, gguf_undo, mtp_spec
 from colibri.convert import hf as convert_hf
+from colibri.convert.gguf_names import name_tables
 from colibri.convert.gguf_reader import GGML_TYPES, GGUFError, read_gguf
 from colibri.errors import ConvertError
 from colibri.limits import WRITABLE_LOWBIT, fitted_storage, row_bytes
@@ -240,27 +241,12 @@ def _gguf_row_bytes(info):
     return info.shape[0] // block * size
 
 
-DEFAULT_EXPERTS = ("mlp.experts", {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
-                                   "ffn_down_exps.weight": "down_proj"})
-
-
 def map_tensors(g, family, cfg):
     """GGUF tensors -> (table for convert_hf.plan_tensors, sources: HF name -> (info, first row, permute heads))."""
     reader = family_parts.gguf_module(family)
     L = reader.gguf_blocks(cfg) if hasattr(reader, "gguf_blocks") else cfg["num_hidden_layers"]
-    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"}
-    per_layer = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
-                 "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-                 "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
-                 "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
-                 "attn_v.bias": "self_attn.v_proj.bias", "attn_output.bias": "self_attn.o_proj.bias",
-                 "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
-                 "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-                 "ffn_down.weight": "mlp.down_proj.weight", "ffn_gate_inp.weight": "mlp.gate.weight"}
+    names, per_layer, expert_prefix, experts = name_tables(family)
     table, sources, unknown = {}, {}, []
-    per_layer.update(getattr(reader, "GGUF_PER_LAYER", {}))
-    expert_prefix, experts = getattr(reader, "GGUF_EXPERTS", DEFAULT_EXPERTS)
     permuted_qk = getattr(reader, "GGUF_PERMUTED_QK", False)  # llama.cpp permuted the Q/K rows
     splits_kv_b = getattr(reader, "GGUF_SPLIT_KV_B", False)  # MLA's kv_b_proj as attn_k_b + attn_v_b
     bias_rows = getattr(reader, "gguf_expert_bias_rows", None)
@@ -511,7 +497,7 @@ def write_json(path, obj):
 
 # ---------------------------------------------------------------- conversion
 
-def convert(src_path, out_dir, experts=None, dense="q8", log=print):
+def convert(src_path, out_dir, experts=None, dense="q8", log=print, imatrix=None):
     src, out = Path(src_path), Path(out_dir)
     if experts is not None and experts not in convert_hf.EXPERT_CHOICES:
         raise ConvertError(f"--experts must be one of {', '.join(convert_hf.EXPERT_CHOICES)}")
@@ -553,6 +539,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
             gt = "F32"
         if o["qtype"] != "f32":
             o["qtype"] = storage_for(gt, o["qtype"], default=experts_default and o["klass"] == "expert")
+        o["blocks_kept"] = o["qtype"] == gt.lower()  # copied byte for byte: no --imatrix to weigh
         dt = info.type_name if info.type_name in ("F32", "F16", "BF16") else f"GGUF_{info.type_name}"
         rb = _gguf_row_bytes(info)
         base = info.offset + row0 * rb
@@ -581,6 +568,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
     stats = {p.name: p.stat() for p in parts}
     settings = {"converter_version": VERSION, "format_version": convert_hf.FORMAT_VERSION, "experts": experts,
                 "dense": dense, "source": {n: [st.st_size, int(st.st_mtime)] for n, st in stats.items()}}
+    calibration = convert_hf.calibrate(settings, planner, family, imatrix)
     state = convert_hf.start_conversion(out, settings, len(shards), log)
     if state is None:
         return out
@@ -599,7 +587,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print):
         log("undoing llama.cpp's rewrites of the DeltaNet tensors and norms")
         gguf_undo.write_scratch(g, out / gguf_undo.SCRATCH, rewritten)
     try:
-        convert_hf.write_missing_shards(out, shards, state, log)
+        convert_hf.write_calibrated_shards(out, shards, state, calibration, log)
     finally:
         scratch.unlink(missing_ok=True)
         (out / gguf_undo.SCRATCH).unlink(missing_ok=True)

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.convert import default_chat_template, mtp_spec
+from colibri.convert import default_chat_template, imatrix, mtp_spec
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, LOWBIT_BLOCKS, STORAGE_DTYPE, fitted_storage, row_bytes
@@ -351,6 +351,8 @@ def write_shard(out, fname, outs, log):
         rb = row_bytes(o["qtype"], o["cols"])
         for (src, off, dtype, rows, *scale) in o["parts"]:
             extra = "".join(f"\t{x}" for x in scale[0]) if scale else ""  # block-FP8: its scale tensor
+            if "importance" in o:  # --imatrix: the columns' weights (imatrix.py)
+                extra += "\timportance\t{}\t{}".format(*o["importance"])
             jobs.append(f"{src}\t{off}\t{dtype}\t{rows}\t{o['cols']}\t{partial}\t{dst}\t{o['qtype']}{extra}\n")
             dst += rows * rb
     with tempfile.NamedTemporaryFile("w", suffix=".jobs", delete=False) as jf:
@@ -380,7 +382,7 @@ def default_experts(mxfp4_source):
     return "mxfp4" if mxfp4_source else "q4"
 
 
-def convert(src, out, experts=None, dense="q8", log=print):
+def convert(src, out, experts=None, dense="q8", log=print, imatrix=None):
     src, out = Path(src), Path(out)
     if experts is not None and experts not in EXPERT_CHOICES:
         raise ConvertError(f"--experts must be one of {', '.join(EXPERT_CHOICES)}")
@@ -419,6 +421,7 @@ def convert(src, out, experts=None, dense="q8", log=print):
     shards = layout_shards(planner, [str(f.resolve()) for f in files])
     settings = {"converter_version": VERSION, "format_version": FORMAT_VERSION, "experts": experts, "dense": dense,
                 "source": {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in files}}
+    calibration = calibrate(settings, planner, family, imatrix)
     state = start_conversion(out, settings, len(shards), log)
     if state is None:
         return out
@@ -429,7 +432,7 @@ def convert(src, out, experts=None, dense="q8", log=print):
     log_fallbacks(planner, log)
     log(f"converting {family_registry.FAMILIES[family]['display']} ({len(tensors)} source tensors, "
         f"{len(files)} shard(s)): experts {experts}, dense {dense}")
-    write_missing_shards(out, shards, state, log)
+    write_calibrated_shards(out, shards, state, calibration, log)
     for name in COPIED_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, out / name)
@@ -441,6 +444,26 @@ def convert(src, out, experts=None, dense="q8", log=print):
                    mtp_layers=planner.mtp, mtp=mtp_spec.mtp_specs(arch, planner.mtp, written_names(planner), log), log=log)
     log(f"wrote {out}")
     return out
+
+
+def calibrate(settings, planner, family, imatrix_path):
+    """--imatrix matched to the planned outputs (imatrix.py), its checksum in the settings a
+    resumed conversion must repeat; None without one."""
+    if imatrix_path is None:
+        return None
+    fingerprint, matched = imatrix.plan(imatrix_path, planner, family)
+    settings["imatrix"] = fingerprint
+    return matched
+
+
+def write_calibrated_shards(out, shards, state, calibration, log):
+    """write_missing_shards, with the imatrix's vectors in a scratch file while the shards need it."""
+    if calibration is not None:
+        imatrix.write_scratch(out, calibration, log)
+    try:
+        write_missing_shards(out, shards, state, log)
+    finally:
+        (out / imatrix.SCRATCH).unlink(missing_ok=True)
 
 
 def log_fallbacks(planner, log):
