@@ -136,6 +136,16 @@ static int load_importance(const char *line, long long cols, float **out, OpenFi
     return *out && fd >= 0 && !full_pread(fd, *out, sizeof(float) * (size_t)cols, (off_t)off) ? 0 : -1;
 }
 
+/* The job's importance weights into *imp (NULL when it names none), replacing the last job's;
+ * -1 with the reason on stderr when it names some that cannot be read. */
+static int job_importance(const char *line, long job, long long cols, float **imp, OpenFile *f) {
+    free(*imp);
+    *imp = NULL;
+    if (!strstr(line, "\timportance\t") || !load_importance(line, cols, imp, f)) return 0;
+    fprintf(stderr, "convert-jobs: job line %ld: cannot read its %lld importance weights\n", job, cols);
+    return -1;
+}
+
 /* A PROGRESS line for the launcher at most every half second, and at the last job. */
 static void progress(long done, long total, double *last) {
     struct timespec ts;
@@ -182,10 +192,7 @@ int convert_jobs_main(int argc, char **argv) {
         const char *gf = gather_fields(line);
         if (gf) { /* strided or MXFP4 sources: convert_gather.c */
             int dfd = qtype_from_name(qn, &qt) ? -1 : open_cached(&dst, dp, O_WRONLY);
-            free(imp);
-            imp = NULL;
-            if (dfd >= 0 && strstr(line, "\timportance\t") && load_importance(line, cols, &imp, &imf)) {
-                fprintf(stderr, "convert-jobs: job line %ld: cannot read its %lld importance weights\n", done + 1, cols);
+            if (dfd >= 0 && job_importance(line, done + 1, cols, &imp, &imf)) {
                 rc = 2;
                 break;
             }
@@ -223,10 +230,7 @@ int convert_jobs_main(int argc, char **argv) {
             rc = 2;
             break;
         }
-        free(imp);
-        imp = NULL;
-        if (strstr(line, "\timportance\t") && load_importance(line, cols, &imp, &imf)) {
-            fprintf(stderr, "convert-jobs: job line %ld: cannot read its %lld importance weights\n", done + 1, cols);
+        if (job_importance(line, done + 1, cols, &imp, &imf)) {
             rc = 2;
             break;
         }
