@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,72 +66,85 @@ static void mm_prof_sync(double t0, double busy, int nth) {
     if (idle > 0) prof_move_ms(prof_current(), PROF_SYNC, idle * 1e3);
 }
 
-/* q8/q4 weights: each activation row is quantized once to int16 blocks, then every weight row
- * takes integer block dots against it. A tile of weight rows meets the activations
- * qdot_pass_rows(type) rows at a time, so during prefill both stay in L1 and each unpacked weight
- * block serves several positions. */
-static void matmul_quant(float *y, const float *x, int T, const QMat *w, const float *bias) {
-    const int rows = w->rows, cols = w->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
+/* One thread's share of a group of matrices on the same quantized activations. Each matrix runs
+ * as matmul alone would run it: its set's qgemm over whole 16-row tiles and every position where
+ * the set has one, else the qdot over 8-row tiles, qdot_pass_rows(type) positions at a time (both
+ * weights and activations stay in L1 and each unpacked weight block serves several positions).
+ * The group's tiles are split by weight bytes, contiguously: thread id takes the tiles that start
+ * in [lo, hi) of the bytes of all the matrices laid end to end. Only the split changes with the
+ * thread count, never a row's bits. */
+static void group_share(int n, float *const *ys, const QMat *const *ws, const float *const *biases, const QAct *a,
+                        const int8_t *packed, uint64_t lo, uint64_t hi) {
+    const int T = a->rows;
+    uint64_t base = 0;
+    for (int i = 0; i < n; i++) {
+        const QMat *w = ws[i];
+        const int tile = kern.qgemm[w->qt] ? 16 : ROW_TILE, tiles = (w->rows + tile - 1) / tile;
+        const uint64_t tile_bytes = (uint64_t)tile * w->row_bytes;
+        const uint64_t u0 = lo <= base ? 0 : (lo - base + tile_bytes - 1) / tile_bytes;
+        const uint64_t u1 = hi <= base ? 0 : (hi - base + tile_bytes - 1) / tile_bytes;
+        base += (uint64_t)w->rows * w->row_bytes;
+        const int r0 = (int)(u0 < (uint64_t)tiles ? u0 : (uint64_t)tiles) * tile;
+        const int r1e = (int)(u1 < (uint64_t)tiles ? u1 : (uint64_t)tiles) * tile, r1 = r1e < w->rows ? r1e : w->rows;
+        if (r1 <= r0) continue;
+        const int rows = w->rows;
+        float *y = ys[i];
+        if (kern.qgemm[w->qt])
+            kern.qgemm[w->qt](w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, a, packed, y + r0, (size_t)rows);
+        else
+            for (int t0 = r0; t0 < r1; t0 += ROW_TILE) {
+                const int t1 = t0 + ROW_TILE < r1 ? t0 + ROW_TILE : r1, step = qdot_pass_rows(w->qt);
+                for (int p0 = 0; p0 < T; p0 += step) {
+                    const int nt = T - p0 < step ? T - p0 : step;
+                    kern.qdot[w->qt](w->data + (size_t)t0 * w->row_bytes, w->row_bytes, t1 - t0, a, p0, nt,
+                                     y + (size_t)p0 * rows + t0, (size_t)rows);
+                }
+            }
+        if (biases[i])
+            for (int t = 0; t < T; t++)
+                for (int r = r0; r < r1; r++) y[(size_t)t * rows + r] += biases[i][r];
+    }
+}
+
+/* q8/q4/q6/low-bit matrices on one input: each activation row quantized to int16 blocks once (and
+ * packed once for the sets with a qgemm), then one parallel region over all the matrices' row
+ * tiles, instead of a quantization and a fork and join per matrix. All matrices have x's width. */
+static void matmul_quant_group(int n, float *const *ys, const float *x, int T, const QMat *const *ws,
+                               const float *const *biases) {
+    const int cols = ws[0]->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
     const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2; /* int16 blocks, in floats */
-    const QGemmFn qgemm = kern.qgemm[w->qt];
-    const size_t pfloats = qgemm ? (kern.pack_bytes(T, nb) + 3) / 4 : 0;
+    int gemm = 0;
+    uint64_t bytes = 0;
+    double rows_all = 0;
+    for (int i = 0; i < n; i++) {
+        gemm |= kern.qgemm[ws[i]->qt] != NULL;
+        bytes += (uint64_t)ws[i]->rows * ws[i]->row_bytes;
+        rows_all += ws[i]->rows;
+    }
+    const size_t pfloats = gemm ? (kern.pack_bytes(T, nb) + 3) / 4 : 0;
     float *buf = scratch(2, qfloats + 2 * nblk + pfloats);
     if (!buf) return;
     const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
-    const QDotFn qdot = kern.qdot[w->qt];
-    const int tiles = (rows + ROW_TILE - 1) / ROW_TILE, step = qdot_pass_rows(w->qt);
+    int8_t *packed = gemm ? (int8_t *)(buf + qfloats + 2 * nblk) : NULL;
     int timed;
-    const ProfOp prev = mm_prof_enter((size_t)rows * w->row_bytes, &timed);
+    const ProfOp prev = mm_prof_enter((size_t)bytes, &timed);
     double busy = 0;
     int team = 1;
     /* Serial: quantizing is ~1% of the dots, far less than the extra barrier (a futex round
      * trip with passive waiting) that a parallel loop here would add to every decode matmul. */
     for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
+    if (packed) kern.pack_act(&a, packed);
     const double t0 = timed ? omp_get_wtime() : 0;
-    if (qgemm) { /* one call per thread over its share of 16-row tiles and every position */
-        int8_t *packed = (int8_t *)(buf + qfloats + 2 * nblk);
-        kern.pack_act(&a, packed);
-#pragma omp parallel if ((double)rows * (double)nblk >= par_min_blocks())
-        {
-            const double tb = timed ? omp_get_wtime() : 0;
-            const int nth = omp_get_num_threads(), id = omp_get_thread_num(), t16 = (rows + 15) / 16;
-            const int r0 = (int)((long)t16 * id / nth) * 16, r1e = (int)((long)t16 * (id + 1) / nth) * 16;
-            const int r1 = r1e < rows ? r1e : rows;
-            if (r1 > r0) {
-                qgemm(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, packed, y + r0, (size_t)rows);
-                if (bias)
-                    for (int t = 0; t < T; t++)
-                        for (int r = r0; r < r1; r++) y[(size_t)t * rows + r] += bias[r];
-            }
-            if (timed) {
+#pragma omp parallel if (rows_all * (double)nblk >= par_min_blocks())
+    {
+        const double tb = timed ? omp_get_wtime() : 0;
+        const uint64_t nth = (uint64_t)omp_get_num_threads(), id = (uint64_t)omp_get_thread_num();
+        group_share(n, ys, ws, biases, &a, packed, bytes * id / nth, id + 1 == nth ? bytes : bytes * (id + 1) / nth);
+        if (timed) {
 #pragma omp atomic
-                busy += omp_get_wtime() - tb;
+            busy += omp_get_wtime() - tb;
 #pragma omp single nowait
-                team = omp_get_num_threads();
-            }
-        }
-    } else {
-#pragma omp parallel if ((double)rows * (double)nblk >= par_min_blocks())
-        {
-            const double tb = timed ? omp_get_wtime() : 0;
-#pragma omp for schedule(static) nowait
-            for (int tile = 0; tile < tiles; tile++) {
-                int r0 = tile * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
-                for (int p0 = 0; p0 < T; p0 += step) {
-                    int nt = T - p0 < step ? T - p0 : step;
-                    float *yt = y + (size_t)p0 * rows + r0;
-                    qdot(w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, p0, nt, yt, (size_t)rows);
-                    if (bias)
-                        for (int i = 0; i < nt; i++)
-                            for (int r = r0; r < r1; r++) yt[(size_t)i * rows + r - r0] += bias[r];
-                }
-            }
-            if (timed) {
-#pragma omp atomic
-                busy += omp_get_wtime() - tb;
-#pragma omp single nowait
-                team = omp_get_num_threads();
-            }
+            team = omp_get_num_threads();
         }
     }
     if (timed) mm_prof_sync(t0, busy, team);
@@ -139,7 +153,7 @@ static void matmul_quant(float *y, const float *x, int T, const QMat *w, const f
 
 void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
     if (kern.qdot[w->qt]) {
-        matmul_quant(y, x, T, w, bias);
+        matmul_quant_group(1, (float *const[]){y}, x, T, (const QMat *const[]){w}, (const float *const[]){bias});
         return;
     }
     const int rows = w->rows, cols = w->cols;
@@ -162,67 +176,20 @@ void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
     mm_prof_leave(prev, timed);
 }
 
-/* Several q8/q4/q6 matrices on one input in one pass: the activation quantized once and one
- * parallel region over all their row tiles, instead of a quantization and a fork and join per
- * matrix. Each output row is the same qdot on the same quantized activation as matmul's. */
+/* Matrices that share x and a kernel path run as one group (matmul_quant_group); the float
+ * types, or widths that differ, run one matmul each. */
 static int fusable(int n, const QMat *const *ws) {
     for (int i = 0; i < n; i++)
-        if (!kern.qdot[ws[i]->qt] || kern.qgemm[ws[i]->qt] || ws[i]->cols != ws[0]->cols) return 0;
+        if (!kern.qdot[ws[i]->qt] || ws[i]->cols != ws[0]->cols) return 0;
     return 1;
 }
 
 void matmul_fused(int n, float *const *ys, const float *x, int T, const QMat *const *ws, const float *const *biases) {
-    if (n < 2 || n > MATMUL_FUSE_MAX || !fusable(n, ws)) {
+    if (n < 1 || n > MATMUL_FUSE_MAX || !fusable(n, ws)) {
         for (int i = 0; i < n; i++) matmul(ys[i], x, T, ws[i], biases[i]);
         return;
     }
-    const int cols = ws[0]->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
-    const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2;
-    float *buf = scratch(2, qfloats + 2 * nblk);
-    if (!buf) return;
-    const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
-    int first[MATMUL_FUSE_MAX + 1] = {0}; /* matrix i's tiles: first[i] .. first[i+1] */
-    size_t bytes = 0;
-    double rows_all = 0;
-    for (int i = 0; i < n; i++) {
-        first[i + 1] = first[i] + (ws[i]->rows + ROW_TILE - 1) / ROW_TILE;
-        bytes += (size_t)ws[i]->rows * ws[i]->row_bytes;
-        rows_all += ws[i]->rows;
-    }
-    int timed;
-    const ProfOp prev = mm_prof_enter(bytes, &timed);
-    double busy = 0;
-    int team = 1;
-    for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
-    const double t0 = timed ? omp_get_wtime() : 0;
-#pragma omp parallel if (rows_all * (double)nblk >= par_min_blocks())
-    {
-        const double tb = timed ? omp_get_wtime() : 0;
-#pragma omp for schedule(static) nowait
-        for (int g = 0; g < first[n]; g++) {
-            int i = 0;
-            while (g >= first[i + 1]) i++;
-            const QMat *w = ws[i];
-            const int rows = w->rows, r0 = (g - first[i]) * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
-            const int step = qdot_pass_rows(w->qt);
-            for (int p0 = 0; p0 < T; p0 += step) {
-                const int nt = T - p0 < step ? T - p0 : step;
-                float *yt = ys[i] + (size_t)p0 * rows + r0;
-                kern.qdot[w->qt](w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, &a, p0, nt, yt, (size_t)rows);
-                if (biases[i])
-                    for (int k = 0; k < nt; k++)
-                        for (int r = r0; r < r1; r++) yt[(size_t)k * rows + r - r0] += biases[i][r];
-            }
-        }
-        if (timed) {
-#pragma omp atomic
-            busy += omp_get_wtime() - tb;
-#pragma omp single nowait
-            team = omp_get_num_threads();
-        }
-    }
-    if (timed) mm_prof_sync(t0, busy, team);
-    mm_prof_leave(prev, timed);
+    matmul_quant_group(n, ys, x, T, ws, biases);
 }
 
 void matmul_f32(float *y, const float *x, int T, const float *w, int rows, int cols) {
