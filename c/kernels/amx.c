@@ -15,6 +15,7 @@
  * after the kernel granted this process the tile state (quant.c). */
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,8 +110,27 @@ typedef struct {
 
 static _Thread_local Strip tl_strip; /* grown to the widest row seen, kept for the next call */
 
+/* A thread that ends (OpenMP ends the surplus ones when a team shrinks) frees its strip: the
+ * key's destructor runs while the thread's own storage is still there. */
+static pthread_key_t strip_key;
+static pthread_once_t strip_key_once = PTHREAD_ONCE_INIT;
+
+static void strip_free(void *p) {
+    Strip *s = p;
+    free(s->wq);
+    free(s->dw);
+    free(s->mw);
+    *s = (Strip){0};
+}
+
+static void strip_key_make(void) { pthread_key_create(&strip_key, strip_free); }
+
 static int strip_reserve(int nb) {
     if ((size_t)nb <= tl_strip.cap) return 0;
+    if (!tl_strip.cap) {
+        pthread_once(&strip_key_once, strip_key_make);
+        pthread_setspecific(strip_key, &tl_strip);
+    }
     int8_t *wq = aligned_alloc(64, (size_t)nb * 512);
     float *dw = aligned_alloc(64, (size_t)nb * 64), *mw = aligned_alloc(64, (size_t)nb * 64);
     if (!wq || !dw || !mw) {

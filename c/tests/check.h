@@ -36,5 +36,6 @@ void test_sampler_sort(void);
 void test_router(void);
 void test_attend_split(void);
 void test_delta_rule(void);
+void test_matmul_fused(void); /* one parallel region over a group's matrices, bit for bit */
 
 #endif

@@ -11,6 +11,7 @@ int main(int argc, char **argv) {
     kernels_init(0);
     if (argc > 1 && !strcmp(argv[1], "kernels")) {
         test_quant();
+        test_matmul_fused();
         test_kv_kernel_sets();
         test_kernel_table();
         printf("c kernel tests (%s kernels): %d passed, %d failed\n", kern.name, checks_passed, checks_failed);
@@ -19,6 +20,7 @@ int main(int argc, char **argv) {
     test_grow();
     test_json();
     test_quant();
+    test_matmul_fused();
     test_kernel_table();
     test_safetensors();
     test_protocol();
