@@ -1,5 +1,6 @@
 """`coli chat`: the thinking splitter, piped conversations (no terminal), engine death, and a real
 terminal session driven through tmux."""
+import io
 import os
 import shutil
 import signal
@@ -140,6 +141,26 @@ def test_thinking_is_rendered_apart(model, tmp_path):
     assert "[thinking]" in r.stdout and "\033" not in r.stdout
     r = coli("chat", "--model", d, "--max-tokens", "6", "--no-think", input="Answer now.\n")
     assert r.returncode == 0 and "[thinking]" not in r.stdout and "thinking off" in r.stdout
+
+
+def test_control_characters_in_the_answer_reach_the_terminal_as_visible_symbols():
+    """A sampled token may hold ESC or CR; written raw it would recolour, move or retitle the
+    user's terminal, so the screen shows symbols instead, with or without a terminal."""
+    for color in (False, True):
+        out = io.StringIO()
+        screen = chat_cli.Screen(out, color)
+        screen.event(("think_start",))
+        screen.event(("reasoning", "r\x1b]0;title\x07"))
+        screen.event(("think_end",))
+        screen.event(("content", "a\x1b[31mb\rc\td\n\x7f\x9b\u00e9"))
+        screen.event(("tool_call", {"name": "f\x1b", "arguments": {}}))
+        text = out.getvalue()
+        own_codes = ("\033[2m", "\033[22m") if color else ()
+        for code in own_codes:
+            text = text.replace(code, "")
+        assert not any(ch in text for ch in "\x1b\x07\r\x7f\x9b"), repr(text)
+        assert "a\u241b[31mb\u240dc\td\n\u2421\\x9b\u00e9" in text and "r\u241b]0;title\u2407" in text
+        assert "[f\u241b({})]" in text
 
 
 def test_commands_and_unknown_commands(model):

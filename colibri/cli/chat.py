@@ -39,6 +39,18 @@ Ctrl-C stops the current answer; a second Ctrl-C leaves."""
 DEFAULT_ANSWER_CAP = 1024  # per answer, when the registry names no interactive cap; :more continues
 COMMANDS = {":reset", ":more", ":system", ":think", ":effort", ":help", ":quit", ":exit", ":q"}
 
+# The model's text goes to a terminal: a control character in it (ESC, CR, a C1 code) could move
+# the cursor, recolour or retitle the user's terminal, so each is shown as its visible symbol
+# (U+2400 block for C0 and DEL, \x.. for C1). Newline and tab pass.
+VISIBLE_CONTROLS = {c: chr(0x2400 + c) for c in range(0x20) if c not in (0x09, 0x0A)}
+VISIBLE_CONTROLS[0x7F] = "\u2421"
+VISIBLE_CONTROLS.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
+
+
+def visible(text):
+    """The model's text with its control characters made visible (VISIBLE_CONTROLS)."""
+    return text.translate(VISIBLE_CONTROLS)
+
 
 class Screen:
     """Writes the answer stream; escape codes only on a terminal."""
@@ -59,15 +71,15 @@ class Screen:
             self.write("\033[22m\n" if self.color else "\n[/thinking]\n")
             self.after_think = True
         elif kind == "reasoning":
-            self.write(ev[1])
+            self.write(visible(ev[1]))
         elif kind == "tool_call":  # gpt-oss calling a function nobody offered: show it as text
-            self.write(f"[{ev[1]['name']}({json.dumps(ev[1]['arguments'], ensure_ascii=False)})]")
+            self.write(visible(f"[{ev[1]['name']}({json.dumps(ev[1]['arguments'], ensure_ascii=False)})]"))
         else:
             text = ev[1]
             if self.after_think:  # the blank lines a template puts after </think>
                 text = text.lstrip("\n")
                 self.after_think = not text
-            self.write(text)
+            self.write(visible(text))
 
     def dim(self, text):
         return f"\033[2m{text}\033[22m" if self.color else text
