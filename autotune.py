@@ -4,7 +4,9 @@ Each candidate runs against the current best in paired, alternating runs (both e
 loaded; each pair sends the same prompt to both, in swapped order every other pair, so drift
 cancels). A change is kept only when it wins clearly (median speed-up above the threshold and
 faster in every pair, or all but one from 5 pairs) and its greedy tokens are identical in every
-pair. The profile (colibri/machine/tune_profile.py) is keyed by machine and model; `coli run` and `coli chat`
+pair. Threads first, then the prefill batch, then how long idle threads spin before they sleep
+(GOMP_SPINCOUNT: a longer spin answers each parallel region sooner, a shorter one leaves the cores
+to other work). The profile (colibri/machine/tune_profile.py) is keyed by machine and model; `coli run` and `coli chat`
 apply it and say so, and an explicit flag always wins.
 """
 import random
@@ -13,13 +15,14 @@ import time
 
 from colibri.errors import UserError
 from colibri.model.paths import model_arg, require_model
-from colibri.limits import default_batch
+from colibri.limits import DEFAULT_SPIN, default_batch
 from colibri import engine_client
 from colibri.machine import tune_profile
 from colibri.model import container_scan
 import resource_plan
 
-HELP = "measure threads / prefill batch on this machine and save the fastest as a profile"
+HELP = "measure threads / prefill batch / thread spin on this machine and save the fastest as a profile"
+SPIN_CANDIDATES = (0, 1000, 20000, 200000)  # sleep at once .. about a millisecond of spinning
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
 
@@ -42,6 +45,8 @@ def say(msg):
 def candidates(knob, cpus):
     if knob == "threads":
         return sorted({max(1, cpus // 2), cpus, max(1, cpus // 4) if cpus >= 8 else cpus} - {0})
+    if knob == "spin":
+        return list(SPIN_CANDIDATES)
     return [32, 64, 128, 256, 512]
 
 
@@ -60,7 +65,7 @@ class Bench:
         if key not in self.engines:
             try:
                 self.engines[key] = engine_client.Engine(self.dir, ctx=self.ctx, threads=cfg["threads"],
-                                                         batch=cfg["batch"])
+                                                         batch=cfg["batch"], spin=cfg["spin"])
             except engine_client.EngineError as e:
                 raise UserError(f"the engine could not start with {fmt(cfg)}: {e.message}") from None
             self.once(cfg, 0)  # warm-up: page in the weights, start the thread pool
@@ -133,7 +138,7 @@ def run(args):
         raise UserError(f"--prompt-tokens + --tokens must fit the model's {arch.get('max_position_embeddings')} positions")
     cpu = resource_plan.cpu_info()
     cpus = cpu["usable"]
-    best = {"threads": cpus, "batch": default_batch(cpu["engine_kernels"])}  # what the engine does with no flags
+    best = {"threads": cpus, "batch": default_batch(cpu["engine_kernels"]), "spin": DEFAULT_SPIN}  # no flags
     defaults = dict(best)
     say(f"tuning {d} ({man.get('family')}) on {cpu['model']}, {cpus} usable CPUs: {args.runs} paired run(s) of "
         f"{args.prompt_tokens} prompt + {args.tokens} generated tokens per comparison")
@@ -141,7 +146,7 @@ def run(args):
     measured = {}
     t_start = time.monotonic()
     try:
-        for knob in ("threads", "batch"):
+        for knob in ("threads", "batch", "spin"):
             tried = {best[knob]}
             for value in candidates(knob, cpus):
                 current = best[knob]

@@ -10,6 +10,7 @@ from collections import deque
 from pathlib import Path
 
 from colibri import ROOT, children
+from colibri.limits import DEFAULT_SPIN
 # COLI_ENGINE picks another engine binary (the tests run the sanitizer build this way).
 RELEASE = ROOT / "build" / "colibri"  # what `make` builds
 ENGINE = Path(os.environ["COLI_ENGINE"]).resolve() if os.environ.get("COLI_ENGINE") else RELEASE
@@ -48,15 +49,28 @@ def _make(exe):
         raise EngineError("not_built", "the engine is not built and `make` failed; run `make` in the colibri directory")
 
 
-def engine_env():
+def engine_env(spin=None):
     """Environment for an engine process. OpenMP threads that spin long between parallel regions
     starve everything else on a busy machine (2 shared cores: 4-9x slower decode with the default
     spin), while sleeping at once makes every region pay a wake-up (SmolLM2 decode 70 tok/s
-    passive vs 101 with a short spin). A short spin keeps both; the user's own setting wins."""
+    passive vs 101 with a short spin). A short spin keeps both. spin (--spin, or the tuned
+    profile's) sets it; otherwise the user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT wins."""
     env = dict(os.environ)
-    if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
-        env["GOMP_SPINCOUNT"] = "1000"
+    if spin is not None:
+        env.pop("OMP_WAIT_POLICY", None)  # it would override the count
+        env["GOMP_SPINCOUNT"] = str(spin)
+    elif "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+        env["GOMP_SPINCOUNT"] = str(DEFAULT_SPIN)
     return env
+
+
+def wait_policy(env):
+    """The engine threads' wait between parallel regions under env, in words."""
+    if "GOMP_SPINCOUNT" in env:
+        return f"spin {env['GOMP_SPINCOUNT']}"
+    if "OMP_WAIT_POLICY" in env:
+        return f"OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}"
+    return "the OpenMP default"
 
 
 def describe_exit(code, stderr_tail):
@@ -79,9 +93,10 @@ class Engine:
     """One engine process. Frames are read by the caller's thread; stderr is kept in a tail."""
 
     def __init__(self, model_dir, ctx=None, kv_slots=None, threads=None, batch=None, kv_dir=None, extra=(),
-                 command=None, kv=None):
+                 command=None, kv=None, spin=None):
         """`command` replaces the engine binary (a list: program and its first arguments); the
-        model and knob flags follow it as usual. Tests use it to run a scripted engine."""
+        model and knob flags follow it as usual. Tests use it to run a scripted engine.
+        spin: GOMP_SPINCOUNT for the engine's threads (engine_env)."""
         args = list(command) if command else [str(ensure_built()), "serve"]
         args += ["--model", str(model_dir)]
         for flag, val in (("--ctx", ctx), ("--kv-slots", kv_slots), ("--threads", threads), ("--batch", batch),
@@ -93,7 +108,7 @@ class Engine:
         # to STOP a generation, instead of killing the engine with it.
         self.proc = children.register(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                        stderr=subprocess.PIPE, start_new_session=True,
-                                                       env=engine_env()))
+                                                       env=engine_env(spin)))
         self.stderr_tail = deque(maxlen=20)
         self._err_thread = threading.Thread(target=self._drain_stderr, daemon=True)
         self._err_thread.start()

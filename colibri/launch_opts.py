@@ -12,7 +12,7 @@ from pathlib import Path
 from colibri.errors import UserError
 from colibri.machine import probe as machine_probe
 from colibri.machine.probe import fmt_bytes
-from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, RUNTIME_BASE, default_batch
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, MAX_SPIN, RUNTIME_BASE, default_batch
 from colibri.family import specs as family_specs
 from colibri.machine import tune_profile
 from colibri.model import container_scan
@@ -30,6 +30,10 @@ ENGINE_FLAGS = {
     "threads": dict(type=int, help="compute threads (default: tuned profile, else all CPUs)"),
     "batch": dict(type=int, help=f"positions per forward pass during prefill (default: tuned profile, else {DEFAULT_BATCH}, "
                   f"{DEFAULT_BATCH_AMX} with AMX kernels; 1 = token by token)"),
+    "spin": dict(type=int, metavar="N",
+                 help="how long an idle engine thread spins before it sleeps, in OpenMP spin iterations "
+                      "(GOMP_SPINCOUNT), 0 to 10000000000: longer answers a parallel region sooner but takes "
+                      "the cores from everything else (default: tuned profile, else 1000)"),
     "kv-slots": dict(type=int, dest="kv_slots", help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)"),
     "kv": dict(choices=KV_TYPES, default=None,
                help="KV cache element type (default f16, half the memory of f32; f32 keeps K/V exactly)"),
@@ -62,7 +66,7 @@ ENGINE_FLAGS = {
 }
 STREAM_FLAGS = ("ram", "cap", "no-direct", "readahead", "pin", "prefill-pass")  # the expert store's knobs
 DRAFT_FLAGS = ("draft", "draft-max", "draft-adapt")  # speculative decoding
-LAUNCH_FLAGS = ("ctx", "threads", "batch", "kv-slots", "kv") + STREAM_FLAGS + DRAFT_FLAGS + ("kernels", "no-profile")
+LAUNCH_FLAGS = ("ctx", "threads", "batch", "spin", "kv-slots", "kv") + STREAM_FLAGS + DRAFT_FLAGS + ("kernels", "no-profile")
 
 
 def add_engine_flags(p, names=LAUNCH_FLAGS, group="engine", **overrides):
@@ -247,6 +251,8 @@ def resolve(args, model_dir, log=None):
         raise UserError(f"--threads {threads}: the engine takes 1 to 1024")
     if batch is not None and not 1 <= batch <= 65536:
         raise UserError(f"--batch {batch}: the engine takes 1 to 65536")
+    spin = getattr(args, "spin", None)
+    check_spin(spin)
     check_cap(getattr(args, "cap", None), arch)
     eff_ctx = ctx or default_ctx(man)
     check_sampling(args, eff_ctx, max_ctx)
@@ -264,6 +270,7 @@ def resolve(args, model_dir, log=None):
             if applied:
                 threads = applied.get("threads", threads)
                 batch = applied.get("batch", batch)
+                spin = applied.get("spin", spin)
                 log("using the tuned profile " + " ".join(f"{k}={v}" for k, v in applied.items())
                     + (f" (explicit {', '.join(kept)} kept)" if kept else "")
                     + f" from {prof['path']}; --no-profile ignores it")
@@ -271,8 +278,14 @@ def resolve(args, model_dir, log=None):
     cpus = usable_cpus()
     if threads is not None and threads > cpus:
         log(f"--threads {threads} is more than the {cpus} CPUs this process may use; decoding will be slower")
-    return {"ctx": ctx, "threads": threads, "batch": batch, "kv_slots": slots, "kv": getattr(args, "kv", None),
-            "extra": stream_args(args)}
+    return {"ctx": ctx, "threads": threads, "batch": batch, "spin": spin, "kv_slots": slots,
+            "kv": getattr(args, "kv", None), "extra": stream_args(args)}
+
+
+def check_spin(spin):
+    """--spin: GOMP_SPINCOUNT's range as this project passes it (limits.MAX_SPIN)."""
+    if spin is not None and not 0 <= spin <= MAX_SPIN:
+        raise UserError(f"--spin {spin}: needs 0 (sleep at once) to {MAX_SPIN} spin iterations")
 
 
 def usable_cpus():

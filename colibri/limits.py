@@ -11,6 +11,8 @@ def default_batch(kernels):
     """The engine's prefill batch without --batch when it runs the kernel set `kernels`
     (machine probe's engine_kernels): AMX tiles want more positions per expert."""
     return DEFAULT_BATCH_AMX if kernels == "amx" else DEFAULT_BATCH
+DEFAULT_SPIN = 1000  # GOMP_SPINCOUNT of an engine given no --spin, profile or environment setting
+MAX_SPIN = 10_000_000_000  # --spin's upper end: about seconds of spinning, far past any useful wait
 RUNTIME_BASE = 16 << 20  # engine working memory before any scratch, c/engine/engine_stream.h RUNTIME_BASE_BYTES
 QBLOCK = 32  # values per quantized block, c/kernels/quant.h QBLOCK
 BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17, "q6": 26}  # f16 scale + 32 int8; f16 scale + f16 min + 16 nibble

@@ -173,13 +173,57 @@ def test_tune_measures_and_saves_a_profile(model, profiles):
     files = list(Path(profiles["COLI_PROFILE_DIR"]).glob("*.json"))
     assert len(files) == 1
     prof = json.loads(files[0].read_text())
-    assert set(prof["knobs"]) <= {"threads", "batch"} and prof["measured"]["decode_tok_s"] > 0
+    assert "spin 0 vs 1000" in r.stdout and "spin 200000 vs" in r.stdout
+    assert set(prof["knobs"]) <= {"threads", "batch", "spin"} and prof["measured"]["decode_tok_s"] > 0
     r = coli("tune", "--model", model, "--show", env=profiles)
     assert r.returncode == 0 and str(files[0]) in r.stdout
     r = coli("tune", "--model", model, "--reset", env=profiles)
     assert r.returncode == 0 and not files[0].exists()
     r = coli("tune", "--model", model, "--show", env=profiles)
     assert "no saved profile" in r.stdout
+
+
+def spin_recording_engine(tmp_path):
+    """An engine wrapper that appends the wait settings it was started with to a log, then runs the
+    real engine: what the launcher put in the engine's environment, seen from the engine's side."""
+    log = tmp_path / "wait.log"
+    wrapper = tmp_path / "engine"
+    wrapper.write_text(f"#!/bin/sh\necho \"${{GOMP_SPINCOUNT-unset}} ${{OMP_WAIT_POLICY-unset}}\" >> {log}\n"
+                       f"exec {ROOT / 'build' / 'colibri'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper, log
+
+
+def test_spin_reaches_the_engine_from_the_flag_and_the_profile(model, profiles, tmp_path, monkeypatch):
+    wrapper, log = spin_recording_engine(tmp_path)
+    env = {**profiles, "COLI_ENGINE": str(wrapper), "OMP_WAIT_POLICY": "active"}
+
+    def last_wait():
+        return log.read_text().splitlines()[-1]
+
+    r = coli("run", "--model", model, "--max-tokens", "2", "--raw", "hi", env=env)
+    assert r.returncode == 0, r.stderr
+    assert last_wait() == "unset active"  # the user's own policy wins over the default
+    r = coli("run", "--model", model, "--max-tokens", "2", "--raw", "hi", "--spin", "0", env=env)
+    assert r.returncode == 0 and last_wait() == "0 unset"  # --spin wins over the environment
+    monkeypatch.setenv("COLI_PROFILE_DIR", profiles["COLI_PROFILE_DIR"])
+    path = tune_profile.save(model, {"spin": 0}, {"decode_tok_s": 100.0})
+    assert tune_profile.load(model)["knobs"] == {"spin": 0}  # 0 is a setting, not a missing one
+    r = coli("chat", "--model", model, "--max-tokens", "2", input="hi\n", env=env)
+    assert r.returncode == 0 and f"using the tuned profile spin=0 from {path}" in r.stderr and last_wait() == "0 unset"
+    r = coli("run", "--model", model, "--max-tokens", "2", "--raw", "hi", "--spin", "20000", env=env)
+    assert "tuned profile" not in r.stderr and last_wait() == "20000 unset"  # nothing of it left to apply
+    out = tmp_path / "logits.bin"
+    r = coli("logits", "--model", model, "--ids", "1,2", "--out", out, "--spin", "300", env=env)
+    assert r.returncode == 0, r.stderr
+    assert last_wait() == "300 unset"
+    r = coli("bench", "--model", model, "--repeat", "1", "--gen-tokens", "2", "--prompt-tokens", "4", "--temp", "0",
+             "--spin", "4000", "--json", "--mem-bw", "10", env=env)
+    assert r.returncode == 0, r.stderr
+    assert last_wait() == "4000 unset" and json.loads(r.stdout)["colibri"]["wait"] == "spin 4000"
+    for cmd in (["run", "--raw", "hi"], ["bench"], ["serve", "--port", "0"], ["logits", "--ids", "1", "--out", out]):
+        r = coli(cmd[0], "--model", model, *cmd[1:], "--spin", "-1", env=env)
+        assert r.returncode == 2 and "--spin -1" in r.stderr, (cmd, r.stderr)
 
 
 def test_tune_keeps_only_clear_wins():

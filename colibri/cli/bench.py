@@ -38,7 +38,7 @@ def add_arguments(p):
     p.add_argument("--temp", type=float, default=1.0,
                    help="temperature of the sampled-decode leg (top-p 0.95), which shows the sampler's cost next to "
                         "greedy decode; 0 leaves the leg out (default 1.0)")
-    launch_opts.add_engine_flags(p, ("threads", "batch") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS + ("kernels",),
+    launch_opts.add_engine_flags(p, ("threads", "batch", "spin") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS + ("kernels",),
                                  group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
         kernels={"help": "colibri's kernel set (default: the best this CPU runs), to compare sets in one alternating run"})
@@ -102,7 +102,8 @@ def colibri_run(model, args, first_token, vocab):
 
     try:
         extra = args.stream_args + (["--profile"] if args.profile else [])  # --kernels among them
-        with engine_client.Engine(model, threads=args.threads, ctx=ctx, batch=args.batch, kv_slots=1, extra=extra) as eng:
+        with engine_client.Engine(model, threads=args.threads, ctx=ctx, batch=args.batch, kv_slots=1, extra=extra,
+                                  spin=args.spin) as eng:
             # Warm: the experts reach RAM on first use (O_DIRECT reads, no page cache kept between
             # engine runs), so the depth, or without one a prompt of other ids, routes the timed
             # legs' experts in first, as llama-bench warms up over its page-cached weights.
@@ -204,6 +205,7 @@ def run(args):
         raise UserError("--depth must be 0 or more")
     if args.temp < 0:
         raise UserError("--temp must be 0 (no sampled leg) or more")
+    launch_opts.check_spin(args.spin)
     scan = container_scan.scan(model)
     launch_opts.check_cap(args.cap, {"num_experts": scan["arch"]["experts"]})
     args.stream_args = launch_opts.stream_args(args)
@@ -235,7 +237,7 @@ def run(args):
         "model": str(model), "threads": threads, "repeat": args.repeat,
         "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "depth": args.depth,
         "colibri": {"prefill_tok_s": med(ours, 0), "decode_tok_s": med(ours, 1), "kernels": args.kernels_used,
-                    "batch": args.batch_used,
+                    "batch": args.batch_used, "wait": engine_client.wait_policy(engine_client.engine_env(args.spin)),
                     "sampled_decode_tok_s": med(ours, 2), "sampled_temp": args.temp or None},
         "bytes_per_decoded_token": per_token,
         "memory_read_gb_s": mem_bw,
@@ -260,7 +262,8 @@ def run(args):
         return 0
     c = result["colibri"]
     at = f"  depth {args.depth}" if args.depth else ""
-    print(f"model {model}  threads {threads}  {c['kernels']} kernels  batch {c['batch']}{at}  medians of {args.repeat} alternating runs")
+    print(f"model {model}  threads {threads}  {c['kernels']} kernels  batch {c['batch']}  {c['wait']}{at}  "
+          f"medians of {args.repeat} alternating runs")
     print(f"{'':24s}{'colibri':>12s}" + (f"{'llama.cpp':>12s}{'ratio':>9s}" if peer else ""))
     for label, k in ((f"prefill tok/s (pp{args.prompt_tokens})", "prefill_tok_s"),
                      (f"decode tok/s (tg{args.gen_tokens})", "decode_tok_s")):

@@ -458,7 +458,7 @@ def run(args):
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         eng = engine_client.Engine(d, ctx=kw["ctx"], threads=kw["threads"], batch=kw["batch"], kv=kw["kv"],
-                                   extra=kw["extra"])
+                                   spin=kw["spin"], extra=kw["extra"])
     except engine_client.EngineError as e:
         if sys.stderr.isatty():
             sys.stderr.write("\n")

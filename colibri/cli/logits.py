@@ -17,7 +17,7 @@ def add_arguments(lg):
     lg.add_argument("--mtp-out", dest="mtp_out", metavar="FILE",
                     help="also the MTP head's logits, float32 [len(ids) - 1, vocab]: row i from position i's state and "
                          "ids[i + 1], the prediction of ids[i + 2] (containers with an MTP layer)")
-    launch_opts.add_engine_flags(lg, ("ctx", "threads", "batch", "kv") + launch_opts.STREAM_FLAGS + ("kernels",),
+    launch_opts.add_engine_flags(lg, ("ctx", "threads", "batch", "spin", "kv") + launch_opts.STREAM_FLAGS + ("kernels",),
                                  group=None, threads={"help": "compute threads (default: all cores)"},
                                  batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH}, "
                                                 f"{DEFAULT_BATCH_AMX} with AMX kernels; 1 = token by token)"},
@@ -30,8 +30,9 @@ def run(args):
     ids = parse_ids(args.ids)
     launch_opts.check_ctx(args.ctx, launch_opts.manifest(d)["arch"])
     launch_opts.check_cap(args.cap, launch_opts.manifest(d)["arch"])
+    launch_opts.check_spin(args.spin)
     exe = engine_client.ensure_built()
     r = subprocess.run([str(exe), "logits", "--model", str(d), "--ids", ",".join(map(str, ids)),
                         "--out", args.out] + (["--mtp-out", args.mtp_out] if args.mtp_out else [])
-                       + launch_opts.engine_args(args), env=engine_client.engine_env())
+                       + launch_opts.engine_args(args), env=engine_client.engine_env(args.spin))
     return r.returncode

@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 PROFILE_VERSION = 1
-KNOBS = ("threads", "batch")  # engine flags a profile may set: scheduling only, never the answer
+KNOBS = ("threads", "batch", "spin")  # engine flags a profile may set: scheduling only, never the answer
+MAY_BE_ZERO = ("spin",)  # spin 0: sleep at once; every other knob is at least 1
 
 
 def profile_dir():
@@ -58,7 +59,8 @@ def load(model_dir):
         return None
     if not isinstance(prof, dict) or prof.get("version") != PROFILE_VERSION or not isinstance(prof.get("knobs"), dict):
         return None
-    prof["knobs"] = {k: v for k, v in prof["knobs"].items() if k in KNOBS and isinstance(v, int) and v > 0}
+    prof["knobs"] = {k: v for k, v in prof["knobs"].items()
+                     if k in KNOBS and type(v) is int and (v > 0 or (v == 0 and k in MAY_BE_ZERO))}
     prof["path"] = str(p)
     return prof
 

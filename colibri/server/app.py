@@ -91,7 +91,8 @@ class App:
 
         def factory():
             return ServedEngine(settings.model_dir, ctx=settings.ctx, kv_slots=settings.kv_slots,
-                                threads=settings.threads, batch=settings.batch, extra=extra, kv=settings.kv)
+                                threads=settings.threads, batch=settings.batch, extra=extra, kv=settings.kv,
+                                spin=settings.spin)
         self.sched = Scheduler(factory, settings.max_queue, self.slots, self.metrics, log,
                                engine_timeout=settings.engine_timeout, prefill_batch=settings.batch, parallel=parallel)
         self.telemetry = Telemetry(settings.model_dir, self.model.manifest)

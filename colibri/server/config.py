@@ -13,7 +13,7 @@ from pathlib import Path
 
 from colibri.errors import UserError
 from colibri.model.paths import model_arg, require_model
-from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, DEFAULT_SPIN, MAX_KV_SLOTS, MAX_SPIN
 from colibri.server import private_files
 from colibri import launch_opts
 
@@ -37,6 +37,7 @@ class Settings:
     ctx: int = None
     threads: int = None
     batch: int = None
+    spin: int = None                # GOMP_SPINCOUNT of the engine's threads; None: engine_client's default
     kv: str = None
     kv_dir: Path = None
     chat_template: Path = None
@@ -82,11 +83,13 @@ def add_arguments(p):
                                     "model directory if writable, else ~/.cache/colibri/serve/...)")
     p.add_argument("--no-kv-persist", action="store_true", help="keep KV slots in memory only")
     launch_opts.add_engine_flags(
-        p, ("ctx", "threads", "batch", "kv-slots", "kv") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS
+        p, ("ctx", "threads", "batch", "spin", "kv-slots", "kv") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS
         + ("kernels",), group=None,
         ctx={"help": "context length in tokens per slot (default min(model max, 4096))"},
         threads={"help": "compute threads (default: all cores)"},
         batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH}, {DEFAULT_BATCH_AMX} with AMX kernels)"},
+        spin={"help": "how long an idle engine thread spins before it sleeps, in OpenMP spin iterations "
+                      f"(GOMP_SPINCOUNT), 0 to {MAX_SPIN} (default {DEFAULT_SPIN})"},
         kv_slots={"help": f"independent KV caches, 1-{MAX_KV_SLOTS} (default 4; $COLI_KV_SLOTS)"})
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
     p.add_argument("--header-timeout", type=float, default=10.0,
@@ -272,6 +275,8 @@ def resolve(args):
     s.ctx, s.threads, s.batch, s.kv = args.ctx, args.threads, args.batch, args.kv
     _check_range("--threads", s.threads, 1, 1024)
     _check_range("--batch", s.batch, 1, 1 << 16)
+    s.spin = args.spin
+    launch_opts.check_spin(s.spin)
     man = launch_opts.manifest(model_dir)
     # here, as `coli run` does, not as an engine that fails to load while the server listens
     launch_opts.check_ctx(s.ctx, man["arch"])
