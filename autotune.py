@@ -6,11 +6,15 @@ cancels). A change is kept only when it wins clearly (median speed-up above the 
 faster in every pair, or all but one from 5 pairs) and its greedy tokens are identical in every
 pair. Threads first, then the prefill batch, then how long idle threads spin before they sleep
 (GOMP_SPINCOUNT: a longer spin answers each parallel region sooner, a shorter one leaves the cores
-to other work). The profile (colibri/machine/tune_profile.py) is keyed by machine and model; `coli run` and `coli chat`
+to other work). A spin longer than the default must also hold up with one busy process beside
+the engine: on 2 cores, 2 threads that spin long wait for a partner the hog has displaced (SmolLM2
+decode fell from 116 tok/s at spin 1000 to 0.9 at 200000 beside one busy loop). The profile (colibri/machine/tune_profile.py) is keyed by machine and model; `coli run` and `coli chat`
 apply it and say so, and an explicit flag always wins.
 """
 import random
 import statistics
+import subprocess
+import sys
 import time
 
 from colibri.errors import UserError
@@ -23,6 +27,7 @@ import resource_plan
 
 HELP = "measure threads / prefill batch / thread spin on this machine and save the fastest as a profile"
 SPIN_CANDIDATES = (0, 1000, 20000, 200000)  # sleep at once .. about a millisecond of spinning
+LOADED_FLOOR = 0.8  # a longer spin may lose at most this much beside one busy process
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
 
@@ -84,11 +89,11 @@ class Bench:
                 end = ev[1]
         return time.perf_counter() - t0, toks, end
 
-    def compare(self, base, cand):
+    def compare(self, base, cand, runs=None):
         """Paired runs; returns (ratios base/cand, identical tokens?, per-run stats of cand)."""
         self.engine(base), self.engine(cand)
         ratios, same, stats = [], True, []
-        for i in range(self.args.runs):
+        for i in range(runs or self.args.runs):
             pair = i + 1
             order = (base, cand) if i % 2 == 0 else (cand, base)
             res = {id(c): self.once(c, pair) for c in order}
@@ -109,6 +114,31 @@ class Bench:
         for eng in self.engines.values():
             eng.close()
         self.engines = {}
+
+
+def loaded_ratio(bench, base, cand):
+    """Median base/cand time ratio of one pair run beside a busy process (another job on the box)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        ratios, _, _ = bench.compare(base, cand, runs=2)
+    finally:
+        hog.kill()
+        hog.wait()
+    return statistics.median(ratios)
+
+
+def judge(knob, value, current, ratios, same, threshold, loaded):
+    """Whether to take a candidate, and the verdict to print. loaded() measures the candidate
+    beside a busy process; it is asked only for a spin longer than the default that won."""
+    if not same:
+        return False, f"keep {current}: the greedy tokens differ, which must never happen (please report it)"
+    if not clear_win(ratios, threshold):
+        return False, f"keep {current}"
+    if knob == "spin" and value > DEFAULT_SPIN:
+        ratio = loaded()
+        if ratio < LOADED_FLOOR:
+            return False, f"keep {current}: beside one busy process it runs at {ratio:.2f}x, its threads wait for each other"
+    return True, f"take {value}"
 
 
 def fmt(cfg):
@@ -156,13 +186,10 @@ def run(args):
                 cand = {**best, knob: value}
                 ratios, same, stats = bench.compare(best, cand)
                 wins = sum(r > 1 for r in ratios)
-                if not same:
-                    verdict = f"keep {current}: the greedy tokens differ, which must never happen (please report it)"
-                elif clear_win(ratios, args.threshold):
-                    verdict = f"take {value}"
+                take, verdict = judge(knob, value, current, ratios, same, args.threshold,
+                                      lambda: loaded_ratio(bench, best, cand))
+                if take:
                     best, measured = cand, summarize(stats)
-                else:
-                    verdict = f"keep {current}"
                 say(f"  {knob} {value} vs {current}: {statistics.median(ratios):.2f}x "
                     f"({wins} of {len(ratios)} pairs faster) -> {verdict}")
                 bench.drop([best])

@@ -234,6 +234,24 @@ def test_tune_keeps_only_clear_wins():
     assert not autotune.clear_win([1.02, 1.03, 1.01], 0.05)  # below the threshold
 
 
+def test_tune_takes_a_longer_spin_only_when_it_holds_up_beside_a_busy_process():
+    import autotune
+    fast, asked = [1.3, 1.3, 1.3], []
+
+    def loaded(ratio):
+        return lambda: asked.append(ratio) or ratio
+
+    assert autotune.judge("spin", 200000, 1000, fast, True, 0.05, loaded(0.02)) == (
+        False, "keep 1000: beside one busy process it runs at 0.02x, its threads wait for each other")
+    assert autotune.judge("spin", 20000, 1000, fast, True, 0.05, loaded(0.95)) == (True, "take 20000")
+    assert asked == [0.02, 0.95]
+    assert autotune.judge("spin", 0, 1000, fast, True, 0.05, loaded(0.1)) == (True, "take 0")  # sleeping is safe
+    assert autotune.judge("batch", 512, 128, fast, True, 0.05, loaded(0.1)) == (True, "take 512")
+    assert autotune.judge("spin", 20000, 1000, [1.01] * 3, True, 0.05, loaded(1.0))[0] is False
+    assert "differ" in autotune.judge("spin", 20000, 1000, fast, False, 0.05, loaded(1.0))[1]
+    assert asked == [0.02, 0.95]  # only a winning longer spin pays for the loaded run
+
+
 def test_tune_refuses_bad_settings(model, profiles):
     r = coli("tune", "--model", model, "--prompt-tokens", "500", "--tokens", "100", env=profiles)
     assert r.returncode == 2 and "positions" in r.stderr
