@@ -8,7 +8,8 @@ pair. Threads first, then the prefill batch, then how long idle threads spin bef
 (GOMP_SPINCOUNT: a longer spin answers each parallel region sooner, a shorter one leaves the cores
 to other work). A spin longer than the default must also hold up with one busy process beside
 the engine: on 2 cores, 2 threads that spin long wait for a partner the hog has displaced (SmolLM2
-decode fell from 116 tok/s at spin 1000 to 0.9 at 200000 beside one busy loop). The profile (colibri/machine/tune_profile.py) is keyed by machine and model; `coli run` and `coli chat`
+decode fell from 116 tok/s at spin 1000 to 0.9 at 200000 beside one busy loop).
+The profile (colibri/machine/tune_profile.py) is keyed by machine and model; `coli run` and `coli chat`
 apply it and say so, and an explicit flag always wins.
 """
 import random
@@ -117,7 +118,7 @@ class Bench:
 
 
 def loaded_ratio(bench, base, cand):
-    """Median base/cand time ratio of one pair run beside a busy process (another job on the box)."""
+    """Median base/cand time ratio of two paired runs beside a busy process (another job on the box)."""
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         ratios, _, _ = bench.compare(base, cand, runs=2)

@@ -41,6 +41,8 @@ def add_arguments(p):
     launch_opts.add_engine_flags(p, ("threads", "batch", "spin") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS + ("kernels",),
                                  group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
+        spin={"help": "how long an idle engine thread spins before it sleeps, in OpenMP spin iterations "
+                      "(GOMP_SPINCOUNT), 0 to 10000000000 (default 1000; the tuned profile is not applied here)"},
         kernels={"help": "colibri's kernel set (default: the best this CPU runs), to compare sets in one alternating run"})
     p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
                    help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")
