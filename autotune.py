@@ -27,7 +27,7 @@ from colibri.model import container_scan
 import resource_plan
 
 HELP = "measure threads / prefill batch / thread spin on this machine and save the fastest as a profile"
-SPIN_CANDIDATES = (0, 1000, 20000, 200000)  # sleep at once .. about a millisecond of spinning
+SPIN_CANDIDATES = (0, 1000, 20000, 200000)  # sleep at once .. near libgomp's own default (300000)
 LOADED_FLOOR = 0.8  # a longer spin may lose at most this much beside one busy process
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 

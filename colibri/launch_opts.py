@@ -12,7 +12,7 @@ from pathlib import Path
 from colibri.errors import UserError
 from colibri.machine import probe as machine_probe
 from colibri.machine.probe import fmt_bytes
-from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, MAX_KV_SLOTS, MAX_SPIN, RUNTIME_BASE, default_batch
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, DEFAULT_SPIN, MAX_KV_SLOTS, MAX_SPIN, RUNTIME_BASE, default_batch
 from colibri.family import specs as family_specs
 from colibri.machine import tune_profile
 from colibri.model import container_scan
@@ -23,6 +23,10 @@ KV_TYPES = ("f16", "bf16", "f32")  # family_registry.KV_TYPES, c/kernels/kv_kern
 KERNEL_SETS = ("portable", "avx2", "avx512", "vnni", "amx", "neon")  # c/kernels/dispatch.c kernels_isa_name
 
 
+# --spin's meaning; each command adds its own default (run and chat: the tuned profile's)
+SPIN_HELP = ("how long an idle engine thread spins before it sleeps, in OpenMP spin iterations "
+             f"(GOMP_SPINCOUNT), 0 to {MAX_SPIN}")
+
 # The engine flags, declared once. Each command that starts (or plans) an engine names the ones
 # it honours and may say its own default in the help; the meaning and type stay the same.
 ENGINE_FLAGS = {
@@ -31,9 +35,8 @@ ENGINE_FLAGS = {
     "batch": dict(type=int, help=f"positions per forward pass during prefill (default: tuned profile, else {DEFAULT_BATCH}, "
                   f"{DEFAULT_BATCH_AMX} with AMX kernels; 1 = token by token)"),
     "spin": dict(type=int, metavar="N",
-                 help="how long an idle engine thread spins before it sleeps, in OpenMP spin iterations "
-                      "(GOMP_SPINCOUNT), 0 to 10000000000: longer answers a parallel region sooner but takes "
-                      "the cores from everything else (default: tuned profile, else 1000)"),
+                 help=f"{SPIN_HELP}: longer answers a parallel region sooner but takes the cores from everything "
+                      f"else (default: tuned profile, else {DEFAULT_SPIN})"),
     "kv-slots": dict(type=int, dest="kv_slots", help=f"independent KV caches, 1-{MAX_KV_SLOTS} (default 1)"),
     "kv": dict(choices=KV_TYPES, default=None,
                help="KV cache element type (default f16, half the memory of f32; f32 keeps K/V exactly)"),

@@ -18,6 +18,7 @@ from colibri.errors import UserError
 from colibri.model.paths import model_arg, require_model
 from colibri import engine_client
 from colibri import launch_opts
+from colibri.limits import DEFAULT_SPIN
 from colibri.machine import probe as machine_probe
 from colibri.model import container_scan
 from colibri.model import store as model_store
@@ -41,8 +42,7 @@ def add_arguments(p):
     launch_opts.add_engine_flags(p, ("threads", "batch", "spin") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS + ("kernels",),
                                  group=None, threads={
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
-        spin={"help": "how long an idle engine thread spins before it sleeps, in OpenMP spin iterations "
-                      "(GOMP_SPINCOUNT), 0 to 10000000000 (default 1000; the tuned profile is not applied here)"},
+        spin={"help": f"{launch_opts.SPIN_HELP} (default {DEFAULT_SPIN}; the tuned profile is not applied here)"},
         kernels={"help": "colibri's kernel set (default: the best this CPU runs), to compare sets in one alternating run"})
     p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
                    help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")

@@ -3,7 +3,7 @@ import subprocess
 
 from colibri import engine_client, launch_opts
 from colibri.cli.common import parse_ids
-from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, DEFAULT_SPIN
 from colibri.model.paths import model_arg, require_model
 
 HELP = "teacher-forced logits for token ids, written as raw float32 [len(ids), vocab]"
@@ -19,8 +19,7 @@ def add_arguments(lg):
                          "ids[i + 1], the prediction of ids[i + 2] (containers with an MTP layer)")
     launch_opts.add_engine_flags(lg, ("ctx", "threads", "batch", "spin", "kv") + launch_opts.STREAM_FLAGS + ("kernels",),
                                  group=None, threads={"help": "compute threads (default: all cores)"},
-                                 spin={"help": "how long an idle engine thread spins before it sleeps, in OpenMP spin "
-                                               "iterations (GOMP_SPINCOUNT), 0 to 10000000000 (default 1000)"},
+                                 spin={"help": f"{launch_opts.SPIN_HELP} (default {DEFAULT_SPIN})"},
                                  batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH}, "
                                                 f"{DEFAULT_BATCH_AMX} with AMX kernels; 1 = token by token)"},
                                  kv={"help": "KV cache element type (default f32 here: K/V kept exactly, as a reference "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from colibri.errors import UserError
 from colibri.model.paths import model_arg, require_model
-from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, DEFAULT_SPIN, MAX_KV_SLOTS, MAX_SPIN
+from colibri.limits import DEFAULT_BATCH, DEFAULT_BATCH_AMX, DEFAULT_SPIN, MAX_KV_SLOTS
 from colibri.server import private_files
 from colibri import launch_opts
 
@@ -88,8 +88,7 @@ def add_arguments(p):
         ctx={"help": "context length in tokens per slot (default min(model max, 4096))"},
         threads={"help": "compute threads (default: all cores)"},
         batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH}, {DEFAULT_BATCH_AMX} with AMX kernels)"},
-        spin={"help": "how long an idle engine thread spins before it sleeps, in OpenMP spin iterations "
-                      f"(GOMP_SPINCOUNT), 0 to {MAX_SPIN} (default {DEFAULT_SPIN})"},
+        spin={"help": f"{launch_opts.SPIN_HELP} (default {DEFAULT_SPIN})"},
         kv_slots={"help": f"independent KV caches, 1-{MAX_KV_SLOTS} (default 4; $COLI_KV_SLOTS)"})
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
     p.add_argument("--header-timeout", type=float, default=10.0,
