@@ -260,29 +260,37 @@ def resolve(args, model_dir, log=None):
     eff_ctx = ctx or default_ctx(man)
     check_sampling(args, eff_ctx, max_ctx)
 
-    # tuned profile: only for knobs the user left unset
-    if not getattr(args, "no_profile", False) and os.environ.get("COLI_NO_PROFILE") != "1":
-        prof = tune_profile.load(model_dir)
-        if prof and prof["knobs"]:
-            applied, kept = {}, []
-            for k, v in prof["knobs"].items():
-                if getattr(args, k, None) is None:
-                    applied[k] = v
-                else:
-                    kept.append(f"--{k} {getattr(args, k)}")
-            if applied:
-                threads = applied.get("threads", threads)
-                batch = applied.get("batch", batch)
-                spin = applied.get("spin", spin)
-                log("using the tuned profile " + " ".join(f"{k}={v}" for k, v in applied.items())
-                    + (f" (explicit {', '.join(kept)} kept)" if kept else "")
-                    + f" from {prof['path']}; --no-profile ignores it")
+    applied = tuned_knobs(args, model_dir, log)
+    threads = applied.get("threads", threads)
+    batch = applied.get("batch", batch)
+    spin = applied.get("spin", spin)
     check_memory(args, model_dir, man, eff_ctx, slots or 1, log)
     cpus = usable_cpus()
     if threads is not None and threads > cpus:
         log(f"--threads {threads} is more than the {cpus} CPUs this process may use; decoding will be slower")
     return {"ctx": ctx, "threads": threads, "batch": batch, "spin": spin, "kv_slots": slots,
             "kv": getattr(args, "kv", None), "extra": stream_args(args)}
+
+
+def tuned_knobs(args, model_dir, log):
+    """The tuned profile's knobs for those the user left unset ({} without a profile, or under
+    --no-profile / COLI_NO_PROFILE=1); says through log what it applies and which flags it kept."""
+    if getattr(args, "no_profile", False) or os.environ.get("COLI_NO_PROFILE") == "1":
+        return {}
+    prof = tune_profile.load(model_dir)
+    if not prof or not prof["knobs"]:
+        return {}
+    applied, kept = {}, []
+    for k, v in prof["knobs"].items():
+        if getattr(args, k, None) is None:
+            applied[k] = v
+        else:
+            kept.append(f"--{k} {getattr(args, k)}")
+    if applied:
+        log("using the tuned profile " + " ".join(f"{k}={v}" for k, v in applied.items())
+            + (f" (explicit {', '.join(kept)} kept)" if kept else "")
+            + f" from {prof['path']}; --no-profile ignores it")
+    return applied
 
 
 def check_spin(spin):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher_helpers import ROOT, clean_env, coli, convert_tiny
+from server_helpers import ServerProc
 
 from colibri.machine import tune_profile
 
@@ -224,6 +225,29 @@ def test_spin_reaches_the_engine_from_the_flag_and_the_profile(model, profiles, 
     for cmd in (["run", "--raw", "hi"], ["bench"], ["serve", "--port", "0"], ["logits", "--ids", "1", "--out", out]):
         r = coli(cmd[0], "--model", model, *cmd[1:], "--spin", "-1", env=env)
         assert r.returncode == 2 and "--spin -1" in r.stderr, (cmd, r.stderr)
+
+
+def test_serve_applies_the_profile_and_explicit_flags_win(model, profiles, tmp_path, monkeypatch):
+    wrapper, log = spin_recording_engine(tmp_path)
+    monkeypatch.setenv("COLI_PROFILE_DIR", profiles["COLI_PROFILE_DIR"])
+    path = tune_profile.save(model, {"threads": 1, "spin": 0}, {"decode_tok_s": 100.0})
+    env = {"COLI_PROFILE_DIR": profiles["COLI_PROFILE_DIR"], "COLI_ENGINE": str(wrapper)}
+    cases = (((), 1, "0 unset", "threads=1 spin=0"),
+             (("--threads", "2"), 2, "0 unset", "spin=0 (explicit --threads 2 kept)"),
+             (("--no-profile",), None, "1000 unset", None))
+    for flags, threads, wait, said in cases:
+        srv = ServerProc(model, "--no-kv-persist", *flags, env=env, log_dir=tmp_path)
+        try:
+            _, _, body = srv.request("GET", "/v1/colibri/runtime")
+            engine_threads = json.loads(body)["engine"]["threads"]
+        finally:
+            srv.stop()
+        assert log.read_text().splitlines()[-1] == wait, srv.log()
+        if said:
+            assert f"using the tuned profile {said} from {path}" in srv.log()
+            assert engine_threads == threads
+        else:
+            assert "tuned profile" not in srv.log()
 
 
 def test_tune_keeps_only_clear_wins():

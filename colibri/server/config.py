@@ -84,11 +84,12 @@ def add_arguments(p):
     p.add_argument("--no-kv-persist", action="store_true", help="keep KV slots in memory only")
     launch_opts.add_engine_flags(
         p, ("ctx", "threads", "batch", "spin", "kv-slots", "kv") + launch_opts.STREAM_FLAGS + launch_opts.DRAFT_FLAGS
-        + ("kernels",), group=None,
+        + ("kernels", "no-profile"), group=None,
         ctx={"help": "context length in tokens per slot (default min(model max, 4096))"},
-        threads={"help": "compute threads (default: all cores)"},
-        batch={"help": f"positions per forward pass during prefill (default {DEFAULT_BATCH}, {DEFAULT_BATCH_AMX} with AMX kernels)"},
-        spin={"help": f"{launch_opts.SPIN_HELP} (default {DEFAULT_SPIN})"},
+        threads={"help": "compute threads (default: tuned profile, else all cores)"},
+        batch={"help": f"positions per forward pass during prefill (default: tuned profile, else {DEFAULT_BATCH}, "
+                       f"{DEFAULT_BATCH_AMX} with AMX kernels)"},
+        spin={"help": f"{launch_opts.SPIN_HELP} (default: tuned profile, else {DEFAULT_SPIN})"},
         kv_slots={"help": f"independent KV caches, 1-{MAX_KV_SLOTS} (default 4; $COLI_KV_SLOTS)"})
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
     p.add_argument("--header-timeout", type=float, default=10.0,
@@ -280,8 +281,11 @@ def resolve(args):
     # here, as `coli run` does, not as an engine that fails to load while the server listens
     launch_opts.check_ctx(s.ctx, man["arch"])
     launch_opts.check_cap(args.cap, man["arch"])
-    launch_opts.check_memory(args, model_dir, man, s.ctx or launch_opts.default_ctx(man), s.kv_slots,
-                             lambda msg: print(f"coli serve: {msg}", file=sys.stderr))
+    say = lambda msg: print(f"coli serve: {msg}", file=sys.stderr)  # noqa: E731
+    tuned = launch_opts.tuned_knobs(args, model_dir, say)
+    s.threads, s.batch, s.spin = (tuned.get("threads", s.threads), tuned.get("batch", s.batch),
+                                  tuned.get("spin", s.spin))
+    launch_opts.check_memory(args, model_dir, man, s.ctx or launch_opts.default_ctx(man), s.kv_slots, say)
     s.stream_args = launch_opts.stream_args(args)
     if args.chat_template:
         s.chat_template = Path(args.chat_template)
