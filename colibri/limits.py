@@ -24,6 +24,9 @@ BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17, "q6": 26}  # f16 scale + 32 int8
 WRITABLE_LOWBIT = ("q2_k", "q3_k", "iq4_xs", "iq4_nl")
 EXPERT_STORAGE = ("q4", "q6", "q8", "bf16", "f32", "mxfp4") + WRITABLE_LOWBIT  # what a container may hold routed
 DENSE_STORAGE = ("q8", "q6", "q4", "bf16", "f32") + WRITABLE_LOWBIT  # experts as, and the dense trunk
+# GGUF's names of the storage types that are its blocks byte for byte (q4 pads a row's last block
+# where GGUF refuses such a row; every row GGUF holds is the same bytes)
+STORAGE_ALIASES = {"q8_0": "q8", "q4_1": "q4"}
 
 # GGUF's low-bit blocks, held in the container as llama.cpp writes them (c/kernels/lowbit.h):
 # storage -> (elements, bytes) per block. A row is whole blocks (GGUF rows always are), never padded.

@@ -1,14 +1,29 @@
 """What several `coli` subcommands share: the storage flags of the commands that write a
 container, and the --ids list of those that take token ids."""
+from colibri.convert import tensor_types
 from colibri.errors import UserError
-from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE
+from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_ALIASES
 
 
 def add_storage_flags(p):
-    """--experts / --dense: how `coli convert` and `coli pull` store the weights."""
-    p.add_argument("--experts", default=None, choices=EXPERT_STORAGE,
-                   help="routed-expert storage (default q4; mxfp4 for MXFP4 sources, kept as they ship)")
-    p.add_argument("--dense", default="q8", choices=DENSE_STORAGE, help="dense trunk storage (default q8)")
+    """--experts / --dense / --tensor-type: how `coli convert` and `coli pull` store the weights."""
+    alias = lambda name: STORAGE_ALIASES.get(name, name)  # noqa: E731
+    also = ", ".join(f"{a} (= {c})" for a, c in STORAGE_ALIASES.items())
+    p.add_argument("--experts", default=None, choices=EXPERT_STORAGE, type=alias,
+                   help=f"routed-expert storage (default q4; mxfp4 for MXFP4 sources, kept as they ship; also {also})")
+    p.add_argument("--dense", default="q8", choices=DENSE_STORAGE, type=alias,
+                   help=f"dense trunk storage (default q8; also {also})")
+    p.add_argument("--tensor-type", action="append", default=[], metavar="CLASS=TYPE",
+                   help="store one tensor class in another type than --experts/--dense give it (repeatable); "
+                        f"classes: {', '.join(tensor_types.CLASSES)}; `down` is every down projection")
+
+
+def tensor_types_of(args):
+    """--tensor-type values -> {class: storage}, or UserError saying what is wrong with one."""
+    try:
+        return tensor_types.parse(args.tensor_type)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def parse_ids(text):

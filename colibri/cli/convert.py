@@ -4,7 +4,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from colibri.cli.common import add_storage_flags
+from colibri.cli.common import add_storage_flags, tensor_types_of
 from colibri.convert import gguf as convert_gguf
 from colibri.convert import hf as convert_hf
 from colibri.errors import ConvertError, UserError
@@ -37,6 +37,7 @@ def add_arguments(c):
 
 def run(args):
     log = lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True)  # noqa: E731
+    types = tensor_types_of(args)
     src = Path(args.src)
     if not src.exists():
         raise UserError(f"{src}: no such file or directory; give a Hugging Face checkpoint directory or a .gguf file")
@@ -46,8 +47,9 @@ def run(args):
     try:
         if src.is_file() and src.suffix == ".gguf":
             convert_gguf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log,
-                                 imatrix=args.imatrix)
+                                 imatrix=args.imatrix, tensor_types=types)
         else:
-            convert_hf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log, imatrix=args.imatrix)
+            convert_hf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log, imatrix=args.imatrix,
+                               tensor_types=types)
     except ConvertError as e:
         raise UserError(str(e)) from None

@@ -497,12 +497,9 @@ def write_json(path, obj):
 
 # ---------------------------------------------------------------- conversion
 
-def convert(src_path, out_dir, experts=None, dense="q8", log=print, imatrix=None):
+def convert(src_path, out_dir, experts=None, dense="q8", log=print, imatrix=None, tensor_types=None):
     src, out = Path(src_path), Path(out_dir)
-    if experts is not None and experts not in convert_hf.EXPERT_CHOICES:
-        raise ConvertError(f"--experts must be one of {', '.join(convert_hf.EXPERT_CHOICES)}")
-    if dense not in convert_hf.DENSE_CHOICES:
-        raise ConvertError(f"--dense must be one of {', '.join(convert_hf.DENSE_CHOICES)}")
+    convert_hf.check_storage(experts, dense, tensor_types)
     try:
         g = read_gguf(src)
     except GGUFError as e:
@@ -521,7 +518,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print, imatrix=None
     if experts is None:
         experts = convert_hf.default_experts(any(t.type == 39 and "exps" in n for n, t in g.tensors.items()))
     arch["_family"] = fam
-    planner = convert_hf.plan_tensors(arch, table, experts, dense)
+    planner = convert_hf.plan_tensors(arch, table, experts, dense, tensor_types)
     del arch["_family"]
     trunk, layers = convert_hf.block_specs(arch, planner)
     kept = {}
@@ -538,7 +535,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print, imatrix=None
         if split or undo:  # kv_b_proj from attn_k_b (transposed into the scratch file) and attn_v_b
             gt = "F32"
         if o["qtype"] != "f32":
-            o["qtype"] = storage_for(gt, o["qtype"], default=experts_default and o["klass"] == "expert")
+            o["qtype"] = storage_for(gt, o["qtype"], default=experts_default and o["klass"] == "expert" and not o["override"])
         o["blocks_kept"] = o["qtype"] == gt.lower()  # copied byte for byte: no --imatrix to weigh
         dt = info.type_name if info.type_name in ("F32", "F16", "BF16") else f"GGUF_{info.type_name}"
         rb = _gguf_row_bytes(info)
@@ -566,8 +563,9 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print, imatrix=None
     shards = convert_hf.layout_shards(planner, shard_anchors(planner))
     parts = [Path(p) for p in g.parts]  # one file, or every part of a split model
     stats = {p.name: p.stat() for p in parts}
-    settings = {"converter_version": VERSION, "format_version": convert_hf.FORMAT_VERSION, "experts": experts,
-                "dense": dense, "source": {n: [st.st_size, int(st.st_mtime)] for n, st in stats.items()}}
+    settings = {"converter_version": VERSION, "format_version": convert_hf.FORMAT_VERSION,
+                **convert_hf.storage_settings(experts, dense, tensor_types),
+                "source": {n: [st.st_size, int(st.st_mtime)] for n, st in stats.items()}}
     calibration = convert_hf.calibrate(settings, planner, family, imatrix)
     state = convert_hf.start_conversion(out, settings, len(shards), log)
     if state is None:
@@ -575,7 +573,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print, imatrix=None
     name = g.metadata.get("general.name") or src.name
     split = f" in {len(parts)} parts" if len(parts) > 1 else ""
     log(f"converting {name} ({family_registry.FAMILIES[fam]['display']}, GGUF v{g.version}, {len(g.tensors)} tensors"
-        f"{split}): experts {experts}, dense {dense}")
+        f"{split}): {convert_hf.storage_line(experts, dense, tensor_types)}")
     log("  storage: " + ", ".join(f"{k} x{v}" for k, v in sorted(kept.items())))
     convert_hf.log_fallbacks(planner, log)
     if key_halves:
@@ -604,7 +602,7 @@ def convert(src_path, out_dir, experts=None, dense="q8", log=print, imatrix=None
     write_json(out / "generation_config.json", {k: v for k, v in gen.items() if v is not None and v != []})
     log("checksumming the source")
     convert_hf.write_manifest(
-        out, family=fam, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
+        out, family=fam, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense, tensor_types=tensor_types,
         bos=bos_id if bos_id is not None else -1, eos=eos_ids, shards=shards, quant_extra={"from_gguf": kept},
         mtp_layers=planner.mtp, mtp=mtp_spec.mtp_specs(arch, planner.mtp, convert_hf.written_names(planner), log), log=log,
         source={"files": {p.name: sha256_file(p) for p in parts}, "model_type": cfg["model_type"],

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.convert import default_chat_template, imatrix, mtp_spec
+from colibri.convert import default_chat_template, imatrix, mtp_spec, tensor_types
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, LOWBIT_BLOCKS, STORAGE_DTYPE, fitted_storage, row_bytes
@@ -67,23 +67,27 @@ def source_files(src):
 class Planner:
     """Maps source tensors to output tensors for one architecture."""
 
-    def __init__(self, arch, experts_q, dense_q):
+    def __init__(self, arch, experts_q, dense_q, tensor_types=None):
         self.arch, self.experts_q, self.dense_q = arch, experts_q, dense_q
+        self.tensor_types = tensor_types or {}  # --tensor-type: class -> storage (colibri/convert/tensor_types.py)
         self.outputs = []   # dicts: name, klass, qtype, rows, cols, parts[(file, offset, dtype, rows)], anchor, order
         self.used = set()
         self.fallbacks = {}  # (asked, stored) -> tensors whose rows the asked block type does not divide
 
     def add(self, name, klass, rows, cols, parts, anchor, order):
         asked = {"expert": self.experts_q, "dense": self.dense_q, "f32": "f32"}[klass]
+        override = klass != "f32" and tensor_types.type_for(name, self.tensor_types)
+        asked = override or asked
         qtype = fitted_storage(asked, cols)
         if qtype != asked:
             self.fallbacks[asked, qtype] = self.fallbacks.get((asked, qtype), 0) + 1
-        self.outputs.append(dict(name=name, klass=klass, qtype=qtype, rows=rows, cols=cols, parts=parts, anchor=anchor, order=order))
+        self.outputs.append(dict(name=name, klass=klass, qtype=qtype, rows=rows, cols=cols, parts=parts, anchor=anchor,
+                                 order=order, override=bool(override)))
 
 
-def plan_tensors(arch, tensors, experts_q, dense_q):
+def plan_tensors(arch, tensors, experts_q, dense_q, tensor_types=None):
     """tensors: name -> dict(file, dtype, shape, offset). Returns the Planner with every output."""
-    p = Planner(arch, experts_q, dense_q)
+    p = Planner(arch, experts_q, dense_q, tensor_types)
     H, V, L = arch["hidden_size"], arch["vocab_size"], arch["num_layers"]
 
     def take(name, shape):
@@ -382,12 +386,27 @@ def default_experts(mxfp4_source):
     return "mxfp4" if mxfp4_source else "q4"
 
 
-def convert(src, out, experts=None, dense="q8", log=print, imatrix=None):
-    src, out = Path(src), Path(out)
+def check_storage(experts, dense, types):
+    """The storage arguments of a conversion, or ConvertError saying which is not one."""
     if experts is not None and experts not in EXPERT_CHOICES:
         raise ConvertError(f"--experts must be one of {', '.join(EXPERT_CHOICES)}")
     if dense not in DENSE_CHOICES:
         raise ConvertError(f"--dense must be one of {', '.join(DENSE_CHOICES)}")
+    bad = {c: t for c, t in (types or {}).items() if c not in tensor_types.CLASSES or t not in DENSE_CHOICES}
+    if bad:
+        raise ConvertError(f"--tensor-type {bad}: classes are {', '.join(tensor_types.CLASSES)}, types "
+                           f"{', '.join(DENSE_CHOICES)}")
+
+
+def storage_settings(experts, dense, types):
+    """The storage part of the settings a resumed conversion must repeat (and of the manifest's
+    quant): --tensor-type only where given, so a conversion without it reads as before."""
+    return {"experts": experts, "dense": dense, **({"tensor_types": dict(sorted(types.items()))} if types else {})}
+
+
+def convert(src, out, experts=None, dense="q8", log=print, imatrix=None, tensor_types=None):
+    src, out = Path(src), Path(out)
+    check_storage(experts, dense, tensor_types)
     if not (src / "config.json").is_file():
         raise ConvertError(f"{src}: no config.json; give the directory of a Hugging Face checkpoint")
     try:
@@ -415,11 +434,12 @@ def convert(src, out, experts=None, dense="q8", log=print, imatrix=None):
         experts = default_experts(any(n.endswith(".experts.gate_up_proj_blocks") or (".experts." in n and is_fp4(tensors, n))
                                       for n in tensors))
     arch["_family"] = family
-    planner = plan_tensors(arch, tensors, experts, dense)
+    planner = plan_tensors(arch, tensors, experts, dense, tensor_types)
     del arch["_family"]
     trunk, layers = block_specs(arch, planner)
     shards = layout_shards(planner, [str(f.resolve()) for f in files])
-    settings = {"converter_version": VERSION, "format_version": FORMAT_VERSION, "experts": experts, "dense": dense,
+    settings = {"converter_version": VERSION, "format_version": FORMAT_VERSION,
+                **storage_settings(experts, dense, tensor_types),
                 "source": {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in files}}
     calibration = calibrate(settings, planner, family, imatrix)
     state = start_conversion(out, settings, len(shards), log)
@@ -431,7 +451,7 @@ def convert(src, out, experts=None, dense="q8", log=print, imatrix=None):
         log(f"note: bf16 storage rounds wider source weights ({', '.join(narrowed)}); use f32 to keep them exactly")
     log_fallbacks(planner, log)
     log(f"converting {family_registry.FAMILIES[family]['display']} ({len(tensors)} source tensors, "
-        f"{len(files)} shard(s)): experts {experts}, dense {dense}")
+        f"{len(files)} shard(s)): {storage_line(experts, dense, tensor_types)}")
     write_calibrated_shards(out, shards, state, calibration, log)
     for name in COPIED_FILES:
         if (src / name).is_file():
@@ -439,6 +459,7 @@ def convert(src, out, experts=None, dense="q8", log=print, imatrix=None):
     default_chat_template.write_default(out, family, log)
     log("checksumming sources")
     write_manifest(out, family=family, arch=arch, trunk=trunk, layers=layers, experts=experts, dense=dense,
+                   tensor_types=tensor_types,
                    bos=token_id(cfg, src, "bos_token_id"), eos=eos_ids(cfg, src, family), shards=shards,
                    source={"files": {f.name: sha256_file(f) for f in files}, "model_type": cfg.get("model_type")},
                    mtp_layers=planner.mtp, mtp=mtp_spec.mtp_specs(arch, planner.mtp, written_names(planner), log), log=log)
@@ -474,7 +495,7 @@ def log_fallbacks(planner, log):
 
 
 def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos, shards, source, quant_extra=None,
-                   mtp_layers=None, mtp=None, log=None):
+                   mtp_layers=None, mtp=None, log=None, tensor_types=None):
     """colibri.json, for every converter: written last and renamed into place, so its presence
     means the container is complete (docs/container.md)."""
     manifest = {
@@ -485,7 +506,8 @@ def write_manifest(out, *, family, arch, trunk, layers, experts, dense, bos, eos
         "arch": arch,
         "trunk": trunk,
         "layers": layers,
-        "quant": {"experts": experts, "dense": dense, "embed": dense, "lm_head": dense,
+        "quant": {**storage_settings(experts, dense, tensor_types),
+                  "embed": (tensor_types or {}).get("embed", dense), "lm_head": (tensor_types or {}).get("lm_head", dense),
                   "norms": "f32", "router": "f32", "biases": "f32",
                   "q8": "blocks of 32, f16 scale", "q4": "blocks of 32, f16 scale + f16 min",
                   "mxfp4": "blocks of 32, e8m0 scale + e2m1 nibbles",
@@ -565,7 +587,12 @@ def write_missing_shards(out, shards, state, log):
 def describe(s):
     if not s:
         return "unknown"
-    return f"experts {s.get('experts')}, dense {s.get('dense')}, converter {s.get('converter_version')}"
+    return f"{storage_line(s.get('experts'), s.get('dense'), s.get('tensor_types'))}, converter {s.get('converter_version')}"
+
+
+def storage_line(experts, dense, types=None):
+    """'experts q4, dense q8' and the --tensor-type overrides: what a conversion stores."""
+    return ", ".join([f"experts {experts}", f"dense {dense}"] + [f"{c} {t}" for c, t in sorted((types or {}).items())])
 
 
 def _generation_config(src):

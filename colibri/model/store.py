@@ -382,7 +382,7 @@ def fetch_hf(name, log):
 
 # ---------------------------------------------------------------- the command
 
-def pull(name, experts=None, dense="q8", log=None):
+def pull(name, experts=None, dense="q8", log=None, tensor_types=None):
     """Fetches and converts `name`; returns the container directory."""
     log = log or (lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True))
     from colibri.convert import hf as convert_hf
@@ -403,9 +403,9 @@ def pull(name, experts=None, dense="q8", log=None):
     try:
         if kind == "gguf":
             from colibri.convert import gguf as convert_gguf
-            convert_gguf.convert(src, dest, experts=experts, dense=dense, log=log)
+            convert_gguf.convert(src, dest, experts=experts, dense=dense, log=log, tensor_types=tensor_types)
         else:
-            convert_hf.convert(src, dest, experts=experts, dense=dense, log=log)
+            convert_hf.convert(src, dest, experts=experts, dense=dense, log=log, tensor_types=tensor_types)
     except convert_hf.ConvertError as e:
         raise UserError(f"converting {name}: {e}") from None
     (dest / ".coli_pull.json").write_text(json.dumps({"name": name, "source": str(src), "revision": revision}))
