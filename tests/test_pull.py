@@ -185,6 +185,12 @@ def test_pull_gguf_repo(env, hub):
     n = len(hub.log)
     r = coli("pull", "hf:test-org/tiny-GGUF")  # already there: no network, same answer
     assert r.returncode == 0 and Path(r.stdout.strip().splitlines()[-1]) == dest and len(hub.log) == n
+    r = coli("pull", "hf:test-org/tiny-GGUF", "--dense", "q8_0", "--experts", "q4")  # what it holds: the same
+    assert r.returncode == 0 and Path(r.stdout.strip().splitlines()[-1]) == dest, r.stderr
+    for other in (["--dense", "q4"], ["--experts", "q8"], ["--tensor-type", "lm_head=f32"]):
+        r = coli("pull", "hf:test-org/tiny-GGUF", *other)  # never a silent "done" with the old storage
+        assert r.returncode == 2 and "already pulled as experts q4, dense q8" in r.stderr, (other, r.stderr)
+        assert "coli rm hf:test-org/tiny-GGUF" in r.stderr and len(hub.log) == n
     r = coli("pull")
     assert "hf--test-org--tiny-GGUF" in r.stdout
     r = coli("info", "--model", dest)

@@ -11,7 +11,7 @@ def add_storage_flags(p):
     also = ", ".join(f"{a} (= {c})" for a, c in STORAGE_ALIASES.items())
     p.add_argument("--experts", default=None, choices=EXPERT_STORAGE, type=alias,
                    help=f"routed-expert storage (default q4; mxfp4 for MXFP4 sources, kept as they ship; also {also})")
-    p.add_argument("--dense", default="q8", choices=DENSE_STORAGE, type=alias,
+    p.add_argument("--dense", default=None, choices=DENSE_STORAGE, type=alias,
                    help=f"dense trunk storage (default q8; also {also})")
     p.add_argument("--tensor-type", action="append", default=[], metavar="CLASS=TYPE",
                    help="store one tensor class in another type than --experts/--dense give it (repeatable); "

@@ -46,10 +46,10 @@ def run(args):
                         "directory (config.json + *.safetensors)")
     try:
         if src.is_file() and src.suffix == ".gguf":
-            convert_gguf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log,
+            convert_gguf.convert(src, args.out, experts=args.experts, dense=args.dense or "q8", log=log,
                                  imatrix=args.imatrix, tensor_types=types)
         else:
-            convert_hf.convert(src, args.out, experts=args.experts, dense=args.dense, log=log, imatrix=args.imatrix,
+            convert_hf.convert(src, args.out, experts=args.experts, dense=args.dense or "q8", log=log, imatrix=args.imatrix,
                                tensor_types=types)
     except ConvertError as e:
         raise UserError(str(e)) from None

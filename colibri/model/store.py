@@ -382,8 +382,25 @@ def fetch_hf(name, log):
 
 # ---------------------------------------------------------------- the command
 
-def pull(name, experts=None, dense="q8", log=None, tensor_types=None):
-    """Fetches and converts `name`; returns the container directory."""
+def check_pulled_storage(name, dest, experts, dense, tensor_types):
+    """A model pulled before is returned as it is; storage flags that ask for something else are
+    refused with the way to get it, never ignored."""
+    from colibri.convert.hf import storage_line
+    try:
+        quant = json.loads((dest / "colibri.json").read_text()).get("quant") or {}
+    except (OSError, ValueError):
+        return  # a damaged manifest is the model commands' to report
+    asked = {"experts": experts, "dense": dense, "tensor_types": tensor_types or None}
+    differs = [k for k, v in asked.items() if v is not None and v != quant.get(k)]
+    if differs:
+        have = storage_line(quant.get("experts"), quant.get("dense"), quant.get("tensor_types"))
+        raise UserError(f"{name} is already pulled as {have}; to convert it with other storage, remove it first "
+                        f"(coli rm {name}) and pull again")
+
+
+def pull(name, experts=None, dense=None, log=None, tensor_types=None):
+    """Fetches and converts `name`; returns the container directory. experts/dense None: the
+    converter's defaults, and whatever an earlier pull of `name` chose."""
     log = log or (lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True))
     from colibri.convert import hf as convert_hf
     if name in BUILTIN:
@@ -394,7 +411,9 @@ def pull(name, experts=None, dense="q8", log=None, tensor_types=None):
         raise UserError(f"unknown model '{name}'; built-in: {', '.join(BUILTIN)}; or hf:ORG/REPO[:TAG]")
     dest = models_dir() / store_name(name)
     if (dest / "colibri.json").is_file():
+        check_pulled_storage(name, dest, experts, dense, tensor_types)
         return dest
+    dense = dense or "q8"
     if name in BUILTIN:
         src, kind, revision = fetch_builtin_gguf(name, log), "gguf", BUILTIN[name]["version"]
     else:
