@@ -37,5 +37,6 @@ void test_router(void);
 void test_attend_split(void);
 void test_delta_rule(void);
 void test_matmul_fused(void); /* one parallel region over a group's matrices, bit for bit */
+void test_scratch(void);      /* per-thread scratch buffers, freed when their thread ends */
 
 #endif

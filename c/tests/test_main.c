@@ -21,6 +21,7 @@ int main(int argc, char **argv) {
     test_json();
     test_quant();
     test_matmul_fused();
+    test_scratch();
     test_kernel_table();
     test_safetensors();
     test_protocol();
