@@ -30,15 +30,69 @@ def test_bytes_per_token_counts_top_k_experts_only(moe_model):
     assert want < scan["dense_bytes"] + scan["expert_bytes"]
 
 
-def fake_llama_bench(tmp_path):
-    """A stand-in with llama-bench's JSON shape (pp 100, tg 50 tok/s) that records its arguments
-    in the returned log file, a line a run."""
-    peer, log = tmp_path / "fake-llama-bench", tmp_path / "calls"
-    peer.write_text("#!/bin/sh\necho \"$@\" >> " + str(log) + "\n"
-                    "echo '[{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": 100.0},"
-                    " {\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 50.0}]'\n")
+def fake_llama_bench(tmp_path, pp=100.0, tg=50.0, log=None, name="fake-llama-bench", tag="peer"):
+    """A stand-in with llama-bench's JSON shape (pp 100, tg 50 tok/s by default) that records its
+    tag and arguments in the returned log file, a line a run."""
+    peer, log = tmp_path / name, log or tmp_path / "calls"
+    peer.parent.mkdir(parents=True, exist_ok=True)
+    peer.write_text(f"#!/bin/sh\necho \"{tag} $@\" >> " + str(log) + "\n"
+                    f"echo '[{{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": {pp}}},"
+                    f" {{\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": {tg}}}]'\n")
     peer.chmod(0o755)
     return peer, log
+
+
+def test_bench_against_two_peers_in_turn_with_their_own_flags(moe_model, tmp_path):
+    """Each peer is named by the project it was built in, gets its own flags, runs once a round
+    in an order that turns, and is reported with its decode GB/s from the GGUF's bytes."""
+    log = tmp_path / "calls"
+    main, _ = fake_llama_bench(tmp_path / "llama.cpp", 100.0, 50.0, log, "build/bin/llama-bench", "llama.cpp")
+    ik, _ = fake_llama_bench(tmp_path / "ik_llama.cpp", 200.0, 80.0, log, "build/bin/llama-bench", "ik_llama.cpp")
+    gguf = tmp_path / "m.gguf"
+    write_tiny_moe_gguf(gguf)
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--prompt-tokens", "16",
+                        "--gen-tokens", "8", "--repeat", "2", "--llama-bench", str(main), "--llama-bench", f"{ik} -rtr 1",
+                        "--gguf", str(gguf), "--mem-bw", "20", "--temp", "0"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["llama.cpp", "ik_llama.cpp", "ik_llama.cpp", "llama.cpp"], calls
+    assert all(c.endswith("-rtr 1") == c.startswith("ik_") for c in calls), calls
+    header = next(ln for ln in r.stdout.splitlines() if "colibri" in ln and "ratio" in ln)
+    assert "llama.cpp" in header and "ik_llama.cpp" in header, r.stdout
+    r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--prompt-tokens", "16",
+                        "--gen-tokens", "8", "--repeat", "1", "--llama-bench", str(main), "--llama-bench", f"{ik} -rtr 1",
+                        "--gguf", str(gguf), "--mem-bw", "20", "--temp", "0", "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    want_bytes = 2 * 64 * 4 + 64 * 4 + 2 * (8 * 4 * 4 * 4) * 2 / 8  # head, norm, and 2 of 8 experts of two f32 *_exps
+    names = [(p["name"], p["flags"], p["decode_tok_s"], p["bytes_per_decoded_token"]) for p in res["peers"]]
+    assert names == [("llama.cpp", [], 50.0, want_bytes), ("ik_llama.cpp", ["-rtr", "1"], 80.0, want_bytes)], names
+    ik_row = res["peers"][1]
+    assert ik_row["decode_gb_s"] == pytest.approx(want_bytes * 80.0 / 1e9)
+    assert ik_row["ratio_decode_tok_s"] == pytest.approx(res["colibri"]["decode_tok_s"] / 80.0)
+    assert ik_row["ratio_decode_gb_s"] == pytest.approx(res["colibri"]["decode_gb_s"] / ik_row["decode_gb_s"])
+    assert res["peer"]["name"] == "llama.cpp" and res["ratio_decode_tok_s"] == pytest.approx(
+        res["colibri"]["decode_tok_s"] / 50.0)  # the single-peer fields are the first peer's
+
+
+def write_tiny_moe_gguf(path):
+    """A GGUF whose bytes per decoded token are known: an embedding (not read whole), an output
+    head and norm, and 8 experts of which 2 are used."""
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_expert_count(8)
+    w.add_expert_used_count(2)
+    w.add_tensor("token_embd.weight", np.zeros((100, 64), np.float32))
+    w.add_tensor("output.weight", np.zeros((2, 64), np.float32))
+    w.add_tensor("output_norm.weight", np.zeros(64, np.float32))
+    w.add_tensor("blk.0.ffn_up_exps.weight", np.zeros((8, 4, 4), np.float32))
+    w.add_tensor("blk.0.ffn_down_exps.weight", np.zeros((8, 4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def test_bench_against_a_peer(moe_model, tmp_path):

@@ -1,14 +1,16 @@
 """`coli bench`: prefill and decode speed, achieved bandwidth, and ratios against a peer.
 
-colibri and the peer (llama.cpp's llama-bench, when given) run alternately in the same process
-tree, several times each; medians are compared, never single runs, because shared machines are
-noisy. Achieved bandwidth is the weight bytes one decoded token reads divided by its time,
-reported against the machine's measured memory read rate. `--depth N` puts N positions in the
+colibri and its peers (llama-bench of llama.cpp, ik_llama.cpp, ..., when given) run alternately
+in the same process tree, several times each, the peers' order turning every round; medians are
+compared, never single runs, because shared machines are noisy. Achieved bandwidth is the weight
+bytes one decoded token reads (from colibri's container and from the peers' GGUF file) divided by
+its time, reported against the machine's measured memory read rate. `--depth N` puts N positions in the
 KV cache first (llama-bench -d N) for long-context points; a sampled-decode leg next to the
 greedy one shows what the sampler costs per token.
 """
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -44,9 +46,10 @@ def add_arguments(p):
         "help": "threads for both sides (default: the engine's choice, physical cores; the peer gets the same number)"},
         spin={"help": f"{launch_opts.SPIN_HELP} (default {DEFAULT_SPIN}; the tuned profile is not applied here)"},
         kernels={"help": "colibri's kernel set (default: the best this CPU runs), to compare sets in one alternating run"})
-    p.add_argument("--llama-bench", default=os.environ.get("COLI_LLAMA_BENCH"),
-                   help="path of llama.cpp's llama-bench to run as the peer (or $COLI_LLAMA_BENCH)")
-    p.add_argument("--gguf", help="GGUF file the peer runs (default: the file a pulled model came from)")
+    p.add_argument("--llama-bench", action="append", metavar="'PATH [FLAGS]'",
+                   help="a llama-bench to run as a peer, with flags of its own if any (e.g. 'ik_llama.cpp/build/bin/"
+                        "llama-bench -rtr 1'); repeat it for several peers (default $COLI_LLAMA_BENCH)")
+    p.add_argument("--gguf", help="GGUF file the peers run (default: the file a pulled model came from)")
     p.add_argument("--mem-bw", type=float, help="memory read rate in GB/s instead of measuring it")
     p.add_argument("--profile", action="store_true",
                    help="the engine's per-op decode profile (--profile): each op's time, weight bytes and GB/s per "
@@ -169,9 +172,56 @@ def print_profile(prof, mem_bw):
         print(f"  {PROFILE_LABELS[op]:28s}{p['ms']:9.4f}{share:7.1f}%{p['bytes'] / 1e6:9.2f}{rate}{of}")
 
 
-def peer_run(exe, gguf, args, threads):
+def gguf_bytes_per_decoded_token(gguf):
+    """The same count for a GGUF file: every tensor but the token embedding table (one row of it;
+    a tied model reads it whole as its head), plus top-k of the *_exps expert tensors. None when
+    the file cannot be read."""
+    from colibri.convert.gguf_reader import GGUFError, read_gguf
+    try:
+        g = read_gguf(gguf)
+    except GGUFError:
+        return None
+    arch = g.metadata.get("general.architecture")
+    experts, top_k = g.metadata.get(f"{arch}.expert_count") or 0, g.metadata.get(f"{arch}.expert_used_count") or 0
+    tied = "output.weight" not in g.tensors
+    total = 0.0
+    for name, t in g.tensors.items():
+        if name == "token_embd.weight" and not tied:
+            continue
+        total += t.nbytes * (top_k / experts if experts and "_exps." in name else 1)
+    return total
+
+
+def peer_label(exe):
+    """What a peer is called in the report: the project directory its binary was built in
+    (llama.cpp, ik_llama.cpp), else the binary's name."""
+    for d in Path(exe).resolve().parents:
+        if d.name and d.name not in ("bin", "Release", "Debug") and not d.name.startswith("build"):
+            return d.name
+    return Path(exe).name
+
+
+def parse_peers(values):
+    """--llama-bench values -> [{label, exe, flags}], or UserError for one that is not a program.
+    Two peers built in directories of the same name get their flags added to tell them apart."""
+    peers = []
+    for v in values:
+        words = shlex.split(v)
+        exe = shutil.which(words[0]) if words else None
+        exe = exe or (words[0] if words else "")
+        if not words or not os.path.isfile(exe) or not os.access(exe, os.X_OK):
+            raise UserError(f"--llama-bench {v}: not an executable")
+        peers.append({"label": peer_label(exe), "exe": exe, "flags": words[1:]})
+    for p in peers:
+        if sum(q["label"] == p["label"] for q in peers) > 1 and p["flags"]:
+            p["label"] += " " + " ".join(p["flags"])
+    return peers
+
+
+def peer_run(peer, gguf, args, threads):
+    exe = peer["exe"]
     r = subprocess.run([exe, "-m", str(gguf), "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens),
-                        "-d", str(args.depth), "-t", str(threads), "-r", "1", "-o", "json"],
+                        "-d", str(args.depth), "-t", str(threads), "-r", "1", "-o", "json", *peer["flags"]],
                        capture_output=True, text=True, timeout=3600)
     if r.returncode:
         raise UserError(f"{exe} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
@@ -212,23 +262,22 @@ def run(args):
     launch_opts.check_cap(args.cap, {"num_experts": scan["arch"]["experts"]})
     args.stream_args = launch_opts.stream_args(args)
     per_token = bytes_per_decoded_token(scan)
-    peer = None
-    if args.llama_bench:
-        exe = shutil.which(args.llama_bench) or args.llama_bench
-        if not os.access(exe, os.X_OK):
-            raise UserError(f"--llama-bench {args.llama_bench}: not an executable")
+    peers = parse_peers(args.llama_bench or ([os.environ["COLI_LLAMA_BENCH"]] if os.environ.get("COLI_LLAMA_BENCH") else []))
+    gguf = None
+    if peers:
         gguf = Path(args.gguf) if args.gguf else default_gguf(model)
         if not gguf or not gguf.is_file():
-            raise UserError("the peer needs the GGUF file of this model: pass --gguf FILE")
-        peer = (exe, gguf)
-    ours, theirs, profiles, threads = [], [], [], args.threads
+            raise UserError("the peers need the GGUF file of this model: pass --gguf FILE")
+    ours, profiles, threads = [], [], args.threads
+    theirs = [[] for _ in peers]
     for i in range(args.repeat):
         pp, tg, sampled, used, prof = colibri_run(model, args, first_token=i * 101, vocab=scan["arch"]["vocab"] or 1)
         threads = threads or used
         ours.append((pp, tg, sampled))
         profiles.append(prof)
-        if peer:
-            theirs.append(peer_run(peer[0], peer[1], args, threads))
+        for k in range(len(peers)):  # the peers' order turns each round, so no one always runs right after colibri
+            j = (k + i) % len(peers)
+            theirs[j].append(peer_run(peers[j], gguf, args, threads))
     one_thread = None if args.mem_bw else machine_probe.measure_memory_bw()
     all_threads = None if args.mem_bw else engine_read_rate(threads)
     mem_bw = args.mem_bw or all_threads or one_thread
@@ -253,12 +302,21 @@ def run(args):
     if result["colibri"]["sampled_decode_tok_s"]:  # what sampling adds to a decode step
         result["colibri"]["sampler_ms_per_token"] = 1e3 * (1 / result["colibri"]["sampled_decode_tok_s"]
                                                            - 1 / result["colibri"]["decode_tok_s"])
-    if peer:
-        result["peer"] = {"name": "llama.cpp llama-bench", "gguf": str(peer[1]),
-                          "prefill_tok_s": med(theirs, 0), "decode_tok_s": med(theirs, 1)}
+    peer_bytes = gguf_bytes_per_decoded_token(gguf) if peers else None
+    result["peers"] = []
+    for peer, runs in zip(peers, theirs):
+        row = {"name": peer["label"], "exe": peer["exe"], "flags": peer["flags"], "gguf": str(gguf),
+               "prefill_tok_s": med(runs, 0), "decode_tok_s": med(runs, 1), "bytes_per_decoded_token": peer_bytes}
+        row["decode_gb_s"] = peer_bytes * row["decode_tok_s"] / 1e9 if peer_bytes and row["decode_tok_s"] else None
+        for k in ("prefill_tok_s", "decode_tok_s", "decode_gb_s"):
+            if row[k]:
+                row[f"ratio_{k}"] = result["colibri"][k] / row[k]  # colibri over this peer
+        result["peers"].append(row)
+    if peers:  # the first peer keeps the fields a single-peer report always had
+        result["peer"] = result["peers"][0]
         for k in ("prefill_tok_s", "decode_tok_s"):
-            if result["peer"][k]:
-                result[f"ratio_{k}"] = result["colibri"][k] / result["peer"][k]
+            if result["peer"].get(f"ratio_{k}"):
+                result[f"ratio_{k}"] = result["peer"][f"ratio_{k}"]
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -266,16 +324,22 @@ def run(args):
     at = f"  depth {args.depth}" if args.depth else ""
     print(f"model {model}  threads {threads}  {c['kernels']} kernels  batch {c['batch']}  {c['wait']}{at}  "
           f"medians of {args.repeat} alternating runs")
-    print(f"{'':24s}{'colibri':>12s}" + (f"{'llama.cpp':>12s}{'ratio':>9s}" if peer else ""))
-    for label, k in ((f"prefill tok/s (pp{args.prompt_tokens})", "prefill_tok_s"),
-                     (f"decode tok/s (tg{args.gen_tokens})", "decode_tok_s")):
-        line = f"{label:24s}{c[k]:12.1f}"
-        if peer and result["peer"][k]:
-            line += f"{result['peer'][k]:12.1f}{result[f'ratio_{k}']:8.2f}x"
+    width = max([12] + [len(p["name"]) + 2 for p in result["peers"]])
+    print(f"{'':24s}{'colibri':>12s}" + "".join(f"{p['name']:>{width}s}{'ratio':>9s}" for p in result["peers"]))
+    for label, k, fmt in ((f"prefill tok/s (pp{args.prompt_tokens})", "prefill_tok_s", ".1f"),
+                          (f"decode tok/s (tg{args.gen_tokens})", "decode_tok_s", ".1f"),
+                          ("decode GB/s", "decode_gb_s", ".2f")):
+        line = f"{label:24s}{c[k]:12{fmt}}"
+        for p in result["peers"]:
+            line += f"{p[k]:{width}{fmt}}{p[f'ratio_{k}']:8.2f}x" if p.get(k) else f"{'-':>{width}s}{'':9s}"
         print(line)
     if c["sampled_decode_tok_s"]:
-        print(f"{'decode tok/s, sampled':24s}{c['sampled_decode_tok_s']:12.1f}" + (f"{'-':>12s}" if peer else "")
+        print(f"{'decode tok/s, sampled':24s}{c['sampled_decode_tok_s']:12.1f}" + "".join(f"{'-':>{width}s}{'':9s}" for _ in peers)
               + f"   (temperature {args.temp:g}, top-p 0.95: {c['sampler_ms_per_token']:+.2f} ms per token vs greedy)")
+    if peer_bytes:
+        print(f"the peers' GGUF reads {peer_bytes / 1e6:.1f} MB of weights per token ({gguf})"
+              + "".join(f"; {p['name']} {p['decode_gb_s']:.2f} GB/s" + (f" = {100 * p['decode_gb_s'] / mem_bw:.0f}%" if mem_bw else "")
+                        for p in result["peers"] if p.get("decode_gb_s")))
     share = f" = {100 * c['decode_gb_s'] / mem_bw:.0f}% of {mem_bw:.1f} GB/s {result['memory_read_source']}" if mem_bw else ""
     floor = f"; a one-thread scan reads {one_thread:.1f} GB/s" if one_thread and all_threads else ""
     print(f"decode reads {per_token / 1e6:.1f} MB of weights per token: {c['decode_gb_s']:.2f} GB/s{share}{floor}")
