@@ -220,8 +220,9 @@ def parse_peers(values):
 
 def peer_run(peer, gguf, args, threads):
     exe = peer["exe"]
-    r = subprocess.run([exe, "-m", str(gguf), "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens),
-                        "-d", str(args.depth), "-t", str(threads), "-r", "1", "-o", "json", *peer["flags"]],
+    depth = ["-d", str(args.depth)] if args.depth else []  # ik_llama.cpp's llama-bench has no -d
+    r = subprocess.run([exe, "-m", str(gguf), "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens), *depth,
+                        "-t", str(threads), "-r", "1", "-o", "json", *peer["flags"]],
                        capture_output=True, text=True, timeout=3600)
     if r.returncode:
         raise UserError(f"{exe} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
