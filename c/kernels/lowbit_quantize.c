@@ -3,6 +3,7 @@
 #include "kernels/lowbit_quantize.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kernels/lowbit.h"
@@ -125,15 +126,28 @@ static float fit_min_scale(int n, const float *x, const float *w, int nmax, int 
 }
 
 /* The index of the IQ4_NL codebook value nearest v (the codebook is ascending): how many of the
- * midpoints between neighbours lie at or below v. Branch-free, which the candidate searches
- * below need: a binary search's mispredicted branches made IQ4 writing 4x slower. */
+ * midpoints between neighbours lie below v, a tie going to the lower value. Every midpoint is a
+ * multiple of 1/2, so with c = ceil(2v) - 1, "v > m" is "c >= 2m": a table over c answers it
+ * without a branch (a binary search's mispredicted branches made IQ4 writing 4x slower) and
+ * without 15 compares (the candidate searches below call it ~1300 times per 32 weights). */
 static const float iq4_midpoints[15] = {/* (kvalues_iq4nl[k] + kvalues_iq4nl[k + 1]) / 2 */
                                         -115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
                                         7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+#define CODE_LUT_HALF 256 /* c in [-256, 256): every doubled midpoint (-231 .. 202) lies inside */
+static unsigned char code_lut[2 * CODE_LUT_HALF];
+static pthread_once_t code_lut_once = PTHREAD_ONCE_INIT;
+
+static void code_lut_make(void) {
+    for (int c = -CODE_LUT_HALF; c < CODE_LUT_HALF; c++) {
+        int q = 0;
+        for (int k = 0; k < 15; k++) q += c >= (int)(2 * iq4_midpoints[k]);
+        code_lut[c + CODE_LUT_HALF] = (unsigned char)q;
+    }
+}
+
 static int nearest_code(float v) {
-    int q = 0;
-    for (int k = 0; k < 15; k++) q += v > iq4_midpoints[k];
-    return q;
+    const float c = fminf(fmaxf(ceilf(2 * v) - 1, -CODE_LUT_HALF), CODE_LUT_HALF - 1); /* NaN: -256, code 0 */
+    return code_lut[(int)c + CODE_LUT_HALF];
 }
 
 /* x ~ d * codebook[idx] for a sub-block of n, as fit_grid does for integer codes. */
@@ -285,6 +299,7 @@ int quantize_row_weighted(QType qt, const float *x, const float *imp, int cols, 
     }
     const BlockWriter put = writer(qt);
     const LowbitType *t = lowbit_type(qt);
+    pthread_once(&code_lut_once, code_lut_make);
     if (!put || !t || cols <= 0 || cols % t->block) return -1;
     /* Columns no calibration text reached keep a small weight: their values still matter a
      * little, and a sub-block of zero weights would have no least-squares scale. */
