@@ -112,3 +112,14 @@ def test_convert_refuses_a_bad_tensor_type_before_reading_the_source(tmp_path):
     r = coli("convert", tmp_path / "nothing", tmp_path / "out", "--tensor-type", "attn=q4")
     assert r.returncode == 2 and "unknown class 'attn'" in r.stderr and "attention" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_converters_refuse_overrides_the_flag_parser_would_refuse(oracle_root, tmp_path):
+    """Called from Python (coli pull, tools), the converters check the overrides themselves."""
+    from colibri.convert import gguf as convert_gguf, hf as convert_hf
+    from colibri.errors import ConvertError
+    for conv, src in ((convert_hf.convert, Path(oracle_root) / "qwen3_moe" / "hf"), (convert_gguf.convert, tmp_path / "x.gguf")):
+        for bad in ({"attn": "q4"}, {"attention": "q5"}):
+            with pytest.raises(ConvertError, match="--tensor-type"):
+                conv(src, tmp_path / "out", tensor_types=bad, log=lambda *a, **k: None)
+    assert not (tmp_path / "out").exists()

@@ -20,7 +20,8 @@ import tempfile
 from pathlib import Path
 
 import family_registry
-from colibri.convert import default_chat_template, imatrix, mtp_spec, tensor_types
+from colibri.convert import default_chat_template, imatrix, mtp_spec
+from colibri.convert import tensor_types as tensor_classes  # the name tensor_types is the overrides
 from colibri.checksum import sha256_file
 from colibri.model import shard_sums
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, LOWBIT_BLOCKS, STORAGE_DTYPE, fitted_storage, row_bytes
@@ -76,7 +77,7 @@ class Planner:
 
     def add(self, name, klass, rows, cols, parts, anchor, order):
         asked = {"expert": self.experts_q, "dense": self.dense_q, "f32": "f32"}[klass]
-        override = klass != "f32" and tensor_types.type_for(name, self.tensor_types)
+        override = klass != "f32" and tensor_classes.type_for(name, self.tensor_types)
         asked = override or asked
         qtype = fitted_storage(asked, cols)
         if qtype != asked:
@@ -392,9 +393,9 @@ def check_storage(experts, dense, types):
         raise ConvertError(f"--experts must be one of {', '.join(EXPERT_CHOICES)}")
     if dense not in DENSE_CHOICES:
         raise ConvertError(f"--dense must be one of {', '.join(DENSE_CHOICES)}")
-    bad = {c: t for c, t in (types or {}).items() if c not in tensor_types.CLASSES or t not in DENSE_CHOICES}
+    bad = {c: t for c, t in (types or {}).items() if c not in tensor_classes.CLASSES or t not in DENSE_CHOICES}
     if bad:
-        raise ConvertError(f"--tensor-type {bad}: classes are {', '.join(tensor_types.CLASSES)}, types "
+        raise ConvertError(f"--tensor-type {bad}: classes are {', '.join(tensor_classes.CLASSES)}, types "
                            f"{', '.join(DENSE_CHOICES)}")
 
 
