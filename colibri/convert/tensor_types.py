@@ -12,7 +12,7 @@ from colibri.limits import DENSE_STORAGE, STORAGE_ALIASES
 CLASSES = {
     "attention": "every attention matrix (q/k/v/o, MLA's low-rank pairs, linear attention)",
     "shared_expert": "the shared experts of MoE layers (resident)",
-    "dense_mlp": "the MLP of the dense layers (DeepSeek's and GLM's first layers)",
+    "dense_mlp": "the MLP of the dense layers (the first layers of several MoE models)",
     "down": "every down projection: routed experts, shared experts and dense MLP",
     "embed": "the token embedding table",
     "lm_head": "the output head",
