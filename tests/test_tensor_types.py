@@ -73,7 +73,7 @@ def test_a_mixed_container_holds_what_was_asked_and_runs(oracle_root, tmp_path):
     assert r.returncode == 0, r.stderr
     table = stored(out)
     for name, storage in table.items():
-        cls = tensor_types.class_of(name)
+        cls = container_scan.tensor_class(name)
         want = ("f32" if cls in ("norm", "router") else "q6" if name.endswith("down_proj.weight")
                 else {"expert": "q8", "attention": "q4", "lm_head": "bf16", "dense_mlp": "q8", "embed": "q4"}[cls])
         assert storage == want, (name, storage, want)
@@ -100,7 +100,7 @@ def test_gguf_q8_experts_kept_except_the_class_asked_for(oracle_root, tmp_path):
     r = coli("convert", src, out, "--tensor-type", "down=q4")
     assert r.returncode == 0, r.stderr
     table = stored(out)
-    experts = {n: s for n, s in table.items() if tensor_types.class_of(n) == "expert"}
+    experts = {n: s for n, s in table.items() if container_scan.tensor_class(n) == "expert"}
     assert experts and all(s == ("q4" if n.endswith("down_proj.weight") else "q8") for n, s in experts.items()), experts
     assert table["model.layers.0.mlp.down_proj.weight"] == "q4" and table["model.layers.0.mlp.up_proj.weight"] == "q8"
     info, ref = load_ref(oracle_root, "qwen3_moe")

@@ -21,12 +21,6 @@ DOWN_RE = re.compile(r"\.(down_proj|w2)\.weight$")
 DOWN_OF = ("expert", "shared_expert", "dense_mlp")  # the classes whose down projections `down` takes
 
 
-def class_of(name):
-    """The TENSOR_CLASSES class of an output tensor ('other' when none matches)."""
-    from family_registry import TENSOR_CLASSES  # here: `coli --help` does not load the registry
-    return next((cls for cls, rx in TENSOR_CLASSES if rx.search(name)), "other")
-
-
 def parse(values):
     """['CLASS=TYPE', ...] -> {class: storage}; ValueError with the reason for a bad one. A class
     given twice is refused rather than the later one silently winning."""
@@ -52,7 +46,8 @@ def type_for(name, types):
     """The storage `types` asks for output tensor `name`, or None when no class of it is overridden."""
     if not types:
         return None
-    cls = class_of(name)
+    from colibri.model.container_scan import tensor_class  # here: `coli --help` does not load the registry
+    cls = tensor_class(name)
     if "down" in types and cls in DOWN_OF and DOWN_RE.search(name):
         return types["down"]
     return types.get(cls)
