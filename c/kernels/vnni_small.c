@@ -89,39 +89,123 @@ VNNI_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i u, const int8_t *p) {
 VNNI_INLINE __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 VNNI_INLINE __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))); }
 
+/* One 16-row block's dots against n positions, its weights v[8] in lanes (q4/q6: the unsigned
+ * codes; q8: biased by 128, sw the rows' sums << 7), its f16 scales dw/mw: into acc and mins. */
+VNNI_INLINE void block_dots(const QType qt, const __m512i *v, __m512i sw, __m512 dw, __m512 mw, const QAct *a, int t0,
+                            const int8_t *pk, const int n, int b, __m512 *acc, __m512 *mins) {
+    const int nb = a->nb, q4 = qt == QT_Q4;
+    const size_t kd = (size_t)b * a->rows + t0;
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++, pk += (size_t)nb * SMALL_BLOCK) {
+        __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512(), isum;
+        if (q4 || qt == QT_Q6) {
+            /* nibbles (q6: u <= 63) unsigned, high bytes signed; low bytes unsigned, the
+             * weights as signed */
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                h = dpbusd_bcast(h, v[k], pk + 4 * k);
+                l = _mm512_dpbusd_epi32(l, bcast(pk + 64 + 4 * k), v[k]);
+            }
+            isum = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
+            if (qt == QT_Q6) /* q = u - 32: the exact signed sum */
+                isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(bcast(pk + SMALL_SUM), 5));
+        } else {
+            /* q8: with u = w + 128, hi signed and lo' = lo - 128,
+             *   sum w*x = 256 sum u*hi + sum u*lo' + 128 sum w - 2^15 sum hi - 2^7 sum lo + 2^19,
+             * the last three terms the pack's correction; exact modulo 2^32, as the result is */
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                h = dpbusd_bcast(h, v[k], pk + 4 * k);
+                l = dpbusd_bcast(l, v[k], pk + 32 + 4 * k);
+            }
+            isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), _mm512_add_epi32(sw, bcast(pk + SMALL_Q8C)));
+        }
+        const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[kd + i]));
+        acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(isum)));
+        if (q4) mins[i] = _mm512_add_ps(mins[i], _mm512_mul_ps(mw, _mm512_set1_ps(a->s[kd + i])));
+    }
+}
+
+/* q4 nibble dwords (byte j: element j low, j+16 high) as the eight unsigned code vectors */
+VNNI_INLINE void q4_codes(const __m512i *p, __m512i *v) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm512_and_si512(p[k], m4);
+        v[k + 4] = _mm512_and_si512(_mm512_srli_epi16(p[k], 4), m4);
+    }
+}
+
+/* the next 16 rows (contiguous) into cache, block b's share of them: the rows are read 16 at a
+ * time, a pattern the hardware prefetcher does not follow. Into L2, not L1: 16 rows are as
+ * large as L1 (34 KB at 2048 columns of q8, 70 KB at 4096), so into L1 they evicted the rows
+ * being read (Zen 4, decode of a 2048-column q8 matrix past the caches: 18-20 GB/s with T0,
+ * 25-33 with T1, on 2 threads) */
+VNNI_INLINE void prefetch_next(const unsigned char *next, int b, size_t bb) {
+    if (next)
+        for (size_t o = (size_t)b * 16 * bb; o < (size_t)(b + 1) * 16 * bb; o += 64)
+            _mm_prefetch((const char *)next + o, _MM_HINT_T1);
+}
+
+/* 16 q4 rows, four blocks (80 bytes a row: dwords 5j the scales of block j, 5j+1..5j+4 its
+ * nibbles) from five transposes: the scales come out of the same transposes as the nibbles
+ * instead of a gather per block, which on Zen 4 stalled decode from DRAM (11 GB/s a thread
+ * with the gathers, 16 without them). */
+VNNI_INLINE void q4_four_blocks(const unsigned char *w, size_t row_bytes, const QAct *a, int t0, const int8_t *packed,
+                                const int n, int b, const unsigned char *next, __m512 *acc, __m512 *mins) {
+    __m512i d[20];
+    const unsigned char *wb = w + (size_t)b * 20;
+    transpose16x4(wb, row_bytes, d);
+    /* block j's dwords end in transpose j + 1: each block runs once its transposes are done, so
+     * no more than two transposes' vectors are live beside the accumulators */
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        transpose16x4(wb + 16 * (j + 1), row_bytes, d + 4 * (j + 1));
+        prefetch_next(next, b + j, 20);
+        __m512i v[8];
+        q4_codes(d + 5 * j + 1, v);
+        block_dots(QT_Q4, v, _mm512_setzero_si512(), f16_lo(d[5 * j]), f16_hi(d[5 * j]), a, t0,
+                   packed + (size_t)(b + j) * SMALL_BLOCK, n, b + j, acc, mins);
+    }
+}
+
 /* 16 weight rows (w: row 0) x n positions (packed by vnni_small_pack; scales from position t0
  * of a), the whole row; results to y[i*ldy + r]. n is a constant in each instance. */
 VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_bytes, const QAct *a, int t0, const int8_t *packed,
                          const int n, const unsigned char *next, float *y, size_t ldy) {
     const int nb = a->nb, q4 = qt == QT_Q4;
-    const size_t bb = q4 ? 20 : qt == QT_Q6 ? 26 : 34, ds = (size_t)a->rows;
+    const size_t bb = q4 ? 20 : qt == QT_Q6 ? 26 : 34;
     const __m512i perm = lane_rows();
     const __m512i rowoff = _mm512_mullo_epi32(perm, _mm512_set1_epi32((int)row_bytes));
     const __m512i m4 = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1);
     __m512 acc[VNNI_SMALL_T], mins[VNNI_SMALL_T];
 #pragma GCC unroll 8
     for (int i = 0; i < n; i++) acc[i] = mins[i] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
+    int b = 0;
+    if (q4)
+        for (; b + 4 <= nb; b += 4) q4_four_blocks(w, row_bytes, a, t0, packed, n, b, next, acc, mins);
+    /* q6: the next block's scale comes with this block's high bits (below) */
+    __m512i q6_next_heads =
+        qt == QT_Q6 && b < nb ? _mm512_i32gather_epi32(rowoff, w + (size_t)b * bb, 1) : _mm512_setzero_si512();
+    for (; b < nb; b++) {
         const unsigned char *wb = w + (size_t)b * bb;
-        /* the next 16 rows (contiguous) into cache, a block's share of them per block: the
-         * rows are read 16 at a time, a pattern the hardware prefetcher does not follow. Into
-         * L2, not L1: 16 rows are as large as L1 (34 KB at 2048 columns of q8, 70 KB at 4096),
-         * so into L1 they evicted the rows being read (Zen 4, decode of a 2048-column q8 matrix
-         * past the caches: 18-20 GB/s with T0, 25-33 with T1, on 2 threads) */
-        if (next)
-            for (size_t o = (size_t)b * 16 * bb; o < (size_t)(b + 1) * 16 * bb; o += 64)
-                _mm_prefetch((const char *)next + o, _MM_HINT_T1);
-        const __m512i heads = _mm512_i32gather_epi32(rowoff, wb, 1);
+        prefetch_next(next, b, bb);
+        const __m512i heads = qt == QT_Q6 ? q6_next_heads : _mm512_i32gather_epi32(rowoff, wb, 1);
         const __m512 dw = f16_lo(heads), mw = q4 ? f16_hi(heads) : dw;
         __m512i v[8], sw = _mm512_setzero_si512();
         if (qt == QT_Q6) { /* u of elements 4k..4k+3: nibble dword k (k < 4) or the high nibbles
                               of dword k - 4, and bits 4-5 from high-bit dword k % 2, whose pair
                               k / 2 a shift by 4 - 2 * (k / 2) moves there */
-            __m512i p[4], hb[2];
+            __m512i p[4], hb[4];
             transpose16x4(wb + 2, row_bytes, p);
-            /* the high-bit dwords gathered: faster here than a transpose of 8 bytes a row */
-            hb[0] = _mm512_i32gather_epi32(rowoff, wb + 18, 1);
-            hb[1] = _mm512_i32gather_epi32(rowoff, wb + 22, 1);
+            if (b + 1 < nb) { /* bytes 18-33: the high bits, then the next block's scale (its
+                                 dword 2's low half): one transpose instead of three gathers */
+                transpose16x4(wb + 18, row_bytes, hb);
+                q6_next_heads = hb[2];
+            } else { /* the row's last block: 16 bytes from 18 would run past the row */
+                hb[0] = _mm512_i32gather_epi32(rowoff, wb + 18, 1);
+                hb[1] = _mm512_i32gather_epi32(rowoff, wb + 22, 1);
+            }
             const __m512i m30 = _mm512_set1_epi8(0x30);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
@@ -134,14 +218,10 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
                 /* (lo & 0x0f) | (h & 0x30): 0xf8 is A | (B & C) with A = lo & 0x0f */
                 v[k] = _mm512_ternarylogic_epi32(_mm512_and_si512(lo, m4), h, m30, 0xf8);
             }
-        } else if (q4) { /* byte j: element j (low nibble), element j+16 (high nibble) */
+        } else if (q4) {
             __m512i p[4];
             transpose16x4(wb + 4, row_bytes, p);
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                v[k] = _mm512_and_si512(p[k], m4);
-                v[k + 4] = _mm512_and_si512(_mm512_srli_epi16(p[k], 4), m4);
-            }
+            q4_codes(p, v);
         } else {
             transpose16x4(wb + 2, row_bytes, v);
             transpose16x4(wb + 18, row_bytes, v + 4);
@@ -153,38 +233,7 @@ VNNI_INLINE void small16(const QType qt, const unsigned char *w, size_t row_byte
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) v[k] = _mm512_xor_si512(v[k], _mm512_set1_epi8((char)0x80));
         }
-        const int8_t *pk = packed + (size_t)b * SMALL_BLOCK;
-        const size_t kd = (size_t)b * ds + t0;
-#pragma GCC unroll 8
-        for (int i = 0; i < n; i++, pk += (size_t)nb * SMALL_BLOCK) {
-            __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512(), isum;
-            if (q4 || qt == QT_Q6) {
-                /* nibbles (q6: u <= 63) unsigned, high bytes signed; low bytes unsigned, the
-                 * weights as signed */
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    h = dpbusd_bcast(h, v[k], pk + 4 * k);
-                    l = _mm512_dpbusd_epi32(l, bcast(pk + 64 + 4 * k), v[k]);
-                }
-                isum = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
-                if (qt == QT_Q6) /* q = u - 32: the exact signed sum */
-                    isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(bcast(pk + SMALL_SUM), 5));
-            } else {
-                /* q8: with u = w + 128, hi signed and lo' = lo - 128,
-                 *   sum w*x = 256 sum u*hi + sum u*lo' + 128 sum w - 2^15 sum hi - 2^7 sum lo + 2^19,
-                 * the last three terms the pack's correction; exact modulo 2^32, as the result is */
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    h = dpbusd_bcast(h, v[k], pk + 4 * k);
-                    l = dpbusd_bcast(l, v[k], pk + 32 + 4 * k);
-                }
-                isum =
-                    _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), _mm512_add_epi32(sw, bcast(pk + SMALL_Q8C)));
-            }
-            const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[kd + i]));
-            acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(isum)));
-            if (q4) mins[i] = _mm512_add_ps(mins[i], _mm512_mul_ps(mw, _mm512_set1_ps(a->s[kd + i])));
-        }
+        block_dots(qt, v, sw, dw, mw, a, t0, packed + (size_t)b * SMALL_BLOCK, n, b, acc, mins);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < n; i++)

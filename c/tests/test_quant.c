@@ -314,7 +314,8 @@ static void test_qdot(void) {
     kernels_use(KI_PORTABLE);
     port = kern;
     kern = fast;
-    const int cols_list[] = {32, 64, 96, 45, 7, 1, 1000};
+    /* 128 and 200 columns: the small-batch q4 kernel's groups of four blocks alone and with a tail */
+    const int cols_list[] = {32, 64, 96, 45, 7, 1, 128, 200, 1000};
     for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++) {
         int cols = cols_list[c];
         for (QType qt = QT_Q8; qt < QT_Q2_K; qt++) { /* low-bit types: test_lowbit.c */
