@@ -31,7 +31,7 @@ ASAN_LIB_OBJ := $(call obj,asan,$(LIB_SRC))
 CTEST_REL_OBJ := $(call obj,rel,$(CTEST_SRC))
 CTEST_ASAN_OBJ := $(call obj,asan,$(CTEST_SRC))
 
-.PHONY: all test test-deps ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv format
+.PHONY: all build test test-deps ctest ctest-aarch64 pytest fuzz fuzz-build fuzz-test fuzz-merge clean venv format
 all: build/colibri
 
 # version.py: the version string is compiled in (COLI_VERSION).
@@ -45,23 +45,23 @@ build/obj/asan/%.o: c/%.c version.py
 	@echo 'cc (asan) $<'
 	@$(CC) $(CFLAGS) $(SANITIZE) $(DEPFLAGS) -Ic -c -o $@ $<
 
-build/colibri: $(REL_OBJ) | build
+build/colibri: $(REL_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # The engine itself under ASan+UBSan: the protocol tests drive it too (COLI_ENGINE, see tests/).
-build/colibri_asan: $(ASAN_OBJ) | build
+build/colibri_asan: $(ASAN_OBJ)
 	$(CC) $(CFLAGS) $(SANITIZE) -o $@ $^ $(LDLIBS)
 
-build/c_tests: $(REL_LIB_OBJ) $(CTEST_REL_OBJ) | build
+build/c_tests: $(REL_LIB_OBJ) $(CTEST_REL_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-build/c_tests_asan: $(ASAN_LIB_OBJ) $(CTEST_ASAN_OBJ) | build
+build/c_tests_asan: $(ASAN_LIB_OBJ) $(CTEST_ASAN_OBJ)
 	$(CC) $(CFLAGS) $(SANITIZE) -o $@ $^ $(LDLIBS)
 
 -include $(REL_OBJ:.o=.d) $(ASAN_OBJ:.o=.d) $(CTEST_REL_OBJ:.o=.d) $(CTEST_ASAN_OBJ:.o=.d)
 
-build:
-	mkdir -p build
+# `make build` builds the engine, as `make` does (the objects' rules make the folders).
+build: build/colibri
 
 $(STAMP): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -80,7 +80,8 @@ ctest: build/c_tests build/c_tests_asan
 AARCH64_CC ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
 AARCH64_SYSROOT ?= /usr/aarch64-linux-gnu
-build/c_tests_aarch64: $(LIB_SRC) $(CTEST_SRC) $(wildcard c/*/*.h) | build
+build/c_tests_aarch64: $(LIB_SRC) $(CTEST_SRC) $(wildcard c/*/*.h)
+	@mkdir -p $(@D)
 	@command -v $(AARCH64_CC) >/dev/null || { echo "$(AARCH64_CC) not found: install gcc-aarch64-linux-gnu (or set AARCH64_CC)"; exit 1; }
 	$(AARCH64_CC) $(CFLAGS) -Ic -o $@ $(LIB_SRC) $(CTEST_SRC) $(LDLIBS)
 
