@@ -187,16 +187,26 @@ def test_http_run_against_coli_serve_and_a_stand_in_peer(oracle_root, tmp_path):
 
 
 def test_engine_protocol_run_interleaves_concurrencies(oracle_root, tmp_path):
-    model = tmp_path / "llama"
+    """--model takes a pulled name, as coli does: the container in the store (COLI_HOME) here."""
+    model = tmp_path / "home" / "models" / "tiny"
+    model.parent.mkdir(parents=True)
     subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "llama" / "hf"), str(model)],
                    check=True, capture_output=True, timeout=300)
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "concurrency_bench.py"), "--model", str(model),
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLI_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "concurrency_bench.py"), "--model", "tiny",
                         "--concurrency", "1,3", "--repeat", "2", "--prompt-tokens", "6", "--gen-tokens", "5",
-                        "--threads", "1"], capture_output=True, text=True, timeout=600,
-                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                        "--threads", "1"], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert lines[0].startswith("colibri via the engine protocol") and "load average" in lines[0]
     rows = [line.split() for line in lines[2:]]
     assert [row[0] for row in rows] == ["1", "3"] and rows[0][3] == "1.00"
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+
+
+def test_a_model_that_is_neither_a_directory_nor_pulled_is_refused_by_name(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "concurrency_bench.py"), "--model", "not-pulled"],
+                       capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLI_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "--model not-pulled: no such directory or pulled model" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -40,6 +40,8 @@ import time
 
 import bench_http  # tools/, next to this file (a script's folder is on sys.path)
 from colibri import engine_client  # run as PYTHONPATH=. tools/concurrency_bench.py
+from colibri.errors import UserError
+from colibri.model.paths import require_model
 
 
 def prompts_for(p, prompt_tokens, vocab, round_no):
@@ -230,7 +232,7 @@ def table(conc, ours, peer, peer_name, bb):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="colibri container")
+    ap.add_argument("--model", required=True, help="colibri container: a directory or a pulled name such as smollm2")
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--gen-tokens", type=int, default=64)
@@ -243,6 +245,10 @@ def main():
     ap.add_argument("--gguf", help="the GGUF the container was converted from (for the llama.cpp peers)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    try:  # a pulled name (smollm2) as every coli command takes it, checked as they check it
+        args.model = str(require_model(args, fetch=False))
+    except UserError as e:
+        ap.error(str(e))
     conc = [int(c) for c in args.concurrency.split(",")]
     if max(conc) > 16:
         ap.error("--concurrency: the engine has at most 16 KV slots")
