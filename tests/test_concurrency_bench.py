@@ -210,3 +210,37 @@ def test_a_model_that_is_neither_a_directory_nor_pulled_is_refused_by_name(tmp_p
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLI_HOME": str(tmp_path)})
     assert r.returncode == 2 and "--model not-pulled: no such directory or pulled model" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_peer_without_gguf_is_refused_when_the_container_names_none(oracle_root, tmp_path):
+    """--gguf defaults to the file a model came from (coli bench's default_gguf); a container
+    converted from safetensors has none, and the peers cannot run without one."""
+    model = tmp_path / "llama"
+    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "llama" / "hf"), str(model)],
+                   check=True, capture_output=True, timeout=300)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "concurrency_bench.py"), "--model", str(model),
+                        "--llama-server", "llama-server"], capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLI_HOME": str(tmp_path / "home")})
+    assert r.returncode == 2 and "need --gguf" in r.stderr, r.stderr
+
+
+def test_a_pulled_model_gives_the_peer_the_gguf_it_was_downloaded_as(oracle_root, tmp_path):
+    home = tmp_path / "home"
+    model = home / "models" / "tiny"
+    model.parent.mkdir(parents=True)
+    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "llama" / "hf"), str(model)],
+                   check=True, capture_output=True, timeout=300)
+    gguf = home / "downloads" / "llm-tiny" / "tiny.Q4_0.gguf"
+    gguf.parent.mkdir(parents=True)
+    gguf.write_bytes(b"GGUF")  # only its path reaches the stand-in peer
+    peer = tmp_path / "llama-server"
+    peer.write_text(FAKE_LLAMA_SERVER)
+    peer.chmod(0o755)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "concurrency_bench.py"), "--model", "tiny",
+                        "--concurrency", "1", "--repeat", "1", "--prompt-tokens", "6", "--gen-tokens", "5",
+                        "--threads", "1", "--http", "--llama-server", str(peer), "--json"],
+                       capture_output=True, text=True, timeout=600,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLI_HOME": str(home)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    calls = [json.loads(line) for line in (tmp_path / "llama-server.args").read_text().splitlines()]
+    assert calls and calls[0][calls[0].index("-m") + 1] == str(gguf)

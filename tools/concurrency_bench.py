@@ -40,6 +40,7 @@ import time
 
 import bench_http  # tools/, next to this file (a script's folder is on sys.path)
 from colibri import engine_client  # run as PYTHONPATH=. tools/concurrency_bench.py
+from colibri.cli.bench import default_gguf
 from colibri.errors import UserError
 from colibri.model.paths import require_model
 
@@ -242,7 +243,8 @@ def main():
     ap.add_argument("--http", action="store_true", help="drive colibri through `coli serve` over HTTP")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (the peer, over HTTP)")
     ap.add_argument("--llama-batched-bench", help="llama.cpp's llama-batched-bench binary (a peer without HTTP)")
-    ap.add_argument("--gguf", help="the GGUF the container was converted from (for the llama.cpp peers)")
+    ap.add_argument("--gguf", help="the GGUF the container was converted from, for the llama.cpp peers (default: the file "
+                    "a pulled model came from, as coli bench finds it)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     try:  # a pulled name (smollm2) as every coli command takes it, checked as they check it
@@ -253,7 +255,10 @@ def main():
     if max(conc) > 16:
         ap.error("--concurrency: the engine has at most 16 KV slots")
     if (args.llama_server or args.llama_batched_bench) and not args.gguf:
-        ap.error("--llama-server and --llama-batched-bench need --gguf (the GGUF the container was converted from)")
+        found = default_gguf(args.model)
+        if not found:
+            ap.error("--llama-server and --llama-batched-bench need --gguf (the GGUF the container was converted from)")
+        args.gguf = str(found)
     if args.http or args.llama_server:
         res = bench_http_pair(args, conc)
         if not args.http:  # the peer alone still needs our side: the engine protocol
