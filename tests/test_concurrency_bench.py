@@ -163,10 +163,15 @@ ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), H).serve
 '''
 
 
-def test_http_run_against_coli_serve_and_a_stand_in_peer(oracle_root, tmp_path):
-    model = tmp_path / "llama"
+def convert_tiny(oracle_root, model):
+    """The tiny llama oracle converted into `model`: a container for the bench to drive."""
     subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "llama" / "hf"), str(model)],
                    check=True, capture_output=True, timeout=300)
+
+
+def test_http_run_against_coli_serve_and_a_stand_in_peer(oracle_root, tmp_path):
+    model = tmp_path / "llama"
+    convert_tiny(oracle_root, model)
     peer = tmp_path / "llama-server"
     peer.write_text(FAKE_LLAMA_SERVER)
     peer.chmod(0o755)
@@ -190,8 +195,7 @@ def test_engine_protocol_run_interleaves_concurrencies(oracle_root, tmp_path):
     """--model takes a pulled name, as coli does: the container in the store (COLI_HOME) here."""
     model = tmp_path / "home" / "models" / "tiny"
     model.parent.mkdir(parents=True)
-    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "llama" / "hf"), str(model)],
-                   check=True, capture_output=True, timeout=300)
+    convert_tiny(oracle_root, model)
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLI_HOME": str(tmp_path / "home")}
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "concurrency_bench.py"), "--model", "tiny",
                         "--concurrency", "1,3", "--repeat", "2", "--prompt-tokens", "6", "--gen-tokens", "5",
@@ -216,8 +220,7 @@ def test_a_peer_without_gguf_is_refused_when_the_container_names_none(oracle_roo
     """--gguf defaults to the file a model came from (coli bench's default_gguf); a container
     converted from safetensors has none, and the peers cannot run without one."""
     model = tmp_path / "llama"
-    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "llama" / "hf"), str(model)],
-                   check=True, capture_output=True, timeout=300)
+    convert_tiny(oracle_root, model)
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "concurrency_bench.py"), "--model", str(model),
                         "--llama-server", "llama-server"], capture_output=True, text=True, timeout=60,
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLI_HOME": str(tmp_path / "home")})
@@ -228,8 +231,7 @@ def test_a_pulled_model_gives_the_peer_the_gguf_it_was_downloaded_as(oracle_root
     home = tmp_path / "home"
     model = home / "models" / "tiny"
     model.parent.mkdir(parents=True)
-    subprocess.run([sys.executable, str(ROOT / "coli"), "convert", str(Path(oracle_root) / "llama" / "hf"), str(model)],
-                   check=True, capture_output=True, timeout=300)
+    convert_tiny(oracle_root, model)
     gguf = home / "downloads" / "llm-tiny" / "tiny.Q4_0.gguf"
     gguf.parent.mkdir(parents=True)
     gguf.write_bytes(b"GGUF")  # only its path reaches the stand-in peer
