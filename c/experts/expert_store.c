@@ -222,6 +222,30 @@ int victim(const ExpertCache *c, const unsigned char *avoid) {
     return best;
 }
 
+/* Waits for the start-up reads in flight (load_start), every layer's. */
+static void wait_start_reads(ExpertStore *s) {
+    for (int k = 0; k < s->n; k++) {
+        ExpertLayer *xl = s->layers[k];
+        ExpertCache *c = xl->cache;
+        for (int si = 0; si < c->cap; si++) {
+            Slot *sl = &c->slots[si];
+            if (sl->state != SLOT_LOADING) continue;
+            int err = io_wait(&s->pool, &sl->req);
+            if (err) read_failed(s, xl, sl->expert, err);
+            sl->state = SLOT_READY;
+        }
+    }
+}
+
+/* Expert e of layer k into a free slot, its read submitted. */
+static Slot *load_start(ExpertStore *s, ExpertLayer *xl, int e) {
+    ExpertCache *c = xl->cache;
+    int si = victim(c, NULL);
+    slot_assign(s, c, xl, si, e);
+    io_submit(&s->pool, &c->slots[si].req, 0);
+    return &c->slots[si];
+}
+
 int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t errlen) {
     if (!s->n) return 0;
     const Container *ct = s->ct;
@@ -297,7 +321,10 @@ int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t
     int all_fit = 1;
     for (int k = 0; k < s->n; k++) all_fit &= s->layers[k]->cache->cap >= s->layers[k]->E;
     if (all_fit) s->direct = 0;
-    /* Pinned experts load now; the first read also tells whether O_DIRECT works here. */
+    /* Pinned experts load now, all reads in flight at once. With a slot for every expert, every
+     * expert does, as a resident model's weights are in RAM before the first token: left to load
+     * on first use, a short prompt's decode read them one miss at a time (a 24-layer MoE decoded
+     * its first 64 tokens at 8.7 tok/s instead of 19.4). */
     for (int k = 0; k < s->n; k++) {
         ExpertLayer *xl = s->layers[k];
         ExpertCache *c = xl->cache;
@@ -308,14 +335,14 @@ int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t
             for (int e = 0; e < xl->E; e++)
                 if (cnt[e] && c->slot_of[e] < 0 && (best < 0 || cnt[e] > cnt[best])) best = e;
             if (best < 0) break;
-            slot_assign(s, c, xl, p, best);
-            io_read_now(&s->pool, &c->slots[p].req);
-            if (c->slots[p].req.err) read_failed(s, xl, best, c->slots[p].req.err);
-            c->slots[p].state = SLOT_READY;
-            c->slots[p].pinned = 1;
+            load_start(s, xl, best)->pinned = 1;
             s->pinned++;
         }
+        if (all_fit)
+            for (int e = 0; e < xl->E; e++)
+                if (c->slot_of[e] < 0) load_start(s, xl, e);
     }
+    wait_start_reads(s);
     if (s->direct) { /* probe: one aligned read through the O_DIRECT descriptor */
         ExpertLayer *xl = s->layers[0];
         ExpertCache *c = xl->cache;

@@ -51,6 +51,10 @@ const CtTensor *ct_find(const Container *c, const char *name) {
     return NULL;
 }
 
+void ct_populate(const Container *c) {
+    for (size_t i = 0; i < c->n_shards; i++) st_populate(&c->shards[i]);
+}
+
 const JsonValue *ct_manifest(const Container *c) { return json_root(c->manifest); }
 
 /* Checks a tensor's stored dtype/shape against its declared storage type and logical shape. */

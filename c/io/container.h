@@ -27,6 +27,8 @@ typedef struct Container Container;
 
 Container *ct_open(const char *dir, char *err, size_t errlen);
 void ct_close(Container *c);
+/* Every shard's pages mapped now: only for a model read in place (no expert ranges unmapped). */
+void ct_populate(const Container *c);
 const JsonValue *ct_manifest(const Container *c);
 const CtTensor *ct_find(const Container *c, const char *name);
 

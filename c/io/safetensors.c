@@ -129,6 +129,23 @@ fail:
     return -1;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels answer EINVAL and take the loop */
+#endif
+
+/* Maps the whole file into the page tables now. A resident model's weights are read from this
+ * mapping; left to fault in on first use, a short prompt's decode took each expert's first use as
+ * a page fault per 4 KiB (a 24-layer MoE decoded at 8 tok/s instead of 17 for its first 64
+ * tokens). */
+void st_populate(const StFile *f) {
+    if (!f->map) return;
+    if (madvise(f->map, f->size, MADV_POPULATE_READ) == 0) return;
+    const long page = sysconf(_SC_PAGESIZE);
+    volatile unsigned char sink = 0;
+    for (size_t o = 0; o < f->size; o += (size_t)page) sink ^= f->map[o];
+    (void)sink;
+}
+
 void st_close(StFile *f) {
     if (f->map) munmap(f->map, f->size);
     json_free(f->header);

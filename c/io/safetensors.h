@@ -32,6 +32,7 @@ typedef struct {
 
 int st_open(StFile *f, const char *path, char *err, size_t errlen);
 void st_close(StFile *f);
+void st_populate(const StFile *f);       /* fault every page of the mapping in now */
 size_t st_dtype_size(const char *dtype); /* 0 when unknown */
 
 #endif

@@ -109,9 +109,10 @@ def colibri_run(model, args, first_token, vocab):
         extra = args.stream_args + (["--profile"] if args.profile else [])  # --kernels among them
         with engine_client.Engine(model, threads=args.threads, ctx=ctx, batch=args.batch, kv_slots=1, extra=extra,
                                   spin=args.spin) as eng:
-            # Warm: the experts reach RAM on first use (O_DIRECT reads, no page cache kept between
-            # engine runs), so the depth, or without one a prompt of other ids, routes the timed
-            # legs' experts in first, as llama-bench warms up over its page-cached weights.
+            # Warm: where the cache holds fewer than all experts they reach RAM on first use
+            # (O_DIRECT reads, no page cache kept between engine runs), so the depth, or without
+            # one a prompt of other ids, routes the timed legs' experts in first, as llama-bench
+            # warms up over its page-cached weights. (With a slot for each, all load at start.)
             request(eng, depth or ids(first_token + 250, args.prompt_tokens), 1, temp=0)
             pp = request(eng, depth + prompt, 1, temp=0)
             if int(pp["reused_tokens"]) < len(depth) - 1:
