@@ -281,7 +281,8 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
                            .io_threads = o->io_threads > 0 ? o->io_threads : IO_THREADS_DEFAULT,
                            .pin_counts = pin ? e->usage.counts : NULL};
         if (expert_store_stream(s, &so, err, errlen)) return -1;
-    } else ct_populate(e->model.ct);
+    } else if (e->budget.streaming) expert_store_hold_dense(s);
+    else ct_populate(e->model.ct);
     const BudgetOut *b = &e->budget;
     char total[32] = "none";
     if (in->ram) snprintf(total, sizeof total, "%.3f GB", in->ram / 1e9);

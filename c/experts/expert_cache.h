@@ -30,6 +30,8 @@ struct ExpertCache {
     int cap;
     int *slot_of;        /* [E]: slot holding (or loading) the expert, -1 */
     Slot *slots;         /* [cap] */
+    unsigned char *bufs; /* the slots' buffers, one after another (huge_alloc) */
+    size_t bufs_bytes;
     ExpertGeom *geom;    /* [E] */
     uint64_t seg_dst[3]; /* where each segment lands in a slot */
     uint64_t tick;

@@ -12,6 +12,7 @@
 
 #include "io/container.h"
 #include "experts/expert_cache.h"
+#include "util/huge_alloc.h"
 
 #define MAX_GAP 4096 /* bytes between an expert's tensors that one read may still span */
 
@@ -134,43 +135,79 @@ static int by_range(const void *a, const void *b) {
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-/* The experts' pages are unmapped (an inaccessible reservation takes their place, so st_close
- * still unmaps the whole file): streaming never faults them in, and a stray access would crash
- * rather than silently grow the resident set past the budget. */
-static int unmap_experts(ExpertStore *s, char *err, size_t errlen) {
-    size_t n = 0, cap = 0;
+/* The experts' byte ranges, merged, by file and offset; NULL when out of memory. */
+static Range *expert_ranges(const ExpertStore *s, size_t *n_out) {
+    size_t n = 0, cap = 1;
     for (int k = 0; k < s->n; k++) cap += (size_t)s->layers[k]->E * 3;
     Range *r = malloc(cap * sizeof *r);
-    if (!r) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!r) return NULL;
     for (int k = 0; k < s->n; k++)
         for (int e = 0; e < s->layers[k]->E; e++) {
             const ExpertGeom *g = &s->layers[k]->cache->geom[e];
             for (int i = 0; i < g->nseg; i++) r[n++] = (Range){g->file[i], g->off[i], g->off[i] + g->len[i]};
         }
     qsort(r, n, sizeof *r, by_range);
-    const Container *ct = s->ct;
+    size_t m = 0;
     for (size_t i = 0; i < n;) {
         Range u = r[i++];
         while (i < n && r[i].file == u.file && r[i].lo <= u.hi) {
             if (r[i].hi > u.hi) u.hi = r[i].hi;
             i++;
         }
-        uint64_t a = ALIGN_UP(u.lo), b = ALIGN_DOWN(u.hi);
+        r[m++] = u;
+    }
+    *n_out = m;
+    return r;
+}
+
+/* The pages between the unmapped experts (the dense weights) move from the file mapping into
+ * anonymous huge pages at the same addresses: they are read every token, and the budget counts
+ * them as RAM already. Pieces under a huge page stay mapped from the file. */
+static void hold_dense(const ExpertStore *s, const Range *holes, size_t n_holes) {
+    const Container *ct = s->ct;
+    size_t h = 0;
+    for (size_t f = 0; f < ct->n_shards; f++) {
+        const StFile *sf = &ct->shards[f];
+        uint64_t at = 0;
+        for (;; h++) {
+            const int more = h < n_holes && holes[h].file == (int)f;
+            uint64_t lo = more ? ALIGN_UP(holes[h].lo) : ALIGN_UP(sf->size), hi = more ? ALIGN_DOWN(holes[h].hi) : lo;
+            if (more && hi <= lo) continue; /* within a page: not unmapped */
+            if (lo > at && lo - at >= HUGE_PAGE) huge_take_over(sf->map + at, lo - at);
+            if (!more) break;
+            at = hi;
+        }
+    }
+}
+
+/* The experts' pages are unmapped (an inaccessible reservation takes their place, so st_close
+ * still unmaps the whole file): streaming never faults them in, and a stray access would crash
+ * rather than silently grow the resident set past the budget. The rest moves to huge pages. */
+static int unmap_experts(ExpertStore *s, char *err, size_t errlen) {
+    size_t n = 0;
+    Range *r = expert_ranges(s, &n);
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    const Container *ct = s->ct;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t a = ALIGN_UP(r[i].lo), b = ALIGN_DOWN(r[i].hi);
         if (b <= a) continue;
         void *p =
-            mmap(ct->shards[u.file].map + a, b - a, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            mmap(ct->shards[r[i].file].map + a, b - a, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) {
             snprintf(err, errlen, "cannot unmap the expert ranges: %s", strerror(errno));
             free(r);
             return -1;
         }
     }
+    hold_dense(s, r, n);
     free(r);
     return 0;
 }
+
+void expert_store_hold_dense(const ExpertStore *s) { hold_dense(s, NULL, 0); }
 
 /* Points the slot's QMats at the expert's bytes inside buf and fills its read request. */
 void slot_assign(ExpertStore *s, ExpertCache *c, const ExpertLayer *xl, int si, int e) {
@@ -305,13 +342,14 @@ int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t
         c->seg_dst[1] = room[0];
         c->seg_dst[2] = room[0] + room[1];
         size_t bytes = room[0] + room[1] + room[2];
+        c->bufs_bytes = (size_t)c->cap * bytes; /* bytes is whole pages: every slot page-aligned */
+        if (!(c->bufs = huge_alloc(c->bufs_bytes))) {
+            snprintf(err, errlen, "out of memory for the expert cache");
+            return -1;
+        }
         for (int i = 0; i < c->cap; i++) {
             c->slots[i].expert = -1;
-            if (posix_memalign((void **)&c->slots[i].buf, PAGE, bytes)) {
-                c->slots[i].buf = NULL;
-                snprintf(err, errlen, "out of memory for the expert cache");
-                return -1;
-            }
+            c->slots[i].buf = c->bufs + (size_t)i * bytes;
         }
     }
     if (unmap_experts(s, err, errlen)) return -1;
@@ -368,7 +406,7 @@ void expert_store_free(ExpertStore *s) {
     for (int k = 0; k < s->n; k++) {
         ExpertCache *c = s->layers[k]->cache;
         if (!c) continue;
-        for (int i = 0; c->slots && i < c->cap; i++) free(c->slots[i].buf);
+        huge_free(c->bufs, c->bufs_bytes);
         free(c->slots);
         free(c->slot_of);
         free(c->geom);

@@ -75,6 +75,9 @@ int expert_store_init(ExpertStore *s, const Container *ct, ExpertLayer *const *l
 uint64_t expert_store_dense_bytes(const ExpertStore *s);
 /* Switches to streaming with o->cap slots per layer. 0 ok, -1 with err. */
 int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t errlen);
+/* A model without routed experts under a budget: its weights move into anonymous huge pages,
+ * as streaming moves the dense weights of one with experts. */
+void expert_store_hold_dense(const ExpertStore *s);
 void expert_store_free(ExpertStore *s);
 /* Per-turn statistics and routing counts start from zero. */
 void expert_store_turn_begin(ExpertStore *s);

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/huge_alloc.h"
+
 #define ST_MAX_HEADER (256u << 20)
 
 size_t st_dtype_size(const char *d) {
@@ -50,11 +52,7 @@ int st_open(StFile *f, const char *path, char *err, size_t errlen) {
     f->path = strdup(path);
     if (!f->path) FAIL("%s: out of memory", path);
     if (f->size < 8) FAIL("%s: file too short for a safetensors header (%zu bytes)", path, f->size);
-    f->map = mmap(NULL, f->size, PROT_READ, MAP_SHARED, fd, 0);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        FAIL("%s: mmap failed", path);
-    }
+    if (!(f->map = huge_map_file(fd, f->size))) FAIL("%s: mmap failed", path);
     close(fd);
     fd = -1;
     uint64_t hlen = 0;

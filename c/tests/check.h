@@ -38,5 +38,6 @@ void test_attend_split(void);
 void test_delta_rule(void);
 void test_matmul_fused(void); /* one parallel region over a group's matrices, bit for bit */
 void test_scratch(void);      /* per-thread scratch buffers, freed when their thread ends */
+void test_huge_alloc(void);   /* huge-page memory, aligned file maps, a mapped range taken over */
 
 #endif

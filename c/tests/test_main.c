@@ -18,6 +18,7 @@ int main(int argc, char **argv) {
         return checks_failed != 0;
     }
     test_grow();
+    test_huge_alloc();
     test_json();
     test_quant();
     test_matmul_fused();
