@@ -3,20 +3,26 @@
  * thread count decode ran with: a one-thread scan is a floor that two or more cores exceed.
  *
  * The rate is what the best of a few read patterns reaches, because which one feeds a core best
- * differs by CPU: one sequential stream, or four interleaved streams (more cache lines in
- * flight), each without and with software prefetch 512 bytes ahead. Measured, 1 thread: an AVX2
- * EPYC read 10.4-10.9 GB/s in one stream and 20.6-25.0 in four prefetched ones; an AMX Xeon VM
- * read 9.4-10.5 in one stream, 10.5-12.1 in four, and 5.6-7.5 with prefetch. Every thread owns a
- * buffer it allocated and first touched (its pages on its node). Each pattern: best of 5 passes. */
+ * differs by CPU: one sequential stream, four or sixteen interleaved streams (more cache lines in
+ * flight; the decode kernels read 16 weight rows at once), each without and with software
+ * prefetch 512 bytes ahead. Measured, 1 thread: an AVX2 EPYC read 10.4-10.9 GB/s in one stream
+ * and 20.6-25.0 in four prefetched ones; an AMX Xeon VM read 9.4-10.5 in one stream, 10.5-12.1
+ * in four, and 5.6-7.5 with prefetch; a Zen 4 VM 19.2-19.3 in one or four and 24.9-25.4 in
+ * sixteen (which both engines' decode had exceeded). Every thread owns a buffer it allocated and
+ * first touched (its pages on its node), in 2 MiB pages as the engine holds its weights (Zen 4,
+ * 2 threads: 44.6-46.7 GB/s in 4 KiB pages, 48.7-49.5 in 2 MiB ones).
+ * Each pattern: best of 5 passes. */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/huge_alloc.h"
+
 typedef uint64_t Chunk __attribute__((vector_size(32))); /* one 32-byte load */
 
-#define MAX_STREAMS 4
+#define MAX_STREAMS 16
 #define PREFETCH 512
 
 typedef struct {
@@ -24,8 +30,8 @@ typedef struct {
     const char *name;
 } Pattern;
 
-static const Pattern PATTERNS[] = {
-    {1, 0, "1-stream"}, {4, 0, "4-stream"}, {1, 1, "1-stream+prefetch"}, {4, 1, "4-stream+prefetch"}};
+static const Pattern PATTERNS[] = {{1, 0, "1-stream"},          {4, 0, "4-stream"},          {16, 0, "16-stream"},
+                                   {1, 1, "1-stream+prefetch"}, {4, 1, "4-stream+prefetch"}, {16, 1, "16-stream+prefetch"}};
 
 /* Sum of the 64-bit words of p[0..n) (p 64-byte aligned, n a multiple of MAX_STREAMS * 8), read
  * as `streams` interleaved sequential streams, a cache line of each per step. */
@@ -69,7 +75,7 @@ int membw_main(int argc, char **argv) {
     int failed = !bufs;
 #pragma omp parallel num_threads((int)threads) reduction(| : failed)
     if (bufs) { /* allocated and first touched by the thread that reads it */
-        uint64_t *b = aligned_alloc(64, words * sizeof *b);
+        uint64_t *b = huge_alloc(words * sizeof *b);
         if (b)
             for (size_t i = 0; i < words; i++) b[i] = i;
         bufs[omp_get_thread_num()] = b;
@@ -86,7 +92,7 @@ int membw_main(int argc, char **argv) {
             const double dt = omp_get_wtime() - t;
             if (best == 0 || dt < best) best = dt, method = PATTERNS[m].name;
         }
-    for (long i = 0; bufs && i < threads; i++) free(bufs[i]);
+    for (long i = 0; bufs && i < threads; i++) huge_free(bufs[i], words * sizeof **bufs);
     free(bufs);
     if (failed) {
         fprintf(stderr, "colibri membw: cannot allocate %ld MiB\n", mib);
