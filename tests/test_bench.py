@@ -161,7 +161,7 @@ def test_bench_at_depth_with_a_sampled_leg(moe_model, tmp_path):
 
 def test_bench_measures_memory_with_the_decode_thread_count(moe_model):
     """Without --mem-bw the achieved bandwidth is set against `colibri membw` run with decode's
-    thread count, and the one-thread scan (a floor) is reported beside it."""
+    thread count, and its one-thread rate is reported beside it."""
     r = subprocess.run([sys.executable, str(ROOT / "coli"), "bench", "--model", str(moe_model), "--repeat", "1",
                         "--prompt-tokens", "8", "--gen-tokens", "4", "--temp", "0", "--threads", "2", "--json"],
                        capture_output=True, text=True, timeout=300)
@@ -169,6 +169,7 @@ def test_bench_measures_memory_with_the_decode_thread_count(moe_model):
     res = json.loads(r.stdout)
     assert res["memory_read_source"] == "measured (2 threads)"
     assert res["memory_read_gb_s"] > 0 and res["memory_read_one_thread_gb_s"] > 0
+    assert res["memory_read_one_thread_source"] == "colibri membw"
 
 
 def test_membw_reads_with_the_threads_asked_and_refuses_bad_arguments(engine_bin):  # noqa: F811
