@@ -139,7 +139,7 @@ LOWBIT_QT = {n: 7 + i for i, n in enumerate(LOWBIT)}  # QT_Q2_K.. in c/kernels/q
 
 class QAct(ctypes.Structure):  # c/kernels/quant.h
     _fields_ = [("nb", ctypes.c_int), ("rows", ctypes.c_int), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("s", ctypes.c_void_p)]
+                ("s", ctypes.c_void_p), ("lp", ctypes.c_void_p)]
 
 
 def act_quantize(lib, x):
@@ -149,7 +149,7 @@ def act_quantize(lib, x):
     q = np.zeros((T_, nb, 32), dtype=np.int16)
     d = np.zeros(nb * T_, dtype=np.float32)
     s = np.zeros(nb * T_, dtype=np.float32)
-    a = QAct(nb, T_, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+    a = QAct(nb, T_, q.ctypes.data, d.ctypes.data, s.ctypes.data, None)
     lib.quantize_act_portable.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(QAct), ctypes.c_int]
     for t in range(T_):
         row = np.ascontiguousarray(x[t])
@@ -205,10 +205,12 @@ def test_lowbit_dot_within_bound(lib, name):
     """qdot (weight rows . int16 activation rows) against dequant(w) . x in float64: the
     activations' rounding is at most half a step (amax/32767) per element, so per block the
     error is <= step/2 * sum|w|; the float accumulation adds at most (blocks + 4) ulps of
-    sum|w*x|. The AVX2 dot, where the CPU has it, equals the portable one bit for bit."""
+    sum|w*x|. The AVX2 dot, where the CPU has it, equals the portable one bit for bit, both on
+    the activation blocks and on their rearranged copy (lowbit_pack_act), which it reads in
+    matmuls."""
     rng = np.random.default_rng(sum(map(ord, name)) + 2)
     qtype = T[name]
-    cols, rows, T_ = 512, 5, 20
+    cols, rows, T_ = 512, 11, 70  # 11 rows: the packed dots decode eight at a time
     data = lowbit_blocks(name, rows, cols, rng)
     wf = quants.dequantize(data, qtype).astype(np.float64).reshape(rows, cols)
     x = rng.standard_normal((T_, cols)).astype(np.float32)
@@ -216,9 +218,17 @@ def test_lowbit_dot_within_bound(lib, name):
     x[2, :40] = 0
     a, keep = act_quantize(lib, x)
     q, d, _ = keep
+    lib.lowbit_pack_bytes.restype = ctypes.c_size_t
+    lib.lowbit_pack_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.lowbit_pack_act.argtypes = [ctypes.POINTER(QAct), ctypes.c_void_p]
+    pack = np.zeros(lib.lowbit_pack_bytes(T_, a.nb), dtype=np.uint8)
+    assert pack.size == T_ * (cols // 256) * 608
+    packed = QAct(a.nb, a.rows, a.q, a.d, a.s, pack.ctypes.data)
+    lib.lowbit_pack_act(ctypes.byref(a), pack.ctypes.data)
     step = d.reshape(cols // 32, T_).T  # per row and block
     suffix = name.lower()
-    for t0, nt in ((0, 4), (4, 3), (2, 1), (3, 16)):  # up to LOWBIT_MAX_ROWS rows per weight pass
+    # up to LOWBIT_MAX_ROWS (64) rows per weight pass; from 3 rows on the SIMD dots read the pack
+    for t0, nt in ((0, 4), (4, 3), (2, 1), (3, 16), (1, 2), (5, 64), (60, 9)):
         got = qdot(lib, f"qdot_{suffix}_portable", data, a, t0, nt).astype(np.float64)
         ref = x[t0:t0 + nt].astype(np.float64) @ wf.T
         absw = np.abs(wf).reshape(rows, cols // 32, 32).sum(-1)  # rows x blocks
@@ -227,9 +237,12 @@ def test_lowbit_dot_within_bound(lib, name):
         err = np.abs(got - ref)
         assert (err <= act_err + fl).all(), (name, t0, nt, float((err / (act_err + fl)).max()))
         lib.kernels_supported.argtypes = [ctypes.c_int]
-        if lib.kernels_supported(1):  # KI_AVX2
-            fast = qdot(lib, f"qdot_{suffix}_avx2", data, a, t0, nt)
-            np.testing.assert_array_equal(fast.view(np.uint32), got.astype(np.float32).view(np.uint32))
+        for isa, kset in ((1, "avx2"), (4, "vnni")):  # KI_AVX2, KI_VNNI in c/kernels/kernels.h
+            if not lib.kernels_supported(isa):
+                continue
+            for act in (a, packed):
+                fast = qdot(lib, f"qdot_{suffix}_{kset}", data, act, t0, nt)
+                np.testing.assert_array_equal(fast.view(np.uint32), got.astype(np.float32).view(np.uint32))
 
 
 def test_lowbit_grids_are_generated_from_the_gguf_package():

@@ -34,6 +34,7 @@ typedef struct {
     QGemmFn qgemm[QT_COUNT]; /* NULL where the set has none (matmul then uses qdot) */
     size_t (*pack_bytes)(int T, int nb);
     void (*pack_act)(const QAct *a, int8_t *dst);
+    int lowbit_pack; /* its low-bit dots read the activations rearranged (QAct.lp, lowbit.h) */
     /* attention over the KV cache, per storage type: [0] f32, [1] f16, [2] bf16 */
     KvKernels kv[3];
     /* latent attention's query absorption, the DSA indexer's scores */

@@ -4,6 +4,7 @@
 
 #include "util/f16.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels/lowbit_grids.h"
@@ -237,4 +238,32 @@ void lowbit_dequant_row(QType qt, const void *src, int cols, float *dst) {
         for (int j = 0; j < t->block; j++)
             dst[j] = t->has_min ? blk.sc[j / 16] * (float)blk.q[j] - blk.mn[j / 16] : blk.sc[j / 16] * (float)blk.q[j];
     }
+}
+
+size_t lowbit_pack_bytes(int T, int nb) { return nb % 8 ? 0 : (size_t)T * (size_t)(nb / 8) * LOWBIT_PACK_BYTES; }
+
+void lowbit_pack_act(const QAct *a, unsigned char *dst) {
+    const int nk = a->nb / 8;
+    for (int t = 0; t < a->rows; t++)
+        for (int k = 0; k < nk; k++) {
+            unsigned char *o = dst + ((size_t)t * nk + k) * LOWBIT_PACK_BYTES;
+            const int16_t *x = a->q + ((size_t)t * a->nb + (size_t)k * 8) * QBLOCK;
+            int16_t xt[256];
+            float f[24];
+            for (int v = 0; v < 16; v++)
+                for (int l = 0; l < 8; l++) {
+                    const int part = 2 * l + v / 8, m = v % 8;
+                    xt[16 * v + 2 * l] = x[16 * part + 2 * m];
+                    xt[16 * v + 2 * l + 1] = x[16 * part + 2 * m + 1];
+                }
+            for (int h = 0; h < 8; h++) {
+                f[h] = a->d[(size_t)(k * 8 + h) * a->rows + t];
+                int32_t e = 0, od = 0;
+                for (int j = 0; j < 16; j++) e += x[32 * h + j], od += x[32 * h + 16 + j];
+                f[8 + h] = (float)e;
+                f[16 + h] = (float)od;
+            }
+            memcpy(o, xt, sizeof xt);
+            memcpy(o + sizeof xt, f, sizeof f);
+        }
 }

@@ -42,6 +42,19 @@ void lowbit_decode(const LowbitType *t, const unsigned char *b, LowbitBlock *o);
  * an 8-lane vector reduces in: every set evaluates exactly this, so all give the same bits. */
 float lowbit_block_sum(const LowbitBlock *blk, int per, int has_min, const int32_t *is, const int32_t *xs, const float *d);
 
+/* The activation rows rearranged for SIMD dots against 256-element blocks, once per matmul, so a
+ * dot needs no horizontal sums: per row t and block k, LOWBIT_PACK_BYTES at
+ * (t * nb / 8 + k) * LOWBIT_PACK_BYTES, holding
+ *   int16 x[256]: vector 8p + m (16 elements), elements 2l, 2l+1 = elements 2m, 2m+1 of the
+ *                 block's 16-element part 2l + p: one multiply-add per vector leaves lane l
+ *                 with part 2l + p's products, the lanes lowbit_block_sum's halves read;
+ *   float d[8]:   the scales of the block's eight activation blocks;
+ *   float xs[16]: sum of x over part 2l (xs[l]) and over part 2l + 1 (xs[8 + l]).
+ * Only for rows of whole 256-element blocks (nb % 8 == 0). */
+#define LOWBIT_PACK_BYTES (256 * 2 + 24 * 4)
+size_t lowbit_pack_bytes(int T, int nb);
+void lowbit_pack_act(const QAct *a, unsigned char *dst);
+
 /* Every low-bit type as X(suffix, QType), in enum order: the kernel sets name their dots
  * qdot_<suffix>_<set>. */
 #define LOWBIT_TYPES(X)    \

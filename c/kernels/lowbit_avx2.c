@@ -209,29 +209,100 @@ AVX2 static inline void even_odd(const float *p, __m256 *even, __m256 *odd) {
     *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
 }
 
-/* lowbit_block_sum of a 256-element block, its eight parts in the lanes of one vector. */
-AVX2 static inline float block_sum8(const LowbitBlock *blk, int has_min, const __m256i *pw_even, const __m256i *pw_odd,
-                                    const __m256i *px_even, const __m256i *px_odd, __m256 d) {
-    __m256 sce, sco;
-    even_odd(blk->sc, &sce, &sco);
-    __m256 part = _mm256_add_ps(_mm256_mul_ps(sce, _mm256_cvtepi32_ps(hsum8(pw_even))),
-                                _mm256_mul_ps(sco, _mm256_cvtepi32_ps(hsum8(pw_odd))));
-    if (has_min) {
-        __m256 mne, mno;
-        even_odd(blk->mn, &mne, &mno);
-        part = _mm256_sub_ps(part, _mm256_add_ps(_mm256_mul_ps(mne, _mm256_cvtepi32_ps(hsum8(px_even))),
-                                                 _mm256_mul_ps(mno, _mm256_cvtepi32_ps(hsum8(px_odd)))));
-    }
+/* A block's float scales split as the lanes of its parts: even parts (0, 2, ..) and odd ones. */
+typedef struct {
+    __m256 sce, sco, mne, mno;
+} Scales8;
+
+AVX2 static inline Scales8 scales8(const LowbitBlock *blk, int has_min) {
+    Scales8 s;
+    even_odd(blk->sc, &s.sce, &s.sco);
+    if (has_min) even_odd(blk->mn, &s.mne, &s.mno);
+    else s.mne = s.mno = _mm256_setzero_ps();
+    return s;
+}
+
+/* lowbit_block_sum of a 256-element block from its parts' integer sums in lanes (is_*: q . x,
+ * xs_*: sum of x, both as floats of exact integers), in lowbit_block_sum's order. */
+AVX2 static inline float block_sum_lanes(const Scales8 *s, int has_min, __m256i is_even, __m256i is_odd, __m256 xs_even,
+                                         __m256 xs_odd, __m256 d) {
+    __m256 part =
+        _mm256_add_ps(_mm256_mul_ps(s->sce, _mm256_cvtepi32_ps(is_even)), _mm256_mul_ps(s->sco, _mm256_cvtepi32_ps(is_odd)));
+    if (has_min) part = _mm256_sub_ps(part, _mm256_add_ps(_mm256_mul_ps(s->mne, xs_even), _mm256_mul_ps(s->mno, xs_odd)));
     const __m256 v = _mm256_mul_ps(d, part);
     const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* v0+v4, v1+v5, .. */
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                              /* +(v2+v6), +(v3+v7) */
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-AVX2 static void lowbit_qdot_avx2(QType qt, QDOT_ARGS) {
+/* lowbit_block_sum of a 256-element block, its eight parts in the lanes of one vector. */
+AVX2 static inline float block_sum8(const LowbitBlock *blk, int has_min, const __m256i *pw_even, const __m256i *pw_odd,
+                                    const __m256i *px_even, const __m256i *px_odd, __m256 d) {
+    const Scales8 s = scales8(blk, has_min);
+    __m256 xse = _mm256_setzero_ps(), xso = xse;
+    if (has_min) xse = _mm256_cvtepi32_ps(hsum8(px_even)), xso = _mm256_cvtepi32_ps(hsum8(px_odd));
+    return block_sum_lanes(&s, has_min, hsum8(pw_even), hsum8(pw_odd), xse, xso, d);
+}
+
+/* A block's 256 codes as int16 in lowbit_pack_act's order (vector 8p + m: elements 2m, 2m+1 of
+ * parts 2l + p in lanes l): bytes 32l..32l+31 hold parts 2l and 2l+1, one per 128-bit lane, so
+ * an 8 x 8 transpose of their 16-bit pairs within the lanes leaves pair m of the even parts in
+ * the low lane of vector m and of the odd parts in the high one. */
+AVX2 static inline void codes_lanes(const int8_t *q, __m256i *wv) {
+    __m256i r[8], a[8], b[8];
+    for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * l));
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {                                         /* rows 4i..4i+3 */
+        b[4 * i + 0] = _mm256_unpacklo_epi32(a[4 * i], a[4 * i + 2]);     /* pairs 0, 1 */
+        b[4 * i + 1] = _mm256_unpackhi_epi32(a[4 * i], a[4 * i + 2]);     /* pairs 2, 3 */
+        b[4 * i + 2] = _mm256_unpacklo_epi32(a[4 * i + 1], a[4 * i + 3]); /* pairs 4, 5 */
+        b[4 * i + 3] = _mm256_unpackhi_epi32(a[4 * i + 1], a[4 * i + 3]); /* pairs 6, 7 */
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m256i c0 = _mm256_unpacklo_epi64(b[j], b[4 + j]), c1 = _mm256_unpackhi_epi64(b[j], b[4 + j]);
+        wv[2 * j] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c0));
+        wv[8 + 2 * j] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c0, 1));
+        wv[2 * j + 1] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c1));
+        wv[8 + 2 * j + 1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c1, 1));
+    }
+}
+
+/* The dots against lowbit_pack_act's rows (kernels/lowbit_packed_body.h): with AVX2's
+ * multiply-add and add, and with AVX-512 VNNI's fused one, whose set also has the sixteen more
+ * vector registers that keep a block's codes in registers across the positions. */
+#define LP_ATTR AVX2
+#define LP_NAME lowbit_qdot_packed_avx2
+#define LP_DOT(acc, wv, xv) _mm256_add_epi32(acc, _mm256_madd_epi16(wv, xv))
+#include "kernels/lowbit_packed_body.h"
+#undef LP_ATTR
+#undef LP_NAME
+#undef LP_DOT
+
+#define LP_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#define LP_NAME lowbit_qdot_packed_vnni
+#define LP_DOT(acc, wv, xv) _mm256_dpwssd_epi32(acc, wv, xv)
+#include "kernels/lowbit_packed_body.h"
+#undef LP_ATTR
+#undef LP_NAME
+#undef LP_DOT
+
+typedef void (*PackedFn)(const LowbitType *t, LowbitDecodeFn codes, QDOT_ARGS);
+
+/* The packed dots pay off from a few positions on: below, decoding the codes into lanes costs
+ * more than the horizontal sums it saves. */
+#define LOWBIT_PACKED_MIN_ROWS 3
+
+AVX2 static void lowbit_qdot_avx2(QType qt, PackedFn packed, QDOT_ARGS) {
     const LowbitType *t = lowbit_type(qt);
     const LowbitDecodeFn codes = CODES[qt - QT_Q2_K];
     const int per = t->block / QBLOCK, nblk = a->nb / per, has_min = t->has_min;
+    if (a->lp && per == 8 && nt >= LOWBIT_PACKED_MIN_ROWS) {
+        packed(t, codes, w, row_bytes, nr, a, t0, nt, y, ldy);
+        return;
+    }
     const __m256i ones = _mm256_set1_epi16(1);
     LowbitBlock blk;
     for (int r = 0; r < nr; r++) {
@@ -274,7 +345,10 @@ AVX2 static void lowbit_qdot_avx2(QType qt, QDOT_ARGS) {
     }
 }
 
-#define LOWBIT_AVX2(S, QT) \
-    AVX2 void qdot_##S##_avx2(QDOT_ARGS) { lowbit_qdot_avx2(QT, w, row_bytes, nr, a, t0, nt, y, ldy); }
+#define LOWBIT_AVX2(S, QT)                                                                                                       \
+    AVX2 void qdot_##S##_avx2(QDOT_ARGS) { lowbit_qdot_avx2(QT, lowbit_qdot_packed_avx2, w, row_bytes, nr, a, t0, nt, y, ldy); } \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) void qdot_##S##_vnni(QDOT_ARGS) {              \
+        lowbit_qdot_avx2(QT, lowbit_qdot_packed_vnni, w, row_bytes, nr, a, t0, nt, y, ldy);                                      \
+    }
 LOWBIT_TYPES(LOWBIT_AVX2)
 #endif

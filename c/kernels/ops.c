@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/lowbit.h"
 #include "util/fwd_alloc.h"
 #include "util/op_prof.h"
 
@@ -113,18 +114,22 @@ static void matmul_quant_group(int n, float *const *ys, const float *x, int T, c
                                const float *const *biases) {
     const int cols = ws[0]->cols, nb = (cols + QBLOCK - 1) / QBLOCK;
     const size_t nblk = (size_t)T * nb, qfloats = nblk * QBLOCK / 2; /* int16 blocks, in floats */
-    int gemm = 0;
+    int gemm = 0, lowbit = 0;
     uint64_t bytes = 0;
     double rows_all = 0;
     for (int i = 0; i < n; i++) {
         gemm |= kern.qgemm[ws[i]->qt] != NULL;
+        const LowbitType *lt = lowbit_type(ws[i]->qt);
+        lowbit |= kern.lowbit_pack && lt && lt->block == 256 && nb % 8 == 0;
         bytes += (uint64_t)ws[i]->rows * ws[i]->row_bytes;
         rows_all += ws[i]->rows;
     }
     const size_t pfloats = gemm ? (kern.pack_bytes(T, nb) + 3) / 4 : 0;
-    float *buf = scratch(2, qfloats + 2 * nblk + pfloats);
+    const size_t lfloats = lowbit ? (lowbit_pack_bytes(T, nb) + 3) / 4 : 0;
+    float *buf = scratch(2, qfloats + 2 * nblk + pfloats + lfloats);
     if (!buf) return;
-    const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk};
+    unsigned char *lp = lowbit ? (unsigned char *)(buf + qfloats + 2 * nblk + pfloats) : NULL;
+    const QAct a = {nb, T, (int16_t *)buf, buf + qfloats, buf + qfloats + nblk, lp};
     int8_t *packed = gemm ? (int8_t *)(buf + qfloats + 2 * nblk) : NULL;
     int timed;
     const ProfOp prev = mm_prof_enter((size_t)bytes, &timed);
@@ -134,6 +139,7 @@ static void matmul_quant_group(int n, float *const *ys, const float *x, int T, c
      * trip with passive waiting) that a parallel loop here would add to every decode matmul. */
     for (int t = 0; t < T; t++) kern.quantize_act(x + (size_t)t * cols, cols, &a, t);
     if (packed) kern.pack_act(&a, packed);
+    if (lp) lowbit_pack_act(&a, lp);
     const double t0 = timed ? omp_get_wtime() : 0;
 #pragma omp parallel if (rows_all * (double)nblk >= par_min_blocks())
     {

@@ -86,17 +86,20 @@ uint16_t f32_to_bf16(float f); /* round to nearest even, like torch */
  * int16 rather than ggml's int8: on AVX2 the per-block cost is nearly the same (madd_epi16
  * instead of maddubs+madd) and the activation error is 258x smaller, so q8/q4 containers stay
  * within float rounding of the dequantized weights run in f32 (int8 doubled the q8 oracle KL).
- * Each row is quantized on its own, so a row's result never depends on the batch around it. */
+ * Each row is quantized on its own, so a row's result never depends on the batch around it.
+ * lp: the same rows rearranged for the low-bit dots of a set that reads them so (Kernels'
+ * lowbit_pack, lowbit.h's lowbit_pack_act), or NULL; it changes no result, only the speed. */
 typedef struct {
     int nb, rows;
     int16_t *q;
     float *d, *s;
+    const unsigned char *lp;
 } QAct;
 
 /* Activation rows per weight pass: each weight block is unpacked once and used this many times.
  * The low-bit types take more: decoding their blocks costs more than a dot against one row. */
 #define QDOT_MAX_ROWS 4
-#define LOWBIT_MAX_ROWS 16
+#define LOWBIT_MAX_ROWS 64
 static inline int qdot_pass_rows(QType qt) { return qt >= QT_Q2_K ? LOWBIT_MAX_ROWS : QDOT_MAX_ROWS; }
 
 /* y[i*ldy + r] = (weight row r; rows row_bytes apart) . (activation row t0+i) for r < nr and

@@ -110,7 +110,8 @@ static void test_quant_kernels(void) {
 
 static QAct act_alloc(int T, int cols) {
     int nb = (cols + QBLOCK - 1) / QBLOCK;
-    QAct a = {nb, T, malloc(sizeof(int16_t) * QBLOCK * nb * T), malloc(sizeof(float) * nb * T), malloc(sizeof(float) * nb * T)};
+    QAct a = {nb,  T, malloc(sizeof(int16_t) * QBLOCK * nb * T), malloc(sizeof(float) * nb * T), malloc(sizeof(float) * nb * T),
+              NULL};
     return a;
 }
 
