@@ -291,9 +291,6 @@ AVX2 static inline void codes_lanes(const int8_t *q, __m256i *wv) {
 
 typedef void (*PackedFn)(const LowbitType *t, LowbitDecodeFn codes, QDOT_ARGS);
 
-/* The packed dots pay off from a few positions on: below, decoding the codes into lanes costs
- * more than the horizontal sums it saves. */
-#define LOWBIT_PACKED_MIN_ROWS 3
 
 AVX2 static void lowbit_qdot_avx2(QType qt, PackedFn packed, QDOT_ARGS) {
     const LowbitType *t = lowbit_type(qt);
