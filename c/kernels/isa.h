@@ -66,9 +66,6 @@ void qdot_mxfp4_avx2(QDOT_ARGS);
 #define LOWBIT_DECL(S, QT) void qdot_##S##_avx2(QDOT_ARGS);
 LOWBIT_TYPES(LOWBIT_DECL) /* lowbit_avx2.c */
 #undef LOWBIT_DECL
-#define LOWBIT_DECL(S, QT) void qdot_##S##_vnni(QDOT_ARGS);
-LOWBIT_TYPES(LOWBIT_DECL) /* lowbit_avx2.c: the same dots, AVX-512 VNNI on the packed rows */
-#undef LOWBIT_DECL
 KV_ROW_DECL(avx2, f16)
 KV_ROW_DECL(avx2, bf16)
 KV_ATTEND_DECL(avx2, f32)
@@ -115,7 +112,6 @@ KV_ATTEND_DECL(neon, bf16)
 /* Table entries for every low-bit type's dot: .qdot = {..., LOWBIT_TYPES(LOWBIT_QDOT_avx2)}. */
 #define LOWBIT_QDOT_portable(S, QT) [QT] = qdot_##S##_portable,
 #define LOWBIT_QDOT_avx2(S, QT) [QT] = qdot_##S##_avx2,
-#define LOWBIT_QDOT_vnni(S, QT) [QT] = qdot_##S##_vnni,
 
 /* The tables, each in its set's file; the ones this build has. */
 extern const Kernels kernel_set_portable;

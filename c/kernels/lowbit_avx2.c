@@ -270,34 +270,58 @@ AVX2 static inline void codes_lanes(const int8_t *q, __m256i *wv) {
     }
 }
 
-/* The dots against lowbit_pack_act's rows (kernels/lowbit_packed_body.h): with AVX2's
- * multiply-add and add, and with AVX-512 VNNI's fused one, whose set also has the sixteen more
- * vector registers that keep a block's codes in registers across the positions. */
-#define LP_ATTR AVX2
-#define LP_NAME lowbit_qdot_packed_avx2
-#define LP_DOT(acc, wv, xv) _mm256_add_epi32(acc, _mm256_madd_epi16(wv, xv))
-#include "kernels/lowbit_packed_body.h"
-#undef LP_ATTR
-#undef LP_NAME
-#undef LP_DOT
+/* The dots against lowbit_pack_act's rows. Block by block, the block of up to eight rows is
+ * decoded once into lanes (4 KB, in L1) and each position's packed block is loaded once for all
+ * of them; per row and position, sixteen multiply-adds leave the parts' integer sums in the lanes
+ * lowbit_block_sum reads, with no horizontal sums. Each (row, position) still adds its blocks in
+ * order and integer sums are exact, so the bits are the portable dot's at any blocking. */
+AVX2 static void lowbit_qdot_packed(const LowbitType *t, LowbitDecodeFn codes, QDOT_ARGS) {
+    enum { R = 8 };
+    const int nk = a->nb / 8, has_min = t->has_min;
+    float acc[R][LOWBIT_MAX_ROWS];
+    __m256i wv[R][16];
+    Scales8 s[R];
+    LowbitBlock blk;
+    for (int r0 = 0; r0 < nr; r0 += R) {
+        const int n = nr - r0 < R ? nr - r0 : R;
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < nt; i++) acc[r][i] = 0;
+        for (int k = 0; k < nk; k++) {
+            for (int r = 0; r < n; r++) {
+                const unsigned char *bb = w + (size_t)(r0 + r) * row_bytes + (size_t)k * t->bytes;
+                t->scales(bb, &blk);
+                codes(bb, &blk);
+                codes_lanes(blk.q, wv[r]);
+                s[r] = scales8(&blk, has_min);
+            }
+            for (int i = 0; i < nt; i++) {
+                const unsigned char *p = a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES;
+                const __m256i *xp = (const __m256i *)(const void *)p;
+                const float *f = (const float *)(const void *)(p + 512);
+                __m256i xv[16];
+                for (int m = 0; m < 16; m++) xv[m] = _mm256_loadu_si256(xp + m);
+                const __m256 xse = _mm256_loadu_ps(f + 8), xso = _mm256_loadu_ps(f + 16), d = _mm256_loadu_ps(f);
+                for (int r = 0; r < n; r++) {
+                    __m256i se = _mm256_setzero_si256(), so = se;
+                    for (int m = 0; m < 8; m++) {
+                        se = _mm256_add_epi32(se, _mm256_madd_epi16(wv[r][m], xv[m]));
+                        so = _mm256_add_epi32(so, _mm256_madd_epi16(wv[r][8 + m], xv[8 + m]));
+                    }
+                    acc[r][i] += block_sum_lanes(&s[r], has_min, se, so, xse, xso, d);
+                }
+            }
+        }
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < nt; i++) y[i * ldy + r0 + r] = acc[r][i];
+    }
+}
 
-#define LP_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
-#define LP_NAME lowbit_qdot_packed_vnni
-#define LP_DOT(acc, wv, xv) _mm256_dpwssd_epi32(acc, wv, xv)
-#include "kernels/lowbit_packed_body.h"
-#undef LP_ATTR
-#undef LP_NAME
-#undef LP_DOT
-
-typedef void (*PackedFn)(const LowbitType *t, LowbitDecodeFn codes, QDOT_ARGS);
-
-
-AVX2 static void lowbit_qdot_avx2(QType qt, PackedFn packed, QDOT_ARGS) {
+AVX2 static void lowbit_qdot_avx2(QType qt, QDOT_ARGS) {
     const LowbitType *t = lowbit_type(qt);
     const LowbitDecodeFn codes = CODES[qt - QT_Q2_K];
     const int per = t->block / QBLOCK, nblk = a->nb / per, has_min = t->has_min;
     if (a->lp && per == 8 && nt >= LOWBIT_PACKED_MIN_ROWS) {
-        packed(t, codes, w, row_bytes, nr, a, t0, nt, y, ldy);
+        lowbit_qdot_packed(t, codes, w, row_bytes, nr, a, t0, nt, y, ldy);
         return;
     }
     const __m256i ones = _mm256_set1_epi16(1);
@@ -342,10 +366,7 @@ AVX2 static void lowbit_qdot_avx2(QType qt, PackedFn packed, QDOT_ARGS) {
     }
 }
 
-#define LOWBIT_AVX2(S, QT)                                                                                                       \
-    AVX2 void qdot_##S##_avx2(QDOT_ARGS) { lowbit_qdot_avx2(QT, lowbit_qdot_packed_avx2, w, row_bytes, nr, a, t0, nt, y, ldy); } \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) void qdot_##S##_vnni(QDOT_ARGS) {              \
-        lowbit_qdot_avx2(QT, lowbit_qdot_packed_vnni, w, row_bytes, nr, a, t0, nt, y, ldy);                                      \
-    }
+#define LOWBIT_AVX2(S, QT) \
+    AVX2 void qdot_##S##_avx2(QDOT_ARGS) { lowbit_qdot_avx2(QT, w, row_bytes, nr, a, t0, nt, y, ldy); }
 LOWBIT_TYPES(LOWBIT_AVX2)
 #endif
