@@ -120,7 +120,7 @@ static void matmul_quant_group(int n, float *const *ys, const float *x, int T, c
     for (int i = 0; i < n; i++) {
         gemm |= kern.qgemm[ws[i]->qt] != NULL;
         const LowbitType *lt = lowbit_type(ws[i]->qt);
-        lowbit |= kern.lowbit_pack && lt && lt->block == 256 && nb % 8 == 0 && T >= LOWBIT_PACKED_MIN_ROWS;
+        lowbit |= kern.lowbit_pack && lt && lt->block == 256 && nb % 8 == 0;
         bytes += (uint64_t)ws[i]->rows * ws[i]->row_bytes;
         rows_all += ws[i]->rows;
     }
