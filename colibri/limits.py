@@ -32,7 +32,8 @@ STORAGE_ALIASES = {"q8_0": "q8", "q4_1": "q4"}
 # storage -> (elements, bytes) per block. A row is whole blocks (GGUF rows always are), never padded.
 LOWBIT_BLOCKS = {"q2_k": (256, 84), "q3_k": (256, 110), "iq1_s": (256, 50), "iq1_m": (256, 56),
                  "iq2_xxs": (256, 66), "iq2_xs": (256, 74), "iq2_s": (256, 82), "iq3_xxs": (256, 98),
-                 "iq3_s": (256, 110), "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
+                 "iq3_s": (256, 110), "iq4_nl": (32, 18), "iq4_xs": (256, 136), "q5_k": (256, 176),
+                 "q6_k": (256, 210)}
 
 # storage type -> safetensors dtype of its tensors (the quantized ones are raw bytes)
 STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8", "mxfp4": "U8", "q6": "U8",

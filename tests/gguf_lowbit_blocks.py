@@ -9,8 +9,13 @@ from needs import need
 gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
+# the 1-4-bit K-quants and i-quants, kept as they are by every conversion to a block type
 LOWBIT = ["Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"]
-F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,)}  # byte offsets of a block's f16 scales; the i-quants: (0,)
+# the engine's storage types of GGUF blocks in QType order (c/kernels/quant.h): LOWBIT, then the
+# 5- and 6-bit K-quants, which the converter keeps where q6 is asked for
+LOWBIT_STORAGE = LOWBIT + ["Q5_K", "Q6_K"]
+# byte offsets of a block's f16 scales; the i-quants: (0,)
+F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def lowbit_blocks(name, rows, cols, rng, d_max=0.01):

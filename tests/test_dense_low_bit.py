@@ -71,4 +71,4 @@ def test_q6_experts_stream_from_disk_with_the_resident_bits(oracle_root, tmp_pat
 def test_gguf_4_bit_sources_stay_4_bit_under_q6():
     from colibri.convert.gguf import storage_for
     assert storage_for("Q4_0", "q6") == storage_for("Q4_K", "q6") == "q4"  # widening adds bytes, not accuracy
-    assert storage_for("Q6_K", "q6") == storage_for("Q8_0", "q6") == "q6"
+    assert storage_for("Q8_0", "q6") == "q6" and storage_for("Q6_K", "q6") == "q6_k"  # Q6_K's blocks as they are

@@ -241,6 +241,10 @@ def test_lattice_storage_is_never_written_from_floats(tmp_path):
     assert convert_gguf.storage_for("Q2_K", "q3_k") == "q2_k" and convert_gguf.storage_for("IQ2_XS", "iq4_xs") == "iq2_xs"
     assert convert_gguf.storage_for("F16", "q3_k") == "q3_k" and convert_gguf.storage_for("Q4_K", "q2_k") == "q2_k"
     assert convert_gguf.storage_for("IQ2_XXS", "bf16") == "bf16"
+    # Q5_K/Q6_K are kept where q6 is asked for, re-quantized to any other type
+    assert convert_gguf.storage_for("Q6_K", "q6") == "q6_k" and convert_gguf.storage_for("Q5_K", "q6") == "q5_k"
+    assert convert_gguf.storage_for("Q6_K", "q8") == "q8" and convert_gguf.storage_for("Q6_K", "q4", default=True) == "q4"
+    assert convert_gguf.storage_for("Q5_K", "q2_k") == "q2_k" and convert_gguf.storage_for("Q6_K", "f32") == "f32"
     # a Q8_0 expert stays q8 unless --experts asked for q4
     assert convert_gguf.storage_for("Q8_0", "q4", default=True) == "q8" and convert_gguf.storage_for("Q8_0", "q4") == "q4"
     src = tmp_path / "x.f32"

@@ -15,7 +15,7 @@ from needs import need
 gguf = need("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
-from gguf_lowbit_blocks import LOWBIT, lowbit_blocks  # noqa: E402
+from gguf_lowbit_blocks import LOWBIT_STORAGE, lowbit_blocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
@@ -134,7 +134,7 @@ def test_no_keep_path_where_not_exact(lib, name, qt):
 
 # ---------------------------------------------------------------- low-bit types kept as they are
 
-LOWBIT_QT = {n: 7 + i for i, n in enumerate(LOWBIT)}  # QT_Q2_K.. in c/kernels/quant.h
+LOWBIT_QT = {n: 7 + i for i, n in enumerate(LOWBIT_STORAGE)}  # QT_Q2_K.. in c/kernels/quant.h
 
 
 class QAct(ctypes.Structure):  # c/kernels/quant.h
@@ -168,7 +168,7 @@ def qdot(lib, fn, data, a, t0, nt):
     return y
 
 
-@pytest.mark.parametrize("name", LOWBIT)
+@pytest.mark.parametrize("name", LOWBIT_STORAGE)
 def test_lowbit_dequant_is_bit_exact(lib, name):
     """The engine's decode of random blocks equals gguf.quants.dequantize bit for bit, through
     the GGUF source path and through the container type's own dequant_row."""
@@ -200,7 +200,7 @@ def test_lowbit_dequant_is_bit_exact(lib, name):
     assert np.abs(ref).max() > 0 and len(np.unique(ref)) > 16
 
 
-@pytest.mark.parametrize("name", LOWBIT)
+@pytest.mark.parametrize("name", LOWBIT_STORAGE)
 def test_lowbit_dot_within_bound(lib, name):
     """qdot (weight rows . int16 activation rows) against dequant(w) . x in float64: the
     activations' rounding is at most half a step (amax/32767) per element, so per block the

@@ -205,13 +205,49 @@ static void q_iq4_xs(const unsigned char *b, LowbitBlock *o) {
     }
 }
 
+/* Q5_K, 176 bytes: d, dmin, scales[12] (Q4_K's 6-bit scale and min per 32), qh[32] (element e's
+ * fifth bit: bit e/32 of qh[e%32]), qs[128] (element e: nibble (e/32)%2 of qs[32*(e/64) + e%32]). */
+static void scale_min_k4(int j, const unsigned char *q, int *d, int *m) {
+    if (j < 4) *d = q[j] & 63, *m = q[j + 4] & 63;
+    else *d = (q[j + 4] & 0xF) | (q[j - 4] >> 6) << 4, *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+}
+static void sc_q5_k(const unsigned char *b, LowbitBlock *o) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    for (int j = 0; j < 8; j++) {
+        int s, m;
+        scale_min_k4(j, b + 4, &s, &m);
+        o->sc[2 * j] = o->sc[2 * j + 1] = d * (float)s;
+        o->mn[2 * j] = o->mn[2 * j + 1] = dmin * (float)m;
+    }
+}
+static void q_q5_k(const unsigned char *b, LowbitBlock *o) {
+    const unsigned char *qh = b + 16, *qs = b + 48;
+    for (int e = 0; e < 256; e++)
+        o->q[e] = (int8_t)((qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2)) & 0xF) | (qh[e % 32] >> (e / 32) & 1) << 4);
+}
+
+/* Q6_K, 210 bytes: ql[128], qh[64], scales[16] (int8, per 16), d. Element 128h + e (e < 128):
+ * nibble e/64 of ql[64h + e%64], two high bits at 2*(e/32) of qh[32h + e%32], minus 32. */
+static void sc_q6_k(const unsigned char *b, LowbitBlock *o) {
+    const float d = h2f(b + 208);
+    for (int i = 0; i < 16; i++) o->sc[i] = d * (float)(int8_t)b[192 + i];
+}
+static void q_q6_k(const unsigned char *b, LowbitBlock *o) {
+    for (int e = 0; e < 256; e++) {
+        const int h = e / 128, i = e % 128;
+        const int lo = b[64 * h + i % 64] >> (4 * (i / 64)) & 0xF, hi = b[128 + 32 * h + i % 32] >> (2 * (i / 32)) & 3;
+        o->q[e] = (int8_t)((lo | hi << 4) - 32);
+    }
+}
+
 static const LowbitType TYPES[] = {
     [QT_Q2_K - QT_Q2_K] = {256, 84, 1, sc_q2_k, q_q2_k},          [QT_Q3_K - QT_Q2_K] = {256, 110, 0, sc_q3_k, q_q3_k},
     [QT_IQ1_S - QT_Q2_K] = {256, 50, 0, sc_iq1_s, q_iq1_s},       [QT_IQ1_M - QT_Q2_K] = {256, 56, 0, sc_iq1_m, q_iq1_m},
     [QT_IQ2_XXS - QT_Q2_K] = {256, 66, 0, sc_iq2_xxs, q_iq2_xxs}, [QT_IQ2_XS - QT_Q2_K] = {256, 74, 0, sc_iq2_xs, q_iq2_xs},
     [QT_IQ2_S - QT_Q2_K] = {256, 82, 0, sc_iq2_s, q_iq2_s},       [QT_IQ3_XXS - QT_Q2_K] = {256, 98, 0, sc_iq3_xxs, q_iq3_xxs},
     [QT_IQ3_S - QT_Q2_K] = {256, 110, 0, sc_iq3_s, q_iq3_s},      [QT_IQ4_NL - QT_Q2_K] = {32, 18, 0, sc_iq4_nl, q_iq4_nl},
-    [QT_IQ4_XS - QT_Q2_K] = {256, 136, 0, sc_iq4_xs, q_iq4_xs},
+    [QT_IQ4_XS - QT_Q2_K] = {256, 136, 0, sc_iq4_xs, q_iq4_xs},   [QT_Q5_K - QT_Q2_K] = {256, 176, 1, sc_q5_k, q_q5_k},
+    [QT_Q6_K - QT_Q2_K] = {256, 210, 0, sc_q6_k, q_q6_k},
 };
 
 void lowbit_decode(const LowbitType *t, const unsigned char *b, LowbitBlock *o) {

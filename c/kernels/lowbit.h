@@ -1,9 +1,9 @@
-/* GGUF's low-bit block types (K-quants Q2_K/Q3_K and the i-quants), stored in the container
+/* GGUF's K-quants (Q2_K, Q3_K, Q5_K, Q6_K) and i-quants, stored in the container
  * byte for byte as llama.cpp writes them; docs/container.md has each block layout. A row is
  * whole blocks (256 elements, 32 for IQ4_NL): a GGUF row always is, so nothing is padded.
  *
  * Every type decodes one block into small integers and float scales, one per 16 elements:
- *   x[j] = sc[j/16] * q[j] - mn[j/16]       (mn only for Q2_K, else x = sc * q)
+ *   x[j] = sc[j/16] * q[j] - mn[j/16]       (mn only for Q2_K and Q5_K, else x = sc * q)
  * with q int8: the K-quant codes, the i-quant lattice coordinate with its sign, or for
  * IQ1_S/IQ1_M 8*(coordinate + delta) (delta = +-1/8, so q is odd and sc carries the 1/8, a
  * power of two: the product is the reference's value exactly). dequantization evaluates the
@@ -25,7 +25,7 @@ typedef struct {
 typedef void (*LowbitDecodeFn)(const unsigned char *b, LowbitBlock *o);
 
 typedef struct {
-    int block, bytes, has_min; /* elements and bytes per block; Q2_K's minimum */
+    int block, bytes, has_min; /* elements and bytes per block; a minimum (Q2_K, Q5_K) */
     LowbitDecodeFn scales;     /* one block's sc (and mn) */
     LowbitDecodeFn codes;      /* one block's q: what a SIMD set may replace with its own */
 } LowbitType;
@@ -35,7 +35,7 @@ const LowbitType *lowbit_type(QType qt);
 /* One block, both halves, portable. */
 void lowbit_decode(const LowbitType *t, const unsigned char *b, LowbitBlock *o);
 /* One weight block's share of a dot against one activation row, from the integer sums of its
- * 16-element halves (is: q . x, xs: sum of x, for Q2_K's minimum) and the row's scales d of its
+ * 16-element halves (is: q . x, xs: sum of x, for the minimum) and the row's scales d of its
  * per = block/32 activation blocks:
  *   v[h] = d[h] * ((sc[2h]*is[2h] + sc[2h+1]*is[2h+1]) - (mn[2h]*xs[2h] + mn[2h+1]*xs[2h+1]))
  * summed in the tree ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) (v0 alone for IQ4_NL), the order
@@ -71,6 +71,8 @@ void lowbit_pack_act(const QAct *a, unsigned char *dst);
     X(iq3_xxs, QT_IQ3_XXS) \
     X(iq3_s, QT_IQ3_S)     \
     X(iq4_nl, QT_IQ4_NL)   \
-    X(iq4_xs, QT_IQ4_XS)
+    X(iq4_xs, QT_IQ4_XS)   \
+    X(q5_k, QT_Q5_K)       \
+    X(q6_k, QT_Q6_K)
 
 #endif

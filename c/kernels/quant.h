@@ -38,6 +38,8 @@ typedef enum {
     QT_IQ3_S,
     QT_IQ4_NL,
     QT_IQ4_XS,
+    QT_Q5_K,
+    QT_Q6_K,
     QT_COUNT
 } QType;
 

@@ -30,6 +30,8 @@ typedef void (*AnyFn)(void);
     X("qdot.iq3_s", qdot[QT_IQ3_S])               \
     X("qdot.iq4_nl", qdot[QT_IQ4_NL])             \
     X("qdot.iq4_xs", qdot[QT_IQ4_XS])             \
+    X("qdot.q5_k", qdot[QT_Q5_K])                 \
+    X("qdot.q6_k", qdot[QT_Q6_K])                 \
     X("kv.f32.dot", kv[0].dot)                    \
     X("kv.f32.axpy", kv[0].axpy)                  \
     X("kv.f32.attend", kv[0].attend)              \

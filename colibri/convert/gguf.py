@@ -14,10 +14,12 @@ never widened to q8 or q6 (that would add size and error), and without --experts
 expert stays q8 rather than taking the default q4. The 1-3-bit K-quants and i-quants
 (Q2_K, Q3_K, IQ1_S .. IQ4_XS, what the dynamic quants of the large MoEs use) are stored as
 they are, one storage type each (q2_k, iq2_xxs, ...; docs/container.md), and the engine runs
-them with their own kernels (c/kernels/lowbit*.c). Q5_1, Q5_K and Q6_K are
-dequantized and re-quantized to the requested type: colibri has no 5-bit blocks, Q6_K scales
-16-element sub-blocks (a q8 or q6 block of 32 has one scale) and Q5_1/Q5_K add a minimum that
-q8 cannot hold. --experts/--dense bf16 or f32 always dequantize.
+them with their own kernels (c/kernels/lowbit*.c). Q5_K and Q6_K (the attention, head and
+embedding tensors of the dynamic quants) are kept the same way (q5_k, q6_k) where q6 is asked
+for: the same size as q6, and no re-quantization error. Elsewhere they are re-quantized to the
+requested type, as Q5_1 always is: at the default q8 a decode step reads 1.3x the bytes, but on
+today's kernels it is faster (a decode step's q6_k dot runs at half q8's rate; docs/benchmarks.md).
+--experts/--dense bf16 or f32 always dequantize.
 
 A model split by llama.cpp's gguf-split (PREFIX-00001-of-0000N.gguf, given by its first part)
 is read as one file: the first part's metadata, every part's tensors. One GGUF model becomes
@@ -50,6 +52,7 @@ ARCHS = family_parts.GGUF_ARCHS  # general.architecture -> family: every kind of
 LOW_BIT = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4") + LOW_BIT
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")   # kept as q4 when q4, q6 or q8 is asked for
+KEPT_K = ("Q5_K", "Q6_K")             # kept as q5_k/q6_k when q6 is asked for
 EXACT_Q8 = ("Q8_0", "Q5_0")           # kept as q8 when q8 is asked for
 # LOW_BIT blocks are kept as they are (storage q2_k, iq1_s, ...) when any block type is asked for
 
@@ -229,6 +232,8 @@ def storage_for(gtype, qtype, default=False):
         return "q8"
     if qtype in ("q8", "q6", "q4") and gtype in FOUR_BIT:
         return "q4"
+    if gtype in KEPT_K and qtype == "q6":
+        return gtype.lower()  # byte for byte: no error added, no more bytes
     if qtype in ("q8", "q6", "q4", *WRITABLE_LOWBIT) and gtype in LOW_BIT:
         return gtype.lower()  # byte for byte: re-quantizing a low-bit block only adds error (and size)
     if qtype == "q8" and gtype in EXACT_Q8:
