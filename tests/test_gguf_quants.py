@@ -205,9 +205,9 @@ def test_lowbit_dot_within_bound(lib, name):
     """qdot (weight rows . int16 activation rows) against dequant(w) . x in float64: the
     activations' rounding is at most half a step (amax/32767) per element, so per block the
     error is <= step/2 * sum|w|; the float accumulation adds at most (blocks + 4) ulps of
-    sum|w*x|. The AVX2 dot, where the CPU has it, equals the portable one bit for bit, both on
-    the activation blocks and on their rearranged copy (lowbit_pack_act), which it reads in
-    matmuls."""
+    sum|w*x|. The AVX2 dot and its AVX-512 build, where the CPU has them, equal the portable
+    one bit for bit, both on the activation blocks and on their rearranged copy
+    (lowbit_pack_act), which they read in matmuls."""
     rng = np.random.default_rng(sum(map(ord, name)) + 2)
     qtype = T[name]
     cols, rows, T_ = 512, 11, 70  # 11 rows: the packed dots decode eight at a time
@@ -237,10 +237,11 @@ def test_lowbit_dot_within_bound(lib, name):
         err = np.abs(got - ref)
         assert (err <= act_err + fl).all(), (name, t0, nt, float((err / (act_err + fl)).max()))
         lib.kernels_supported.argtypes = [ctypes.c_int]
-        if lib.kernels_supported(1):  # KI_AVX2
-            for act in (a, packed):
-                fast = qdot(lib, f"qdot_{suffix}_avx2", data, act, t0, nt)
-                np.testing.assert_array_equal(fast.view(np.uint32), got.astype(np.float32).view(np.uint32))
+        for isa, s in ((1, "avx2"), (2, "avx512")):  # KI_AVX2, KI_AVX512 (also the vnni and amx sets' dots)
+            if lib.kernels_supported(isa):
+                for act in (a, packed):
+                    fast = qdot(lib, f"qdot_{suffix}_{s}", data, act, t0, nt)
+                    np.testing.assert_array_equal(fast.view(np.uint32), got.astype(np.float32).view(np.uint32), err_msg=s)
 
 
 def test_lowbit_grids_are_generated_from_the_gguf_package():

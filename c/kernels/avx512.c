@@ -40,7 +40,7 @@ const Kernels kernel_set_avx512 = {
              [QT_Q4] = qdot_q4_avx2,
              [QT_MXFP4] = qdot_mxfp4_avx2,
              [QT_Q6] = qdot_q6_avx2,
-             LOWBIT_TYPES(LOWBIT_QDOT_avx2)},
+             LOWBIT_TYPES(LOWBIT_QDOT_avx512)},
     .lowbit_pack = 1,
     .kv = {{kv_dot_f32_portable, kv_axpy_f32_portable, kv_attend_avx512_f32, kv_attend_avx512_f32_block},
            {kv_dot_f16_avx2, kv_axpy_f16_avx2, kv_attend_avx512_f16, kv_attend_avx512_f16_block},

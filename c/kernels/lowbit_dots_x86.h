@@ -1,0 +1,278 @@
+/* The x86 dots of the low-bit types, compiled once per kernel set that includes this file with its
+ * LOWBIT_TARGET and LOWBIT_SET (lowbit_avx2.c; lowbit_avx512.c, whose target gives the same code
+ * 32 vector registers, so the prefill dots keep a position's sixteen activation vectors in them).
+ * A block's codes come from the decoders of lowbit_decode_x86.h, equal to lowbit.c's byte for
+ * byte. The 16-element integer sums are madd_epi16 over the int16 activations, and a block's
+ * float combination is lowbit_block_sum's, evaluated in 8 lanes: exact integer sums and the same
+ * float operations in the same order, so the result is the portable dot's, bit for bit
+ * (tests/test_gguf_quants.py checks both the dot and, through it, the decoders). */
+#ifndef COLI_LOWBIT_DOTS_X86_H
+#define COLI_LOWBIT_DOTS_X86_H
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/isa.h"
+#include "kernels/lowbit.h"
+#include "kernels/lowbit_decode_x86.h"
+
+#define LB __attribute__((target(LOWBIT_TARGET)))
+
+static const LowbitDecodeFn CODES[] = {
+    [QT_Q2_K - QT_Q2_K] = q_q2_k,     [QT_Q3_K - QT_Q2_K] = q_q3_k,       [QT_IQ1_S - QT_Q2_K] = q_iq1_s,
+    [QT_IQ1_M - QT_Q2_K] = q_iq1_m,   [QT_IQ2_XXS - QT_Q2_K] = q_iq2_xxs, [QT_IQ2_XS - QT_Q2_K] = q_iq2_xs,
+    [QT_IQ2_S - QT_Q2_K] = q_iq2_s,   [QT_IQ3_XXS - QT_Q2_K] = q_iq3_xxs, [QT_IQ3_S - QT_Q2_K] = q_iq3_s,
+    [QT_IQ4_NL - QT_Q2_K] = q_iq4_nl, [QT_IQ4_XS - QT_Q2_K] = q_iq4_xs,   [QT_Q5_K - QT_Q2_K] = q_q5_k,
+    [QT_Q6_K - QT_Q2_K] = q_q6_k,
+};
+
+/* The sums of each of v[0..8)'s eight int32 lanes. */
+LB static inline __m256i hsum8(const __m256i *v) {
+    const __m256i e = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i f = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+/* Even and odd lanes of the 16 floats p[0..16), each as 8 lanes in order. */
+LB static inline void even_odd(const float *p, __m256 *even, __m256 *odd) {
+    const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+
+LB static inline Scales8 scales8(const LowbitBlock *blk, int has_min) {
+    Scales8 s;
+    even_odd(blk->sc, &s.sce, &s.sco);
+    if (has_min) even_odd(blk->mn, &s.mne, &s.mno);
+    else s.mne = s.mno = _mm256_setzero_ps();
+    return s;
+}
+
+/* lowbit_block_sum of a 256-element block from its parts' integer sums in lanes (is_*: q . x,
+ * xs_*: sum of x, both as floats of exact integers), in lowbit_block_sum's order. */
+LB static inline float block_sum_lanes(const Scales8 *s, int has_min, __m256i is_even, __m256i is_odd, __m256 xs_even,
+                                       __m256 xs_odd, __m256 d) {
+    __m256 part =
+        _mm256_add_ps(_mm256_mul_ps(s->sce, _mm256_cvtepi32_ps(is_even)), _mm256_mul_ps(s->sco, _mm256_cvtepi32_ps(is_odd)));
+    if (has_min) part = _mm256_sub_ps(part, _mm256_add_ps(_mm256_mul_ps(s->mne, xs_even), _mm256_mul_ps(s->mno, xs_odd)));
+    const __m256 v = _mm256_mul_ps(d, part);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* v0+v4, v1+v5, .. */
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                              /* +(v2+v6), +(v3+v7) */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+/* lowbit_block_sum of a 256-element block, its eight parts in the lanes of one vector. */
+LB static inline float block_sum8(const LowbitBlock *blk, int has_min, const __m256i *pw_even, const __m256i *pw_odd,
+                                  const __m256i *px_even, const __m256i *px_odd, __m256 d) {
+    const Scales8 s = scales8(blk, has_min);
+    __m256 xse = _mm256_setzero_ps(), xso = xse;
+    if (has_min) xse = _mm256_cvtepi32_ps(hsum8(px_even)), xso = _mm256_cvtepi32_ps(hsum8(px_odd));
+    return block_sum_lanes(&s, has_min, hsum8(pw_even), hsum8(pw_odd), xse, xso, d);
+}
+
+/* The eight lanes of hsum8's result from its first level of pairs (hadd of v[2j], v[2j+1]). */
+LB static inline __m256i hsum8_pairs(const __m256i *p) {
+    const __m256i e = _mm256_hadd_epi32(p[0], p[1]), f = _mm256_hadd_epi32(p[2], p[3]);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+LB static inline __attribute__((always_inline)) void
+lowbit_qdot_few(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), int bytes, int has_min, int NT, QDOT_ARGS) {
+    (void)nt; /* the positions are NT, a constant per instance */
+    const int nk = a->nb / 8;
+    for (int r = 0; r < nr; r++) {
+        float acc[2] = {0, 0};
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        for (int k = 0; k < nk; k++) {
+            const unsigned char *bb = row + (size_t)k * bytes;
+            LowbitBlock blk;
+            const Scales8 s = scales(bb);
+            codes(bb, &blk);
+            __m256i pe[2][4], po[2][4]; /* per position, the first level of hsum8's pairs */
+#pragma GCC unroll 4
+            for (int h = 0; h < 8; h += 2) {
+                __m256i wq[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    wq[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk.q + 32 * h + 16 * j)));
+#pragma GCC unroll 2
+                for (int i = 0; i < NT; i++) {
+                    const __m256i *x =
+                        (const __m256i *)(const void *)(a->q + ((size_t)(t0 + i) * a->nb + (size_t)k * 8 + h) * QBLOCK);
+                    pe[i][h / 2] = _mm256_hadd_epi32(_mm256_madd_epi16(wq[0], _mm256_loadu_si256(x)),
+                                                     _mm256_madd_epi16(wq[2], _mm256_loadu_si256(x + 2)));
+                    po[i][h / 2] = _mm256_hadd_epi32(_mm256_madd_epi16(wq[1], _mm256_loadu_si256(x + 1)),
+                                                     _mm256_madd_epi16(wq[3], _mm256_loadu_si256(x + 3)));
+                }
+            }
+#pragma GCC unroll 2
+            for (int i = 0; i < NT; i++) {
+                const float *f = (const float *)(const void *)(a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES + 512);
+                acc[i] += block_sum_lanes(&s, has_min, hsum8_pairs(pe[i]), hsum8_pairs(po[i]), _mm256_loadu_ps(f + 8),
+                                          _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f));
+            }
+        }
+        for (int i = 0; i < NT; i++) y[i * ldy + r] = acc[i];
+    }
+}
+
+/* A block's 256 codes as int16 in lowbit_pack_act's order (vector 8p + m: elements 2m, 2m+1 of
+ * parts 2l + p in lanes l): bytes 32l..32l+31 hold parts 2l and 2l+1, one per 128-bit lane, so
+ * an 8 x 8 transpose of their 16-bit pairs within the lanes leaves pair m of the even parts in
+ * the low lane of vector m and of the odd parts in the high one. */
+LB static inline void codes_lanes(const int8_t *q, __m256i *wv) {
+    __m256i r[8], a[8], b[8];
+    for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * l));
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {                                         /* rows 4i..4i+3 */
+        b[4 * i + 0] = _mm256_unpacklo_epi32(a[4 * i], a[4 * i + 2]);     /* pairs 0, 1 */
+        b[4 * i + 1] = _mm256_unpackhi_epi32(a[4 * i], a[4 * i + 2]);     /* pairs 2, 3 */
+        b[4 * i + 2] = _mm256_unpacklo_epi32(a[4 * i + 1], a[4 * i + 3]); /* pairs 4, 5 */
+        b[4 * i + 3] = _mm256_unpackhi_epi32(a[4 * i + 1], a[4 * i + 3]); /* pairs 6, 7 */
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m256i c0 = _mm256_unpacklo_epi64(b[j], b[4 + j]), c1 = _mm256_unpackhi_epi64(b[j], b[4 + j]);
+        wv[2 * j] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c0));
+        wv[8 + 2 * j] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c0, 1));
+        wv[2 * j + 1] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c1));
+        wv[8 + 2 * j + 1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c1, 1));
+    }
+}
+
+/* The dots against lowbit_pack_act's rows. Block by block, the block of up to eight rows is
+ * decoded once into lanes (4 KB, in L1) and each position's packed block is loaded once for all
+ * of them; per row and position, sixteen multiply-adds leave the parts' integer sums in the lanes
+ * lowbit_block_sum reads, with no horizontal sums. Each (row, position) still adds its blocks in
+ * order and integer sums are exact, so the bits are the portable dot's at any blocking. */
+LB static void lowbit_qdot_packed(const LowbitType *t, LowbitDecodeFn codes, QDOT_ARGS) {
+    enum { R = 8 };
+    const int nk = a->nb / 8, has_min = t->has_min;
+    float acc[R][LOWBIT_MAX_ROWS];
+    __m256i wv[R][16];
+    Scales8 s[R];
+    LowbitBlock blk;
+    for (int r0 = 0; r0 < nr; r0 += R) {
+        const int n = nr - r0 < R ? nr - r0 : R;
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < nt; i++) acc[r][i] = 0;
+        for (int k = 0; k < nk; k++) {
+            for (int r = 0; r < n; r++) {
+                const unsigned char *bb = w + (size_t)(r0 + r) * row_bytes + (size_t)k * t->bytes;
+                t->scales(bb, &blk);
+                codes(bb, &blk);
+                codes_lanes(blk.q, wv[r]);
+                s[r] = scales8(&blk, has_min);
+            }
+            for (int i = 0; i < nt; i++) {
+                const unsigned char *p = a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES;
+                const __m256i *xp = (const __m256i *)(const void *)p;
+                const float *f = (const float *)(const void *)(p + 512);
+                __m256i xv[16];
+#pragma GCC unroll 16
+                for (int m = 0; m < 16; m++) xv[m] = _mm256_loadu_si256(xp + m);
+                const __m256 xse = _mm256_loadu_ps(f + 8), xso = _mm256_loadu_ps(f + 16), d = _mm256_loadu_ps(f);
+                for (int r = 0; r < n; r++) {
+                    __m256i se = _mm256_setzero_si256(), so = se;
+#pragma GCC unroll 8
+                    for (int m = 0; m < 8; m++) {
+                        se = _mm256_add_epi32(se, _mm256_madd_epi16(wv[r][m], xv[m]));
+                        so = _mm256_add_epi32(so, _mm256_madd_epi16(wv[r][8 + m], xv[8 + m]));
+                    }
+                    acc[r][i] += block_sum_lanes(&s[r], has_min, se, so, xse, xso, d);
+                }
+            }
+        }
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < nt; i++) y[i * ldy + r0 + r] = acc[r][i];
+    }
+}
+
+#define FEW(S, HAS_MIN)                                                                                     \
+    LB static void few_##S(int bytes, QDOT_ARGS) {                                                          \
+        if (nt == 1) lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, 1, w, row_bytes, nr, a, t0, 1, y, ldy); \
+        else lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, 2, w, row_bytes, nr, a, t0, 2, y, ldy);         \
+    }
+FEW(q2_k, 1)
+FEW(q3_k, 0)
+FEW(iq1_s, 0)
+FEW(iq1_m, 0)
+FEW(iq2_xxs, 0)
+FEW(iq2_xs, 0)
+FEW(iq2_s, 0)
+FEW(iq3_xxs, 0)
+FEW(iq3_s, 0)
+FEW(iq4_xs, 0)
+FEW(q5_k, 1)
+FEW(q6_k, 0)
+
+/* Per type, the dots of few positions (none for IQ4_NL, whose 32-element blocks take the path below). */
+static void (*const FEWS[])(int, QDOT_ARGS) = {
+    [QT_Q2_K - QT_Q2_K] = few_q2_k,   [QT_Q3_K - QT_Q2_K] = few_q3_k,       [QT_IQ1_S - QT_Q2_K] = few_iq1_s,
+    [QT_IQ1_M - QT_Q2_K] = few_iq1_m, [QT_IQ2_XXS - QT_Q2_K] = few_iq2_xxs, [QT_IQ2_XS - QT_Q2_K] = few_iq2_xs,
+    [QT_IQ2_S - QT_Q2_K] = few_iq2_s, [QT_IQ3_XXS - QT_Q2_K] = few_iq3_xxs, [QT_IQ3_S - QT_Q2_K] = few_iq3_s,
+    [QT_IQ4_NL - QT_Q2_K] = NULL,     [QT_IQ4_XS - QT_Q2_K] = few_iq4_xs,   [QT_Q5_K - QT_Q2_K] = few_q5_k,
+    [QT_Q6_K - QT_Q2_K] = few_q6_k,
+};
+
+LB static void lowbit_qdot_set(QType qt, QDOT_ARGS) {
+    const LowbitType *t = lowbit_type(qt);
+    const LowbitDecodeFn codes = CODES[qt - QT_Q2_K];
+    const int per = t->block / QBLOCK, nblk = a->nb / per, has_min = t->has_min;
+    if (a->lp && per == 8 && nt >= LOWBIT_PACKED_MIN_ROWS) {
+        lowbit_qdot_packed(t, codes, w, row_bytes, nr, a, t0, nt, y, ldy);
+        return;
+    }
+    if (a->lp && FEWS[qt - QT_Q2_K]) {
+        FEWS[qt - QT_Q2_K](t->bytes, w, row_bytes, nr, a, t0, nt, y, ldy);
+        return;
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    LowbitBlock blk;
+    for (int r = 0; r < nr; r++) {
+        float acc[LOWBIT_MAX_ROWS] = {0};
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        for (int k = 0; k < nblk; k++) {
+            const unsigned char *bb = row + (size_t)k * t->bytes;
+            t->scales(bb, &blk);
+            codes(bb, &blk);
+            __m256i w16[16];
+            for (int j = 0; j < 2 * per; j++)
+                w16[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk.q + 16 * j)));
+            for (int i = 0; i < nt; i++) {
+                const int16_t *x = a->q + ((size_t)(t0 + i) * a->nb + (size_t)k * per) * QBLOCK;
+                const float *dp = a->d + (size_t)k * per * a->rows + t0 + i;
+                if (per == 1) { /* IQ4_NL: one activation block per weight block */
+                    int32_t is[16], xs[16] = {0};
+                    __m256i pw[8] = {0};
+                    for (int j = 0; j < 2; j++)
+                        pw[j] = _mm256_madd_epi16(w16[j], _mm256_loadu_si256((const __m256i *)(const void *)(x + 16 * j)));
+                    _mm256_storeu_si256((__m256i *)(void *)is, hsum8(pw));
+                    acc[i] += lowbit_block_sum(&blk, 1, 0, is, xs, dp);
+                    continue;
+                }
+                __m256i pe[8], po[8], xe[8], xo[8];
+                for (int h = 0; h < 8; h++) {
+                    const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 * h));
+                    const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 * h + 16));
+                    pe[h] = _mm256_madd_epi16(w16[2 * h], x0);
+                    po[h] = _mm256_madd_epi16(w16[2 * h + 1], x1);
+                    if (has_min) xe[h] = _mm256_madd_epi16(x0, ones), xo[h] = _mm256_madd_epi16(x1, ones);
+                }
+                const size_t ds = (size_t)a->rows;
+                const __m256 d =
+                    _mm256_setr_ps(dp[0], dp[ds], dp[2 * ds], dp[3 * ds], dp[4 * ds], dp[5 * ds], dp[6 * ds], dp[7 * ds]);
+                acc[i] += block_sum8(&blk, has_min, pe, po, xe, xo, d);
+            }
+        }
+        for (int i = 0; i < nt; i++) y[i * ldy + r] = acc[i];
+    }
+}
+
+#define LB_NAME2(S, SET) qdot_##S##_##SET
+#define LB_NAME(S, SET) LB_NAME2(S, SET)
+#define LOWBIT_DOT(S, QT) \
+    LB void LB_NAME(S, LOWBIT_SET)(QDOT_ARGS) { lowbit_qdot_set(QT, w, row_bytes, nr, a, t0, nt, y, ldy); }
+LOWBIT_TYPES(LOWBIT_DOT)
+#endif
