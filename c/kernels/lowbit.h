@@ -36,18 +36,21 @@ const LowbitType *lowbit_type(QType qt);
 void lowbit_decode(const LowbitType *t, const unsigned char *b, LowbitBlock *o);
 /* One weight block's share of a dot against one activation row, from the integer sums of its
  * 16-element halves (is: q . x, xs: sum of x, for the minimum) and the row's scales d of its
- * per = block/32 activation blocks:
+ * per = block/32 activation blocks, added into the row's eight lanes acc (acc[h] += v[h]):
  *   v[h] = d[h] * ((sc[2h]*is[2h] + sc[2h+1]*is[2h+1]) - (mn[2h]*xs[2h] + mn[2h+1]*xs[2h+1]))
- * summed in the tree ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) (v0 alone for IQ4_NL), the order
- * an 8-lane vector reduces in: every set evaluates exactly this, so all give the same bits. */
-float lowbit_block_sum(const LowbitBlock *blk, int per, int has_min, const int32_t *is, const int32_t *xs, const float *d);
+ * block after block; the dot is then lowbit_lanes_sum(acc), the tree
+ * ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) an 8-lane vector reduces in (IQ4_NL: a0 alone, the
+ * other lanes stay 0). Every set evaluates exactly this, so all give the same bits. */
+void lowbit_block_add(const LowbitBlock *blk, int per, int has_min, const int32_t *is, const int32_t *xs, const float *d,
+                      float *acc);
+float lowbit_lanes_sum(const float *acc);
 
 /* The activation rows rearranged for SIMD dots against 256-element blocks, once per matmul, so a
  * dot needs no horizontal sums: per row t and block k, LOWBIT_PACK_BYTES at
  * (t * nb / 8 + k) * LOWBIT_PACK_BYTES, holding
  *   int16 x[256]: vector 8p + m (16 elements), elements 2l, 2l+1 = elements 2m, 2m+1 of the
  *                 block's 16-element part 2l + p: one multiply-add per vector leaves lane l
- *                 with part 2l + p's products, the lanes lowbit_block_sum's halves read;
+ *                 with part 2l + p's products, the lanes lowbit_block_add's halves read;
  *   float d[8]:   the scales of the block's eight activation blocks;
  *   float xs[16]: sum of x over part 2l (xs[l]) and over part 2l + 1 (xs[8 + l]).
  * Only for rows of whole 256-element blocks (nb % 8 == 0). */

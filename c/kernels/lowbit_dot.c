@@ -5,28 +5,28 @@
  * amax/32767 per element) is 258x below int8's, far under the weights' own 2-4 bit rounding, so
  * the dot stays within float rounding of dequant(w) . x (tests/test_gguf_quants.py states the
  * bound). Per 32 activation elements: two 16-element integer sums (the weights' scale
- * granularity), combined per weight block by lowbit_block_sum, whose order lowbit_avx2.c
- * evaluates as a vector, so every set gives the same bits. */
+ * granularity), combined per weight block by lowbit_block_add into eight lanes per row, whose
+ * order lowbit_dots_x86.h evaluates as a vector, so every set gives the same bits. */
 #include "kernels/isa.h"
 #include "kernels/lowbit.h"
 
-float lowbit_block_sum(const LowbitBlock *blk, int per, int has_min, const int32_t *is, const int32_t *xs, const float *d) {
-    float v[8];
+void lowbit_block_add(const LowbitBlock *blk, int per, int has_min, const int32_t *is, const int32_t *xs, const float *d,
+                      float *acc) {
     for (int h = 0; h < per; h++) {
         float part = blk->sc[2 * h] * (float)is[2 * h] + blk->sc[2 * h + 1] * (float)is[2 * h + 1];
         if (has_min) part = part - (blk->mn[2 * h] * (float)xs[2 * h] + blk->mn[2 * h + 1] * (float)xs[2 * h + 1]);
-        v[h] = d[h] * part;
+        acc[h] += d[h] * part;
     }
-    if (per == 1) return v[0];
-    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
+
+float lowbit_lanes_sum(const float *a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
 static void lowbit_qdot(QType qt, QDOT_ARGS) {
     const LowbitType *t = lowbit_type(qt);
     const int per = t->block / QBLOCK, nblk = a->nb / per;
     LowbitBlock blk;
     for (int r = 0; r < nr; r++) {
-        float acc[LOWBIT_MAX_ROWS] = {0};
+        float acc[LOWBIT_MAX_ROWS][8] = {{0}};
         const unsigned char *row = w + (size_t)r * row_bytes;
         for (int k = 0; k < nblk; k++) {
             lowbit_decode(t, row + (size_t)k * t->bytes, &blk);
@@ -47,10 +47,10 @@ static void lowbit_qdot(QType qt, QDOT_ARGS) {
                     is[2 * h] = is0, is[2 * h + 1] = is1, xs[2 * h] = xs0, xs[2 * h + 1] = xs1;
                     d[h] = a->d[(size_t)b * a->rows + t0 + i];
                 }
-                acc[i] += lowbit_block_sum(&blk, per, t->has_min, is, xs, d);
+                lowbit_block_add(&blk, per, t->has_min, is, xs, d, acc[i]);
             }
         }
-        for (int i = 0; i < nt; i++) y[i * ldy + r] = acc[i];
+        for (int i = 0; i < nt; i++) y[i * ldy + r] = lowbit_lanes_sum(acc[i]);
     }
 }
 

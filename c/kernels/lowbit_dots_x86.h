@@ -3,7 +3,7 @@
  * 32 vector registers, so the prefill dots keep a position's sixteen activation vectors in them).
  * A block's codes come from the decoders of lowbit_decode_x86.h, equal to lowbit.c's byte for
  * byte. The 16-element integer sums are madd_epi16 over the int16 activations, and a block's
- * float combination is lowbit_block_sum's, evaluated in 8 lanes: exact integer sums and the same
+ * float combination is lowbit_block_add's, evaluated in 8 lanes: exact integer sums and the same
  * float operations in the same order, so the result is the portable dot's, bit for bit
  * (tests/test_gguf_quants.py checks both the dot and, through it, the decoders). */
 #ifndef COLI_LOWBIT_DOTS_X86_H
@@ -47,26 +47,30 @@ LB static inline Scales8 scales8(const LowbitBlock *blk, int has_min) {
     return s;
 }
 
-/* lowbit_block_sum of a 256-element block from its parts' integer sums in lanes (is_*: q . x,
- * xs_*: sum of x, both as floats of exact integers), in lowbit_block_sum's order. */
-LB static inline float block_sum_lanes(const Scales8 *s, int has_min, __m256i is_even, __m256i is_odd, __m256 xs_even,
-                                       __m256 xs_odd, __m256 d) {
+/* lowbit_block_add's v of a 256-element block from its parts' integer sums in lanes (is_*: q . x,
+ * xs_*: sum of x, both as floats of exact integers), in its order, for the row's lanes. */
+LB static inline __m256 block_lanes(const Scales8 *s, int has_min, __m256i is_even, __m256i is_odd, __m256 xs_even, __m256 xs_odd,
+                                    __m256 d) {
     __m256 part =
         _mm256_add_ps(_mm256_mul_ps(s->sce, _mm256_cvtepi32_ps(is_even)), _mm256_mul_ps(s->sco, _mm256_cvtepi32_ps(is_odd)));
     if (has_min) part = _mm256_sub_ps(part, _mm256_add_ps(_mm256_mul_ps(s->mne, xs_even), _mm256_mul_ps(s->mno, xs_odd)));
-    const __m256 v = _mm256_mul_ps(d, part);
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* v0+v4, v1+v5, .. */
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                              /* +(v2+v6), +(v3+v7) */
+    return _mm256_mul_ps(d, part);
+}
+
+/* lowbit_lanes_sum of a row's lanes. */
+LB static inline float lanes_sum(__m256 v) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* a0+a4, a1+a5, .. */
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                              /* +(a2+a6), +(a3+a7) */
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-/* lowbit_block_sum of a 256-element block, its eight parts in the lanes of one vector. */
-LB static inline float block_sum8(const LowbitBlock *blk, int has_min, const __m256i *pw_even, const __m256i *pw_odd,
-                                  const __m256i *px_even, const __m256i *px_odd, __m256 d) {
+/* block_lanes of a 256-element block, its eight parts in the lanes of one vector. */
+LB static inline __m256 block_sum8(const LowbitBlock *blk, int has_min, const __m256i *pw_even, const __m256i *pw_odd,
+                                   const __m256i *px_even, const __m256i *px_odd, __m256 d) {
     const Scales8 s = scales8(blk, has_min);
     __m256 xse = _mm256_setzero_ps(), xso = xse;
     if (has_min) xse = _mm256_cvtepi32_ps(hsum8(px_even)), xso = _mm256_cvtepi32_ps(hsum8(px_odd));
-    return block_sum_lanes(&s, has_min, hsum8(pw_even), hsum8(pw_odd), xse, xso, d);
+    return block_lanes(&s, has_min, hsum8(pw_even), hsum8(pw_odd), xse, xso, d);
 }
 
 /* The eight lanes of hsum8's result from its first level of pairs (hadd of v[2j], v[2j+1]). */
@@ -80,7 +84,7 @@ lowbit_qdot_few(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), 
     (void)nt; /* the positions are NT, a constant per instance */
     const int nk = a->nb / 8;
     for (int r = 0; r < nr; r++) {
-        float acc[2] = {0, 0};
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         const unsigned char *row = w + (size_t)r * row_bytes;
         for (int k = 0; k < nk; k++) {
             const unsigned char *bb = row + (size_t)k * bytes;
@@ -107,11 +111,11 @@ lowbit_qdot_few(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), 
 #pragma GCC unroll 2
             for (int i = 0; i < NT; i++) {
                 const float *f = (const float *)(const void *)(a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES + 512);
-                acc[i] += block_sum_lanes(&s, has_min, hsum8_pairs(pe[i]), hsum8_pairs(po[i]), _mm256_loadu_ps(f + 8),
-                                          _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f));
+                acc[i] = _mm256_add_ps(acc[i], block_lanes(&s, has_min, hsum8_pairs(pe[i]), hsum8_pairs(po[i]),
+                                                           _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
             }
         }
-        for (int i = 0; i < NT; i++) y[i * ldy + r] = acc[i];
+        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[i]);
     }
 }
 
@@ -144,19 +148,19 @@ LB static inline void codes_lanes(const int8_t *q, __m256i *wv) {
 /* The dots against lowbit_pack_act's rows. Block by block, the block of up to eight rows is
  * decoded once into lanes (4 KB, in L1) and each position's packed block is loaded once for all
  * of them; per row and position, sixteen multiply-adds leave the parts' integer sums in the lanes
- * lowbit_block_sum reads, with no horizontal sums. Each (row, position) still adds its blocks in
+ * lowbit_block_add reads, with no horizontal sums. Each (row, position) still adds its blocks in
  * order and integer sums are exact, so the bits are the portable dot's at any blocking. */
 LB static void lowbit_qdot_packed(const LowbitType *t, LowbitDecodeFn codes, QDOT_ARGS) {
     enum { R = 8 };
     const int nk = a->nb / 8, has_min = t->has_min;
-    float acc[R][LOWBIT_MAX_ROWS];
+    __m256 acc[R][LOWBIT_MAX_ROWS];
     __m256i wv[R][16];
     Scales8 s[R];
     LowbitBlock blk;
     for (int r0 = 0; r0 < nr; r0 += R) {
         const int n = nr - r0 < R ? nr - r0 : R;
         for (int r = 0; r < n; r++)
-            for (int i = 0; i < nt; i++) acc[r][i] = 0;
+            for (int i = 0; i < nt; i++) acc[r][i] = _mm256_setzero_ps();
         for (int k = 0; k < nk; k++) {
             for (int r = 0; r < n; r++) {
                 const unsigned char *bb = w + (size_t)(r0 + r) * row_bytes + (size_t)k * t->bytes;
@@ -180,12 +184,12 @@ LB static void lowbit_qdot_packed(const LowbitType *t, LowbitDecodeFn codes, QDO
                         se = _mm256_add_epi32(se, _mm256_madd_epi16(wv[r][m], xv[m]));
                         so = _mm256_add_epi32(so, _mm256_madd_epi16(wv[r][8 + m], xv[8 + m]));
                     }
-                    acc[r][i] += block_sum_lanes(&s[r], has_min, se, so, xse, xso, d);
+                    acc[r][i] = _mm256_add_ps(acc[r][i], block_lanes(&s[r], has_min, se, so, xse, xso, d));
                 }
             }
         }
         for (int r = 0; r < n; r++)
-            for (int i = 0; i < nt; i++) y[i * ldy + r0 + r] = acc[r][i];
+            for (int i = 0; i < nt; i++) y[i * ldy + r0 + r] = lanes_sum(acc[r][i]);
     }
 }
 
@@ -231,7 +235,7 @@ LB static void lowbit_qdot_set(QType qt, QDOT_ARGS) {
     const __m256i ones = _mm256_set1_epi16(1);
     LowbitBlock blk;
     for (int r = 0; r < nr; r++) {
-        float acc[LOWBIT_MAX_ROWS] = {0};
+        float acc[LOWBIT_MAX_ROWS][8] = {{0}}; /* lowbit_block_add's lanes per position */
         const unsigned char *row = w + (size_t)r * row_bytes;
         for (int k = 0; k < nblk; k++) {
             const unsigned char *bb = row + (size_t)k * t->bytes;
@@ -249,7 +253,7 @@ LB static void lowbit_qdot_set(QType qt, QDOT_ARGS) {
                     for (int j = 0; j < 2; j++)
                         pw[j] = _mm256_madd_epi16(w16[j], _mm256_loadu_si256((const __m256i *)(const void *)(x + 16 * j)));
                     _mm256_storeu_si256((__m256i *)(void *)is, hsum8(pw));
-                    acc[i] += lowbit_block_sum(&blk, 1, 0, is, xs, dp);
+                    lowbit_block_add(&blk, 1, 0, is, xs, dp, acc[i]);
                     continue;
                 }
                 __m256i pe[8], po[8], xe[8], xo[8];
@@ -263,10 +267,10 @@ LB static void lowbit_qdot_set(QType qt, QDOT_ARGS) {
                 const size_t ds = (size_t)a->rows;
                 const __m256 d =
                     _mm256_setr_ps(dp[0], dp[ds], dp[2 * ds], dp[3 * ds], dp[4 * ds], dp[5 * ds], dp[6 * ds], dp[7 * ds]);
-                acc[i] += block_sum8(&blk, has_min, pe, po, xe, xo, d);
+                _mm256_storeu_ps(acc[i], _mm256_add_ps(_mm256_loadu_ps(acc[i]), block_sum8(&blk, has_min, pe, po, xe, xo, d)));
             }
         }
-        for (int i = 0; i < nt; i++) y[i * ldy + r] = acc[i];
+        for (int i = 0; i < nt; i++) y[i * ldy + r] = lowbit_lanes_sum(acc[i]);
     }
 }
 
