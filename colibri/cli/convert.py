@@ -20,8 +20,9 @@ SRC is either
   with {", ".join(convert_gguf.SUPPORTED_TYPES)} tensors.
 --experts and --dense choose the storage of routed experts and of the dense trunk. A GGUF
 block colibri can hold exactly is kept (Q8_0 -> q8; Q4_0, Q4_1, Q4_K -> q4), so a 4-bit
-source stays 4-bit under q8 (bf16 and f32 dequantize); `coli info` shows what each tensor
-class got. --tensor-type CLASS=TYPE gives one class another type (e.g. down=q6 or
+source stays 4-bit under q8; Q2_K, Q3_K and the IQ types keep their own blocks under any block
+type, Q5_K and Q6_K theirs under q6 (bf16 and f32 dequantize); `coli info` shows what each
+tensor class got. --tensor-type CLASS=TYPE gives one class another type (e.g. down=q6 or
 attention=q8, repeatable). OUT must be new or empty; an interrupted conversion with the
 same settings resumes there, and a conversion with other settings is refused."""
 FORMATTER = argparse.RawDescriptionHelpFormatter  # the SRC list keeps its lines
