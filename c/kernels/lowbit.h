@@ -55,8 +55,9 @@ float lowbit_lanes_sum(const float *acc);
  *   float xs[16]: sum of x over part 2l (xs[l]) and over part 2l + 1 (xs[8 + l]).
  * Only for rows of whole 256-element blocks (nb % 8 == 0). */
 #define LOWBIT_PACK_BYTES (256 * 2 + 24 * 4)
-/* The dots read the pack from this many positions on (and matmul makes it only then): below,
- * decoding a block's codes into lanes costs more than the horizontal sums it saves. */
+/* The dots take the pack's x from this many positions on (matmul makes the pack at every count,
+ * the dots of fewer positions read its d and sums of x): below, decoding a block's codes into
+ * lanes costs more than the horizontal sums it saves. */
 #define LOWBIT_PACKED_MIN_ROWS 3
 size_t lowbit_pack_bytes(int T, int nb);
 void lowbit_pack_act(const QAct *a, unsigned char *dst);

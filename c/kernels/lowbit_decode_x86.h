@@ -334,12 +334,7 @@ AVX2_DECODE Scales8 s8_iq4_xs(const unsigned char *b) {
     const __m256i ls = _mm256_or_si256(nibbles8(b + 4), _mm256_slli_epi32(hi, 4));
     return same8(d_k(f16_at(b), _mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
 }
-/* The dots of fewer positions than LOWBIT_PACKED_MIN_ROWS, one weight row at a time: the block's
- * scales straight into lanes (s8_*), its codes widened in their own order, and per position
- * sixteen multiply-adds against the activation blocks as they are, two horizontal sums for the
- * parts' integer sums, and the pack's d and xs (so Q2_K's sums of x are not redone per row).
- * Instantiated per type so the decoders inline. Same sums, same float operations in the same
- * order: the portable dot's bits. */
+
 /* Q5_K: Q4_K's eight 6-bit scales and mins per 32 (ggml's get_scale_min_k4) from bytes 4..15. */
 AVX2_DECODE Scales8 s8_q5_k(const unsigned char *b) {
     const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(b + 4));

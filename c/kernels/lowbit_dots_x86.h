@@ -79,6 +79,12 @@ LB static inline __m256i hsum8_pairs(const __m256i *p) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
 }
 
+/* The dots of fewer positions than LOWBIT_PACKED_MIN_ROWS, one weight row at a time: the block's
+ * scales straight into lanes (s8_*), its codes widened in their own order, and per position
+ * sixteen multiply-adds against the activation blocks as they are, two horizontal sums for the
+ * parts' integer sums, the pack's d and xs (so Q2_K's sums of x are not redone per row).
+ * Instantiated per type so the decoders inline. Same sums, same float operations in the same
+ * order: the portable dot's bits. */
 LB static inline __attribute__((always_inline)) void
 lowbit_qdot_few(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), int bytes, int has_min, int NT, QDOT_ARGS) {
     (void)nt; /* the positions are NT, a constant per instance */
