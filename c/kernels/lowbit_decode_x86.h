@@ -23,11 +23,18 @@ static inline int ld4(const int8_t *p) {
     memcpy(&v, p, 4);
     return v;
 }
-/* The sign bytes of four 7-bit sign indexes packed in aux (k-th at bit 7k). */
-static inline __attribute__((always_inline)) uint32_t ksigns4(uint32_t aux) {
-    return (uint32_t)lowbit_ksigns[aux & 127] | (uint32_t)lowbit_ksigns[aux >> 7 & 127] << 8 |
-           (uint32_t)lowbit_ksigns[aux >> 14 & 127] << 16 | (uint32_t)lowbit_ksigns[aux >> 21 & 127] << 24;
-}
+/* -1 or +1 per byte as a 64-bit word for each 7-bit sign index: byte j -1 where bit j of
+ * lowbit_ksigns's byte (the index with an eighth bit for even parity) is set. One load per eight
+ * signs, where looking up the byte and expanding its bits in vectors took more (IQ2_XXS, IQ2_XS,
+ * IQ3_XXS). */
+#define LB_SB(s, j) (((s) >> (j) & 1) ? 0xFFull << (8 * (j)) : 0x01ull << (8 * (j)))
+#define LB_SM(s) (LB_SB(s, 0) | LB_SB(s, 1) | LB_SB(s, 2) | LB_SB(s, 3) | LB_SB(s, 4) | LB_SB(s, 5) | LB_SB(s, 6) | LB_SB(s, 7))
+#define LB_KS(i) ((i) | (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1) << 7)
+#define LB_X4(F, i) F(i), F((i) + 1), F((i) + 2), F((i) + 3)
+#define LB_X16(F, i) LB_X4(F, i), LB_X4(F, (i) + 4), LB_X4(F, (i) + 8), LB_X4(F, (i) + 12)
+#define LB_X64(F, i) LB_X16(F, i), LB_X16(F, (i) + 16), LB_X16(F, (i) + 32), LB_X16(F, (i) + 48)
+#define LB_KM(i) LB_SM(LB_KS(i))
+static const uint64_t KSIGN_MASK[128] = {LB_X64(LB_KM, 0), LB_X64(LB_KM, 64)};
 
 /* Four 8-coordinate lattice rows as one vector, loaded straight from the table (assembling them
  * in a stack array first made every decode wait on a failed store-to-load forward). */
@@ -39,6 +46,11 @@ AVX2 static inline __m256i rows8(const int8_t *r0, const int8_t *r1, const int8_
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
+/* 32 lattice coordinates, times the -1/+1 bytes of four sign masks (8 coordinates each). */
+AVX2 static inline void signed32(int8_t *q, __m256i g, uint64_t m0, uint64_t m1, uint64_t m2, uint64_t m3) {
+    _mm256_storeu_si256((__m256i *)(void *)q,
+                        _mm256_sign_epi8(g, _mm256_setr_epi64x((long long)m0, (long long)m1, (long long)m2, (long long)m3)));
+}
 /* 0xFF in byte 8k + j where bit j of byte k of signs is set. */
 AVX2 static inline __m256i sign_bytes(uint32_t signs) {
     const __m256i sel =
@@ -47,18 +59,21 @@ AVX2 static inline __m256i sign_bytes(uint32_t signs) {
     const __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs), sel);
     return _mm256_cmpeq_epi8(_mm256_and_si256(m, bits), bits);
 }
-
-/* 32 lattice coordinates, negated where the sign bits say. */
-AVX2 static inline void signed32(int8_t *q, __m256i g, uint32_t signs) {
+/* 32 lattice coordinates, negated where the four raw sign bytes in signs say: expanding the bits
+ * in vectors beats four table loads when the bytes come as one word (IQ2_S, IQ3_S). */
+AVX2 static inline void signed32_bits(int8_t *q, __m256i g, uint32_t signs) {
     const __m256i s = _mm256_or_si256(sign_bytes(signs), _mm256_set1_epi8(1)); /* -1 or +1 */
     _mm256_storeu_si256((__m256i *)(void *)q, _mm256_sign_epi8(g, s));
 }
+/* The masks of four 7-bit sign indexes packed in aux (k-th at bit 7k). */
+#define KSIGNS4(aux) \
+    KSIGN_MASK[(aux) & 127], KSIGN_MASK[(aux) >> 7 & 127], KSIGN_MASK[(aux) >> 14 & 127], KSIGN_MASK[(aux) >> 21 & 127]
 
 AVX2_DECODE void q_iq2_xxs(const unsigned char *b, LowbitBlock *o) {
     for (int ib = 0; ib < 8; ib++) {
         const unsigned char *g = b + 2 + 8 * ib;
-        signed32(o->q + 32 * ib, rows8(iq2xxs_grid[g[0]], iq2xxs_grid[g[1]], iq2xxs_grid[g[2]], iq2xxs_grid[g[3]]),
-                 ksigns4(rd32(g + 4)));
+        const uint32_t aux = rd32(g + 4);
+        signed32(o->q + 32 * ib, rows8(iq2xxs_grid[g[0]], iq2xxs_grid[g[1]], iq2xxs_grid[g[2]], iq2xxs_grid[g[3]]), KSIGNS4(aux));
     }
 }
 
@@ -66,10 +81,8 @@ AVX2_DECODE void q_iq2_xs(const unsigned char *b, LowbitBlock *o) {
     for (int ib = 0; ib < 8; ib++) {
         const unsigned char *p = b + 2 + 8 * ib;
         const uint16_t v0 = rd16(p), v1 = rd16(p + 2), v2 = rd16(p + 4), v3 = rd16(p + 6);
-        const uint32_t s = (uint32_t)lowbit_ksigns[v0 >> 9] | (uint32_t)lowbit_ksigns[v1 >> 9] << 8 |
-                           (uint32_t)lowbit_ksigns[v2 >> 9] << 16 | (uint32_t)lowbit_ksigns[v3 >> 9] << 24;
         signed32(o->q + 32 * ib, rows8(iq2xs_grid[v0 & 511], iq2xs_grid[v1 & 511], iq2xs_grid[v2 & 511], iq2xs_grid[v3 & 511]),
-                 s);
+                 KSIGN_MASK[v0 >> 9], KSIGN_MASK[v1 >> 9], KSIGN_MASK[v2 >> 9], KSIGN_MASK[v3 >> 9]);
     }
 }
 
@@ -78,10 +91,10 @@ AVX2_DECODE void q_iq2_s(const unsigned char *b, LowbitBlock *o) {
     for (int ib = 0; ib < 8; ib++) {
         const unsigned char *g = qs + 4 * ib;
         const int h = qh[ib];
-        signed32(o->q + 32 * ib,
-                 rows8(iq2s_grid[g[0] | (h & 3) << 8], iq2s_grid[g[1] | (h >> 2 & 3) << 8], iq2s_grid[g[2] | (h >> 4 & 3) << 8],
-                       iq2s_grid[g[3] | (h >> 6 & 3) << 8]),
-                 rd32(sg + 4 * ib));
+        signed32_bits(o->q + 32 * ib,
+                      rows8(iq2s_grid[g[0] | (h & 3) << 8], iq2s_grid[g[1] | (h >> 2 & 3) << 8],
+                            iq2s_grid[g[2] | (h >> 4 & 3) << 8], iq2s_grid[g[3] | (h >> 6 & 3) << 8]),
+                      rd32(sg + 4 * ib));
     }
 }
 
@@ -94,10 +107,11 @@ AVX2 static inline __m256i rows4(const int8_t *r0, const int8_t *r1, const int8_
 AVX2_DECODE void q_iq3_xxs(const unsigned char *b, LowbitBlock *o) {
     for (int ib = 0; ib < 8; ib++) {
         const unsigned char *g = b + 2 + 8 * ib;
+        const uint32_t aux = rd32(b + 66 + 4 * ib);
         signed32(o->q + 32 * ib,
                  rows4(iq3xxs_grid[g[0]], iq3xxs_grid[g[1]], iq3xxs_grid[g[2]], iq3xxs_grid[g[3]], iq3xxs_grid[g[4]],
                        iq3xxs_grid[g[5]], iq3xxs_grid[g[6]], iq3xxs_grid[g[7]]),
-                 ksigns4(rd32(b + 66 + 4 * ib)));
+                 KSIGNS4(aux));
     }
 }
 
@@ -106,12 +120,12 @@ AVX2_DECODE void q_iq3_s(const unsigned char *b, LowbitBlock *o) {
     for (int ib = 0; ib < 8; ib++) {
         const unsigned char *g = qs + 8 * ib; /* rows 8ib + j, the ninth index bit is bit j of qh[ib] */
         const int h = qh[ib];
-        signed32(o->q + 32 * ib,
-                 rows4(iq3s_grid[g[0] | (h & 1) << 8], iq3s_grid[g[1] | (h >> 1 & 1) << 8], iq3s_grid[g[2] | (h >> 2 & 1) << 8],
-                       iq3s_grid[g[3] | (h >> 3 & 1) << 8], iq3s_grid[g[4] | (h >> 4 & 1) << 8],
-                       iq3s_grid[g[5] | (h >> 5 & 1) << 8], iq3s_grid[g[6] | (h >> 6 & 1) << 8],
-                       iq3s_grid[g[7] | (h >> 7 & 1) << 8]),
-                 rd32(sg + 4 * ib));
+        signed32_bits(o->q + 32 * ib,
+                      rows4(iq3s_grid[g[0] | (h & 1) << 8], iq3s_grid[g[1] | (h >> 1 & 1) << 8],
+                            iq3s_grid[g[2] | (h >> 2 & 1) << 8], iq3s_grid[g[3] | (h >> 3 & 1) << 8],
+                            iq3s_grid[g[4] | (h >> 4 & 1) << 8], iq3s_grid[g[5] | (h >> 5 & 1) << 8],
+                            iq3s_grid[g[6] | (h >> 6 & 1) << 8], iq3s_grid[g[7] | (h >> 7 & 1) << 8]),
+                      rd32(sg + 4 * ib));
     }
 }
 
