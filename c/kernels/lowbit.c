@@ -284,14 +284,17 @@ void lowbit_pack_act(const QAct *a, unsigned char *dst) {
         for (int k = 0; k < nk; k++) {
             unsigned char *o = dst + ((size_t)t * nk + k) * LOWBIT_PACK_BYTES;
             const int16_t *x = a->q + ((size_t)t * a->nb + (size_t)k * 8) * QBLOCK;
-            int16_t xt[256];
             float f[24];
-            for (int v = 0; v < 16; v++)
-                for (int l = 0; l < 8; l++) {
-                    const int part = 2 * l + v / 8, m = v % 8;
-                    xt[16 * v + 2 * l] = x[16 * part + 2 * m];
-                    xt[16 * v + 2 * l + 1] = x[16 * part + 2 * m + 1];
-                }
+            if (a->rows >= LOWBIT_PACKED_MIN_ROWS) { /* fewer positions never read the rearranged x */
+                int16_t xt[256];
+                for (int v = 0; v < 16; v++)
+                    for (int l = 0; l < 8; l++) {
+                        const int part = 2 * l + v / 8, m = v % 8;
+                        xt[16 * v + 2 * l] = x[16 * part + 2 * m];
+                        xt[16 * v + 2 * l + 1] = x[16 * part + 2 * m + 1];
+                    }
+                memcpy(o, xt, sizeof xt);
+            }
             for (int h = 0; h < 8; h++) {
                 f[h] = a->d[(size_t)(k * 8 + h) * a->rows + t];
                 int32_t e = 0, od = 0;
@@ -299,7 +302,6 @@ void lowbit_pack_act(const QAct *a, unsigned char *dst) {
                 f[8 + h] = (float)e;
                 f[16 + h] = (float)od;
             }
-            memcpy(o, xt, sizeof xt);
-            memcpy(o + sizeof xt, f, sizeof f);
+            memcpy(o + 512, f, sizeof f);
         }
 }
