@@ -21,7 +21,7 @@ BLOCK_BYTES = {"q8": 34, "q4": 20, "mxfp4": 17, "q6": 26}  # f16 scale + 32 int8
 
 # GGUF's low-bit blocks the converter writes from float weights (c/kernels/lowbit_quantize.h); the
 # lattice i-quants (iq1_*, iq2_*, iq3_*) are kept from GGUF files only.
-WRITABLE_LOWBIT = ("q2_k", "q3_k", "iq4_xs", "iq4_nl")
+WRITABLE_LOWBIT = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "iq4_nl")
 EXPERT_STORAGE = ("q4", "q6", "q8", "bf16", "f32", "mxfp4") + WRITABLE_LOWBIT  # what a container may hold routed
 DENSE_STORAGE = ("q8", "q6", "q4", "bf16", "f32") + WRITABLE_LOWBIT  # experts as, and the dense trunk
 # GGUF's names of the storage types that are its blocks byte for byte (q4 pads a row's last block
@@ -33,7 +33,7 @@ STORAGE_ALIASES = {"q8_0": "q8", "q4_1": "q4"}
 LOWBIT_BLOCKS = {"q2_k": (256, 84), "q3_k": (256, 110), "iq1_s": (256, 50), "iq1_m": (256, 56),
                  "iq2_xxs": (256, 66), "iq2_xs": (256, 74), "iq2_s": (256, 82), "iq3_xxs": (256, 98),
                  "iq3_s": (256, 110), "iq4_nl": (32, 18), "iq4_xs": (256, 136), "q5_k": (256, 176),
-                 "q6_k": (256, 210)}
+                 "q6_k": (256, 210), "q4_k": (256, 144)}
 
 # storage type -> safetensors dtype of its tensors (the quantized ones are raw bytes)
 STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8": "U8", "q4": "U8", "mxfp4": "U8", "q6": "U8",

@@ -12,10 +12,11 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 # the 1-4-bit K-quants and i-quants, kept as they are by every conversion to a block type
 LOWBIT = ["Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"]
 # the engine's storage types of GGUF blocks in QType order (c/kernels/quant.h): LOWBIT, then the
-# 5- and 6-bit K-quants, which the converter keeps where q6 is asked for
-LOWBIT_STORAGE = LOWBIT + ["Q5_K", "Q6_K"]
+# 5- and 6-bit K-quants, which the converter keeps where q6 is asked for, and Q4_K, kept where a
+# K-quant is asked for
+LOWBIT_STORAGE = LOWBIT + ["Q5_K", "Q6_K", "Q4_K"]
 # byte offsets of a block's f16 scales; the i-quants: (0,)
-F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,), "Q5_K": (0, 2), "Q6_K": (208,)}
+F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,), "Q5_K": (0, 2), "Q6_K": (208,), "Q4_K": (0, 2)}
 
 
 def lowbit_blocks(name, rows, cols, rng, d_max=0.01):

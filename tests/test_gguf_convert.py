@@ -362,7 +362,8 @@ def test_every_gguf_type_through_convert_jobs(oracle_root, tmp_path):
 def test_k_quants_through_convert_jobs(tmp_path):
     """Q4_K, Q5_K and Q6_K tensors (random blocks with sane scales) in a llama GGUF: the f32
     container equals the reference dequantization; q4 keeps Q4_K nibbles (f16 scales); --dense q6
-    keeps Q5_K and Q6_K byte for byte (q5_k, q6_k), decoding to the reference bit for bit."""
+    keeps Q5_K and Q6_K byte for byte (q5_k, q6_k), and --dense q6_k all three, decoding to the
+    reference bit for bit."""
     from safetensors.numpy import load_file
     from test_gguf_quants import random_blocks
     rng = np.random.default_rng(5)
@@ -426,14 +427,15 @@ def test_k_quants_through_convert_jobs(tmp_path):
             np.testing.assert_allclose(dec, x, rtol=2e-3, atol=2e-4 * np.abs(x).max(), err_msg=n)
         elif tname != "F32":
             assert meta[n][0] == "q8", f"{n}: {tname} -> {meta[n][0]}"
-    q6 = convert(path, tmp_path / "q6", dense="q6")
-    meta = json.loads(safetensors_metadata(q6 / "model-00001-of-00001.safetensors")["colibri.tensors"])
-    got = load_file(str(q6 / "model-00001-of-00001.safetensors"))
-    for n, (x, tname) in ref.items():
-        if tname in ("Q5_K", "Q6_K"):
-            assert meta[n][0] == tname.lower(), f"{n}: {tname} -> {meta[n][0]}"
-            dec = gguf.quants.dequantize(np.asarray(got[n], dtype=np.uint8), T[tname]).reshape(x.shape)
-            np.testing.assert_array_equal(dec, x, err_msg=n)
+    for dense, kept in (("q6", ("Q5_K", "Q6_K")), ("q6_k", ("Q4_K", "Q5_K", "Q6_K"))):  # q6_k: narrower ones too
+        q6 = convert(path, tmp_path / dense, dense=dense)
+        meta = json.loads(safetensors_metadata(q6 / "model-00001-of-00001.safetensors")["colibri.tensors"])
+        got = load_file(str(q6 / "model-00001-of-00001.safetensors"))
+        for n, (x, tname) in ref.items():
+            if tname in kept:
+                assert meta[n][0] == tname.lower(), f"{n}: {tname} -> {meta[n][0]}"
+                dec = gguf.quants.dequantize(np.asarray(got[n], dtype=np.uint8), T[tname]).reshape(x.shape)
+                np.testing.assert_array_equal(dec, x, err_msg=n)
 
 
 def test_refusals(oracle_root, tmp_path):

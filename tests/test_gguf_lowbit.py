@@ -234,8 +234,8 @@ def test_deepseek2_lowbit_gguf_against_transformers(tmp_path):
 
 def test_lattice_storage_is_never_written_from_floats(tmp_path):
     """--experts q4 (or q3_k) on a Q2_K tensor keeps Q2_K; bf16 dequantizes; a job asking
-    convert-jobs to write iq2_xxs from floats is refused with the reason (q2_k, q3_k and the IQ4
-    types are written: tests/test_lowbit_quantize.py)."""
+    convert-jobs to write iq2_xxs from floats is refused with the reason (the K-quants and the
+    IQ4 types are written: tests/test_lowbit_quantize.py)."""
     from colibri.convert import gguf as convert_gguf
     assert convert_gguf.storage_for("Q2_K", "q4") == "q2_k" and convert_gguf.storage_for("IQ1_S", "q8") == "iq1_s"
     assert convert_gguf.storage_for("Q2_K", "q3_k") == "q2_k" and convert_gguf.storage_for("IQ2_XS", "iq4_xs") == "iq2_xs"
@@ -245,6 +245,10 @@ def test_lattice_storage_is_never_written_from_floats(tmp_path):
     assert convert_gguf.storage_for("Q6_K", "q6") == "q6_k" and convert_gguf.storage_for("Q5_K", "q6") == "q5_k"
     assert convert_gguf.storage_for("Q6_K", "q8") == "q8" and convert_gguf.storage_for("Q6_K", "q4", default=True) == "q4"
     assert convert_gguf.storage_for("Q5_K", "q2_k") == "q2_k" and convert_gguf.storage_for("Q6_K", "f32") == "f32"
+    # a K-quant asked for by its own name or a wider K-quant's is kept; a narrower one re-quantizes
+    assert convert_gguf.storage_for("Q4_K", "q4_k") == "q4_k" and convert_gguf.storage_for("Q4_K", "q6_k") == "q4_k"
+    assert convert_gguf.storage_for("Q5_K", "q6_k") == "q5_k" and convert_gguf.storage_for("Q6_K", "q4_k") == "q4_k"
+    assert convert_gguf.storage_for("Q4_K", "q4") == "q4" and convert_gguf.storage_for("Q4_K", "q6") == "q4"
     # a Q8_0 expert stays q8 unless --experts asked for q4
     assert convert_gguf.storage_for("Q8_0", "q4", default=True) == "q8" and convert_gguf.storage_for("Q8_0", "q4") == "q4"
     src = tmp_path / "x.f32"

@@ -1,5 +1,5 @@
-"""The converter's low-bit writer (c/kernels/lowbit_quantize.c): Q2_K, Q3_K, IQ4_NL and IQ4_XS
-blocks written from float weights. Its bytes are read back with the gguf package's `dequantize`
+"""The converter's low-bit writer (c/kernels/lowbit_quantize.c): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+IQ4_NL and IQ4_XS blocks written from float weights. Its bytes are read back with the gguf package's `dequantize`
 (llama.cpp's layouts, not ours), their error is held under a naive per-block round-to-nearest
 computed here in numpy, importance weights lower the error they weigh, and a tiny Qwen3-MoE
 converted to these types runs against transformers holding the values its blocks decode to."""
@@ -22,12 +22,14 @@ from test_gguf_lowbit import QWEN3MOE, check_model  # noqa: E402
 torch = need("torch")
 import make_oracles  # noqa: E402
 
-WRITABLE = {"q2_k": T.Q2_K, "q3_k": T.Q3_K, "iq4_nl": T.IQ4_NL, "iq4_xs": T.IQ4_XS}
-ROW_BYTES = {"q2_k": (256, 84), "q3_k": (256, 110), "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
+WRITABLE = {"q2_k": T.Q2_K, "q3_k": T.Q3_K, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K, "iq4_nl": T.IQ4_NL,
+            "iq4_xs": T.IQ4_XS}
+ROW_BYTES = {"q2_k": (256, 84), "q3_k": (256, 110), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210),
+             "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
 IQ4_BOOK = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 # relative squared error of Gaussian rows with an outlier column, measured: q2_k 0.076, q3_k 0.025,
-# iq4_nl 0.0076, iq4_xs 0.0078; the bounds leave room for nothing worse than a few percent
-REL_ERR_BOUND = {"q2_k": 0.085, "q3_k": 0.028, "iq4_nl": 0.0085, "iq4_xs": 0.0087}
+# q4_k 0.0061, q5_k 0.0015, q6_k 0.0004, iq4_nl 0.0076, iq4_xs 0.0078; the bounds leave room for nothing worse than a few percent
+REL_ERR_BOUND = {"q2_k": 0.085, "q3_k": 0.028, "q4_k": 0.0066, "q5_k": 0.0017, "q6_k": 0.00045, "iq4_nl": 0.0085, "iq4_xs": 0.0087}
 
 
 def weights(rows=64, cols=512, seed=0):
@@ -67,20 +69,22 @@ def decoded(raw, storage, rows, cols):
 
 
 def naive(storage, x):
-    """Round-to-nearest with float (unquantized) scales: each 16-element sub-block's range over
-    Q2_K's four levels, its signed extreme onto Q3_K's -4, each 32-element block's extreme onto
-    the IQ4 codebook's -127. The writer quantizes its scales too and must still do better."""
-    if storage == "q2_k":
-        b = x.reshape(-1, 16)
+    """Round-to-nearest with float (unquantized) scales: each sub-block's range over Q2_K's,
+    Q4_K's or Q5_K's levels, its signed extreme onto Q3_K's -4 or Q6_K's -32, each 32-element
+    block's extreme onto the IQ4 codebook's -127. The writer quantizes its scales too and must still do better."""
+    if storage in ("q2_k", "q4_k", "q5_k"):  # each sub-block's range over its levels
+        n, top = {"q2_k": (16, 3), "q4_k": (32, 15), "q5_k": (32, 31)}[storage]
+        b = x.reshape(-1, n)
         lo, hi = np.minimum(b.min(1, keepdims=True), 0), b.max(1, keepdims=True)
-        a = np.where(hi > lo, (hi - lo) / 3, 1)
-        return (np.clip(np.round((b - lo) / a), 0, 3) * a + lo).reshape(x.shape)
-    n = 16 if storage == "q3_k" else 32
+        a = np.where(hi > lo, (hi - lo) / top, 1)
+        return (np.clip(np.round((b - lo) / a), 0, top) * a + lo).reshape(x.shape)
+    n = 16 if storage in ("q3_k", "q6_k") else 32
     b = x.reshape(-1, n)
     ext = b[np.arange(len(b)), np.abs(b).argmax(1)][:, None]
-    if storage == "q3_k":
-        s = np.where(ext != 0, -ext / 4, 1)
-        return (np.clip(np.round(b / s), -4, 3) * s).reshape(x.shape)
+    if storage in ("q3_k", "q6_k"):  # the signed extreme onto the lowest code
+        low = 4 if storage == "q3_k" else 32
+        s = np.where(ext != 0, -ext / low, 1)
+        return (np.clip(np.round(b / s), -low, low - 1) * s).reshape(x.shape)
     d = np.where(ext != 0, -ext / 127, 1)
     idx = np.abs(b[:, :, None] / d[:, :, None] - IQ4_BOOK).argmin(-1)
     return (IQ4_BOOK[idx] * d).reshape(x.shape)
@@ -187,7 +191,7 @@ def container_values(out):
     return values
 
 
-@pytest.mark.parametrize("experts,dense", [("q2_k", "q3_k"), ("iq4_xs", "iq4_nl")])
+@pytest.mark.parametrize("experts,dense", [("q2_k", "q3_k"), ("iq4_xs", "iq4_nl"), ("q4_k", "q6_k")])
 def test_converted_model_against_transformers(tmp_path, experts, dense):
     """A checkpoint converted to low-bit storage runs against transformers holding exactly the
     values its blocks decode to (gguf's dequantize): logits, greedy tokens, streaming."""

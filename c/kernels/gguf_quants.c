@@ -46,7 +46,7 @@ static const struct {
 } LOWBIT[] = {{GGUF_T_Q2_K, QT_Q2_K},       {GGUF_T_Q3_K, QT_Q3_K},     {GGUF_T_IQ1_S, QT_IQ1_S},   {GGUF_T_IQ1_M, QT_IQ1_M},
               {GGUF_T_IQ2_XXS, QT_IQ2_XXS}, {GGUF_T_IQ2_XS, QT_IQ2_XS}, {GGUF_T_IQ2_S, QT_IQ2_S},   {GGUF_T_IQ3_XXS, QT_IQ3_XXS},
               {GGUF_T_IQ3_S, QT_IQ3_S},     {GGUF_T_IQ4_NL, QT_IQ4_NL}, {GGUF_T_IQ4_XS, QT_IQ4_XS}, {GGUF_T_Q5_K, QT_Q5_K},
-              {GGUF_T_Q6_K, QT_Q6_K}};
+              {GGUF_T_Q6_K, QT_Q6_K},       {GGUF_T_Q4_K, QT_Q4_K}};
 
 QType gguf_lowbit_qtype(int type) {
     for (size_t i = 0; i < sizeof LOWBIT / sizeof LOWBIT[0]; i++)

@@ -226,6 +226,12 @@ static void q_q5_k(const unsigned char *b, LowbitBlock *o) {
         o->q[e] = (int8_t)((qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2)) & 0xF) | (qh[e % 32] >> (e / 32) & 1) << 4);
 }
 
+/* Q4_K, 144 bytes: Q5_K without qh: d, dmin, scales[12], qs[128] at 16. */
+static void q_q4_k(const unsigned char *b, LowbitBlock *o) {
+    const unsigned char *qs = b + 16;
+    for (int e = 0; e < 256; e++) o->q[e] = (int8_t)(qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2)) & 0xF);
+}
+
 /* Q6_K, 210 bytes: ql[128], qh[64], scales[16] (int8, per 16), d. Element 128h + e (e < 128):
  * nibble e/64 of ql[64h + e%64], two high bits at 2*(e/32) of qh[32h + e%32], minus 32. */
 static void sc_q6_k(const unsigned char *b, LowbitBlock *o) {
@@ -247,7 +253,7 @@ static const LowbitType TYPES[] = {
     [QT_IQ2_S - QT_Q2_K] = {256, 82, 0, sc_iq2_s, q_iq2_s},       [QT_IQ3_XXS - QT_Q2_K] = {256, 98, 0, sc_iq3_xxs, q_iq3_xxs},
     [QT_IQ3_S - QT_Q2_K] = {256, 110, 0, sc_iq3_s, q_iq3_s},      [QT_IQ4_NL - QT_Q2_K] = {32, 18, 0, sc_iq4_nl, q_iq4_nl},
     [QT_IQ4_XS - QT_Q2_K] = {256, 136, 0, sc_iq4_xs, q_iq4_xs},   [QT_Q5_K - QT_Q2_K] = {256, 176, 1, sc_q5_k, q_q5_k},
-    [QT_Q6_K - QT_Q2_K] = {256, 210, 0, sc_q6_k, q_q6_k},
+    [QT_Q6_K - QT_Q2_K] = {256, 210, 0, sc_q6_k, q_q6_k},         [QT_Q4_K - QT_Q2_K] = {256, 144, 1, sc_q5_k, q_q4_k},
 };
 
 void lowbit_decode(const LowbitType *t, const unsigned char *b, LowbitBlock *o) {

@@ -1,9 +1,9 @@
-/* GGUF's K-quants (Q2_K, Q3_K, Q5_K, Q6_K) and i-quants, stored in the container
+/* GGUF's K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and i-quants, stored in the container
  * byte for byte as llama.cpp writes them; docs/container.md has each block layout. A row is
  * whole blocks (256 elements, 32 for IQ4_NL): a GGUF row always is, so nothing is padded.
  *
  * Every type decodes one block into small integers and float scales, one per 16 elements:
- *   x[j] = sc[j/16] * q[j] - mn[j/16]       (mn only for Q2_K and Q5_K, else x = sc * q)
+ *   x[j] = sc[j/16] * q[j] - mn[j/16]       (mn only for Q2_K, Q4_K and Q5_K, else x = sc * q)
  * with q int8: the K-quant codes, the i-quant lattice coordinate with its sign, or for
  * IQ1_S/IQ1_M 8*(coordinate + delta) (delta = +-1/8, so q is odd and sc carries the 1/8, a
  * power of two: the product is the reference's value exactly). dequantization evaluates the
@@ -25,7 +25,7 @@ typedef struct {
 typedef void (*LowbitDecodeFn)(const unsigned char *b, LowbitBlock *o);
 
 typedef struct {
-    int block, bytes, has_min; /* elements and bytes per block; a minimum (Q2_K, Q5_K) */
+    int block, bytes, has_min; /* elements and bytes per block; a minimum (Q2_K, Q4_K, Q5_K) */
     LowbitDecodeFn scales;     /* one block's sc (and mn) */
     LowbitDecodeFn codes;      /* one block's q: what a SIMD set may replace with its own */
 } LowbitType;
@@ -78,6 +78,7 @@ void lowbit_pack_act(const QAct *a, unsigned char *dst);
     X(iq4_nl, QT_IQ4_NL)   \
     X(iq4_xs, QT_IQ4_XS)   \
     X(q5_k, QT_Q5_K)       \
-    X(q6_k, QT_Q6_K)
+    X(q6_k, QT_Q6_K)       \
+    X(q4_k, QT_Q4_K)
 
 #endif

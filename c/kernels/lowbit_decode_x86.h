@@ -200,6 +200,16 @@ AVX2_DECODE void q_q5_k(const unsigned char *b, LowbitBlock *o) {
     }
 }
 
+/* Q4_K: the nibbles of qs (32 bytes per 64 elements, low nibbles first). */
+AVX2_DECODE void q_q4_k(const unsigned char *b, LowbitBlock *o) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(b + 16 + 32 * c));
+        _mm256_storeu_si256((__m256i *)(void *)(o->q + 64 * c), _mm256_and_si256(v, m4));
+        _mm256_storeu_si256((__m256i *)(void *)(o->q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    }
+}
+
 /* Q6_K: per half, groups k = 0..3 take the low nibbles of ql bytes 0..31 and 32..63, then the
  * high ones, with qh's bits 2k, 2k+1. */
 AVX2_DECODE void q_q6_k(const unsigned char *b, LowbitBlock *o) {
@@ -349,7 +359,7 @@ AVX2_DECODE Scales8 s8_iq4_xs(const unsigned char *b) {
     return same8(d_k(f16_at(b), _mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
 }
 
-/* Q5_K: Q4_K's eight 6-bit scales and mins per 32 (ggml's get_scale_min_k4) from bytes 4..15. */
+/* Q4_K and Q5_K: eight 6-bit scales and mins per 32 (ggml's get_scale_min_k4) from bytes 4..15. */
 AVX2_DECODE Scales8 s8_q5_k(const unsigned char *b) {
     const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(b + 4));
 #define BYTES8(...) _mm256_cvtepu8_epi32(_mm_shuffle_epi8(v, _mm_setr_epi8(__VA_ARGS__, -1, -1, -1, -1, -1, -1, -1, -1)))

@@ -22,7 +22,7 @@ static const LowbitDecodeFn CODES[] = {
     [QT_IQ1_M - QT_Q2_K] = q_iq1_m,   [QT_IQ2_XXS - QT_Q2_K] = q_iq2_xxs, [QT_IQ2_XS - QT_Q2_K] = q_iq2_xs,
     [QT_IQ2_S - QT_Q2_K] = q_iq2_s,   [QT_IQ3_XXS - QT_Q2_K] = q_iq3_xxs, [QT_IQ3_S - QT_Q2_K] = q_iq3_s,
     [QT_IQ4_NL - QT_Q2_K] = q_iq4_nl, [QT_IQ4_XS - QT_Q2_K] = q_iq4_xs,   [QT_Q5_K - QT_Q2_K] = q_q5_k,
-    [QT_Q6_K - QT_Q2_K] = q_q6_k,
+    [QT_Q6_K - QT_Q2_K] = q_q6_k,     [QT_Q4_K - QT_Q2_K] = q_q4_k,
 };
 
 /* The sums of each of v[0..8)'s eight int32 lanes. */
@@ -216,6 +216,8 @@ FEW(iq3_s, 0)
 FEW(iq4_xs, 0)
 FEW(q5_k, 1)
 FEW(q6_k, 0)
+#define s8_q4_k s8_q5_k /* the same scale bytes */
+FEW(q4_k, 1)
 
 /* Per type, the dots of few positions (none for IQ4_NL, whose 32-element blocks take the path below). */
 static void (*const FEWS[])(int, QDOT_ARGS) = {
@@ -223,7 +225,7 @@ static void (*const FEWS[])(int, QDOT_ARGS) = {
     [QT_IQ1_M - QT_Q2_K] = few_iq1_m, [QT_IQ2_XXS - QT_Q2_K] = few_iq2_xxs, [QT_IQ2_XS - QT_Q2_K] = few_iq2_xs,
     [QT_IQ2_S - QT_Q2_K] = few_iq2_s, [QT_IQ3_XXS - QT_Q2_K] = few_iq3_xxs, [QT_IQ3_S - QT_Q2_K] = few_iq3_s,
     [QT_IQ4_NL - QT_Q2_K] = NULL,     [QT_IQ4_XS - QT_Q2_K] = few_iq4_xs,   [QT_Q5_K - QT_Q2_K] = few_q5_k,
-    [QT_Q6_K - QT_Q2_K] = few_q6_k,
+    [QT_Q6_K - QT_Q2_K] = few_q6_k,   [QT_Q4_K - QT_Q2_K] = few_q4_k,
 };
 
 LB static void lowbit_qdot_set(QType qt, QDOT_ARGS) {

@@ -241,6 +241,69 @@ static void q3_k_block(const float *x, const float *w, unsigned char *b) {
     put_f16(b + 108, d);
 }
 
+/* Q4_K and Q5_K: x ~ (d*sc_j) q - dmin*m_j per 32-element sub-block j, q in [0, nmax], the
+ * eight 6-bit scales and mins packed as ggml's get_scale_min_k4 reads them; Q5_K's fifth bit
+ * of element e is bit e/32 of qh[e%32]. */
+static void k4_block(const float *x, const float *w, int nmax, unsigned char *b) {
+    int L[256], Ls[8], Lm[8];
+    float a[8], m[8], wa[8], wm[8];
+    for (int j = 0; j < 8; j++) {
+        a[j] = fit_min_scale(32, x + 32 * j, w + 32 * j, nmax, L + 32 * j, &m[j]);
+        wa[j] = code_weight(32, w + 32 * j, L + 32 * j, NULL);
+        wm[j] = 0;
+        for (int i = 0; i < 32; i++) wm[j] += w[32 * j + i];
+    }
+    const float d = f16_round(fit_grid(8, a, wa, 0, 63, Ls)), dmin = f16_round(fit_grid(8, m, wm, 0, 63, Lm));
+    const int five = nmax > 15, qs_at = five ? 48 : 16;
+    memset(b, 0, five ? 176 : 144);
+    put_f16(b, d);
+    put_f16(b + 2, dmin);
+    unsigned char *sc = b + 4, *qh = b + 16, *qs = b + qs_at;
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = (unsigned char)Ls[j];
+            sc[j + 4] = (unsigned char)Lm[j];
+        } else {
+            sc[j + 4] = (unsigned char)((Ls[j] & 15) | (Lm[j] & 15) << 4);
+            sc[j - 4] |= (unsigned char)((Ls[j] >> 4) << 6);
+            sc[j] |= (unsigned char)((Lm[j] >> 4) << 6);
+        }
+        const float sd = d * (float)Ls[j], md = dmin * (float)Lm[j];
+        for (int i = 0; i < 32; i++) {
+            const int e = 32 * j + i, q = sd > 0 ? clampi(nearest((x[e] + md) / sd), 0, nmax) : 0;
+            qs[32 * (e / 64) + e % 32] |= (unsigned char)((q & 15) << (4 * (e / 32 % 2)));
+            if (five && q > 15) qh[e % 32] |= (unsigned char)(1 << (e / 32));
+        }
+    }
+}
+static void q4_k_block(const float *x, const float *w, unsigned char *b) { k4_block(x, w, 15, b); }
+static void q5_k_block(const float *x, const float *w, unsigned char *b) { k4_block(x, w, 31, b); }
+
+/* Q6_K: x ~ (d*sc_i) q per 16, q in [-32, 31] stored as q + 32 (low nibble of element 128h + i
+ * at nibble i/64 of ql[64h + i%64], high two bits at 2*(i/32) of qh[32h + i%32]), the sixteen
+ * scales int8. */
+static void q6_k_block(const float *x, const float *w, unsigned char *b) {
+    int L[256], Ls[16];
+    float s[16], ws[16];
+    for (int i = 0; i < 16; i++) {
+        s[i] = fit_grid(16, x + 16 * i, w + 16 * i, -32, 31, L + 16 * i);
+        ws[i] = code_weight(16, w + 16 * i, L + 16 * i, NULL);
+    }
+    const float d = f16_round(fit_grid(16, s, ws, -128, 127, Ls));
+    memset(b, 0, 210);
+    for (int i = 0; i < 16; i++) {
+        b[192 + i] = (unsigned char)(int8_t)Ls[i];
+        const float sd = d * (float)Ls[i];
+        for (int j = 0; j < 16; j++) {
+            const int e = 16 * i + j, h = e / 128, k = e % 128;
+            const int u = (sd != 0 ? clampi(nearest(x[e] / sd), -32, 31) : 0) + 32;
+            b[64 * h + k % 64] |= (unsigned char)((u & 15) << (4 * (k / 64)));
+            b[128 + 32 * h + k % 32] |= (unsigned char)((u >> 4) << (2 * (k / 32)));
+        }
+    }
+    put_f16(b + 208, d);
+}
+
 /* 32 codebook indexes as IQ4_NL/IQ4_XS pack them: byte j holds j (low) and j+16 (high). */
 static void put_nibbles(unsigned char *qs, const float *x, float sd) {
     for (int j = 0; j < 16; j++) {
@@ -286,6 +349,9 @@ static BlockWriter writer(QType qt) {
     case QT_Q3_K: return q3_k_block;
     case QT_IQ4_NL: return iq4_nl_block;
     case QT_IQ4_XS: return iq4_xs_block;
+    case QT_Q4_K: return q4_k_block;
+    case QT_Q5_K: return q5_k_block;
+    case QT_Q6_K: return q6_k_block;
     default: return NULL;
     }
 }

@@ -1,4 +1,4 @@
-/* The converter's writer of GGUF low-bit blocks from floats (Q2_K, Q3_K, IQ4_NL, IQ4_XS), the
+/* The converter's writer of GGUF low-bit blocks from floats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), the
  * inverse of c/kernels/lowbit.c's decoders.
  *
  * Every scale is chosen by weighted least squares, not round-to-nearest: a block minimises

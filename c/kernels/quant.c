@@ -6,7 +6,7 @@
 
 static const char *QT_NAMES[QT_COUNT] = {"f32",     "bf16",  "f16",    "q8",     "q4",      "mxfp4",  "q6",
                                          "q2_k",    "q3_k",  "iq1_s",  "iq1_m",  "iq2_xxs", "iq2_xs", "iq2_s",
-                                         "iq3_xxs", "iq3_s", "iq4_nl", "iq4_xs", "q5_k",    "q6_k"};
+                                         "iq3_xxs", "iq3_s", "iq4_nl", "iq4_xs", "q5_k",    "q6_k",   "q4_k"};
 
 const char *qtype_name(QType q) { return (unsigned)q < QT_COUNT ? QT_NAMES[q] : "?"; }
 

@@ -40,6 +40,7 @@ typedef enum {
     QT_IQ4_XS,
     QT_Q5_K,
     QT_Q6_K,
+    QT_Q4_K,
     QT_COUNT
 } QType;
 

@@ -32,6 +32,7 @@ typedef void (*AnyFn)(void);
     X("qdot.iq4_xs", qdot[QT_IQ4_XS])             \
     X("qdot.q5_k", qdot[QT_Q5_K])                 \
     X("qdot.q6_k", qdot[QT_Q6_K])                 \
+    X("qdot.q4_k", qdot[QT_Q4_K])                 \
     X("kv.f32.dot", kv[0].dot)                    \
     X("kv.f32.axpy", kv[0].axpy)                  \
     X("kv.f32.attend", kv[0].attend)              \

@@ -21,7 +21,8 @@ SRC is either
 --experts and --dense choose the storage of routed experts and of the dense trunk. A GGUF
 block colibri can hold exactly is kept (Q8_0 -> q8; Q4_0, Q4_1, Q4_K -> q4), so a 4-bit
 source stays 4-bit under q8; Q2_K, Q3_K and the IQ types keep their own blocks under any block
-type, Q5_K and Q6_K theirs under q6 (bf16 and f32 dequantize); `coli info` shows what each
+type, Q5_K and Q6_K theirs under q6, and Q4_K-Q6_K theirs under a K-quant at least as wide
+(q4_k, q5_k, q6_k; bf16 and f32 dequantize); `coli info` shows what each
 tensor class got. --tensor-type CLASS=TYPE gives one class another type (e.g. down=q6 or
 attention=q8, repeatable). OUT must be new or empty; an interrupted conversion with the
 same settings resumes there, and a conversion with other settings is refused."""
@@ -34,7 +35,7 @@ def add_arguments(c):
     add_storage_flags(c)
     c.add_argument("--imatrix", metavar="FILE", default=None,
                    help="the importance matrix (GGUF, from llama.cpp's imatrix tool) of this model: weighs the errors of the "
-                        "q2_k/q3_k/iq4_xs/iq4_nl writers by each column's mean squared activation")
+                        "q2_k-q6_k/iq4_xs/iq4_nl writers by each column's mean squared activation")
 
 
 def run(args):

@@ -16,7 +16,8 @@ expert stays q8 rather than taking the default q4. The 1-3-bit K-quants and i-qu
 they are, one storage type each (q2_k, iq2_xxs, ...; docs/container.md), and the engine runs
 them with their own kernels (c/kernels/lowbit*.c). Q5_K and Q6_K (the attention, head and
 embedding tensors of the dynamic quants) are kept the same way (q5_k, q6_k) where q6 is asked
-for: the same size as q6, and no re-quantization error. Elsewhere they are re-quantized to the
+for: the same size as q6, and no re-quantization error; Q4_K, Q5_K and Q6_K also where a K-quant
+at least as wide is asked for by name (q4_k keeps Q4_K, q6_k all three). Elsewhere they are re-quantized to the
 requested type, as Q5_1 always is: at the default q8 a decode step reads 1.3x the bytes, but on
 today's kernels it is faster (a decode step's q6_k dot runs at half q8's rate; docs/benchmarks.md).
 --experts/--dense bf16 or f32 always dequantize.
@@ -53,6 +54,7 @@ LOW_BIT = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4") + LOW_BIT
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")   # kept as q4 when q4, q6 or q8 is asked for
 KEPT_K = ("Q5_K", "Q6_K")             # kept as q5_k/q6_k when q6 is asked for
+K_WIDTHS = ("Q4_K", "Q5_K", "Q6_K")   # kept as they are when a K-quant at least as wide is asked for
 EXACT_Q8 = ("Q8_0", "Q5_0")           # kept as q8 when q8 is asked for
 # LOW_BIT blocks are kept as they are (storage q2_k, iq1_s, ...) when any block type is asked for
 
@@ -234,6 +236,8 @@ def storage_for(gtype, qtype, default=False):
         return "q4"
     if gtype in KEPT_K and qtype == "q6":
         return gtype.lower()  # byte for byte: no error added, no more bytes
+    if gtype in K_WIDTHS and qtype.upper() in K_WIDTHS and K_WIDTHS.index(gtype) <= K_WIDTHS.index(qtype.upper()):
+        return gtype.lower()  # its own type, or a wider K-quant: widening would add bytes, not accuracy
     if qtype in ("q8", "q6", "q4", *WRITABLE_LOWBIT) and gtype in LOW_BIT:
         return gtype.lower()  # byte for byte: re-quantizing a low-bit block only adds error (and size)
     if qtype == "q8" and gtype in EXACT_Q8:
