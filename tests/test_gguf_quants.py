@@ -242,6 +242,18 @@ def test_lowbit_dot_within_bound(lib, name):
                 for act in (a, packed):
                     fast = qdot(lib, f"qdot_{suffix}_{s}", data, act, t0, nt)
                     np.testing.assert_array_equal(fast.view(np.uint32), got.astype(np.float32).view(np.uint32), err_msg=s)
+    # one and two positions alone, as decode runs them (the pack holds no rearranged x then)
+    for n in (1, 2):
+        few, _ = act_quantize(lib, x[:n])
+        few_pack = np.zeros(lib.lowbit_pack_bytes(n, few.nb), dtype=np.uint8)
+        lib.lowbit_pack_act(ctypes.byref(few), few_pack.ctypes.data)
+        few_packed = QAct(few.nb, few.rows, few.q, few.d, few.s, few_pack.ctypes.data)
+        got = qdot(lib, f"qdot_{suffix}_portable", data, few, 0, n)
+        np.testing.assert_array_equal(got, qdot(lib, f"qdot_{suffix}_portable", data, a, 0, n))
+        for isa, s in ((1, "avx2"), (2, "avx512")):
+            if lib.kernels_supported(isa):
+                fast = qdot(lib, f"qdot_{suffix}_{s}", data, few_packed, 0, n)
+                np.testing.assert_array_equal(fast.view(np.uint32), got.view(np.uint32), err_msg=f"{s}, {n} alone")
 
 
 def test_lowbit_grids_are_generated_from_the_gguf_package():
