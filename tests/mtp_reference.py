@@ -2,7 +2,12 @@
 a transformers model: RMSNorm of the next token's embedding and of the main model's last hidden
 state (before the final norm), concatenated, projected by eh_proj, one decoder layer of the
 family (transformers' own class, loaded with the MTP layer's weights), then shared_head.norm and
-the head (the layer's shared_head.head where the checkpoint has one, else the model's)."""
+the head (the layer's shared_head.head where the checkpoint has one, else the model's).
+
+Qwen3.5 / Qwen3.6 (vLLM's qwen3_next_mtp.py, the published implementation) store the same head
+under `mtp.*`: pre_fc_norm_embedding and pre_fc_norm_hidden (enorm, hnorm), fc (eh_proj), one
+full-attention decoder layer (mtp.layers.0) and norm (shared_head.norm); every norm computes
+x * (1 + w), and the head is the model's."""
 import json
 from pathlib import Path
 
@@ -10,6 +15,24 @@ import numpy as np
 import torch
 
 MTP_ONLY = ("enorm", "hnorm", "eh_proj", "shared_head", "embed_tokens")
+QWEN35_PARTS = {"pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "fc": "eh_proj",
+                "norm": "shared_head.norm"}
+
+
+def is_qwen35(cfg):
+    return str(cfg.get("model_type", "")).startswith("qwen3_5")
+
+
+def qwen35_as_deepseek(t):
+    """A Qwen3.5 checkpoint's mtp.* tensors under the DeepSeek-V3 layout's layer-relative names."""
+    out = {}
+    for k, v in t.items():
+        if k.startswith("mtp.layers.0."):
+            out[k[len("mtp.layers.0."):]] = v
+        elif k.startswith("mtp.") and k[4:].rsplit(".", 1)[0] in QWEN35_PARTS:
+            part, leaf = k[4:].rsplit(".", 1)
+            out[f"{QWEN35_PARTS[part]}.{leaf}"] = v
+    return out
 
 
 def _layer_weights(t, prefix, layer, n_experts):
@@ -34,15 +57,22 @@ def mtp_logits(hf_dir, ids):
         hf_dir, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager").eval()
     cfg = model.config
     L = cfg.num_hidden_layers
-    layer = type(model.model.layers[-1])(cfg, L - 1).float().eval()  # built as the last layer is
     t = {}
     for f in sorted(hf_dir.glob("*.safetensors")):
         t.update(load_file(f))
-    w, sd = _layer_weights(t, f"model.layers.{L}.", layer, int(getattr(cfg, "n_routed_experts", 0) or 0))
+    qwen35 = is_qwen35(cfg.to_dict())
+    if qwen35:  # the layer is a full-attention one, whatever the trunk's last layer is
+        full = max(i for i, k in enumerate(cfg.layer_types) if k == "full_attention")
+        layer = type(model.model.layers[full])(cfg, full).float().eval()
+        w, sd = _layer_weights(qwen35_as_deepseek(t), "", layer, int(cfg.num_experts))
+    else:
+        layer = type(model.model.layers[-1])(cfg, L - 1).float().eval()  # built as the last layer is
+        w, sd = _layer_weights(t, f"model.layers.{L}.", layer, int(getattr(cfg, "n_routed_experts", 0) or 0))
     layer.load_state_dict(sd)
+    offset = 1.0 if qwen35 else 0.0
 
     def rms(x, g):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * g
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * (g + offset)
     got = {}
     hook = model.model.layers[-1].register_forward_hook(
         lambda m, i, o: got.__setitem__("h", o[0] if isinstance(o, tuple) else o))
@@ -56,7 +86,8 @@ def mtp_logits(hf_dir, ids):
         T = z.shape[0]
         pos = torch.arange(T)[None]
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
-        out = layer(z[None], attention_mask=mask, position_ids=pos, position_embeddings=model.model.rotary_emb(z[None], pos))
+        rope_pos = pos[None].expand(3, 1, -1) if qwen35 else pos  # Qwen3.5's multimodal rotary: text ids thrice
+        out = layer(z[None], attention_mask=mask, position_ids=pos, position_embeddings=model.model.rotary_emb(z[None], rope_pos))
         out = out[0] if isinstance(out, tuple) else out
         head = w.get("shared_head.head.weight", model.lm_head.weight)
         return (rms(out[0], w["shared_head.norm.weight"]) @ head.T).numpy().astype(np.float32)
@@ -72,6 +103,9 @@ def add_mtp_layer(src, dst, seed=0, bigram=None):
     src, dst = Path(src), Path(dst)
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
+    if is_qwen35(cfg):
+        assert bigram is None, "a Qwen3.5 head has no own output projection to make bigrams with"
+        return _add_qwen35_mtp(dst, cfg, seed)
     L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
     (dst / "config.json").write_text(json.dumps(dict(cfg, num_nextn_predict_layers=1)))
     t = load_file(dst / "model.safetensors")
@@ -96,5 +130,25 @@ def add_mtp_layer(src, dst, seed=0, bigram=None):
         for a, b in bigram.items():
             head[b] += unit[a]
         extra[new + "shared_head.head.weight"] = head.to(dt)
+    save_file({**t, **extra}, dst / "model.safetensors")
+    return dst
+
+
+def _add_qwen35_mtp(dst, cfg, seed):
+    """Qwen3.5's layout: mtp.layers.0 from the last full-attention layer's weights, perturbed, and
+    random fc and (1 + w) norms."""
+    from safetensors.torch import load_file, save_file
+    H = cfg["hidden_size"]
+    (dst / "config.json").write_text(json.dumps(dict(cfg, mtp_num_hidden_layers=1)))
+    t = load_file(dst / "model.safetensors")
+    g = torch.Generator().manual_seed(seed)
+    full = max(i for i, k in enumerate(cfg["layer_types"]) if k == "full_attention")
+    last = f"model.layers.{full}."
+    dt = next(iter(t.values())).dtype
+    extra = {"mtp.layers.0." + k[len(last):]: (v.float() * (1 + 0.2 * torch.randn(v.shape, generator=g))).to(v.dtype)
+             for k, v in t.items() if k.startswith(last)}
+    extra["mtp.fc.weight"] = (0.15 * torch.randn(H, 2 * H, generator=g)).to(dt)
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        extra[f"mtp.{n}.weight"] = (0.1 * torch.randn(H, generator=g)).to(dt)
     save_file({**t, **extra}, dst / "model.safetensors")
     return dst

@@ -88,6 +88,12 @@ static int logits_main(int argc, char **argv) {
         fprintf(stderr, "colibri: %s\n", err);
         return 1;
     }
+    /* a hybrid's recurrent layers turn drafting off, but the head still answers for itself here */
+    if (mtp_out && !e.model.mtp && mtp_load(&e.model, err, sizeof err)) {
+        fprintf(stderr, "colibri logits: %s\n", err);
+        engine_close(&e);
+        return 1;
+    }
     int32_t *ids = NULL;
     int n = 0, bad = parse_ids(ids_arg, e.model.a.vocab, &ids, &n, err, sizeof err);
     if (bad || n == 0) { /* an id out of range names itself, not an "empty" list */

@@ -140,7 +140,7 @@ def plan_tensors(arch, tensors, experts_q, dense_q, tensor_types=None):
             parts += [(t["file"], t["offset"] + r0 * cols * ELEM[t["dtype"]], t["dtype"], n) for r0, n in ranges]
         p.add(name, klass, rows, cols, parts, anchor, order)
 
-    for l, spec in enumerate(family_specs.layer_specs(arch)):
+    for l, spec in enumerate(family_specs.layer_specs(arch) + planned_mtp_layers(arch, tensors)):
         o = (l + 1,)
         for norm in ("attn_norm", "mlp_norm"):
             whole(spec[norm]["tensors"]["weight"], "f32", [H], o)
@@ -247,13 +247,26 @@ def fp4_part(p, tensors, name, rows, cols):
     return (t["file"], t["offset"], "MXFP4", rows, ("mxfp4", s["file"], s["offset"], 1))
 
 
+def planned_mtp_layers(arch, tensors):
+    """The MTP layers' specs where the family plans them as trunk layers (arch mtp_layer_attn:
+    their attention needs the trunk's gathers, as Qwen3.5's split q_proj) and the checkpoint
+    holds them (a fine-tune saved without its head keeps the config's count), else none: the
+    other families' MTP layers are kept as they are by keep_mtp_layers."""
+    n = int(arch.get("num_nextn_predict_layers") or 0)
+    if not n or not arch.get("mtp_layer_attn"):
+        return []
+    specs = mtp_spec.mtp_layer_specs(arch, n)
+    return specs if all(s["attn_norm"]["tensors"]["weight"] in tensors for s in specs) else []
+
+
 MTP_RE = re.compile(r"^model\.layers\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
 
 
 def keep_mtp_layers(p, tensors, L, take, part):
     """Multi-token-prediction layers (DeepSeek-V3, GLM-4.5: the config's num_nextn_predict_layers,
-    stored at layer index L and up) are kept in the container under their own names, but no
-    layer spec names them, so the engine does not run them. Any other extra layer stays an
+    stored at layer index L and up) are kept in the container under their own names (those
+    planned_mtp_layers planned already as they are there), and the manifest's `mtp` entries
+    (mtp_spec.py) tell the engine how to run them. Any other extra layer stays an
     unused tensor (refused). Returns their layer indices (the manifest's mtp_layers)."""
     layers, n_mtp = set(), int(p.arch.get("num_nextn_predict_layers") or 0)
     for name, t in tensors.items():

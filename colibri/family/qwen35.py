@@ -5,8 +5,8 @@ that compute x * (1 + w). family_registry maps a config with these helpers.
 
 Releases ship the vision-language wrapper: config.json holds the text model under
 `text_config` and the weights live under `model.language_model.*`, beside the vision tower
-(`model.visual.*`) and the multi-token-prediction head (`mtp.*`). Only the text model is
-converted: images are not supported, and the MTP head is not run."""
+(`model.visual.*`) and the multi-token-prediction head (`mtp.*`). The text model and its MTP
+head are converted (the head drafts with `--draft mtp`); images are not supported."""
 from colibri.errors import ConvertError
 
 # transformers' config class defaults for fields config.json leaves out (class_defaults.fill)
@@ -55,6 +55,10 @@ def linear_arch(cfg, layers):
         "linear_conv_kernel": int(cfg.get("linear_conv_kernel_dim", 4)),
         "attn_output_gate": True,
         "norm_offset": 1.0,  # the checkpoint's norms store w, they compute x * (1 + w)
+        # one MTP layer (mtp.*, renamed by text_tensors), a full-attention layer with its own KV;
+        # more are stacked on one fc and norm pair, which the engine's per-layer heads do not match
+        "num_nextn_predict_layers": 1 if int(cfg.get("mtp_num_hidden_layers") or 0) == 1 else 0,
+        "mtp_layer_attn": "gqa",
     }
 
 
@@ -110,30 +114,51 @@ def attn_outputs(spec, arch, p, H):
     return out
 
 
-def text_tensors(tensors, log):
-    """The wrapper's text-model tensors under the text model's own names (model.layers.*);
-    the vision tower and the MTP head are left out, and the log says so."""
-    if not any(n.startswith(TEXT_PREFIX) for n in tensors):
-        return tensors
-    out, vision, mtp = {}, 0, 0
+# the MTP head's own parts under the names of the DeepSeek-V3 layout (colibri/convert/mtp_spec.py)
+MTP_PARTS = {"fc.weight": "eh_proj.weight", "pre_fc_norm_embedding.weight": "enorm.weight",
+             "pre_fc_norm_hidden.weight": "hnorm.weight", "norm.weight": "shared_head.norm.weight"}
+
+
+def mtp_name(name, layers):
+    """An mtp.* tensor's name in the DeepSeek-V3 layout, the MTP layer at index `layers`:
+    mtp.layers.0.X -> model.layers.L.X, mtp.fc -> eh_proj, the pre-fc norms -> enorm/hnorm,
+    mtp.norm -> shared_head.norm. None for a name outside that layout."""
+    rest = name[len(MTP_PREFIX):]
+    if rest in MTP_PARTS:
+        return f"model.layers.{layers}.{MTP_PARTS[rest]}"
+    if rest.startswith("layers.0."):
+        return f"model.layers.{layers}.{rest[len('layers.0.'):]}"
+    return None
+
+
+def text_tensors(tensors, log, layers, mtp_layers):
+    """The wrapper's text-model tensors under the text model's own names (model.layers.*), and
+    the MTP head's (mtp.*) in the DeepSeek-V3 layout when the config declares its one layer
+    (mtp_layers); the vision tower, and a head of another shape, are left out, and the log
+    says so."""
+    out, vision, mtp = {}, 0, []
     for name, t in tensors.items():
         if name.startswith(VISION_PREFIX):
             vision += 1
         elif name.startswith(MTP_PREFIX):
-            mtp += 1
+            mtp.append(name)
         else:
             out["model." + name[len(TEXT_PREFIX):] if name.startswith(TEXT_PREFIX) else name] = t
+    renamed = {n: mtp_name(n, layers) for n in mtp}
+    if mtp and mtp_layers == 1 and None not in renamed.values():
+        out.update({renamed[n]: tensors[n] for n in mtp})
+    elif mtp:
+        log(f"note: the multi-token-prediction head ({len(mtp)} tensors under {MTP_PREFIX}*) is not converted: "
+            f"only a head of one layer (mtp_num_hidden_layers 1) in the released layout is")
     if vision:
         log(f"note: the vision tower ({vision} tensors under {VISION_PREFIX}*) is not converted: "
             "colibri runs the text model only, images and video are not supported")
-    if mtp:
-        log(f"note: the multi-token-prediction head ({mtp} tensors under {MTP_PREFIX}*) is not converted")
     return out
 
 
 def hf_source_tensors(tensors, arch, log):
     """The converter's renames (colibri/family/parts.py): the text model's own names."""
-    return text_tensors(tensors, log)
+    return text_tensors(tensors, log, arch["num_layers"], arch.get("num_nextn_predict_layers", 0))
 
 
 # ---------------------------------------------------------------- GGUF
