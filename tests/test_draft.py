@@ -1,6 +1,7 @@
 """Speculative decoding with prompt-lookup drafts (--draft lookup): the output is exactly what
 decoding without drafts gives, greedy and sampled with a seed, on every family whose state can be
-cut back; families with a recurrent state or a sliding window turn drafting off and say why.
+cut back or, for a fixed recurrent state, saved and replayed; families with a sliding window turn
+drafting off and say why.
 
 Drafting is forced with `--draft-adapt off` (every step with a match drafts --draft-max tokens):
 adaptive drafting pauses itself where it does not pay, which on these tiny models is often, and
@@ -23,9 +24,11 @@ TOKENS = 64
 
 DRAFTING = ["llama", "llama_gqa", "qwen2", "qwen3_moe", "qwen3_moe_fused", "glm4_moe", "deepseek_v3", "glm_moe_dsa",
             "deepseek_v32", "olmoe", "qwen2_moe", "mixtral", "minimax_m2", "glm4_moe_lite"]
+# a fixed recurrent state (gated DeltaNet, KDA): saved before each verify pass, replayed to the
+# kept positions when a draft is cut
+RECURRENT = ["qwen3_5_moe", "kimi_linear"]
 # a state that cannot be cut back to any position: no drafting, and the reason in READY
-NOT_DRAFTING = {"qwen3_5_moe": "recurrent_state", "kimi_linear": "recurrent_state", "gpt_oss": "sliding_window",
-                "mimo_v2_flash": "sliding_window"}
+NOT_DRAFTING = {"gpt_oss": "sliding_window", "mimo_v2_flash": "sliding_window"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,6 +72,24 @@ def test_greedy_output_is_the_same_with_drafts(models, variant):
     assert int(s1["draft_tokens"]) > 0, "lookup never drafted on a copy-heavy prompt"
     assert 0 <= int(s1["draft_accepted"]) <= int(s1["draft_tokens"])
     assert s1["completion_tokens"] == str(TOKENS)
+
+
+@pytest.mark.parametrize("variant", RECURRENT)
+def test_recurrent_state_is_replayed_to_the_kept_positions(models, variant):
+    """The tiny hybrids do not copy the repeated phrase, so the prompt ends with their own greedy
+    text, which lookup matches: drafts are made and cut (each cut restores the saved DeltaNet/KDA
+    state and replays the kept positions), and the tokens, greedy and sampled, are the plain ones,
+    with the same logprobs to the bit (a verify pass runs the recurrent layers one token at a
+    time, as decoding does)."""
+    model = models(variant)
+    own, _, _ = generate(model, ["--draft", "off"], n=200, ctx=512)
+    prompt = PROMPT + own
+    for opts in (dict(logprobs=1, top_logprobs=2), dict(temp=0.4, top_p=0.95, seed=1)):
+        plain, _, _ = generate(model, ["--draft", "off"], prompt=prompt, ctx=512, events=True, **opts)
+        drafted, stats, info = generate(model, FORCED, prompt=prompt, ctx=512, events=True, **opts)
+        assert info["draft"] == "lookup" and "draft_off" not in info
+        assert drafted == plain, opts
+        assert int(stats["draft_tokens"]) > int(stats["draft_accepted"]) >= 0, stats  # drafts were cut
 
 
 @pytest.mark.parametrize("variant", ["llama", "qwen3_moe", "deepseek_v3"])

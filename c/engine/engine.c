@@ -174,7 +174,9 @@ int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *e
 static void restore_slots(Engine *e, const char *dir);
 
 /* --draft: a drafter the model cannot use is refused, one its state cannot undo is turned off
- * with the reason (READY draft_off=). */
+ * with the reason (READY draft_off=). A fixed recurrent state (gated DeltaNet, KDA) is undone
+ * by saving it before each verify pass; a window's ring or a per-position state that cannot be
+ * cut back is not. */
 static int engine_draft_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
     const Arch *a = &e->model.a;
     e->draft_mode = o->draft ? o->draft - 1 : DRAFT_OFF;
@@ -183,7 +185,7 @@ static int engine_draft_open(Engine *e, const EngineOptions *o, char *err, size_
     if (!e->draft_mode) return 0;
     for (int l = 0; l < a->n_layers; l++) {
         const StateDesc *s = &a->state[l];
-        if (!s->truncatable || (s->window > 0 && s->window < e->ctx)) {
+        if ((!s->truncatable && s->per_pos) || (s->window > 0 && s->window < e->ctx)) {
             e->draft_off = s->truncatable ? "sliding_window" : "recurrent_state";
             e->draft_mode = DRAFT_OFF;
             return 0;

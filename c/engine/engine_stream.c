@@ -224,9 +224,12 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     uint64_t tok_bytes = !o->skip_tokenizer && stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
     int slots = o->logits_rows ? 1 : e->n_slots, kv_ctx = o->logits_rows ? o->logits_rows : e->ctx;
     int streams = o->logits_rows ? 1 : e->parallel; /* requests decoding at once */
-    /* each stream's verify-pass logits (serve_loop.c), when it may draft */
-    uint64_t draft_bytes =
-        e->draft_mode ? (uint64_t)streams * (uint64_t)(e->draft_max + 1) * (uint64_t)e->model.a.vocab * sizeof(float) : 0;
+    /* each stream's verify-pass logits (serve_loop.c), when it may draft, and the recurrent state
+     * it saves before each verify pass (kv_checkpoint_bytes: 0 where every state cuts back) */
+    uint64_t draft_bytes = e->draft_mode
+                               ? (uint64_t)streams * ((uint64_t)(e->draft_max + 1) * (uint64_t)e->model.a.vocab * sizeof(float) +
+                                                      kv_checkpoint_bytes(&e->model.a, kv_ctx))
+                               : 0;
     if (e->model.mtp) /* each slot's MTP head: its one-layer KV, a verify pass's states, its logits */
         draft_bytes += (uint64_t)slots * (kv_bytes(&e->model.mtp->a, kv_ctx) +
                                           ((uint64_t)(e->draft_max + 3) * e->model.a.hidden + e->model.a.vocab) * sizeof(float));

@@ -58,8 +58,9 @@ typedef struct {
     int dead_end; /* the grammar allowed no token while incomplete */
     int pending;  /* tok was sampled (and sent) by a verified draft: feed it without sampling again */
     DraftCtl dc;
-    float *vlog;  /* [draft_max + 1][vocab]: a verify pass's logits, or NULL when drafting is off */
-    int32_t *vin; /* [draft_max + 1]: the fed token and its draft */
+    float *vlog;          /* [draft_max + 1][vocab]: a verify pass's logits, or NULL when drafting is off */
+    int32_t *vin;         /* [draft_max + 1]: the fed token and its draft */
+    unsigned char *vsnap; /* the recurrent state before a verify pass (kv_ck_bytes), or NULL: every state cuts back */
 } Stream;
 
 typedef struct {
@@ -150,6 +151,7 @@ static void stream_release(Loop *L, Stream *s) {
     free(s->logits);
     free(s->vlog);
     free(s->vin);
+    free(s->vsnap);
     free(s->ids);
     memset(s, 0, sizeof *s);
     L->n_active--;
@@ -219,7 +221,7 @@ static int slot_busy(const Loop *L, int slot) {
 /* Whether requests in slot kv may draft: drafting is on and every layer's state can be cut back
  * to any position (no recurrent state, no sliding-window ring). */
 static int can_draft(const Engine *e, const KvCache *kv) {
-    return (e->draft_mode == DRAFT_LOOKUP || e->draft_mode == DRAFT_MTP) && kv->truncatable && !kv->ring_total;
+    return (e->draft_mode == DRAFT_LOOKUP || e->draft_mode == DRAFT_MTP) && !kv->ring_total;
 }
 
 /* Starts queued request p in a free entry: validation, ACCEPT (before any prefill), sampler. A
@@ -293,7 +295,8 @@ static void admit(Loop *L, Pending *p) {
     if (s->dc.max) { /* no memory for drafts only costs speed */
         s->vlog = malloc(sizeof(float) * (size_t)(s->dc.max + 1) * a->vocab);
         s->vin = malloc(sizeof(int32_t) * (size_t)(s->dc.max + 1));
-        if (!s->vlog || !s->vin) draft_ctl_init(&s->dc, 0, 0);
+        if (!kv->truncatable) s->vsnap = malloc(kv_ck_bytes(kv));
+        if (!s->vlog || !s->vin || (!kv->truncatable && !s->vsnap)) draft_ctl_init(&s->dc, 0, 0);
     }
     for (int i = 0; i < n; i++) sampler_accept(&s->smp, ids[i]); /* the prompt is in the window, as in llama-server */
     period_begin(L);
@@ -474,9 +477,26 @@ static int draft_size(Loop *L, Stream *s) {
     return draft_lookup(kv->tokens, kv->n + 1, k, s->vin + 1);
 }
 
+/* A recurrent state went through all the verify pass's positions: back to the state saved before
+ * it, then the kept positions once more, in their one-token form as the pass ran them (the KV
+ * rows they rewrite get the same values). 0, or -1 out of memory (forward restarted the slot). */
+static int replay_kept(Engine *e, Stream *s, MtpTrack *mt, int n0) {
+    KvCache *kv = s->kv;
+    const int kept = kv->n - n0;
+    kv_fixed_load(kv, s->vsnap);
+    kv->n = n0;
+    if (mt) mt->capture = 1; /* the head already took these positions from the verify pass */
+    forward_stepwise = 1;
+    const int failed = forward(&e->model, kv, s->vin, kept, NULL, 0);
+    forward_stepwise = 0;
+    if (mt) mt->capture = 0, mt->n_rows = 0;
+    return failed;
+}
+
 /* Feeds s->tok and its k drafted tokens in one pass, then samples from each position's logits in
  * turn, exactly as plain steps would, while the sampled token is the drafted one: those positions
- * are kept, the rest are cut off. The last sampled token is fed by the next step. */
+ * are kept, the rest are cut off (a recurrent state by replay_kept). The last sampled token is
+ * fed by the next step. */
 static void verify_draft(Loop *L, Stream *s, int k) {
     Engine *e = L->e;
     const int V = e->model.a.vocab;
@@ -484,15 +504,17 @@ static void verify_draft(Loop *L, Stream *s, int k) {
     const int n0 = kv->n;
     double t = now_ms();
     MtpTrack *mt = engine_mtp_track(e, kv);
+    if (s->vsnap) kv_fixed_save(kv, s->vsnap);
     if (mt) mt->capture = 1, mt->n_rows = 0; /* the head runs the kept positions once they are known */
+    forward_stepwise = 1;
     const int failed = forward(&e->model, kv, s->vin, k + 1, s->vlog, 1);
+    forward_stepwise = 0;
     if (mt) mt->capture = 0;
     if (failed) {
         s->oom = 1;
         stream_finish(L, s);
         return;
     }
-    double ms = now_ms() - t;
     int accepted = 0, emitted = 0, go_on = 1;
     for (int j = 0; j <= k; j++) {
         kv->n = n0 + j + 1; /* the positions row j has seen */
@@ -507,7 +529,12 @@ static void verify_draft(Loop *L, Stream *s, int k) {
     }
     if (kv->n < e->low_water[s->f.slot]) e->low_water[s->f.slot] = kv->n;
     if (mt) mtp_track_verified(&e->model, mt, n0, s->vin, accepted);
-    draft_ctl_verified(&s->dc, k, accepted, emitted, ms);
+    if (s->vsnap && kv->n < n0 + k + 1 && replay_kept(e, s, mt, n0)) {
+        s->oom = 1;
+        stream_finish(L, s);
+        return;
+    }
+    draft_ctl_verified(&s->dc, k, accepted, emitted, now_ms() - t); /* the replay is part of its cost */
     if (go_on) s->pending = 1;
     else stream_finish(L, s);
 }

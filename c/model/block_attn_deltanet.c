@@ -116,7 +116,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
                       dv,
                       0};
         float *Sh = S + (size_t)h * dk * dv, *oh = o + (size_t)h * dv;
-        if (T == 1) delta_rule_recurrent(&in, Sh, oh);
+        if (T == 1 || forward_stepwise) delta_rule_recurrent(&in, Sh, oh);
         else delta_rule_chunked(&in, Sh, oh, work + (size_t)h * wf);
     }
     for (int t = 0; t < T; t++) /* gated RMSNorm per value head */

@@ -119,7 +119,7 @@ static void run(const void *self, const BlockRun *r, const float *x, int T, floa
                       hd,
                       qd};
         float *Sh = S + (size_t)h * hd * hd, *oh = o + (size_t)h * hd;
-        if (T == 1) kda_recurrent(&in, Sh, oh);
+        if (T == 1 || forward_stepwise) kda_recurrent(&in, Sh, oh);
         else kda_chunked(&in, Sh, oh, work + (size_t)h * wf);
     }
     for (int t = 0; t < T; t++) /* gated RMSNorm per head */

@@ -11,6 +11,7 @@
 #include "util/op_prof.h"
 
 int forward_max_batch = FORWARD_DEFAULT_BATCH;
+int forward_stepwise = 0;
 int forward_prefill_pass = 0;
 ForwardProgress forward_progress = {NULL, NULL};
 ForwardHidden forward_hidden = {NULL, NULL};

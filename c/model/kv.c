@@ -100,6 +100,9 @@ static void fixed_copy(KvCache *kv, unsigned char *ck, int save) {
     }
 }
 
+void kv_fixed_save(KvCache *kv, unsigned char *dst) { fixed_copy(kv, dst, 1); }
+void kv_fixed_load(KvCache *kv, const unsigned char *src) { fixed_copy(kv, (unsigned char *)src, 0); }
+
 static void drop_checkpoint(KvCache *kv, int i) {
     free(kv->ck[i]);
     memmove(kv->ck + i, kv->ck + i + 1, sizeof(kv->ck[0]) * (size_t)(kv->n_ck - i - 1));

@@ -122,6 +122,10 @@ void kv_restart(KvCache *kv);
 /* Records the fixed state and the rings at the current position (a turn boundary) for later
  * reuse. */
 void kv_checkpoint(KvCache *kv);
+/* The slot's fixed states and rings, kv_ck_bytes of them, into dst / back from src: a draft's
+ * verify pass undoes a recurrent state with them. */
+void kv_fixed_save(KvCache *kv, unsigned char *dst);
+void kv_fixed_load(KvCache *kv, const unsigned char *src);
 /* Whether this slot keeps checkpoints (a recurrent state or a ring), and the bytes of one. */
 int kv_keeps_checkpoints(const KvCache *kv);
 size_t kv_ck_bytes(const KvCache *kv);
@@ -144,6 +148,10 @@ int forward_rows(const Model *m, KvCache *const *rows, const int32_t *tokens, in
 
 /* Largest batch one forward call processes; longer prompts go in chunks of this size. */
 extern int forward_max_batch;
+/* 1: recurrent layers (gated DeltaNet, KDA) take their one-token form at every pass length, so a
+ * draft's verify pass computes, position by position, what plain decoding would (their chunked
+ * prefill form rounds differently). Set around verify passes only. */
+extern int forward_stepwise;
 /* Positions of one prefill pass when experts stream (--prefill-pass): a multiple of the batch,
  * run layer by layer so each routed expert is read once per pass; attention still takes a batch
  * at a time, so results do not depend on it. 0 or the batch: chunk by chunk. */
