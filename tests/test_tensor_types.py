@@ -51,6 +51,16 @@ def test_down_wins_over_the_class_it_is_in():
     assert at("model.embed_tokens.weight", types) is None and at("lm_head.weight", {}) is None
 
 
+def test_attn_v_wins_over_attention():
+    types = {"attn_v": "q6_k", "attention": "q4_k"}
+    at = tensor_types.type_for
+    assert at("model.layers.3.self_attn.v_proj.weight", types) == "q6_k"
+    assert at("model.layers.3.self_attn.k_proj.weight", types) == "q4_k"
+    assert at("model.layers.3.self_attn.kv_b_proj.weight", types) == "q4_k"  # MLA: no value projection of its own
+    assert at("model.layers.3.self_attn.v_proj.weight", {"attn_v": "q8"}) == "q8"
+    assert at("model.layers.3.mlp.experts.0.down_proj.weight", {"attn_v": "q8"}) is None
+
+
 def test_every_class_overridden_to_f32_is_exact(oracle_root, tmp_path):
     """--dense q4 with every trunk class raised to f32 (and f32 experts) leaves nothing at q4: the
     logits are transformers' within the f32 container bound."""

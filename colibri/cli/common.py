@@ -15,7 +15,8 @@ def add_storage_flags(p):
                    help=f"dense trunk storage (default q8; also {also})")
     p.add_argument("--tensor-type", action="append", default=[], metavar="CLASS=TYPE",
                    help="store one tensor class in another type than --experts/--dense give it (repeatable); "
-                        f"classes: {', '.join(tensor_types.CLASSES)}; `down` is every down projection")
+                        f"classes: {', '.join(tensor_types.CLASSES)}; `down` is every down projection, `attn_v` every GQA value "
+                        "projection")
 
 
 def tensor_types_of(args):

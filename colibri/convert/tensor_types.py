@@ -4,7 +4,8 @@ keep attention and shared experts at 4-8 bits).
 
 The classes are the ones `coli info` reports (family_registry.TENSOR_CLASSES), by output tensor
 name, so a conversion and the report of it always agree on what a class holds. `down` is every
-down projection (routed, shared and dense MLP) and wins over the class it is in."""
+down projection (routed, shared and dense MLP) and wins over the class it is in; `attn_v`, the
+value projections of GQA attention, wins over `attention`."""
 import re
 
 from colibri.limits import DENSE_STORAGE, STORAGE_ALIASES
@@ -14,11 +15,13 @@ CLASSES = {
     "shared_expert": "the shared experts of MoE layers (resident)",
     "dense_mlp": "the MLP of the dense layers (the first layers of several MoE models)",
     "down": "every down projection: routed experts, shared experts and dense MLP",
+    "attn_v": "the value projections of GQA attention (llama.cpp's attn_v; MLA has none)",
     "embed": "the token embedding table",
     "lm_head": "the output head",
 }
 DOWN_RE = re.compile(r"\.(down_proj|w2)\.weight$")
 DOWN_OF = ("expert", "shared_expert", "dense_mlp")  # the classes whose down projections `down` takes
+ATTN_V_RE = re.compile(r"\.self_attn\.v_proj\.weight$")
 
 
 def parse(values):
@@ -50,4 +53,6 @@ def type_for(name, types):
     cls = tensor_class(name)
     if "down" in types and cls in DOWN_OF and DOWN_RE.search(name):
         return types["down"]
+    if "attn_v" in types and cls == "attention" and ATTN_V_RE.search(name):
+        return types["attn_v"]
     return types.get(cls)
