@@ -264,9 +264,9 @@ MTP_RE = re.compile(r"^model\.layers\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
 
 def keep_mtp_layers(p, tensors, L, take, part):
     """Multi-token-prediction layers (DeepSeek-V3, GLM-4.5: the config's num_nextn_predict_layers,
-    stored at layer index L and up) are kept in the container under their own names (those
-    planned_mtp_layers planned already as they are there), and the manifest's `mtp` entries
-    (mtp_spec.py) tell the engine how to run them. Any other extra layer stays an
+    stored at layer index L and up) are kept in the container under their own names (a layer
+    planned_mtp_layers took as a trunk layer leaves only its MTP-only parts here), and the
+    manifest's `mtp` entries (mtp_spec.py) tell the engine how to run them. Any other extra layer stays an
     unused tensor (refused). Returns their layer indices (the manifest's mtp_layers)."""
     layers, n_mtp = set(), int(p.arch.get("num_nextn_predict_layers") or 0)
     for name, t in tensors.items():
