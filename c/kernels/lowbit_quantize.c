@@ -217,14 +217,21 @@ static void q2_k_block(const float *x, const float *w, unsigned char *b) {
     put_f16(b + 82, dmin);
 }
 
-static void q3_k_block(const float *x, const float *w, unsigned char *b) {
-    int L[256], Ls[16];
+/* Q3_K and Q6_K: each 16-element sub-block's scale on codes [lo, hi], then the super-block's f16
+ * scale d over the sub-block scales as integers [slo, shi] (Ls), weighted by sum w L^2. */
+static float fit_signed_scales(const float *x, const float *w, int lo, int hi, int slo, int shi, int *Ls) {
+    int L[256];
     float s[16], ws[16];
     for (int i = 0; i < 16; i++) {
-        s[i] = fit_grid(16, x + 16 * i, w + 16 * i, -4, 3, L + 16 * i);
+        s[i] = fit_grid(16, x + 16 * i, w + 16 * i, lo, hi, L + 16 * i);
         ws[i] = code_weight(16, w + 16 * i, L + 16 * i, NULL);
     }
-    const float d = f16_round(fit_grid(16, s, ws, -32, 31, Ls));
+    return f16_round(fit_grid(16, s, ws, slo, shi, Ls));
+}
+
+static void q3_k_block(const float *x, const float *w, unsigned char *b) {
+    int Ls[16];
+    const float d = fit_signed_scales(x, w, -4, 3, -32, 31, Ls);
     memset(b, 0, 110);
     unsigned char *hm = b, *qs = b + 32, *sc = b + 96;
     for (int i = 0; i < 16; i++) {
@@ -283,13 +290,8 @@ static void q5_k_block(const float *x, const float *w, unsigned char *b) { k4_bl
  * at nibble i/64 of ql[64h + i%64], high two bits at 2*(i/32) of qh[32h + i%32]), the sixteen
  * scales int8. */
 static void q6_k_block(const float *x, const float *w, unsigned char *b) {
-    int L[256], Ls[16];
-    float s[16], ws[16];
-    for (int i = 0; i < 16; i++) {
-        s[i] = fit_grid(16, x + 16 * i, w + 16 * i, -32, 31, L + 16 * i);
-        ws[i] = code_weight(16, w + 16 * i, L + 16 * i, NULL);
-    }
-    const float d = f16_round(fit_grid(16, s, ws, -128, 127, Ls));
+    int Ls[16];
+    const float d = fit_signed_scales(x, w, -32, 31, -128, 127, Ls);
     memset(b, 0, 210);
     for (int i = 0; i < 16; i++) {
         b[192 + i] = (unsigned char)(int8_t)Ls[i];
