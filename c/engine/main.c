@@ -21,6 +21,7 @@ int tokenize_cli_main(int argc, char **argv);
 int detokenize_cli_main(int argc, char **argv);
 int grammar_cli_main(int argc, char **argv);
 int membw_main(int argc, char **argv);
+int calibrate_main(int argc, char **argv);
 
 static const char *USAGE =
     "usage: colibri [serve] --model DIR [--ctx N] [--kv-slots N] [--threads N] [--batch N] [--kv f16|bf16|f32] [--portable]\n"
@@ -29,6 +30,8 @@ static const char *USAGE =
     "                       [--draft-adapt on|off] [--prefill-pass N]   (N: positions per prefill pass when experts\n"
     "                       stream, a multiple of --batch; 0 or absent: the whole prompt, as the budget allows)\n"
     "       colibri logits --model DIR --ids 1,2,3 --out FILE [--mtp-out FILE] [engine options]\n"
+    "       colibri calibrate --model DIR --ids-file FILE --out STATS [--chunk N] [engine options]   (activation\n"
+    "                       statistics for coli convert --calibrate; N positions a chunk, default 512)\n"
     "       colibri convert-jobs JOBFILE\n"
     "       colibri tokenize --model DIR [--ids-only] TEXT\n"
     "       colibri detokenize --model DIR 1,2,3\n"
@@ -189,6 +192,7 @@ static int mtp_logits(Engine *e, const int32_t *ids, int n, const char *path) {
 int main(int argc, char **argv) {
     const char *cmd = argc > 1 && argv[1][0] != '-' ? argv[1] : "serve";
     if (!strcmp(cmd, "logits")) return logits_main(argc, argv);
+    if (!strcmp(cmd, "calibrate")) return calibrate_main(argc, argv);
     if (!strcmp(cmd, "convert-jobs")) return convert_jobs_main(argc, argv);
     if (!strcmp(cmd, "tokenize")) return tokenize_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return detokenize_cli_main(argc - 1, argv + 1);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "io/container.h"
+#include "kernels/act_stats.h"
 #include "experts/expert_cache.h"
 #include "util/huge_alloc.h"
 
@@ -222,6 +223,9 @@ void slot_assign(ExpertStore *s, ExpertCache *c, const ExpertLayer *xl, int si, 
         int j = g->tseg[i];
         q[i]->data = sl->buf + c->seg_dst[j] + (g->toff[i] - ALIGN_DOWN(g->off[j]));
     }
+    act_stats_alias(sl->mlp.gate.data, xl->experts[e].gate.data);
+    act_stats_alias(sl->mlp.up.data, xl->experts[e].up.data);
+    act_stats_alias(sl->mlp.down.data, xl->experts[e].down.data);
     memset(&sl->req, 0, sizeof sl->req);
     sl->req.nseg = g->nseg;
     for (int j = 0; j < g->nseg; j++) {

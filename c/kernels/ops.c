@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/act_stats.h"
 #include "kernels/lowbit.h"
 #include "util/fwd_alloc.h"
 #include "util/op_prof.h"
@@ -158,6 +159,7 @@ static void matmul_quant_group(int n, float *const *ys, const float *x, int T, c
 }
 
 void matmul(float *y, const float *x, int T, const QMat *w, const float *bias) {
+    if (act_stats_on) act_stats_observe(w, x, T);
     if (kern.qdot[w->qt]) {
         matmul_quant_group(1, (float *const[]){y}, x, T, (const QMat *const[]){w}, (const float *const[]){bias});
         return;
@@ -195,6 +197,7 @@ void matmul_fused(int n, float *const *ys, const float *x, int T, const QMat *co
         for (int i = 0; i < n; i++) matmul(ys[i], x, T, ws[i], biases[i]);
         return;
     }
+    for (int i = 0; act_stats_on && i < n; i++) act_stats_observe(ws[i], x, T);
     matmul_quant_group(n, ys, x, T, ws, biases);
 }
 

@@ -2,6 +2,8 @@
  * against their geometry, and spec fields checked against their ranges; and freeing a block. */
 #include "model/blocks.h"
 
+#include "kernels/act_stats.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +54,7 @@ QMat bl_mat_named(BlockLoader *L, const char *name, int rows, int cols) {
     q.cols = cols;
     q.row_bytes = qtype_row_bytes(t->qt, cols);
     q.data = t->st->data;
+    act_stats_name(q.data, name);
     return q;
 }
 

@@ -4,7 +4,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+from colibri import launch_opts
 from colibri.cli.common import add_storage_flags, tensor_types_of
+from colibri.convert import calibrate
 from colibri.convert import gguf as convert_gguf
 from colibri.convert import hf as convert_hf
 from colibri.errors import ConvertError, UserError
@@ -36,6 +38,14 @@ def add_arguments(c):
     c.add_argument("--imatrix", metavar="FILE", default=None,
                    help="the importance matrix (GGUF, from llama.cpp's imatrix tool) of this model: weighs the errors of the "
                         "q2_k-q6_k/iq4_xs/iq4_nl writers by each column's mean squared activation")
+    c.add_argument("--calibrate", metavar="TEXT", default=None,
+                   help="collect that importance here: run the model over this text file (chunks of "
+                        f"{calibrate.CHUNK} tokens, as llama.cpp's imatrix) and weigh the low-bit writers by what it saw")
+    c.add_argument("--calibrate-model", dest="calibrate_model", metavar="DIR", default=None,
+                   help="with --calibrate: run this container of the same checkpoint (e.g. its default conversion) "
+                        "instead of converting one with 8-bit blocks first")
+    launch_opts.add_engine_flags(c, ("threads",) + launch_opts.STREAM_FLAGS, group="the engine of --calibrate",
+                                 threads={"help": "compute threads (default: all cores)"})
 
 
 def run(args):
@@ -47,12 +57,17 @@ def run(args):
     if src.is_file() and src.suffix != ".gguf":
         raise UserError(f"{src} is a file but not a .gguf file; give a .gguf file or a Hugging Face checkpoint "
                         "directory (config.json + *.safetensors)")
+    if args.calibrate_model and not args.calibrate:
+        raise UserError("--calibrate-model names the model --calibrate runs; give --calibrate TEXT too")
+    convert = convert_gguf.convert if src.is_file() else convert_hf.convert
+    imatrix = args.imatrix
+    if args.calibrate:
+        calibrate.check_settings(args.experts, args.dense or "q8", types, args.imatrix)
+        imatrix = calibrate.statistics(src, args.out, args.calibrate, args,
+                                       lambda d: convert(src, d, experts="q8", dense="q8", log=log), log)
     try:
-        if src.is_file() and src.suffix == ".gguf":
-            convert_gguf.convert(src, args.out, experts=args.experts, dense=args.dense or "q8", log=log,
-                                 imatrix=args.imatrix, tensor_types=types)
-        else:
-            convert_hf.convert(src, args.out, experts=args.experts, dense=args.dense or "q8", log=log, imatrix=args.imatrix,
-                               tensor_types=types)
+        convert(src, args.out, experts=args.experts, dense=args.dense or "q8", log=log, imatrix=imatrix, tensor_types=types)
     except ConvertError as e:
         raise UserError(str(e)) from None
+    if args.calibrate:
+        calibrate.remove_work(args.out, log)

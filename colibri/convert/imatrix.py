@@ -1,5 +1,6 @@
 """--imatrix FILE: llama.cpp's importance matrix (the GGUF form of its imatrix tool) weighing the
-low-bit writer's errors (c/kernels/lowbit_quantize.h).
+low-bit writer's errors (c/kernels/lowbit_quantize.h); `--calibrate TEXT` gives the same kind of
+statistics from colibri's engine (calibrate.py, read here by read_stats).
 
 Such a file holds, per weight tensor by llama.cpp's name, `<name>.in_sum2` (F32, one row of K
 column sums of squared activations per matrix: one matrix, or one per expert) and `<name>.counts`
@@ -12,7 +13,9 @@ only copies floats through."""
 import array
 import math
 import re
+import struct
 import sys
+from pathlib import Path
 
 from colibri.checksum import sha256_file
 from colibri.convert.gguf_names import name_tables
@@ -83,12 +86,22 @@ def read(path):
 
 
 def plan(path, planner, family):
-    """Matches the imatrix to the conversion's low-bit outputs: (settings fingerprint, a plan for
-    write_scratch). Refuses a file that matches none of them, or whose widths are another model's."""
+    """Matches the imatrix (llama.cpp's GGUF form, or the statistics of `colibri calibrate`) to
+    the conversion's low-bit outputs: (settings fingerprint, a plan for write_scratch). Refuses a
+    file that matches none of them, or whose widths are another model's."""
     lowbit = [o for o in planner.outputs if o["qtype"] in WRITABLE_LOWBIT and not o.get("blocks_kept")]
     if not lowbit:
         raise ConvertError("--imatrix weighs the low-bit writers only (--experts/--dense "
                            f"{', '.join(WRITABLE_LOWBIT)}); this conversion stores no tensor in one")
+    if is_stats(path):
+        matched, means = stats_plan(path, lowbit)
+    else:
+        matched, means = gguf_plan(path, lowbit, family)
+    return {"file": sha256_file(path)}, dict(matched=matched, means=means, outputs=lowbit)
+
+
+def gguf_plan(path, lowbit, family):
+    """llama.cpp's imatrix: output name -> (entry, matrix index), and entry -> its means."""
     g = read(path)
     keys = gguf_keys(lowbit, family)
     matched = {name: key for name, key in keys.items() if key[0] + ".in_sum2" in g.tensors}
@@ -101,17 +114,78 @@ def plan(path, planner, family):
             if info.shape[0] != o["cols"] or matched[o["name"]][1] >= (info.shape[1] if len(info.shape) > 1 else 1):
                 raise ConvertError(f"{g.path}: imatrix entry '{info.name[:-8]}' is {info.shape}; {o['name']} has "
                                    f"{o['cols']} columns: the imatrix is of another model")
-    return {"file": sha256_file(path)}, dict(gguf=g, matched=matched, outputs=lowbit)
+    return matched, lambda base: _means(g, base)[1]
+
+
+STATS_MAGIC = b"COLISTAT"
+EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(.+)$")  # one routed expert's matrix in a container
+
+
+def is_stats(path):
+    with open(path, "rb") as f:
+        return f.read(len(STATS_MAGIC)) == STATS_MAGIC
+
+
+def read_stats(path):
+    """`colibri calibrate`'s file (c/kernels/act_stats.c): {tensor name: (positions, column sums)}."""
+    data = memoryview(Path(path).read_bytes())
+    out, o = {}, 16
+
+    def take(n, what):
+        nonlocal o
+        if o + n > len(data):
+            raise ConvertError(f"{path}: truncated at byte {o} ({what}); collect the statistics again")
+        o += n
+        return data[o - n:o]
+    if len(data) < 16 or struct.unpack_from("<I", data, 8)[0] != 1:
+        raise ConvertError(f"{path}: not version 1 of colibri's calibration statistics")
+    for _ in range(struct.unpack_from("<I", data, 12)[0]):
+        name = bytes(take(struct.unpack("<I", take(4, "a name's length"))[0], "a name")).decode("utf-8", "replace")
+        cols, positions = struct.unpack("<Id", take(12, f"{name}'s size"))
+        sums = array.array("f")
+        sums.frombytes(take(4 * cols, f"{name}'s sums"))
+        if sys.byteorder != "little":
+            sums.byteswap()
+        if not (positions > 0 and all(math.isfinite(v) and v >= 0 for v in sums)):
+            raise ConvertError(f"{path}: {name} holds negative or non-finite statistics")
+        out[name] = (positions, sums)
+    return out
+
+
+def stats_plan(path, lowbit):
+    """The engine's statistics name container tensors, which are the outputs' names: each output
+    is its own entry, but a routed expert's is (its layer's matrix, expert id), so an expert the
+    text never reached can take its layer's mean."""
+    stats = read_stats(path)
+    matched, members = {}, {}
+    for o in lowbit:
+        m = EXPERT_NAME.match(o["name"])
+        key = (f"{m.group(1)}.{m.group(3)}", int(m.group(2))) if m else (o["name"], 0)
+        entry = stats.get(o["name"])
+        if entry is not None and len(entry[1]) != o["cols"]:
+            raise ConvertError(f"{path}: {o['name']} has {len(entry[1])} columns there and {o['cols']} here: the "
+                               "statistics are of another model")
+        members.setdefault(key[0], {})[key[1]] = entry
+        matched[o["name"]] = key
+    if not any(e for group in members.values() for e in group.values()):
+        raise ConvertError(f"{path}: none of its statistics names a low-bit tensor of this conversion "
+                           f"(e.g. {next(iter(stats), 'no entries')}); are they of another model?")
+
+    def means(base):
+        group = members[base]
+        n = max(group) + 1
+        return [array.array("f", (v / group[i][0] for v in group[i][1])) if group.get(i) else None for i in range(n)]
+    return matched, means
 
 
 def write_scratch(out, p, log):
     """Writes the matched vectors to OUT/.importance.f32 and gives each output its (path, offset)."""
-    g, matched = p["gguf"], p["matched"]
+    matched = p["matched"]
     scratch = (out / SCRATCH).resolve()
     offsets, filled = {}, 0
     with open(scratch, "wb") as f:
         for base in sorted({key[0] for key in matched.values()}):
-            k, means = _means(g, base)
+            means = p["means"](base)
             reached = [m for m in means if m is not None]
             if not reached:
                 continue  # no token reached any of its matrices: plain least squares
