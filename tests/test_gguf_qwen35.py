@@ -4,6 +4,7 @@ from the gguf package's TensorNameMap, A_log as -exp(A_log), value heads reorder
 to tiled, the conv squeezed, norms as 1 + w, experts stacked), converted back, and run by the
 engine next to the same weights converted from safetensors."""
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -58,22 +59,28 @@ def llama_cpp_tensor(hf, x, cfg):
     return x
 
 
-def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32, mtp=False, out_type=None):
-    """llama.cpp's Qwen3_5MoeTextModel conversion of an HF checkpoint, in small; mtp=True adds an
-    MTP block after the text model's layers (blk.L.nextn.*), as llama.cpp writes a release's;
-    out_type: ssm_out's block type where it differs from matrix_type's."""
+# llama.cpp's _QwenMtpMixin: mtp.layers.0.* become layer L's tensors, the rest blk.L.nextn.*
+MTP_NEXTN = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head_norm"}
+
+
+def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32, mtp=False, out_type=None, nextn=1):
+    """llama.cpp's Qwen3_5MoeTextModel conversion of an HF checkpoint, in small. mtp=True writes
+    the checkpoint's MTP head (mtp.*) as llama.cpp does, `nextn` blocks after the text layers (the
+    head repeated past the first); out_type: ssm_out's block type where it differs from matrix_type's."""
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     arch = gguf.MODEL_ARCH.QWEN35MOE
     sd = load_hf(hf_dir)
     L, H, nh, hd = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"]
+    head = {k: sd.pop(k) for k in [k for k in sd if k.startswith("mtp.")]}
+    assert bool(head) == mtp, "mtp=True needs a checkpoint with an MTP head (tests/mtp_reference.py)"
     E = cfg["num_experts"]
     types = cfg["layer_types"]
     every = types.index("full_attention") + 1
     assert types == ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(L)]
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(L + int(mtp))
+    w.add_block_count(L + mtp * nextn)
     if mtp:
-        w.add_nextn_predict_layers(1)
+        w.add_nextn_predict_layers(nextn)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(H)
     w.add_feed_forward_length(cfg["intermediate_size"])
@@ -99,7 +106,13 @@ def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32, mtp=False, out_type=None)
 
     put = tensor_putter(w, matrix_type, unblocked=(T.F32, T.F16, T.BF16))
 
-    names = gguf.get_tensor_name_map(arch, L)
+    for b in range(L, L + mtp * nextn):  # llama.cpp's renames, then its tensor map as for any layer
+        for k, x in head.items():
+            if k.startswith("mtp.layers.0."):
+                sd[f"model.layers.{b}.{k[len('mtp.layers.0.'):]}"] = x
+            else:
+                sd[f"model.layers.{b}.nextn.{MTP_NEXTN[k.split('.')[1]]}.weight"] = x
+    names = gguf.get_tensor_name_map(arch, L + mtp * nextn)
     for hf, x in sd.items():
         if ".experts." in hf:
             continue
@@ -107,7 +120,8 @@ def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32, mtp=False, out_type=None)
         suffix = hf[len(base):]
         if hf.endswith(".dt_bias"):  # llama.cpp renames it dt_proj.bias
             base, suffix = hf[:-len(".dt_bias")] + ".dt_proj", ".bias"
-        gg = names.get_name(base)
+        # this gguf package's map lacks qwen35moe's nextn names: llama.cpp's, written out
+        gg = f"blk.{hf.split('.')[2]}.{base.split('.', 3)[3]}" if ".nextn." in hf else names.get_name(base)
         assert gg is not None, hf
         x = llama_cpp_tensor(hf, x, cfg)
         if hf.endswith("shared_expert_gate.weight"):
@@ -115,15 +129,10 @@ def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32, mtp=False, out_type=None)
         # the router, the DeltaNet's small projections and the conv stay F32, as llama.cpp keeps them
         small = gg.endswith(("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_alpha", "ssm_beta", "ssm_conv1d"))
         put(f"{gg}{suffix}", x, T.F32 if small else out_type if gg.endswith(".ssm_out") else None)
-    for l in range(L):
+    for l in range(L + mtp * nextn):
         for proj in ("gate_proj", "up_proj", "down_proj"):
             x = np.stack([sd[f"model.layers.{l}.mlp.experts.{e}.{proj}.weight"] for e in range(E)])
             put(names.get_name(f"model.layers.{l}.mlp.experts.{proj}") + ".weight", x)
-    if mtp:  # a few of the MTP block's tensors: none of them may reach the container
-        rng = np.random.default_rng(0)
-        put(f"blk.{L}.nextn.eh_proj.weight", rng.standard_normal((H, 2 * H)).astype(np.float32))
-        put(f"blk.{L}.nextn.enorm.weight", np.ones(H, np.float32))
-        put(f"blk.{L}.attn_norm.weight", np.ones(H, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -131,10 +140,10 @@ def write_qwen35_gguf(path, hf_dir, matrix_type=T.F32, mtp=False, out_type=None)
     return path
 
 
-def from_safetensors(oracle_root, tmp_path, **kw):
-    """The safetensors conversion, with rms_norm_eps rounded to float32 as GGUF stores it, so
-    any difference left is the tensors'."""
-    hf, src = tmp_path / "hf", Path(oracle_root) / VARIANT / "hf"
+def from_safetensors(oracle_root, tmp_path, src=None, **kw):
+    """The safetensors conversion (of the oracle, or of src), with rms_norm_eps rounded to float32
+    as GGUF stores it, so any difference left is the tensors'."""
+    hf, src = tmp_path / "hf", Path(src or Path(oracle_root) / VARIANT / "hf")
     hf.mkdir()
     for f in src.iterdir():
         (hf / f.name).symlink_to(f.resolve())
@@ -164,18 +173,50 @@ def test_qwen35moe_gguf_matches_safetensors(oracle_root, tmp_path):
     assert man["layers"] == st_man["layers"] and man["arch"] == st_man["arch"]
 
 
-def test_mtp_block_is_left_out(oracle_root, tmp_path):
-    """A file with llama.cpp's MTP block after the text layers converts to the same container
-    (nextn_predict_layers taken off block_count), and the log says the head is left out."""
+def mtp_checkpoint(oracle_root, tmp_path):
+    import mtp_reference
+    return mtp_reference.add_mtp_layer(Path(oracle_root) / VARIANT / "hf", tmp_path / "hf-mtp", seed=3)
+
+
+def mtp_logits(model, ids, tmp_path):
+    out, mtp = tmp_path / f"{model.name}.f32", tmp_path / f"{model.name}.mtp.f32"
+    r = subprocess.run([str(gguf_engine()), "logits", "--model", str(model), "--ids", ",".join(map(str, ids)),
+                        "--out", str(out), "--mtp-out", str(mtp)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return np.fromfile(mtp, dtype="<f4").reshape(len(ids) - 1, -1)
+
+
+def test_mtp_block_converts(oracle_root, tmp_path):
+    """llama.cpp's MTP block (layer L under the trunk's names, fc and norms as blk.L.nextn.*,
+    norms as 1 + w) converts to the head the safetensors conversion gives: the same MTP logits."""
     info, _ = reference(oracle_root, VARIANT)
-    src = write_qwen35_gguf(tmp_path / "m.gguf", Path(oracle_root) / VARIANT / "hf", mtp=True)
+    hf = mtp_checkpoint(oracle_root, tmp_path)
+    src = write_qwen35_gguf(tmp_path / "m.gguf", hf, mtp=True)
+    notes = []
+    out = convert_gguf.convert(src, tmp_path / "g", experts="f32", dense="f32", log=lambda m, **k: notes.append(m))
+    st = from_safetensors(oracle_root, tmp_path, src=hf, experts="f32", dense="f32")
+    man, st_man = (json.loads((d / "colibri.json").read_text()) for d in (out, st))
+    assert man["mtp"] == st_man["mtp"] and man["mtp"], man.get("mtp")
+    assert not any("multi-token-prediction" in n for n in notes), notes
+    got, want = mtp_logits(out, info["ids"], tmp_path), mtp_logits(st, info["ids"], tmp_path)
+    print(f"qwen35moe MTP head via GGUF (f32) vs safetensors: {ratio(got, want):.2e}")
+    assert ratio(got, want) <= 1e-6 and (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_mtp_blocks_past_one_are_left_out(oracle_root, tmp_path):
+    """A file with two MTP blocks converts without them (the engine runs one MTP layer), says so,
+    and gives the text model's logits."""
+    info, _ = reference(oracle_root, VARIANT)
+    hf = mtp_checkpoint(oracle_root, tmp_path)
+    src = write_qwen35_gguf(tmp_path / "m.gguf", hf, mtp=True, nextn=2)
     notes = []
     gguf_engine()
     out = convert_gguf.convert(src, tmp_path / "g", experts="f32", dense="f32", log=lambda m, **k: notes.append(m))
     plain = convert(write_qwen35_gguf(tmp_path / "p.gguf", Path(oracle_root) / VARIANT / "hf"), tmp_path / "p",
                     experts="f32", dense="f32")
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 4
-    assert any("multi-token-prediction head (3 tensors" in n for n in notes), notes
+    assert any("multi-token-prediction head (" in n and "in 2 blocks" in n for n in notes), notes
+    assert not json.loads((out / "colibri.json").read_text()).get("mtp")
     got, want = logits(out, info["ids"], tmp_path / "g.f32"), logits(plain, info["ids"], tmp_path / "p.f32")
     assert ratio(got, want) == 0
 

@@ -180,7 +180,10 @@ def hf_source_tensors(tensors, arch, log):
 #   scratch file (exact in float32: the subtraction of 1 is exact).
 # - The hybrid pattern is full_attention_interval (every n-th layer full attention).
 # - The multi-token-prediction head is written as nextn_predict_layers extra blocks after the
-#   text model's; like the HF path, colibri does not convert it (gguf_skipped lists it, gguf_notes logs it).
+#   text model's: blk.L holds the MTP layer under the trunk's names, and its fc and norms as
+#   nextn.eh_proj / nextn.enorm / nextn.hnorm / nextn.shared_head_norm (norms as 1 + w too). One
+#   such block converts as the HF path's mtp.* (model.layers.L, the DeepSeek layout); files with
+#   more are converted without them (gguf_skipped lists them, gguf_notes logs it).
 
 GGUF_ARCHS = {"qwen35moe": "qwen3_5_moe"}
 
@@ -195,13 +198,16 @@ GGUF_PER_LAYER = {
     "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
     "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "nextn.eh_proj.weight": "eh_proj.weight", "nextn.enorm.weight": "enorm.weight", "nextn.hnorm.weight": "hnorm.weight",
+    "nextn.shared_head_norm.weight": "shared_head.norm.weight",
 }
 
 
 def gguf_config(g, tensors, m, uniform, base):
     """(family, HF config) of a qwen35moe file; base holds the keys every MoE import shares."""
     blocks = m.need("block_count", int)
-    L = blocks - (m.get("nextn_predict_layers", 0, kind=int) or 0)  # the MTP layers come last
+    nextn = m.get("nextn_predict_layers", 0, kind=int) or 0
+    L = blocks - nextn  # the MTP layers come last
     if L < 1:
         raise ConvertError(f"{g.path}: {m.arch}.block_count {blocks} leaves no layer besides the "
                            f"{blocks - L} multi-token-prediction layers")
@@ -226,6 +232,8 @@ def gguf_config(g, tensors, m, uniform, base):
                shared_expert_intermediate_size=m.need("expert_shared_feed_forward_length", int),
                rope_parameters={"rope_type": "default", "rope_theta": float(m.get("rope.freq_base", 10000.0, kind=float)),
                                 "partial_rotary_factor": rot / head_dim})
+    if nextn:
+        cfg["mtp_num_hidden_layers"] = nextn  # as the HF config names it: one converts, more are left out
     for l in range(L):
         info = tensors.get(f"blk.{l}.ffn_up_exps.weight")
         if info is None or len(info.shape) != 3 or info.shape[2] != experts:
@@ -234,10 +242,15 @@ def gguf_config(g, tensors, m, uniform, base):
     return "qwen3_5_moe", cfg
 
 
+def gguf_blocks(cfg):
+    """The blk.N layers converted: the text model's, and one MTP layer where the file has exactly one."""
+    return cfg["num_hidden_layers"] + (cfg.get("mtp_num_hidden_layers") == 1)
+
+
 def gguf_skipped(g, cfg):
-    """The GGUF tensors not converted: the MTP layers (blk.N with N >= the text model's layer count)."""
-    L = cfg["num_hidden_layers"]
-    return [n for n in g.tensors if n.startswith("blk.") and n.split(".")[1].isdigit() and int(n.split(".")[1]) >= L]
+    """The GGUF tensors not converted: MTP layers past the one the engine runs (blk.N, N >= gguf_blocks)."""
+    n = gguf_blocks(cfg)
+    return [t for t in g.tensors if t.startswith("blk.") and t.split(".")[1].isdigit() and int(t.split(".")[1]) >= n]
 
 
 def _hf_heads(nk, nv):
@@ -297,5 +310,5 @@ def gguf_notes(g, cfg):
     mtp = gguf_skipped(g, cfg)
     if not mtp:
         return []
-    return [f"note: the multi-token-prediction head ({len(mtp)} tensors in the blocks "
-            f"after layer {cfg['num_hidden_layers'] - 1}) is not converted"]
+    return [f"note: the multi-token-prediction head ({len(mtp)} tensors in {cfg['mtp_num_hidden_layers']} blocks "
+            f"after layer {cfg['num_hidden_layers'] - 1}) is not converted: the engine runs one MTP layer"]
