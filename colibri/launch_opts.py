@@ -138,11 +138,9 @@ def budget_line(info, batch=None):
             + f"expert cache {mb('expert_cache_bytes')}")
     if b["experts"]:
         line += (f" ({b['cap']} of {b['experts']} experts per layer"
+                 + (", the MTP layer's included" if info.get("draft") == "mtp" and b["cap"] < b["experts"] else "")
                  + (", every expert in RAM" if b["cap"] >= b["experts"] else ", the rest stream from disk")
                  + (f", {info.get('pinned')} pinned" if info.get("pinned", "0") != "0" else "") + ")")
-    if info.get("mtp_unbudgeted_bytes", "0") not in ("0", ""):
-        extra_note += (f"; the MTP head's routed experts ({fmt_bytes(int(info['mtp_unbudgeted_bytes']))}) are read "
-                       "through the page cache, outside this budget")
     if info.get("draft_off"):
         extra_note += f"; drafting off: the model's {info['draft_off'].replace('_', ' ')} cannot be cut back"
     return line + extra_note

@@ -8,6 +8,7 @@ rarely takes, so the identity tests also use a head built to propose the model's
 (add_mtp_layer's bigram): drafts get accepted, and the kept positions' head state is rebuilt
 from the verify pass."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -150,9 +151,9 @@ def test_mtp_is_refused_without_mtp_layers(oracle_root, tmp_path):
     assert r.returncode != 0 and "has no multi-token-prediction layers" in r.stderr, r.stderr
 
 
-def test_streamed_experts_keep_the_output_and_say_where_the_head_reads(bigram_models):
-    """Under --cap the trunk's experts stream through the cache; the head's are read through the
-    page cache, which stderr says, and the output is still the plain one."""
+def test_streamed_experts_keep_the_output_and_the_head_in_the_budget(bigram_models):
+    """Under --cap the trunk's experts and the head's stream through the cache, the head's as one
+    more MoE layer of the budget; the output is still the plain one."""
     c = bigram_models("deepseek_v3")
     runs = {}
     for name, extra in (("plain", []), ("mtp", FORCED)):
@@ -162,8 +163,18 @@ def test_streamed_experts_keep_the_output_and_say_where_the_head_reads(bigram_mo
         assert r.returncode == 0, r.stderr
         runs[name] = r
     assert runs["mtp"].stdout == runs["plain"].stdout
-    assert "the MTP head's routed experts" in runs["mtp"].stderr and "page cache, outside this budget" in runs["mtp"].stderr
+    assert "the MTP layer's included" in runs["mtp"].stderr and "the MTP layer's included" not in runs["plain"].stderr
+    assert "page cache" not in runs["mtp"].stderr
     assert "draft_tokens=" in runs["mtp"].stderr
+    layers = [int(re.search(r"moe_layers=(\d+)", run_ready(c, extra)).group(1)) for extra in ([], FORCED)]
+    assert layers[1] == layers[0] + 1, layers
+
+
+def run_ready(model, extra):
+    """The READY line of an engine on model with --cap 2 and the given flags."""
+    from colibri import engine_client
+    with engine_client.Engine(model, threads=1, extra=["--cap", "2", *extra]) as eng:
+        return " ".join(f"{k}={v}" for k, v in eng.info.items())
 
 
 def test_draft_bench_measures_mtp(bigram_models, engine_bin):  # noqa: F811

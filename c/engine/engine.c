@@ -261,7 +261,6 @@ int engine_open(Engine *e, const EngineOptions *o, char *err, size_t errlen) {
         engine_close(e);
         return -1;
     }
-    engine_mtp_streaming(e);
     if (o->kv_dir) restore_slots(e, o->kv_dir);
     return 0;
 }
@@ -325,17 +324,16 @@ int engine_serve(Engine *e) {
     engine_stream_ready(e, stream, sizeof stream);
     char fallbacks[1024];
     kernels_fallbacks(kern.isa, fallbacks, sizeof fallbacks);
-    emit_line("READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s kernel_fallbacks=%s threads=%d tokenizer=%d kv=%s "
-              "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d draft=%s draft_max=%d draft_adapt=%s "
-              "mtp_unbudgeted_bytes=%llu%s%s%s",
-              a->family, a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name, fallbacks[0] ? fallbacks : "none",
-              omp_get_max_threads(), e->tok != NULL, qtype_name(a->kv_type), kv_bytes_per_token(a), kv_bytes(a, e->ctx),
-              forward_max_batch, e->parallel,
-              e->draft_mode == DRAFT_LOOKUP ? "lookup"
-              : e->draft_mode == DRAFT_MTP  ? "mtp"
-                                            : "off",
-              e->draft_max, e->draft_fixed ? "off" : "on", (unsigned long long)e->mtp_unbudgeted,
-              e->draft_off ? " draft_off=" : "", e->draft_off ? e->draft_off : "", stream);
+    emit_line(
+        "READY family=%s vocab=%d ctx=%d slots=%d layers=%d kernels=%s kernel_fallbacks=%s threads=%d tokenizer=%d kv=%s "
+        "kv_bytes_per_token=%zu kv_slot_bytes=%zu batch=%d parallel=%d draft=%s draft_max=%d draft_adapt=%s "
+        "%s%s%s",
+        a->family, a->vocab, e->ctx, e->n_slots, a->n_layers, kern.name, fallbacks[0] ? fallbacks : "none", omp_get_max_threads(),
+        e->tok != NULL, qtype_name(a->kv_type), kv_bytes_per_token(a), kv_bytes(a, e->ctx), forward_max_batch, e->parallel,
+        e->draft_mode == DRAFT_LOOKUP ? "lookup"
+        : e->draft_mode == DRAFT_MTP  ? "mtp"
+                                      : "off",
+        e->draft_max, e->draft_fixed ? "off" : "on", e->draft_off ? " draft_off=" : "", e->draft_off ? e->draft_off : "", stream);
     int rc = serve_loop(e, &in);
     reader_free(&in);
     return rc;

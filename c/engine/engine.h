@@ -36,7 +36,6 @@ typedef struct {
     int draft_fixed;            /* --draft-adapt off: always draft draft_max tokens where a match exists */
     const char *draft_off;      /* why drafting is off although asked for, or NULL */
     MtpTrack mtp[MAX_KV_SLOTS]; /* --draft mtp: each slot's MTP head state (set up on first use) */
-    uint64_t mtp_unbudgeted;    /* bytes of the head's routed experts read through the page cache (streaming) */
 } Engine;
 
 typedef struct {

@@ -32,18 +32,6 @@ int engine_mtp_open(Engine *e, char *err, size_t errlen) {
     return 0;
 }
 
-void engine_mtp_streaming(Engine *e) {
-    const ExpertLayer *mx = e->model.mtp ? moe_expert_layer(&e->model.mtp->y.mlp) : NULL;
-    if (!mx || !e->store.streaming) return; /* not among the store's layers: its cache and budget leave them out */
-    const Mlp *x0 = &mx->experts[0];
-    e->mtp_unbudgeted = (uint64_t)mx->E * (uint64_t)(x0->gate.rows * x0->gate.row_bytes + x0->up.rows * x0->up.row_bytes +
-                                                     x0->down.rows * x0->down.row_bytes);
-    fprintf(stderr,
-            "colibri: --draft mtp: the MTP layer's routed experts (%.1f MB) are read through the page cache, outside the "
-            "expert cache and the --ram budget; drafting pauses itself where it does not pay\n",
-            (double)e->mtp_unbudgeted / 1e6);
-}
-
 void engine_mtp_close(Engine *e) {
     for (int i = 0; i < MAX_KV_SLOTS; i++) mtp_track_free(&e->mtp[i]);
     if (forward_hidden.ctx == e) forward_hidden = (ForwardHidden){NULL, NULL};

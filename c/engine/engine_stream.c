@@ -8,7 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/draft.h"
 #include "io/container.h"
+#include "model/layers.h"
 #include "model/mtp.h"
 #include "kernels/dsa_score.h"
 #include "grammar/grammar.h"
@@ -214,8 +216,13 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    const int n_moe = model_expert_layers(&e->model, moe);
-    const int bad = expert_store_init(s, e->model.ct, moe, n_moe, err, errlen);
+    const int n_trunk = model_expert_layers(&e->model, moe);
+    /* a drafting MTP head's experts stream like the trunk's, through cache slots in the budget;
+     * they come last, so the trunk's usage, pins and routing keep their layout */
+    ExpertLayer *head = e->draft_mode == DRAFT_MTP && e->model.mtp ? moe_expert_layer(&e->model.mtp->y.mlp) : NULL;
+    if (head) moe[n_trunk] = head;
+    const int bad = expert_store_init(s, e->model.ct, moe, n_trunk + (head != NULL), err, errlen);
+    s->n_trunk = n_trunk;
     free(moe);
     if (bad) return -1;
     char path[4200];
@@ -266,7 +273,7 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     if (lowered)
         fprintf(stderr, "colibri: --ram %g: prefill batch lowered to %d to fit the budget\n", o->ram_gb, forward_max_batch);
     if (prefill_pass_open(e, o, kv_ctx, err, errlen)) return -1;
-    if (s->n && s->experts && usage_init(&e->usage, s->n, s->experts)) {
+    if (s->n_trunk && s->experts && usage_init(&e->usage, s->n_trunk, s->experts)) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -292,10 +299,11 @@ int engine_stream_open(Engine *e, const EngineOptions *o, int threads, char *err
     if (b->streaming || in->ram)
         fprintf(stderr,
                 "colibri: ram budget %s = dense %.1f MB + kv %.1f MB + runtime %.1f MB + checkpoints %.1f MB + "
-                "grammar %.1f MB + kv writer %.1f MB + mask cache %.1f MB + expert cache %.1f MB (cap %d of %d per layer, "
+                "grammar %.1f MB + kv writer %.1f MB + mask cache %.1f MB + expert cache %.1f MB (cap %d of %d per layer%s, "
                 "%d pinned)\n",
                 total, in->dense / 1e6, in->kv / 1e6, in->runtime / 1e6, in->checkpoints / 1e6, in->grammar / 1e6,
-                in->persist / 1e6, b->mask_cache / 1e6, b->cache / 1e6, b->cap, in->experts, s->pinned);
+                in->persist / 1e6, b->mask_cache / 1e6, b->cache / 1e6, b->cap, in->experts,
+                s->n > s->n_trunk ? ", the MTP layer's included" : "", s->pinned);
     return 0;
 }
 
@@ -396,7 +404,7 @@ void engine_stream_routing(const Engine *e, const char *id) { routing_frame(&e->
 void engine_stream_routing_since(const Engine *e, const TurnMark *m, const char *id) { routing_frame(&e->store, m->counts, id); }
 
 static void routing_frame(const ExpertStore *s, const uint32_t *since, const char *id) {
-    size_t cnt = (size_t)s->n * s->experts, bytes = cnt * 4;
+    size_t cnt = (size_t)s->n_trunk * s->experts, bytes = cnt * 4; /* turn_counts' first rows */
     unsigned char *b = malloc(bytes + 1);
     char head[200];
     if (!b) {
@@ -410,7 +418,7 @@ static void routing_frame(const ExpertStore *s, const uint32_t *since, const cha
         b[4 * i + 2] = (v >> 16) & 255;
         b[4 * i + 3] = v >> 24;
     }
-    snprintf(head, sizeof head, "ROUTING %s %d %d %zu\n", id, s->n, s->experts, bytes);
+    snprintf(head, sizeof head, "ROUTING %s %d %d %zu\n", id, s->n_trunk, s->experts, bytes);
     emit_blob(head, b, bytes);
     free(b);
 }

@@ -67,7 +67,7 @@ static uint64_t seg_room(uint64_t len) { return ALIGN_UP(len) + PAGE; }
 int expert_store_init(ExpertStore *s, const Container *ct, ExpertLayer *const *layers, int n, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     s->ct = ct;
-    s->n = n;
+    s->n = s->n_trunk = n;
     if (!s->n) return 0;
     s->layers = calloc((size_t)s->n, sizeof *s->layers);
     if (!s->layers) {
@@ -370,8 +370,8 @@ int expert_store_stream(ExpertStore *s, const StoreOptions *o, char *err, size_t
     for (int k = 0; k < s->n; k++) {
         ExpertLayer *xl = s->layers[k];
         ExpertCache *c = xl->cache;
-        int want = o->pin_counts ? c->cap / 2 : 0;
-        const uint64_t *cnt = o->pin_counts ? o->pin_counts + (size_t)k * s->experts : NULL;
+        const uint64_t *cnt = o->pin_counts && k < s->n_trunk ? o->pin_counts + (size_t)k * s->experts : NULL;
+        int want = cnt ? c->cap / 2 : 0;
         for (int p = 0; p < want; p++) {
             int best = -1;
             for (int e = 0; e < xl->E; e++)

@@ -51,7 +51,8 @@ typedef struct {
 
 struct ExpertStore {
     const Container *ct;
-    int n;                 /* MoE layers */
+    int n;                 /* MoE layers: the trunk's, then the MTP head's when it drafts */
+    int n_trunk;           /* the trunk's: what .coli_usage, pins and ROUTING frames count */
     ExpertLayer **layers;  /* [n] */
     int experts;           /* E of the widest MoE layer */
     uint64_t expert_bytes; /* gate + up + down of one expert (the largest) */
