@@ -1,6 +1,6 @@
 """What several `coli` subcommands share: the storage flags of the commands that write a
 container, and the --ids list of those that take token ids."""
-from colibri.convert import tensor_types
+from colibri.convert import recipes, tensor_types
 from colibri.errors import UserError
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_ALIASES
 
@@ -17,6 +17,15 @@ def add_storage_flags(p):
                    help="store one tensor class in another type than --experts/--dense give it (repeatable); "
                         f"classes: {', '.join(tensor_types.CLASSES)}; `down` is every down projection, `attn_v` every GQA value "
                         "projection")
+    p.add_argument("--quant", default=None, choices=sorted(recipes.RECIPES),
+                   help="a named setting measured against llama.cpp's quants (docs/kl_pareto.md): "
+                        + "; ".join(f"{n}: {r['about']}" for n, r in recipes.RECIPES.items())
+                        + ". --experts, --dense and --tensor-type beside it override its parts")
+
+
+def storage_of(args, log):
+    """(experts, dense, tensor types) from --quant and the flags beside it (recipes.resolve)."""
+    return recipes.resolve(getattr(args, "quant", None), args.experts, args.dense, tensor_types_of(args), log)
 
 
 def tensor_types_of(args):

@@ -5,7 +5,7 @@ import textwrap
 from pathlib import Path
 
 from colibri import launch_opts
-from colibri.cli.common import add_storage_flags, tensor_types_of
+from colibri.cli.common import add_storage_flags, storage_of
 from colibri.convert import calibrate
 from colibri.convert import gguf as convert_gguf
 from colibri.convert import hf as convert_hf
@@ -50,7 +50,8 @@ def add_arguments(c):
 
 def run(args):
     log = lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True)  # noqa: E731
-    types = tensor_types_of(args)
+    experts, dense, types = storage_of(args, log)
+    dense = dense or "q8"
     src = Path(args.src)
     if not src.exists():
         raise UserError(f"{src}: no such file or directory; give a Hugging Face checkpoint directory or a .gguf file")
@@ -62,11 +63,11 @@ def run(args):
     convert = convert_gguf.convert if src.is_file() else convert_hf.convert
     imatrix = args.imatrix
     if args.calibrate:
-        calibrate.check_settings(args.experts, args.dense or "q8", types, args.imatrix)
+        calibrate.check_settings(experts, dense, types, args.imatrix)
         imatrix = calibrate.statistics(src, args.out, args.calibrate, args,
                                        lambda d: convert(src, d, experts="q8", dense="q8", log=log), log)
     try:
-        convert(src, args.out, experts=args.experts, dense=args.dense or "q8", log=log, imatrix=imatrix, tensor_types=types)
+        convert(src, args.out, experts=experts, dense=dense, log=log, imatrix=imatrix, tensor_types=types)
     except ConvertError as e:
         raise UserError(str(e)) from None
     if args.calibrate:

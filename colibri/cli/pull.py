@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from colibri.cli.common import add_storage_flags, tensor_types_of
+from colibri.cli.common import add_storage_flags, storage_of
 from colibri.model import store
 
 HELP = "download a model into the local store and convert it once (smollm2, hf:ORG/REPO[:TAG])"
@@ -38,7 +38,8 @@ def run(args):
         if not names:
             print("  (empty; try `coli pull smollm2`)")
         return 0
-    dest = store.pull(args.name, experts=args.experts, dense=args.dense, tensor_types=tensor_types_of(args))
+    experts, dense, types = storage_of(args, lambda msg: print(f"coli pull: {msg}", file=sys.stderr))
+    dest = store.pull(args.name, experts=experts, dense=dense, tensor_types=types)
     print(dest)
     short = args.name
     print(f"use it with --model {short} (or --model {dest})", file=sys.stderr)
