@@ -184,24 +184,28 @@ def kv_writer_reserve(slot_bytes, checkpoint):
 
 
 def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, persist=0, prefill=0,
-                 prefill_auto=False):
+                 prefill_auto=False, mtp=False):
     """The engine's split of a RAM budget (bytes; None or 0: no budget, every expert mapped):
     dense trunk + KV + runtime + state checkpoints + grammar + KV writer + the prefill pass's
     activations past one batch (prefill) fixed, the grammar's mask cache
     elastic (a 16th of the budget beyond its minimum, at most 64 MiB), the expert cache in whole
     slots of the rest. An automatic pass (prefill_auto) shrinks to fit, so it is no part of the
     minimum. Returns streaming, dense, cap (slots per MoE layer), cache (bytes), mask_cache,
-    min_ram (smallest budget that fits) and fits."""
-    ex = scan["experts"]
+    min_ram (smallest budget that fits) and fits. mtp: the MTP head drafts, and its routed experts
+    are the expert store's last layers (c/engine/engine_stream.c), out of the dense trunk."""
+    ex, mx = scan["experts"], scan.get("mtp_experts") or {}
     dense = scan["tensor_bytes"] - scan["expert_bytes"] + scan["dense_f32_bytes"]
+    n, E, slot = ex["layers"], ex["per_layer"] if ex["layers"] else 0, ex["slot_bytes"]
+    if mtp and mx.get("layers"):
+        dense -= mx["bytes"] - mx["f32_bytes"]
+        n, E, slot = n + mx["layers"], max(E, mx["per_layer"]), max(slot, mx["slot_bytes"])
     fixed = dense + kv + runtime + checkpoints + grammar + persist + prefill
     floor = fixed - (prefill if prefill_auto else 0)
-    n, E = ex["layers"], ex["per_layer"] if ex["layers"] else 0
-    per_cap = n * ex["slot_bytes"]
+    per_cap = n * slot
     mask_max = MASK_CACHE_MAX if grammar else 0
     out = {"streaming": bool(ram or cap), "dense": dense, "kv": kv, "runtime": runtime, "cap": E, "cache": 0,
            "checkpoints": checkpoints, "grammar": grammar, "persist": persist, "mask_cache": mask_max,
-           "slot_bytes": ex["slot_bytes"], "fits": True}
+           "slot_bytes": slot, "moe_layers": n, "experts": E, "fits": True}
     if not out["streaming"]:
         out["min_ram"] = floor + E * per_cap
         return out
@@ -222,6 +226,34 @@ def budget_split(scan, ram, kv, runtime, cap=None, checkpoints=0, grammar=0, per
 
 
 PREFILL_PASS_MAX = 4096  # c/model/model.h: an automatic pass covers a whole prompt up to this
+
+
+DRAFT_DEFAULT_MAX = 8  # c/engine/draft.h
+
+
+def draft_reserve(scan, ctx, slots, draft, draft_max, kv=None):
+    """(bytes, why off) of speculative decoding as c/engine/engine_stream.c reserves them: each
+    stream's verify-pass logits and the recurrent state it saves before a verify pass, and with
+    --draft mtp each slot's MTP head (its one-layer KV, a verify pass's states, its logits). A
+    sliding window or a per-position state that cannot be cut back turns drafting off (engine.c)."""
+    if draft in (None, "off"):
+        return 0, None
+    man, ctx_states = scan["manifest"], [family_specs.layer_state(s, kv or _kv_default()) for s in
+                                         scan["manifest"].get("layers") or []]
+    for per_pos, _fixed, truncatable, window in ctx_states:
+        if (not truncatable and per_pos) or 0 < window < ctx:
+            return 0, "recurrent_state" if not truncatable else "sliding_window"
+    k = draft_max or DRAFT_DEFAULT_MAX
+    a = man["arch"]
+    H, V = int(a.get("hidden_size") or 0), int(a.get("vocab_size") or 0)
+    total = slots * ((k + 1) * V * 4 + checkpoint_bytes(scan, ctx, kv))
+    if draft == "mtp":
+        heads = man.get("mtp") or []
+        if not heads:
+            raise UserError("--draft mtp: this model has no multi-token-prediction layers; plan --draft lookup or off")
+        total += slots * (family_specs.kv_slot_bytes([heads[0]["spec"]], ctx, kv or _kv_default())
+                          + ((k + 3) * H + V) * 4)
+    return total, None
 
 
 def prefill_pass(split, budget, ctx, batch, per_pos, moe_layers, given=None):
@@ -285,10 +317,11 @@ def kv_state(scan, ctx, kv=None):
 
 def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, disk_bw=None,
          batch=None, threads=None, measured_tok_s=None, kv_type=None, batch_given=False, kv_persist=False,
-         prefill=None):
+         prefill=None, draft=None, draft_max=None):
     """The tier plan as a dict. ram in bytes (None: the default budget); bandwidths in GB/s;
     batch None: the engine's default for this machine's kernel set; kv_persist: the engine
-    saves its slots (--kv-dir), so its writer's bound is reserved."""
+    saves its slots (--kv-dir), so its writer's bound is reserved; draft: --draft (lookup, mtp),
+    whose buffers the engine reserves in the runtime (draft_reserve)."""
     if batch is None:
         batch = default_batch(machine["cpu"].get("engine_kernels"))
     a, ex = scan["arch"], scan["experts"]
@@ -299,13 +332,15 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
     kv_per_token, kv_fixed, kv_slot = kv_state(scan, ctx, kv_type)
     kv = kv_slot * kv_slots
     man = scan["manifest"]
+    draft_bytes, draft_off = draft_reserve(scan, ctx, kv_slots, draft, draft_max, kv_type)
+    mtp = draft == "mtp" and not draft_off
     runtime_at = lambda b: runtime_bytes(man, ctx, b, threads, tokenizer_bytes=scan["tokenizer_bytes"],  # noqa: E731
-                                         streams=kv_slots)
+                                         streams=kv_slots) + draft_bytes
     runtime = runtime_at(batch)
     ckpt = kv_slots * KV_MAX_CHECKPOINTS * checkpoint_bytes(scan, ctx, kv_type)
     grammar = grammar_reserve(a["vocab"] or 0, kv_slots) if scan["tokenizer_bytes"] else 0
     writer = kv_writer_reserve(kv_slot, checkpoint_bytes(scan, ctx, kv_type)) if kv_persist else 0
-    split_at = lambda r: budget_split(scan, budget, kv, r, cap, ckpt, grammar, writer)  # noqa: E731
+    split_at = lambda r: budget_split(scan, budget, kv, r, cap, ckpt, grammar, writer, mtp=mtp)  # noqa: E731
     split = split_at(runtime)
     if budget and not split["fits"] and not batch_given:
         # the engine takes a smaller prefill batch before it refuses (c/engine/engine_stream.c)
@@ -316,16 +351,21 @@ def plan(scan, machine, ram=None, ctx=None, kv_slots=1, cap=None, mem_bw=None, d
             batch //= 2
             runtime = runtime_at(batch)
             split = split_at(runtime)
-    n_moe = ex["layers"]
+    n_moe = split["moe_layers"]
     pass_n, pass_why, pass_bytes = batch, "resident", 0
     if budget and split["fits"]:
         pass_n, pass_why, pass_bytes = prefill_pass(split, budget, ctx, batch, pass_pos_bytes(man, ctx), n_moe, prefill)
         if pass_bytes:
-            split = budget_split(scan, budget, kv, runtime, cap, ckpt, grammar, writer, pass_bytes, not prefill)
+            split = budget_split(scan, budget, kv, runtime, cap, ckpt, grammar, writer, pass_bytes, not prefill, mtp=mtp)
     dense = split["dense"]
-    n_moe, E, k = ex["layers"], ex["per_layer"], a["top_k"]
+    n_moe, E, k = split["moe_layers"], split["experts"], a["top_k"]
     expert_each = ex["bytes_each"]
     notes, problems = [], []
+    if draft_off:
+        notes.append(f"--draft {draft}: off, the model's {draft_off.replace('_', ' ')} cannot be cut back")
+    elif draft_bytes:
+        notes.append(f"--draft {draft}: {draft_bytes / 1e6:.1f} MB of the runtime are its verify buffers"
+                     + (" and the MTP head's KV; the head's experts stream as one more MoE layer" if mtp else ""))
     mask_cache = split["mask_cache"] if split["fits"] else 0
     fixed = dense + kv + runtime + ckpt + grammar + writer + pass_bytes + mask_cache
     if budget is None:
@@ -490,7 +530,7 @@ def add_arguments(p):
     model_arg(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     launch_opts.add_engine_flags(
-        p, ("ram", "ctx", "kv-slots", "cap", "kv", "threads", "batch", "prefill-pass"), group=None,
+        p, ("ram", "ctx", "kv-slots", "cap", "kv", "threads", "batch", "prefill-pass", "draft", "draft-max"), group=None,
         ram={"help": "RAM budget in GB (default: 90%% of usable memory, cgroup limits included)"},
         ctx={"help": "context length to plan for (default: min(model max, 4096))"},
         kv_slots={"default": 1, "help": "KV slots (concurrent conversations, default 1)"},
@@ -517,6 +557,8 @@ def check_plan_args(args, scan):
         raise UserError(f"--prefill-pass {args.prefill_pass}: needs 0 (automatic) or a multiple of --batch")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: needs at least 1")
+    if getattr(args, "draft_max", None) is not None and not 1 <= args.draft_max <= 64:
+        raise UserError(f"--draft-max {args.draft_max}: needs 1 to 64 tokens")
     for flag, v in (("--mem-bw", args.mem_bw), ("--disk-bw", args.disk_bw)):
         if v is not None and v <= 0:
             raise UserError(f"{flag} {v:g}: needs a positive GB/s")
@@ -581,7 +623,8 @@ def build(args):
                            threads=args.threads, measured_tok_s=measured, kv_type=args.kv,
                            kv_persist=getattr(args, "kv_persist", False), batch=getattr(args, "batch", None),
                            batch_given=getattr(args, "batch", None) is not None,
-                           prefill=getattr(args, "prefill_pass", None))
+                           prefill=getattr(args, "prefill_pass", None), draft=getattr(args, "draft", None),
+                           draft_max=getattr(args, "draft_max", None))
     return res
 
 

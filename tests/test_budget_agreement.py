@@ -31,7 +31,12 @@ def coli(*args):
 
 @pytest.fixture(scope="module")
 def models(oracle_root, tmp_path_factory):
+    import mtp_reference
     out = {"streaming": streaming_model.container()}
+    hf = mtp_reference.add_mtp_layer(Path(oracle_root) / "deepseek_v3" / "hf", tmp_path_factory.mktemp("mtp") / "hf")
+    r = coli("convert", hf, hf.parent / "c")
+    assert r.returncode == 0, r.stderr
+    out["deepseek_v3_mtp"] = hf.parent / "c"
     for v in ("qwen3_moe", "llama", "gpt_oss", "qwen3_5_moe", "glm_moe_dsa", "glm_moe_dsa_shared", "deepseek_v4"):
         d = tmp_path_factory.mktemp(v) / "c"
         r = coli("convert", Path(oracle_root) / v / "hf", d)
@@ -40,11 +45,11 @@ def models(oracle_root, tmp_path_factory):
     return out
 
 
-def planned(model, ram, ctx, slots, threads, cap=None, kv=None, persist=False, batch=None, prefill=None):
+def planned(model, ram, ctx, slots, threads, cap=None, kv=None, persist=False, batch=None, prefill=None, draft=()):
     args = ["plan", "--json", "--no-measure", "--model", model, "--ram", ram, "--ctx", ctx, "--kv-slots", slots,
             "--threads", threads] + (["--cap", cap] if cap else []) + (["--kv", kv] if kv else []) + \
         (["--kv-persist"] if persist else []) + (["--batch", batch] if batch else []) + \
-        (["--prefill-pass", prefill] if prefill is not None else [])
+        (["--prefill-pass", prefill] if prefill is not None else []) + list(draft)
     r = coli(*args)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["plan"]
@@ -98,6 +103,32 @@ def test_plan_prefill_pass_equals_the_engines(models, case):
     assert ready["prefill_pass_why"] == why
     assert (ready["prefill_pass"] > batch) == (why != "resident")
     assert ready["prefill_pass_bytes"] == 0 if why == "resident" else ready["prefill_pass_bytes"] > 0
+
+
+DRAFT_CASES = [  # model, --ram GB, ctx, slots, draft flags
+    ("deepseek_v3_mtp", "0.05", 256, 2, ("--draft", "mtp")),  # the head's KV and buffers; its experts stream
+    ("deepseek_v3_mtp", "0.05", 300, 1, ("--draft", "mtp", "--draft-max", "3")),
+    ("deepseek_v3_mtp", "0.05", 256, 2, ("--draft", "lookup")),
+    ("qwen3_5_moe", "0.05", 256, 2, ("--draft", "lookup", "--draft-max", "16")),  # a saved recurrent state per stream
+    ("gpt_oss", "0.05", 400, 1, ("--draft", "lookup")),  # a sliding window: drafting off, nothing reserved
+]
+
+
+@pytest.mark.parametrize("case", DRAFT_CASES, ids=lambda c: "-".join(map(str, c[:4] + c[4][1:2])))
+def test_plan_counts_drafting_as_the_engine_does(models, case):
+    name, ram, ctx, slots, draft = case
+    p = planned(models[name], ram, ctx, slots, 2, draft=draft)
+    plain = planned(models[name], ram, ctx, slots, 2)
+    with engine_client.Engine(models[name], ctx=ctx, kv_slots=slots, threads=2, extra=["--ram", ram, *draft]) as eng:
+        ready = ready_split(eng.info)
+        off = eng.info.get("draft_off")
+    assert p["engine_split"] == ready
+    assert not p["problems"]
+    if off:
+        assert p["engine_split"] == plain["engine_split"] and any("--draft lookup: off" in n for n in p["notes"])
+    else:
+        assert ready["runtime_bytes"] > plain["engine_split"]["runtime_bytes"]
+        assert ready["moe_layers"] == plain["engine_split"]["moe_layers"] + (draft[1] == "mtp")
 
 
 def test_a_budget_the_plan_refuses_the_engine_refuses(models):

@@ -167,6 +167,7 @@ def scan(model_dir):
     per_expert = {}  # (layer, expert) -> [bytes, elements]
     segments = {}    # (layer, expert) -> [(shard index, offset, bytes)] of its tensors
     dense_f32 = 0
+    mtp_expert, mtp_segments = {}, {}  # (layer, expert) -> [bytes, F32 bytes]; its byte ranges
     total_tensors = 0
     for k, s in enumerate(man["shards"]):
         p = d / s
@@ -186,7 +187,14 @@ def scan(model_dir):
             cls = "mtp" if mtp else tensor_class(name)  # kept, never run: neither trunk nor streamed
             classes[cls] = classes.get(cls, 0) + t["nbytes"]
             elems[cls] = elems.get(cls, 0) + n_el
-            m = None if mtp else EXPERT_RE.match(name)
+            m = EXPERT_RE.match(name)
+            if m and mtp:  # the MTP head's experts: streamed like the trunk's when it drafts (--draft mtp)
+                acc = mtp_expert.setdefault((int(m.group(1)), int(m.group(2))), [0, 0])
+                acc[0] += t["nbytes"]
+                acc[1] += t["nbytes"] if t["dtype"] == "F32" else 0
+                mtp_segments.setdefault((int(m.group(1)), int(m.group(2))), []).append((k, t["offset"], t["nbytes"]))
+            if mtp:
+                m = None
             if m:
                 acc = per_expert.setdefault((int(m.group(1)), int(m.group(2))), [0, 0])
                 acc[0] += t["nbytes"]
@@ -231,6 +239,13 @@ def scan(model_dir):
         "dense_bytes": sum(v for k, v in classes.items() if k not in ("expert", "mtp")),
         "expert_bytes": expert_bytes,
         "dense_f32_bytes": dense_f32,  # the engine copies these out of the mapping (norms, routers, biases)
+        "mtp_experts": {  # the MTP layers' routed experts (kept in the "mtp" class)
+            "layers": len({layer for layer, _ in mtp_expert}),
+            "per_layer": max((sum(1 for l2, _ in mtp_expert if l2 == layer) for layer, _ in mtp_expert), default=0),
+            "bytes": sum(b for b, _ in mtp_expert.values()),
+            "f32_bytes": sum(f for _, f in mtp_expert.values()),
+            "slot_bytes": max((expert_slot_bytes(v) for v in mtp_segments.values()), default=0),
+        },
         "experts": {
             "slot_bytes": max((expert_slot_bytes(v) for v in segments.values()), default=0),
             "count": n_exp,
