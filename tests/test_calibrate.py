@@ -18,8 +18,8 @@ from needs import need
 
 from engine_binaries import build
 from test_gguf_common import ROOT, reference, smollm2_container, smollm2_gguf  # noqa: F401 (fixtures)
-from test_imatrix import CALIBRATION_CHARS, HF_TO_GGUF, coli_convert, smollm2_imatrix
-from test_lowbit_quantize import container_values, rel_err, tiny_qwen3moe, write
+from test_imatrix import coli_convert, smollm2_calibration, weighted_errors_by_class
+from test_lowbit_quantize import tiny_qwen3moe, write
 
 torch = need("torch")
 from test_gguf_convert import load_hf  # noqa: E402
@@ -234,33 +234,18 @@ def test_calibrate_refusals(tmp_path):
 def test_smollm2_engine_calibration_weighs_every_class(tmp_path, smollm2_container, reference):
     """--dense iq4_nl calibrated by the engine over README text, against the plain conversion:
     weighted by transformers' importance on that text, every class's error falls."""
-    from tokenizers import Tokenizer
     model, _ = reference
-    chars = (ROOT / "README.md").read_text()[:CALIBRATION_CHARS]
+    chars, _, entries, plain = smollm2_calibration()
     text = tmp_path / "text.txt"
     text.write_text(chars)
-    ids = Tokenizer.from_file(str(smollm2_container / "tokenizer.json")).encode(chars).ids
-    entries = smollm2_imatrix(model, ids)
-    plain, calibrated = tmp_path / "plain", tmp_path / "cal"
-    coli_convert(smollm2_gguf(), plain, "--dense", "iq4_nl")
+    calibrated = tmp_path / "cal"
     log = coli_convert(smollm2_gguf(), calibrated, "--dense", "iq4_nl", "--calibrate", text, "--calibrate-model",
                        smollm2_container, "--threads", "1")
     assert "imatrix: importance for " in log and not (tmp_path / "cal.calibration").exists(), log
-    assert smollm2_container.exists()
-    want = {k: v.float().numpy() for k, v in model.state_dict().items()}
-    got_plain, got_cal = container_values(plain), container_values(calibrated)
-    by_class = {}
-    for gname, (sums, counts) in entries.items():
-        layer, kind = gname.split(".")[1:3]
-        hf = next(f"model.layers.{layer}.{k}.weight" for k, v in HF_TO_GGUF.items() if v == kind)
-        imp = sums[0] / counts[0]
-        errs = by_class.setdefault(kind, [0.0, 0.0])
-        errs[0] += rel_err(want[hf], got_plain[hf], imp)
-        errs[1] += rel_err(want[hf], got_cal[hf], imp)
-    for kind, (p, c) in sorted(by_class.items()):
+    assert (smollm2_container / "colibri.json").is_file()  # the model it ran is left as it was
+    for kind, (p, c) in sorted(weighted_errors_by_class(model, entries, plain, calibrated).items()):
         print(f"{kind}: importance-weighted relative error {p / 30:.5f} plain, {c / 30:.5f} engine-calibrated")
         assert c < p, kind
-    assert set(by_class) == set(HF_TO_GGUF.values())
 
 
 if __name__ == "__main__":

@@ -6,15 +6,20 @@ text, and the calibrated conversion's importance-weighted error is lower than th
 one's in every tensor class. On a tiny Qwen3-MoE each expert's blocks are exactly those the
 writer gives its own vector, an expert no token reached gets its layer's mean, and files that do
 not fit the model are refused with the reason."""
+import atexit
+import functools
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 from needs import need
 
-from test_gguf_common import ROOT, reference, smollm2_container, smollm2_gguf  # noqa: F401 (fixtures)
+from test_gguf_common import ROOT, _reference, _smollm2_container, reference, smollm2_container, smollm2_gguf  # noqa: F401
 from test_lowbit_quantize import container_values, decoded, rel_err, tiny_qwen3moe, write
 
 gguf = need("gguf")
@@ -78,24 +83,25 @@ def smollm2_imatrix(model, ids):
     return {n: (s[None, :], [c]) for n, (s, c) in sums.items()}
 
 
-def test_smollm2_calibrated_conversion_weighs_every_class(tmp_path, smollm2_container, reference):
-    """--dense iq4_nl (every SmolLM2 matrix is whole 32-element blocks) with and without the
-    imatrix: in each class the error weighted by the columns' importance falls."""
+@functools.lru_cache(maxsize=None)
+def smollm2_calibration():
+    """(README text, its ids, transformers' imatrix entries over them, the values of the plain
+    --dense iq4_nl conversion), built once per run for the imatrix and the --calibrate tests."""
     from tokenizers import Tokenizer
-    model, _ = reference
-    ids = Tokenizer.from_file(str(smollm2_container / "tokenizer.json")).encode(
-        (ROOT / "README.md").read_text()[:CALIBRATION_CHARS]).ids
-    entries = smollm2_imatrix(model, ids)
-    imatrix = write_imatrix(tmp_path / "imatrix.gguf", entries)
-    src = next(iter(json.loads((smollm2_container / "colibri.json").read_text())["source"]["files"]))
-    gguf_file = smollm2_gguf()
-    assert gguf_file.name == src
-    plain, calibrated = tmp_path / "plain", tmp_path / "cal"
-    coli_convert(gguf_file, plain, "--dense", "iq4_nl")
-    log = coli_convert(gguf_file, calibrated, "--dense", "iq4_nl", "--imatrix", imatrix)
-    assert f"imatrix: importance for {len(entries)} of " in log, log
+    model, _ = _reference()
+    text = (ROOT / "README.md").read_text()[:CALIBRATION_CHARS]
+    ids = Tokenizer.from_file(str(_smollm2_container() / "tokenizer.json")).encode(text).ids
+    tmp = Path(tempfile.mkdtemp(prefix="coli-smollm2-plain-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    coli_convert(smollm2_gguf(), tmp / "plain", "--dense", "iq4_nl")
+    return text, ids, smollm2_imatrix(model, ids), container_values(tmp / "plain")
+
+
+def weighted_errors_by_class(model, entries, plain, calibrated):
+    """Per tensor class: the importance-weighted relative error of the plain conversion's values
+    and the calibrated conversion, summed over the layers, weighed by transformers' importance."""
     want = {k: v.float().numpy() for k, v in model.state_dict().items()}
-    got_plain, got_cal = container_values(plain), container_values(calibrated)
+    got_plain, got_cal = plain, container_values(calibrated)
     by_class = {}
     for gname, (sums, counts) in entries.items():
         layer, kind = gname.split(".")[1:3]
@@ -104,10 +110,25 @@ def test_smollm2_calibrated_conversion_weighs_every_class(tmp_path, smollm2_cont
         errs = by_class.setdefault(kind, [0.0, 0.0])
         errs[0] += rel_err(want[hf], got_plain[hf], imp)
         errs[1] += rel_err(want[hf], got_cal[hf], imp)
-    for kind, (p, c) in sorted(by_class.items()):
+    assert set(by_class) == set(HF_TO_GGUF.values())
+    return by_class
+
+
+def test_smollm2_calibrated_conversion_weighs_every_class(tmp_path, smollm2_container, reference):
+    """--dense iq4_nl (every SmolLM2 matrix is whole 32-element blocks) with and without the
+    imatrix: in each class the error weighted by the columns' importance falls."""
+    model, _ = reference
+    _, _, entries, plain = smollm2_calibration()
+    imatrix = write_imatrix(tmp_path / "imatrix.gguf", entries)
+    src = next(iter(json.loads((smollm2_container / "colibri.json").read_text())["source"]["files"]))
+    gguf_file = smollm2_gguf()
+    assert gguf_file.name == src
+    calibrated = tmp_path / "cal"
+    log = coli_convert(gguf_file, calibrated, "--dense", "iq4_nl", "--imatrix", imatrix)
+    assert f"imatrix: importance for {len(entries)} of " in log, log
+    for kind, (p, c) in sorted(weighted_errors_by_class(model, entries, plain, calibrated).items()):
         print(f"{kind}: importance-weighted relative error {p / 30:.5f} plain, {c / 30:.5f} calibrated")
         assert c < p, kind
-    assert set(by_class) == set(HF_TO_GGUF.values())
 
 
 def moe_imatrix(hf, rng, silent_expert=(1, 3)):
