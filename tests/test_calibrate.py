@@ -123,7 +123,7 @@ def moe_f32(tmp_path_factory):
 def test_statistics_are_the_models_activations(tmp_path, moe_f32):
     """Every attention matrix, the head and every expert's three matrices: the engine's sums
     equal transformers' to f32 rounding, and each expert counts the positions routed to it.
-    Streaming the experts through two slots a layer changes none of it."""
+    Streaming the experts through two slots a layer changes the sums by f32 rounding only."""
     hf, model = moe_f32
     ids = tokens(hf)
     assert len(ids) > 512, "the text must span two chunks"
@@ -143,8 +143,9 @@ def test_statistics_are_the_models_activations(tmp_path, moe_f32):
     calibrate(engine, model, ids, tmp_path / "streamed", "--kv", "f32", "--ram", "0.05", "--cap", "2")
     streamed = read_stats(tmp_path / "streamed")
     assert set(streamed) == set(got)
-    for name in got:
-        assert streamed[name][0] == got[name][0] and np.array_equal(streamed[name][1], got[name][1]), name
+    for name in got:  # a tight budget may take smaller passes: the f32 sums group differently
+        assert streamed[name][0] == got[name][0], name
+        assert np.abs(streamed[name][1] - got[name][1]).max() <= 1e-6 * got[name][1].max(), name
 
 
 def test_calibrated_conversion_weighs_each_expert_by_its_own_inputs(tmp_path, moe_f32):

@@ -103,8 +103,8 @@ int calibrate_main(int argc, char **argv) {
         fprintf(stderr, "colibri calibrate: cannot read %s\n", ids_file);
         return 2;
     }
-    o.logits_rows = chunk < forward_pass_step() ? chunk : forward_pass_step();
-    act_stats_begin(); /* before the load: the loader names the matrices */
+    o.logits_rows = chunk; /* the budget counts one chunk's KV and a pass of its logits */
+    act_stats_begin();     /* before the load: the loader names the matrices */
     Engine e;
     if (engine_open(&e, &o, err, sizeof err)) {
         fprintf(stderr, "colibri: %s\n", err);
