@@ -1,5 +1,8 @@
 """What several `coli` subcommands share: the storage flags of the commands that write a
 container, and the --ids list of those that take token ids."""
+import subprocess
+
+from colibri import engine_client
 from colibri.convert import recipes, tensor_types
 from colibri.errors import UserError
 from colibri.limits import DENSE_STORAGE, EXPERT_STORAGE, STORAGE_ALIASES
@@ -45,3 +48,16 @@ def parse_ids(text):
     if not ids or min(ids) < 0:
         raise UserError("--ids must list at least one non-negative token id")
     return ids
+
+
+def tokenize_file(model_dir, path):
+    """The ids of a text file as `coli perplexity` scores them (the engine's tokenizer, BOS added)."""
+    exe = engine_client.ensure_built()
+    r = subprocess.run([str(exe), "tokenize", "--model", str(model_dir), "--ids-only", "--no-special", "--add-special",
+                        "--file", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise UserError(f"tokenizing {path} failed: {r.stderr.strip() or f'exit code {r.returncode}'}")
+    try:
+        return [int(x) for x in r.stdout.strip().split(",") if x]
+    except ValueError:
+        raise UserError(f"the engine's tokenizer printed something other than ids: {r.stdout[:200]!r}") from None

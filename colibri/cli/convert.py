@@ -6,7 +6,7 @@ from pathlib import Path
 
 from colibri import launch_opts
 from colibri.cli.common import add_storage_flags, storage_of
-from colibri.convert import calibrate
+from colibri.cli import calibration as calibrate
 from colibri.convert import gguf as convert_gguf
 from colibri.convert import hf as convert_hf
 from colibri.errors import ConvertError, UserError

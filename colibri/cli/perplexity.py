@@ -10,7 +10,6 @@ the KL-divergence KL(ref || model) and the top-1 agreement at the scored positio
 """
 import json
 import math
-import subprocess
 import sys
 from array import array
 from itertools import repeat
@@ -21,6 +20,7 @@ from colibri.errors import UserError
 from colibri.model.paths import model_arg, require_model
 from colibri import engine_client
 from colibri import launch_opts
+from colibri.cli.common import tokenize_file as tokenize  # noqa: F401 (tools/kl_pareto.py calls it here too)
 
 HELP = "perplexity of a text file (and KL-divergence / top-1 agreement against reference logits)"
 DESCRIPTION = __doc__
@@ -37,18 +37,6 @@ def add_arguments(p):
                                  ctx={"help": f"tokens per chunk (default {DEFAULT_CTX}, at most the model's)"},
                                  threads={"help": "compute threads (default: all cores)"})
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-
-
-def tokenize(model_dir, path):
-    exe = engine_client.ensure_built()
-    r = subprocess.run([str(exe), "tokenize", "--model", str(model_dir), "--ids-only", "--no-special", "--add-special",
-                        "--file", str(path)], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise UserError(f"tokenizing {path} failed: {r.stderr.strip() or f'exit code {r.returncode}'}")
-    try:
-        return [int(x) for x in r.stdout.strip().split(",") if x]
-    except ValueError:
-        raise UserError(f"the engine's tokenizer printed something other than ids: {r.stdout[:200]!r}") from None
 
 
 def _floats(raw):

@@ -1,6 +1,6 @@
 """--imatrix FILE: llama.cpp's importance matrix (the GGUF form of its imatrix tool) weighing the
 low-bit writer's errors (c/kernels/lowbit_quantize.h); `--calibrate TEXT` gives the same kind of
-statistics from colibri's engine (calibrate.py, read here by read_stats).
+statistics from colibri's engine (colibri/cli/calibration.py, read here by read_stats).
 
 Such a file holds, per weight tensor by llama.cpp's name, `<name>.in_sum2` (F32, one row of K
 column sums of squared activations per matrix: one matrix, or one per expert) and `<name>.counts`

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 from colibri import engine_client, launch_opts
+from colibri.cli.common import tokenize_file
 from colibri.convert.hf import STATE_FILE
 from colibri.errors import ConvertError, UserError
 from colibri.limits import WRITABLE_LOWBIT
@@ -89,8 +90,7 @@ def statistics(src, out, text, args, convert_source, log):
 
 
 def tokenize(model, text):
-    from colibri.cli.perplexity import tokenize as engine_tokenize  # the same ids `coli perplexity` scores
-    return engine_tokenize(model, text)
+    return tokenize_file(model, text)  # the same ids `coli perplexity` scores
 
 
 def remove_work(out, log):
