@@ -62,16 +62,7 @@ int calibrate_main(int argc, char **argv) {
     int chunk = 512;
     char err[1024];
     for (int i = 2; i < argc;) {
-        if (!strcmp(argv[i], "--ids-file") && i + 1 < argc) {
-            ids_file = argv[i + 1];
-            i += 2;
-            continue;
-        }
-        if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-            out = argv[i + 1];
-            i += 2;
-            continue;
-        }
+        if (engine_take_arg(argc, argv, &i, "--ids-file", &ids_file) || engine_take_arg(argc, argv, &i, "--out", &out)) continue;
         if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
             char *end;
             long v = strtol(argv[i + 1], &end, 10);
@@ -83,16 +74,7 @@ int calibrate_main(int argc, char **argv) {
             i += 2;
             continue;
         }
-        int next = engine_parse_options(argc, argv, i, &o, err, sizeof err);
-        if (next < 0) {
-            fprintf(stderr, "colibri calibrate: %s\n", err);
-            return 2;
-        }
-        if (next == i) {
-            fprintf(stderr, "colibri calibrate: unknown argument '%s'\n", argv[i]);
-            return 2;
-        }
-        i = next;
+        if ((i = engine_command_option(argc, argv, i, &o, "calibrate", NULL)) < 0) return 2;
     }
     if (!ids_file || !out) {
         fprintf(stderr, "colibri calibrate: --ids-file and --out are required\n");

@@ -70,6 +70,21 @@ static int opt_int(const char *flag, const char *v, int lo, int hi, int *out, ch
     return 0;
 }
 
+int engine_take_arg(int argc, char **argv, int *i, const char *flag, const char **dst) {
+    if (strcmp(argv[*i], flag) || *i + 1 >= argc) return 0;
+    *dst = argv[*i + 1];
+    *i += 2;
+    return 1;
+}
+
+int engine_command_option(int argc, char **argv, int i, EngineOptions *o, const char *cmd, const char *usage) {
+    char err[1024];
+    int next = engine_parse_options(argc, argv, i, o, err, sizeof err);
+    if (next < 0) fprintf(stderr, "colibri %s: %s\n", cmd, err);
+    else if (next == i) fprintf(stderr, "colibri %s: unknown argument '%s'\n%s", cmd, argv[i], usage ? usage : "");
+    return next > i ? next : -1;
+}
+
 int engine_parse_options(int argc, char **argv, int i, EngineOptions *o, char *err, size_t errlen) {
     for (; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

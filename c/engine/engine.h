@@ -63,6 +63,13 @@ typedef struct {
 
 /* Parses the shared engine flags; returns the index of the first unparsed argument or -1. */
 int engine_parse_options(int argc, char **argv, int start, EngineOptions *o, char *err, size_t errlen);
+/* For the one-shot commands (logits, calibrate): argv[*i] is `flag VALUE`: *dst = VALUE, *i past
+ * it, 1; else 0. */
+int engine_take_arg(int argc, char **argv, int *i, const char *flag, const char **dst);
+/* The shared engine flags at argv[i] for one-shot command cmd: the next index, or -1 after saying
+ * on stderr what is wrong (a bad value, or an argument neither cmd nor the engine takes, followed
+ * by usage unless NULL). */
+int engine_command_option(int argc, char **argv, int i, EngineOptions *o, const char *cmd, const char *usage);
 /* 0, or err says why: ENGINE_BUSY when another engine holds --kv-dir (a retry may succeed once
  * it exits), -1 for anything else. */
 #define ENGINE_BUSY (-2)

@@ -49,31 +49,10 @@ static int logits_main(int argc, char **argv) {
     const char *ids_arg = NULL, *out = NULL, *mtp_out = NULL;
     char err[1024];
     for (int i = 2; i < argc;) {
-        if (!strcmp(argv[i], "--ids") && i + 1 < argc) {
-            ids_arg = argv[i + 1];
-            i += 2;
+        if (engine_take_arg(argc, argv, &i, "--ids", &ids_arg) || engine_take_arg(argc, argv, &i, "--out", &out) ||
+            engine_take_arg(argc, argv, &i, "--mtp-out", &mtp_out))
             continue;
-        }
-        if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-            out = argv[i + 1];
-            i += 2;
-            continue;
-        }
-        if (!strcmp(argv[i], "--mtp-out") && i + 1 < argc) {
-            mtp_out = argv[i + 1];
-            i += 2;
-            continue;
-        }
-        int next = engine_parse_options(argc, argv, i, &o, err, sizeof err);
-        if (next < 0) {
-            fprintf(stderr, "colibri logits: %s\n", err);
-            return 2;
-        }
-        if (next == i) {
-            fprintf(stderr, "colibri logits: unknown argument '%s'\n%s", argv[i], USAGE);
-            return 2;
-        }
-        i = next;
+        if ((i = engine_command_option(argc, argv, i, &o, "logits", USAGE)) < 0) return 2;
     }
     if (!ids_arg || !out) {
         fprintf(stderr, "colibri logits: --ids and --out are required\n");
