@@ -291,16 +291,19 @@ void lowbit_pack_act(const QAct *a, unsigned char *dst) {
             unsigned char *o = dst + ((size_t)t * nk + k) * LOWBIT_PACK_BYTES;
             const int16_t *x = a->q + ((size_t)t * a->nb + (size_t)k * 8) * QBLOCK;
             float f[24];
-            if (a->rows >= LOWBIT_PACKED_MIN_ROWS) { /* fewer positions never read the rearranged x */
-                int16_t xt[256];
+            int16_t xt[256];
+            if (a->rows >= LOWBIT_PACKED_MIN_ROWS) {
                 for (int v = 0; v < 16; v++)
                     for (int l = 0; l < 8; l++) {
                         const int part = 2 * l + v / 8, m = v % 8;
                         xt[16 * v + 2 * l] = x[16 * part + 2 * m];
                         xt[16 * v + 2 * l + 1] = x[16 * part + 2 * m + 1];
                     }
-                memcpy(o, xt, sizeof xt);
+            } else { /* the even and odd elements of each 64 */
+                for (int g = 0; g < 4; g++)
+                    for (int m = 0; m < 32; m++) xt[64 * g + m] = x[64 * g + 2 * m], xt[64 * g + 32 + m] = x[64 * g + 2 * m + 1];
             }
+            memcpy(o, xt, sizeof xt);
             for (int h = 0; h < 8; h++) {
                 f[h] = a->d[(size_t)(k * 8 + h) * a->rows + t];
                 int32_t e = 0, od = 0;

@@ -53,8 +53,10 @@ float lowbit_lanes_sum(const float *acc);
  *                 with part 2l + p's products, the lanes lowbit_block_add's halves read;
  *   float d[8]:   the scales of the block's eight activation blocks;
  *   float xs[16]: sum of x over part 2l (xs[l]) and over part 2l + 1 (xs[8 + l]).
- * Only for rows of whole 256-element blocks (nb % 8 == 0). With fewer than LOWBIT_PACKED_MIN_ROWS
- * rows, x is left unwritten: no dot reads it then. */
+ * With fewer than LOWBIT_PACKED_MIN_ROWS rows, x is instead each 64 elements' even ones, then its
+ * odd ones (int16 x[64g + m] = element 64g + 2m, x[64g + 32 + m] = element 64g + 2m + 1), so
+ * codes widened in place (a byte's low and high half of each 16-bit lane) meet their activations.
+ * Only for rows of whole 256-element blocks (nb % 8 == 0). */
 #define LOWBIT_PACK_BYTES (256 * 2 + 24 * 4)
 /* The dots take the pack's x from this many positions on (matmul makes the pack at every count,
  * the dots of fewer positions read its d and sums of x): below, decoding a block's codes into

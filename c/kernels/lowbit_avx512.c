@@ -3,5 +3,6 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define LOWBIT_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define LOWBIT_SET avx512
+#define LOWBIT_ZMM 1 /* the dots of few positions take 512-bit multiply-adds */
 #include "kernels/lowbit_dots_x86.h"
 #endif

@@ -125,6 +125,208 @@ lowbit_qdot_few(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), 
     }
 }
 
+#ifdef LOWBIT_ZMM
+#include "kernels/lowbit_decode_zmm.h"
+
+/* The sixteen parts' sums of a block from z[h], the multiply-adds of activation block h against
+ * its 32 codes (lanes 0-7: part 2h's pairs, 8-15: part 2h + 1's): even parts in *even's lanes,
+ * odd in *odd's, as hsum8_pairs leaves them. A transposing tree of unpacks and adds, no
+ * horizontal adds. */
+LB static inline void part_sums16(const __m512i *z, __m256i *even, __m256i *odd) {
+    __m512i w[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: z[2i] lanes 0+2, z[2i+1] 0+2, z[2i] 1+3, z[2i+1] 1+3 */
+        w[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]), _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]));
+    /* per 128-bit lane q: the sums of z[0..3]'s (X) and z[4..7]'s (Y) four lanes of q */
+    const __m512i X
+    = _mm512_add_epi32(_mm512_unpacklo_epi64(w[0], w[1]), _mm512_unpackhi_epi64(w[0], w[1]));
+    const __m512i Y = _mm512_add_epi32(_mm512_unpacklo_epi64(w[2], w[3]), _mm512_unpackhi_epi64(w[2], w[3]));
+    /* 128-bit lanes: even parts 0-6, odd 1-7, even 8-14, odd 9-15 */
+    const __m512i S = _mm512_add_epi32(_mm512_shuffle_i32x4(X, Y, _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_i32x4(X, Y, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i P = _mm512_shuffle_i32x4(S, S, _MM_SHUFFLE(3, 1, 2, 0));
+    *even = _mm512_castsi512_si256(P);
+    *odd = _mm512_extracti64x4_epi64(P, 1);
+}
+
+/* lowbit_qdot_few with 512-bit multiply-adds: one per activation block and position, the codes
+ * widened once per 32, the parts' sums by part_sums16. zcodes: the type's decoder into registers
+ * (lowbit_decode_zmm.h), or NULL for codes through a LowbitBlock. The same integer sums and float
+ * operations: the same bits. */
+/* The sixteen parts' sums from z[v], the sums of four consecutive elements of each 64 (lanes 4j..4j+3
+ * hold part 4v + j's), as part_sums16 leaves them. */
+LB static inline void part_sums4(const __m512i *z, __m256i *even, __m256i *odd) {
+    const __m512i s1 = _mm512_add_epi32(_mm512_unpacklo_epi32(z[0], z[1]), _mm512_unpackhi_epi32(z[0], z[1]));
+    const __m512i s2 = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2], z[3]), _mm512_unpackhi_epi32(z[2], z[3]));
+    /* lane 4j + v: part 4v + j */
+    const __m512i R = _mm512_add_epi32(_mm512_unpacklo_epi64(s1, s2), _mm512_unpackhi_epi64(s1, s2));
+    const __m512i P = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), R);
+    *even = _mm512_castsi512_si256(P);
+    *odd = _mm512_extracti64x4_epi64(P, 1);
+}
+
+/* few_zmm_rows for the types with a register decoder, against the pack's even and odd elements:
+ * a code byte's 16-bit lane holds it and its odd neighbour, widened in place by shifts (no
+ * shuffles), and each 64 elements' two multiply-adds leave four elements' sums per lane.
+ * SIGNED: the codes may be negative (sign-extend) or are not (mask). */
+LB static inline __attribute__((always_inline)) void
+few_split_rows(void (*zcodes)(const unsigned char *, __m512i *), Scales8 (*scales)(const unsigned char *), int bytes, int has_min,
+               int SIGNED, int NT, int R, const unsigned char *w, size_t row_bytes, const QAct *a, int t0, float *y, size_t ldy) {
+    const int nk = a->nb / 8;
+    const __m512i low = _mm512_set1_epi16(0xFF);
+    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int k = 0; k < nk; k++) {
+        Scales8 s[2];
+        __m512i ev[2][4], od[2][4];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            const unsigned char *bb = w + (size_t)r * row_bytes + (size_t)k * bytes;
+            s[r] = scales(bb);
+            __m512i c[4];
+            zcodes(bb, c);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                ev[r][v] = SIGNED ? _mm512_srai_epi16(_mm512_slli_epi16(c[v], 8), 8) : _mm512_and_si512(c[v], low);
+                od[r][v] = SIGNED ? _mm512_srai_epi16(c[v], 8) : _mm512_srli_epi16(c[v], 8);
+            }
+        }
+#pragma GCC unroll 2
+        for (int i = 0; i < NT; i++) {
+            const unsigned char *p = a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES;
+            const __m512i *x = (const __m512i *)(const void *)p;
+            const float *f = (const float *)(const void *)(p + 512);
+            __m512i z[2][4];
+            __m256i se[2], so[2];
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                const __m512i xe = _mm512_loadu_si512(x + 2 * v), xo = _mm512_loadu_si512(x + 2 * v + 1);
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++)
+                    z[r][v] = _mm512_add_epi32(_mm512_madd_epi16(ev[r][v], xe), _mm512_madd_epi16(od[r][v], xo));
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) part_sums4(z[r], &se[r], &so[r]);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++)
+                acc[r][i] = _mm256_add_ps(acc[r][i], block_lanes(&s[r], has_min, se[r], so[r], _mm256_loadu_ps(f + 8),
+                                                                 _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[r][i]);
+}
+
+LB static inline __attribute__((always_inline)) void lowbit_qdot_split(void (*zcodes)(const unsigned char *, __m512i *),
+                                                                       Scales8 (*scales)(const unsigned char *), int bytes,
+                                                                       int has_min, int SIGNED, int NT, QDOT_ARGS) {
+    (void)nt;
+    int r = 0;
+    for (; r + 2 <= nr; r += 2)
+        few_split_rows(zcodes, scales, bytes, has_min, SIGNED, NT, 2, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
+    if (r < nr)
+        few_split_rows(zcodes, scales, bytes, has_min, SIGNED, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
+}
+
+LB static inline __attribute__((always_inline)) void few_zmm_rows(LowbitDecodeFn codes,
+                                                                  void (*zcodes)(const unsigned char *, __m512i *),
+                                                                  Scales8 (*scales)(const unsigned char *), int bytes,
+                                                                  int has_min, int NT, int R, const unsigned char *w,
+                                                                  size_t row_bytes, const QAct *a, int t0, float *y, size_t ldy) {
+    const int nk = a->nb / 8;
+    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int k = 0; k < nk; k++) {
+        Scales8 s[2];
+        __m512i wq[2][8];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            const unsigned char *bb = w + (size_t)r * row_bytes + (size_t)k * bytes;
+            s[r] = scales(bb);
+            if (zcodes) {
+                __m512i c[4];
+                zcodes(bb, c);
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) {
+                    wq[r][2 * v] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(c[v]));
+                    wq[r][2 * v + 1] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(c[v], 1));
+                }
+            } else {
+                LowbitBlock blk;
+                codes(bb, &blk);
+#pragma GCC unroll 8
+                for (int h = 0; h < 8; h++)
+                    wq[r][h] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(blk.q + 32 * h)));
+            }
+        }
+#pragma GCC unroll 2
+        for (int i = 0; i < NT; i++) {
+            const __m512i *x = (const __m512i *)(const void *)(a->q + ((size_t)(t0 + i) * a->nb + (size_t)k * 8) * QBLOCK);
+            const float *f = (const float *)(const void *)(a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES + 512);
+            __m512i z[2][8];
+            __m256i se[2], so[2];
+#pragma GCC unroll 8
+            for (int h = 0; h < 8; h++) {
+                const __m512i xv = _mm512_loadu_si512(x + h);
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++) z[r][h] = _mm512_madd_epi16(wq[r][h], xv);
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) part_sums16(z[r], &se[r], &so[r]);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++)
+                acc[r][i] = _mm256_add_ps(acc[r][i], block_lanes(&s[r], has_min, se[r], so[r], _mm256_loadu_ps(f + 8),
+                                                                 _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[r][i]);
+}
+
+/* lowbit_qdot_few with 512-bit multiply-adds: one per activation block, row and position, the
+ * codes widened once per 32, the parts' sums by part_sums16, two rows at a time so that the
+ * two chains of dependent vector operations overlap. zcodes: the type's decoder into registers
+ * (lowbit_decode_zmm.h), or NULL for codes through a LowbitBlock. The same integer sums and float
+ * operations: the same bits. */
+LB static inline __attribute__((always_inline)) void lowbit_qdot_few_zmm(LowbitDecodeFn codes,
+                                                                         void (*zcodes)(const unsigned char *, __m512i *),
+                                                                         Scales8 (*scales)(const unsigned char *), int bytes,
+                                                                         int has_min, int NT, QDOT_ARGS) {
+    (void)nt;
+    int r = 0;
+    for (; r + 2 <= nr; r += 2)
+        few_zmm_rows(codes, zcodes, scales, bytes, has_min, NT, 2, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
+    if (r < nr)
+        few_zmm_rows(codes, zcodes, scales, bytes, has_min, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
+}
+/* The types with a register decoder (SIGNED: codes that may be negative) read the pack's even and
+ * odd elements where the pack holds them (fewer than LOWBIT_PACKED_MIN_ROWS rows); the remaining
+ * positions of a larger batch, and the other types, widen their codes against the activation
+ * blocks as they are. */
+#define FEW_ZMM(S, ZC, HAS_MIN, NT) \
+    lowbit_qdot_few_zmm(q_##S, ZC, s8_##S, bytes, HAS_MIN, NT, w, row_bytes, nr, a, t0, NT, y, ldy)
+#define FEW_SPLIT(S, SIGNED, HAS_MIN, NT)                                                                      \
+    do {                                                                                                       \
+        if (a->rows < LOWBIT_PACKED_MIN_ROWS)                                                                  \
+            lowbit_qdot_split(z_##S, s8_##S, bytes, HAS_MIN, SIGNED, NT, w, row_bytes, nr, a, t0, NT, y, ldy); \
+        else FEW_ZMM(S, z_##S, HAS_MIN, NT);                                                                   \
+    } while (0)
+#define FEW_q2_k(NT) FEW_SPLIT(q2_k, 0, 1, NT)
+#define FEW_q3_k(NT) FEW_SPLIT(q3_k, 1, 0, NT)
+#define FEW_q4_k(NT) FEW_SPLIT(q4_k, 0, 1, NT)
+#define FEW_q5_k(NT) FEW_SPLIT(q5_k, 0, 1, NT)
+#define FEW_q6_k(NT) FEW_SPLIT(q6_k, 1, 0, NT)
+#define FEW_iq4_xs(NT) FEW_SPLIT(iq4_xs, 1, 0, NT)
+#define FEW_iq1_s(NT) FEW_ZMM(iq1_s, NULL, 0, NT)
+#define FEW_iq1_m(NT) FEW_ZMM(iq1_m, NULL, 0, NT)
+#define FEW_iq2_xxs(NT) FEW_ZMM(iq2_xxs, NULL, 0, NT)
+#define FEW_iq2_xs(NT) FEW_ZMM(iq2_xs, NULL, 0, NT)
+#define FEW_iq2_s(NT) FEW_ZMM(iq2_s, NULL, 0, NT)
+#define FEW_iq3_xxs(NT) FEW_ZMM(iq3_xxs, NULL, 0, NT)
+#define FEW_iq3_s(NT) FEW_ZMM(iq3_s, NULL, 0, NT)
+#define LOWBIT_FEW_CALL(S, HAS_MIN, NT) FEW_##S(NT)
+#else
+#define LOWBIT_FEW_CALL(S, HAS_MIN, NT) lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, NT, w, row_bytes, nr, a, t0, NT, y, ldy)
+#endif
+
 /* A block's 256 codes as int16 in lowbit_pack_act's order (vector 8p + m: elements 2m, 2m+1 of
  * parts 2l + p in lanes l): bytes 32l..32l+31 hold parts 2l and 2l+1, one per 128-bit lane, so
  * an 8 x 8 transpose of their 16-bit pairs within the lanes leaves pair m of the even parts in
@@ -199,10 +401,10 @@ LB static void lowbit_qdot_packed(const LowbitType *t, LowbitDecodeFn codes, QDO
     }
 }
 
-#define FEW(S, HAS_MIN)                                                                                     \
-    LB static void few_##S(int bytes, QDOT_ARGS) {                                                          \
-        if (nt == 1) lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, 1, w, row_bytes, nr, a, t0, 1, y, ldy); \
-        else lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, 2, w, row_bytes, nr, a, t0, 2, y, ldy);         \
+#define FEW(S, HAS_MIN)                              \
+    LB static void few_##S(int bytes, QDOT_ARGS) {   \
+        if (nt == 1) LOWBIT_FEW_CALL(S, HAS_MIN, 1); \
+        else LOWBIT_FEW_CALL(S, HAS_MIN, 2);         \
     }
 FEW(q2_k, 1)
 FEW(q3_k, 0)
