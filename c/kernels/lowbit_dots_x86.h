@@ -324,7 +324,86 @@ LB static inline __attribute__((always_inline)) void lowbit_qdot_few_zmm(LowbitD
 #define FEW_iq3_s(NT) FEW_ZMM(iq3_s, NULL, 0, NT)
 #define LOWBIT_FEW_CALL(S, HAS_MIN, NT) FEW_##S(NT)
 #else
-#define LOWBIT_FEW_CALL(S, HAS_MIN, NT) lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, NT, w, row_bytes, nr, a, t0, NT, y, ldy)
+/* The AVX2 build's dots of few positions against the pack's even and odd elements (fewer than
+ * LOWBIT_PACKED_MIN_ROWS rows), two rows at a time: each 32 codes of the decoder's block widened in
+ * place by shifts (SIGNED: codes that may be negative), two multiply-adds leave four elements'
+ * sums per lane (lanes 0-3 part 2h, 4-7 part 2h + 1), two levels of horizontal adds the parts'. */
+LB static inline __attribute__((always_inline)) void
+few_split_rows8(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), int bytes, int has_min, int SIGNED, int NT, int R,
+                const unsigned char *w, size_t row_bytes, const QAct *a, int t0, float *y, size_t ldy) {
+    const int nk = a->nb / 8;
+    const __m256i low = _mm256_set1_epi16(0xFF);
+    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int k = 0; k < nk; k++) {
+        Scales8 s[2];
+        LowbitBlock blk[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            const unsigned char *bb = w + (size_t)r * row_bytes + (size_t)k * bytes;
+            s[r] = scales(bb);
+            codes(bb, &blk[r]);
+        }
+#pragma GCC unroll 2
+        for (int i = 0; i < NT; i++) {
+            const unsigned char *p = a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES;
+            const int16_t *x = (const int16_t *)(const void *)p;
+            const float *f = (const float *)(const void *)(p + 512);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                __m256i z[8];
+#pragma GCC unroll 8
+                for (int h = 0; h < 8; h++) {
+                    const __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(blk[r].q + 32 * h));
+                    const __m256i ev = SIGNED ? _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8) : _mm256_and_si256(c, low);
+                    const __m256i od = SIGNED ? _mm256_srai_epi16(c, 8) : _mm256_srli_epi16(c, 8);
+                    const int16_t *xe = x + 64 * (h / 2) + 16 * (h % 2);
+                    z[h] = _mm256_add_epi32(_mm256_madd_epi16(ev, _mm256_loadu_si256((const __m256i *)(const void *)xe)),
+                                            _mm256_madd_epi16(od, _mm256_loadu_si256((const __m256i *)(const void *)(xe + 32))));
+                }
+                /* 128-bit lanes: even parts 0-6 | odd 1-7, and even 8-14 | odd 9-15 */
+                const __m256i e1 = _mm256_hadd_epi32(_mm256_hadd_epi32(z[0], z[1]), _mm256_hadd_epi32(z[2], z[3]));
+                const __m256i e2 = _mm256_hadd_epi32(_mm256_hadd_epi32(z[4], z[5]), _mm256_hadd_epi32(z[6], z[7]));
+                acc[r][i] = _mm256_add_ps(acc[r][i], block_lanes(&s[r], has_min, _mm256_permute2x128_si256(e1, e2, 0x20),
+                                                                 _mm256_permute2x128_si256(e1, e2, 0x31), _mm256_loadu_ps(f + 8),
+                                                                 _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[r][i]);
+}
+
+LB static inline __attribute__((always_inline)) void lowbit_qdot_split8(LowbitDecodeFn codes,
+                                                                        Scales8 (*scales)(const unsigned char *), int bytes,
+                                                                        int has_min, int SIGNED, int NT, QDOT_ARGS) {
+    (void)nt;
+    int r = 0;
+    for (; r + 2 <= nr; r += 2)
+        few_split_rows8(codes, scales, bytes, has_min, SIGNED, NT, 2, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
+    if (r < nr)
+        few_split_rows8(codes, scales, bytes, has_min, SIGNED, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
+}
+/* Whether a type's codes may be negative (sign-extended) or never are (masked). */
+#define LB_SIGNED_q2_k 0
+#define LB_SIGNED_q4_k 0
+#define LB_SIGNED_q5_k 0
+#define LB_SIGNED_q3_k 1
+#define LB_SIGNED_q6_k 1
+#define LB_SIGNED_iq1_s 1
+#define LB_SIGNED_iq1_m 1
+#define LB_SIGNED_iq2_xxs 1
+#define LB_SIGNED_iq2_xs 1
+#define LB_SIGNED_iq2_s 1
+#define LB_SIGNED_iq3_xxs 1
+#define LB_SIGNED_iq3_s 1
+#define LB_SIGNED_iq4_xs 1
+#define LB_SIGNED(S) LB_SIGNED_##S
+#define LOWBIT_FEW_CALL(S, HAS_MIN, NT)                                                                               \
+    do {                                                                                                              \
+        if (a->rows < LOWBIT_PACKED_MIN_ROWS)                                                                         \
+            lowbit_qdot_split8(q_##S, s8_##S, bytes, HAS_MIN, LB_SIGNED(S), NT, w, row_bytes, nr, a, t0, NT, y, ldy); \
+        else lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, NT, w, row_bytes, nr, a, t0, NT, y, ldy);                 \
+    } while (0)
 #endif
 
 /* A block's 256 codes as int16 in lowbit_pack_act's order (vector 8p + m: elements 2m, 2m+1 of
