@@ -205,7 +205,7 @@ def test_lowbit_dot_within_bound(lib, name):
     """qdot (weight rows . int16 activation rows) against dequant(w) . x in float64: the
     activations' rounding is at most half a step (amax/32767) per element, so per block the
     error is <= step/2 * sum|w|; the float accumulation adds at most (blocks + 4) ulps of
-    sum|w*x|. The AVX2 dot and its AVX-512 build, where the CPU has them, equal the portable
+    sum|w*x|. The AVX2 dot and its AVX-512 and VNNI builds, where the CPU has them, equal the portable
     one bit for bit, both on the activation blocks and on their rearranged copy
     (lowbit_pack_act), which they read in matmuls."""
     rng = np.random.default_rng(sum(map(ord, name)) + 2)
@@ -237,7 +237,7 @@ def test_lowbit_dot_within_bound(lib, name):
         err = np.abs(got - ref)
         assert (err <= act_err + fl).all(), (name, t0, nt, float((err / (act_err + fl)).max()))
         lib.kernels_supported.argtypes = [ctypes.c_int]
-        for isa, s in ((1, "avx2"), (2, "avx512")):  # KI_AVX2, KI_AVX512 (also the vnni and amx sets' dots)
+        for isa, s in ((1, "avx2"), (2, "avx512"), (4, "vnni")):  # KI_AVX2, KI_AVX512, KI_VNNI (also the amx set's dots)
             if lib.kernels_supported(isa):
                 for act in (a, packed):
                     fast = qdot(lib, f"qdot_{suffix}_{s}", data, act, t0, nt)
@@ -250,7 +250,7 @@ def test_lowbit_dot_within_bound(lib, name):
         few_packed = QAct(few.nb, few.rows, few.q, few.d, few.s, few_pack.ctypes.data)
         got = qdot(lib, f"qdot_{suffix}_portable", data, few, 0, n)
         np.testing.assert_array_equal(got, qdot(lib, f"qdot_{suffix}_portable", data, a, 0, n))
-        for isa, s in ((1, "avx2"), (2, "avx512")):
+        for isa, s in ((1, "avx2"), (2, "avx512"), (4, "vnni")):
             if lib.kernels_supported(isa):
                 fast = qdot(lib, f"qdot_{suffix}_{s}", data, few_packed, 0, n)
                 np.testing.assert_array_equal(fast.view(np.uint32), got.view(np.uint32), err_msg=f"{s}, {n} alone")

@@ -287,7 +287,7 @@ const Kernels kernel_set_amx = {
              [QT_Q4] = qdot_q4_portable,
              [QT_MXFP4] = qdot_mxfp4_avx2,
              [QT_Q6] = qdot_q6_portable,
-             LOWBIT_TYPES(LOWBIT_QDOT_avx512)},
+             LOWBIT_TYPES(LOWBIT_QDOT_vnni)},
     .lowbit_pack = 1,
     .qgemm = {[QT_Q8] = qgemm_q8_amx, [QT_Q4] = qgemm_q4_amx, [QT_Q6] = qgemm_q6_amx},
     .pack_bytes = amx_pack_bytes,

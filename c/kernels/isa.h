@@ -69,6 +69,9 @@ LOWBIT_TYPES(LOWBIT_DECL) /* lowbit_avx2.c */
 #define LOWBIT_DECL(S, QT) void qdot_##S##_avx512(QDOT_ARGS);
 LOWBIT_TYPES(LOWBIT_DECL) /* lowbit_avx512.c */
 #undef LOWBIT_DECL
+#define LOWBIT_DECL(S, QT) void qdot_##S##_vnni(QDOT_ARGS);
+LOWBIT_TYPES(LOWBIT_DECL) /* lowbit_vnni.c */
+#undef LOWBIT_DECL
 KV_ROW_DECL(avx2, f16)
 KV_ROW_DECL(avx2, bf16)
 KV_ATTEND_DECL(avx2, f32)
@@ -116,6 +119,7 @@ KV_ATTEND_DECL(neon, bf16)
 #define LOWBIT_QDOT_portable(S, QT) [QT] = qdot_##S##_portable,
 #define LOWBIT_QDOT_avx2(S, QT) [QT] = qdot_##S##_avx2,
 #define LOWBIT_QDOT_avx512(S, QT) [QT] = qdot_##S##_avx512,
+#define LOWBIT_QDOT_vnni(S, QT) [QT] = qdot_##S##_vnni,
 
 /* The tables, each in its set's file; the ones this build has. */
 extern const Kernels kernel_set_portable;

@@ -62,7 +62,7 @@ const Kernels kernel_set_vnni = {
              [QT_Q4] = qdot_q4_avx2,
              [QT_MXFP4] = qdot_mxfp4_avx2,
              [QT_Q6] = qdot_q6_avx2,
-             LOWBIT_TYPES(LOWBIT_QDOT_avx512)},
+             LOWBIT_TYPES(LOWBIT_QDOT_vnni)},
     .lowbit_pack = 1,
     .qgemm = {[QT_Q8] = qgemm_q8_vnni, [QT_Q4] = qgemm_q4_vnni, [QT_Q6] = qgemm_q6_vnni},
     .pack_bytes = vnni_pack_bytes,
