@@ -46,11 +46,6 @@ AVX2 static inline __m256i rows8(const int8_t *r0, const int8_t *r1, const int8_
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-/* 32 lattice coordinates, times the -1/+1 bytes of four sign masks (8 coordinates each). */
-AVX2 static inline void signed32(int8_t *q, __m256i g, uint64_t m0, uint64_t m1, uint64_t m2, uint64_t m3) {
-    _mm256_storeu_si256((__m256i *)(void *)q,
-                        _mm256_sign_epi8(g, _mm256_setr_epi64x((long long)m0, (long long)m1, (long long)m2, (long long)m3)));
-}
 /* 0xFF in byte 8k + j where bit j of byte k of signs is set. */
 AVX2 static inline __m256i sign_bytes(uint32_t signs) {
     const __m256i sel =
@@ -59,43 +54,37 @@ AVX2 static inline __m256i sign_bytes(uint32_t signs) {
     const __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs), sel);
     return _mm256_cmpeq_epi8(_mm256_and_si256(m, bits), bits);
 }
-/* 32 lattice coordinates, negated where the four raw sign bytes in signs say: expanding the bits
- * in vectors beats four table loads when the bytes come as one word (IQ2_S, IQ3_S). */
-AVX2 static inline void signed32_bits(int8_t *q, __m256i g, uint32_t signs) {
-    const __m256i s = _mm256_or_si256(sign_bytes(signs), _mm256_set1_epi8(1)); /* -1 or +1 */
-    _mm256_storeu_si256((__m256i *)(void *)q, _mm256_sign_epi8(g, s));
+/* The masks of four 7-bit sign indexes packed in aux (k-th at bit 7k) as one vector. */
+AVX2 static inline __m256i ksigns4(uint32_t aux) {
+    return _mm256_setr_epi64x((long long)KSIGN_MASK[aux & 127], (long long)KSIGN_MASK[aux >> 7 & 127],
+                              (long long)KSIGN_MASK[aux >> 14 & 127], (long long)KSIGN_MASK[aux >> 21 & 127]);
 }
-/* The masks of four 7-bit sign indexes packed in aux (k-th at bit 7k). */
-#define KSIGNS4(aux) \
-    KSIGN_MASK[(aux) & 127], KSIGN_MASK[(aux) >> 7 & 127], KSIGN_MASK[(aux) >> 14 & 127], KSIGN_MASK[(aux) >> 21 & 127]
+/* -1 or +1 per byte from four raw sign bytes: expanding the bits in vectors beats four table
+ * loads when the bytes come as one word (IQ2_S, IQ3_S). */
+AVX2 static inline __m256i sign_bits(uint32_t signs) { return _mm256_or_si256(sign_bytes(signs), _mm256_set1_epi8(1)); }
 
-AVX2_DECODE void q_iq2_xxs(const unsigned char *b, LowbitBlock *o) {
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned char *g = b + 2 + 8 * ib;
-        const uint32_t aux = rd32(g + 4);
-        signed32(o->q + 32 * ib, rows8(iq2xxs_grid[g[0]], iq2xxs_grid[g[1]], iq2xxs_grid[g[2]], iq2xxs_grid[g[3]]), KSIGNS4(aux));
-    }
-}
-
-AVX2_DECODE void q_iq2_xs(const unsigned char *b, LowbitBlock *o) {
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned char *p = b + 2 + 8 * ib;
-        const uint16_t v0 = rd16(p), v1 = rd16(p + 2), v2 = rd16(p + 4), v3 = rd16(p + 6);
-        signed32(o->q + 32 * ib, rows8(iq2xs_grid[v0 & 511], iq2xs_grid[v1 & 511], iq2xs_grid[v2 & 511], iq2xs_grid[v3 & 511]),
-                 KSIGN_MASK[v0 >> 9], KSIGN_MASK[v1 >> 9], KSIGN_MASK[v2 >> 9], KSIGN_MASK[v3 >> 9]);
-    }
+/* Each lattice type's 32 codes of group ib as a vector: its q_* decoder stores them, the
+ * 512-bit dots (lowbit_decode_zmm.h) keep them in registers. */
+AVX2_DECODE __m256i iq2_xxs_32(const unsigned char *b, int ib) {
+    const unsigned char *g = b + 2 + 8 * ib;
+    return _mm256_sign_epi8(rows8(iq2xxs_grid[g[0]], iq2xxs_grid[g[1]], iq2xxs_grid[g[2]], iq2xxs_grid[g[3]]),
+                            ksigns4(rd32(g + 4)));
 }
 
-AVX2_DECODE void q_iq2_s(const unsigned char *b, LowbitBlock *o) {
-    const unsigned char *qs = b + 2, *sg = b + 34, *qh = b + 66;
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned char *g = qs + 4 * ib;
-        const int h = qh[ib];
-        signed32_bits(o->q + 32 * ib,
-                      rows8(iq2s_grid[g[0] | (h & 3) << 8], iq2s_grid[g[1] | (h >> 2 & 3) << 8],
-                            iq2s_grid[g[2] | (h >> 4 & 3) << 8], iq2s_grid[g[3] | (h >> 6 & 3) << 8]),
-                      rd32(sg + 4 * ib));
-    }
+AVX2_DECODE __m256i iq2_xs_32(const unsigned char *b, int ib) {
+    const unsigned char *p = b + 2 + 8 * ib;
+    const uint16_t v0 = rd16(p), v1 = rd16(p + 2), v2 = rd16(p + 4), v3 = rd16(p + 6);
+    const __m256i s = _mm256_setr_epi64x((long long)KSIGN_MASK[v0 >> 9], (long long)KSIGN_MASK[v1 >> 9],
+                                         (long long)KSIGN_MASK[v2 >> 9], (long long)KSIGN_MASK[v3 >> 9]);
+    return _mm256_sign_epi8(rows8(iq2xs_grid[v0 & 511], iq2xs_grid[v1 & 511], iq2xs_grid[v2 & 511], iq2xs_grid[v3 & 511]), s);
+}
+
+AVX2_DECODE __m256i iq2_s_32(const unsigned char *b, int ib) {
+    const unsigned char *g = b + 2 + 4 * ib;
+    const int h = b[66 + ib];
+    return _mm256_sign_epi8(rows8(iq2s_grid[g[0] | (h & 3) << 8], iq2s_grid[g[1] | (h >> 2 & 3) << 8],
+                                  iq2s_grid[g[2] | (h >> 4 & 3) << 8], iq2s_grid[g[3] | (h >> 6 & 3) << 8]),
+                            sign_bits(rd32(b + 34 + 4 * ib)));
 }
 
 /* Eight 4-coordinate rows (IQ3's lattices) as one vector. */
@@ -104,62 +93,58 @@ AVX2 static inline __m256i rows4(const int8_t *r0, const int8_t *r1, const int8_
     return _mm256_setr_epi32(ld4(r0), ld4(r1), ld4(r2), ld4(r3), ld4(r4), ld4(r5), ld4(r6), ld4(r7));
 }
 
-AVX2_DECODE void q_iq3_xxs(const unsigned char *b, LowbitBlock *o) {
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned char *g = b + 2 + 8 * ib;
-        const uint32_t aux = rd32(b + 66 + 4 * ib);
-        signed32(o->q + 32 * ib,
-                 rows4(iq3xxs_grid[g[0]], iq3xxs_grid[g[1]], iq3xxs_grid[g[2]], iq3xxs_grid[g[3]], iq3xxs_grid[g[4]],
-                       iq3xxs_grid[g[5]], iq3xxs_grid[g[6]], iq3xxs_grid[g[7]]),
-                 KSIGNS4(aux));
-    }
+AVX2_DECODE __m256i iq3_xxs_32(const unsigned char *b, int ib) {
+    const unsigned char *g = b + 2 + 8 * ib;
+    const __m256i grid = rows4(iq3xxs_grid[g[0]], iq3xxs_grid[g[1]], iq3xxs_grid[g[2]], iq3xxs_grid[g[3]], iq3xxs_grid[g[4]],
+                               iq3xxs_grid[g[5]], iq3xxs_grid[g[6]], iq3xxs_grid[g[7]]);
+    return _mm256_sign_epi8(grid, ksigns4(rd32(b + 66 + 4 * ib)));
 }
 
-AVX2_DECODE void q_iq3_s(const unsigned char *b, LowbitBlock *o) {
-    const unsigned char *qs = b + 2, *qh = b + 66, *sg = b + 74;
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned char *g = qs + 8 * ib; /* rows 8ib + j, the ninth index bit is bit j of qh[ib] */
-        const int h = qh[ib];
-        signed32_bits(o->q + 32 * ib,
-                      rows4(iq3s_grid[g[0] | (h & 1) << 8], iq3s_grid[g[1] | (h >> 1 & 1) << 8],
-                            iq3s_grid[g[2] | (h >> 2 & 1) << 8], iq3s_grid[g[3] | (h >> 3 & 1) << 8],
-                            iq3s_grid[g[4] | (h >> 4 & 1) << 8], iq3s_grid[g[5] | (h >> 5 & 1) << 8],
-                            iq3s_grid[g[6] | (h >> 6 & 1) << 8], iq3s_grid[g[7] | (h >> 7 & 1) << 8]),
-                      rd32(sg + 4 * ib));
-    }
+AVX2_DECODE __m256i iq3_s_32(const unsigned char *b, int ib) {
+    const unsigned char *g = b + 2 + 8 * ib; /* rows 8ib + j, the ninth index bit is bit j of qh[ib] */
+    const int h = b[66 + ib];
+    const __m256i grid =
+        rows4(iq3s_grid[g[0] | (h & 1) << 8], iq3s_grid[g[1] | (h >> 1 & 1) << 8], iq3s_grid[g[2] | (h >> 2 & 1) << 8],
+              iq3s_grid[g[3] | (h >> 3 & 1) << 8], iq3s_grid[g[4] | (h >> 4 & 1) << 8], iq3s_grid[g[5] | (h >> 5 & 1) << 8],
+              iq3s_grid[g[6] | (h >> 6 & 1) << 8], iq3s_grid[g[7] | (h >> 7 & 1) << 8]);
+    return _mm256_sign_epi8(grid, sign_bits(rd32(b + 74 + 4 * ib)));
 }
 
 /* 8 * coordinate (-1, 0, 1) + delta per group of 8 (delta: +-1 in each byte). */
-AVX2 static inline void iq1_32(int8_t *q, __m256i g, __m256i delta) {
-    _mm256_storeu_si256((__m256i *)(void *)q, _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta));
+AVX2 static inline __m256i iq1_32(__m256i g, __m256i delta) {
+    return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta);
 }
 
-AVX2_DECODE void q_iq1_s(const unsigned char *b, LowbitBlock *o) {
-    for (int ib = 0; ib < 8; ib++) {
-        const uint16_t qh = rd16(b + 34 + 2 * ib);
-        const unsigned char *qs = b + 2 + 4 * ib;
-        iq1_32(o->q + 32 * ib,
-               rows8(iq1s_grid[qs[0] | (qh & 7) << 8], iq1s_grid[qs[1] | (qh >> 3 & 7) << 8],
-                     iq1s_grid[qs[2] | (qh >> 6 & 7) << 8], iq1s_grid[qs[3] | (qh >> 9 & 7) << 8]),
-               _mm256_set1_epi8((char)(1 - 2 * (qh >> 15)))); /* no branch: the signs are random */
-    }
+AVX2_DECODE __m256i iq1_s_32(const unsigned char *b, int ib) {
+    const uint16_t qh = rd16(b + 34 + 2 * ib);
+    const unsigned char *qs = b + 2 + 4 * ib;
+    return iq1_32(rows8(iq1s_grid[qs[0] | (qh & 7) << 8], iq1s_grid[qs[1] | (qh >> 3 & 7) << 8],
+                        iq1s_grid[qs[2] | (qh >> 6 & 7) << 8], iq1s_grid[qs[3] | (qh >> 9 & 7) << 8]),
+                  _mm256_set1_epi8((char)(1 - 2 * (qh >> 15)))); /* no branch: the signs are random */
 }
 
-AVX2_DECODE void q_iq1_m(const unsigned char *b, LowbitBlock *o) {
-    const unsigned char *qs = b + 0, *qh = b + 32;
-    const __m256i one = _mm256_set1_epi8(1), eight = _mm256_set1_epi64x(0x08);
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned char *g = qs + 4 * ib;
-        const int h0 = qh[2 * ib], h1 = qh[2 * ib + 1]; /* nibbles of groups 4ib .. 4ib+3 */
-        const __m256i nib = _mm256_setr_epi64x(h0 & 0xF, h0 >> 4, h1 & 0xF, h1 >> 4);
-        /* delta -1 where the nibble's bit 3 is set: compare per 64-bit group, then every byte */
-        const __m256i neg = _mm256_cmpeq_epi64(_mm256_and_si256(nib, eight), eight);
-        iq1_32(o->q + 32 * ib,
-               rows8(iq1s_grid[g[0] | (h0 & 7) << 8], iq1s_grid[g[1] | (h0 >> 4 & 7) << 8], iq1s_grid[g[2] | (h1 & 7) << 8],
-                     iq1s_grid[g[3] | (h1 >> 4 & 7) << 8]),
-               _mm256_or_si256(neg, one));
-    }
+AVX2_DECODE __m256i iq1_m_32(const unsigned char *b, int ib) {
+    const unsigned char *g = b + 4 * ib;
+    const int h0 = b[32 + 2 * ib], h1 = b[32 + 2 * ib + 1]; /* nibbles of groups 4ib .. 4ib+3 */
+    const __m256i nib = _mm256_setr_epi64x(h0 & 0xF, h0 >> 4, h1 & 0xF, h1 >> 4), eight = _mm256_set1_epi64x(0x08);
+    /* delta -1 where the nibble's bit 3 is set: compare per 64-bit group, then every byte */
+    const __m256i neg = _mm256_cmpeq_epi64(_mm256_and_si256(nib, eight), eight);
+    return iq1_32(rows8(iq1s_grid[g[0] | (h0 & 7) << 8], iq1s_grid[g[1] | (h0 >> 4 & 7) << 8], iq1s_grid[g[2] | (h1 & 7) << 8],
+                        iq1s_grid[g[3] | (h1 >> 4 & 7) << 8]),
+                  _mm256_or_si256(neg, _mm256_set1_epi8(1)));
 }
+
+#define LATTICE_DECODER(S)                                                                                      \
+    AVX2_DECODE void q_##S(const unsigned char *b, LowbitBlock *o) {                                            \
+        for (int ib = 0; ib < 8; ib++) _mm256_storeu_si256((__m256i *)(void *)(o->q + 32 * ib), S##_32(b, ib)); \
+    }
+LATTICE_DECODER(iq2_xxs)
+LATTICE_DECODER(iq2_xs)
+LATTICE_DECODER(iq2_s)
+LATTICE_DECODER(iq3_xxs)
+LATTICE_DECODER(iq3_s)
+LATTICE_DECODER(iq1_s)
+LATTICE_DECODER(iq1_m)
 
 /* Bits 2k, 2k+1 of 32 bytes. */
 AVX2 static inline __m256i crumbs(__m256i v, int k) {

@@ -7,6 +7,7 @@
 #define COLI_LOWBIT_DECODE_ZMM_H
 #include <immintrin.h>
 
+#include "kernels/lowbit_decode_x86.h"
 #include "kernels/lowbit_grids.h"
 
 #define ZMM_DECODE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
@@ -94,5 +95,20 @@ ZMM_DECODE void z_iq4_xs(const unsigned char *b, __m512i *q) {
         q[v] = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srlv_epi16(dup, sh), m4));
     }
 }
+
+/* Two 32-coordinate groups as one register. */
+ZMM_DECODE __m512i join256(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+/* The lattice types: two groups of their decoder's 32 codes per register. */
+#define LATTICE_ZMM(S)                                                                                              \
+    ZMM_DECODE void z_##S(const unsigned char *b, __m512i *q) {                                                     \
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) q[v] = join256(S##_32(b, 2 * v), S##_32(b, 2 * v + 1)); \
+    }
+LATTICE_ZMM(iq2_xxs)
+LATTICE_ZMM(iq2_xs)
+LATTICE_ZMM(iq2_s)
+LATTICE_ZMM(iq3_xxs)
+LATTICE_ZMM(iq3_s)
+LATTICE_ZMM(iq1_s)
+LATTICE_ZMM(iq1_m)
 
 #endif
