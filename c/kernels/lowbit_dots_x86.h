@@ -228,10 +228,7 @@ LB static inline __attribute__((always_inline)) void lowbit_qdot_split(void (*zc
                                                                        Scales8 (*scales)(const unsigned char *), int bytes,
                                                                        int has_min, int SIGNED, int NT, QDOT_ARGS) {
     (void)nt;
-    int r = 0;
-    for (; r + 2 <= nr; r += 2)
-        few_split_rows(zcodes, scales, bytes, has_min, SIGNED, NT, 2, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
-    if (r < nr)
+    for (int r = 0; r < nr; r++)
         few_split_rows(zcodes, scales, bytes, has_min, SIGNED, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
 }
 
@@ -290,8 +287,9 @@ LB static inline __attribute__((always_inline)) void few_zmm_rows(LowbitDecodeFn
 }
 
 /* lowbit_qdot_few with 512-bit multiply-adds: one per activation block, row and position, the
- * codes widened once per 32, the parts' sums by part_sums16, two rows at a time so that the
- * two chains of dependent vector operations overlap. zcodes: the type's decoder into registers
+ * codes widened once per 32, the parts' sums by part_sums16, one row at a time (R rows: two
+ * interleaved rows overlapped their chains of dependent operations, 1.1x in the caches, but
+ * streamed a matrix past them 2.4x slower). zcodes: the type's decoder into registers
  * (lowbit_decode_zmm.h), or NULL for codes through a LowbitBlock. The same integer sums and float
  * operations: the same bits. */
 LB static inline __attribute__((always_inline)) void lowbit_qdot_few_zmm(LowbitDecodeFn codes,
@@ -299,10 +297,7 @@ LB static inline __attribute__((always_inline)) void lowbit_qdot_few_zmm(LowbitD
                                                                          Scales8 (*scales)(const unsigned char *), int bytes,
                                                                          int has_min, int NT, QDOT_ARGS) {
     (void)nt;
-    int r = 0;
-    for (; r + 2 <= nr; r += 2)
-        few_zmm_rows(codes, zcodes, scales, bytes, has_min, NT, 2, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
-    if (r < nr)
+    for (int r = 0; r < nr; r++)
         few_zmm_rows(codes, zcodes, scales, bytes, has_min, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
 }
 /* The types with a register decoder (SIGNED: codes that may be negative) read the pack's even and
@@ -333,7 +328,7 @@ LB static inline __attribute__((always_inline)) void lowbit_qdot_few_zmm(LowbitD
 #define LOWBIT_FEW_CALL(S, HAS_MIN, NT) FEW_##S(NT)
 #else
 /* The AVX2 build's dots of few positions against the pack's even and odd elements (fewer than
- * LOWBIT_PACKED_MIN_ROWS rows), two rows at a time: each 32 codes of the decoder's block widened in
+ * LOWBIT_PACKED_MIN_ROWS rows), a row at a time (as few_zmm_rows): each 32 codes of the decoder's block widened in
  * place by shifts (SIGNED: codes that may be negative), two multiply-adds leave four elements'
  * sums per lane (lanes 0-3 part 2h, 4-7 part 2h + 1), two levels of horizontal adds the parts'. */
 LB static inline __attribute__((always_inline)) void
@@ -385,10 +380,7 @@ LB static inline __attribute__((always_inline)) void lowbit_qdot_split8(LowbitDe
                                                                         Scales8 (*scales)(const unsigned char *), int bytes,
                                                                         int has_min, int SIGNED, int NT, QDOT_ARGS) {
     (void)nt;
-    int r = 0;
-    for (; r + 2 <= nr; r += 2)
-        few_split_rows8(codes, scales, bytes, has_min, SIGNED, NT, 2, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
-    if (r < nr)
+    for (int r = 0; r < nr; r++)
         few_split_rows8(codes, scales, bytes, has_min, SIGNED, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
 }
 /* Whether a type's codes may be negative (sign-extended) or never are (masked). */
