@@ -12,10 +12,10 @@ from test_lowbit_quantize import coli_convert, tiny_qwen3moe
 def test_flags_beside_a_recipe_win_and_are_named():
     notes = []
     assert recipes.resolve("q4-mix", None, None, {}, notes.append) == (
-        "q4_k", "q4_k", {"attn_v": "q6_k", "lm_head": "q6_k", "embed": "q6_k"})
+        "q4_k", "q4_k", {"attn_v": "q6_k", "lm_head": "q6", "embed": "q6_k"})
     assert not notes
     got = recipes.resolve("q4-mix", "q8", None, {"attn_v": "q8", "embed": "q6_k"}, notes.append)
-    assert got == ("q8", "q4_k", {"attn_v": "q8", "lm_head": "q6_k", "embed": "q6_k"})
+    assert got == ("q8", "q4_k", {"attn_v": "q8", "lm_head": "q6", "embed": "q6_k"})
     assert notes == ["--quant q4-mix: --experts q8, --tensor-type attn_v=q8 given beside it, in place of the recipe's"]
     assert recipes.resolve(None, "q4", None, {}, notes.append) == ("q4", None, {})
 
@@ -37,6 +37,6 @@ def test_container_holds_the_recipe(tmp_path, name):
     assert types["model.layers.0.mlp.experts.1.gate_proj.weight"] == r["experts"]
     assert types["model.layers.1.self_attn.q_proj.weight"] == r["dense"]
     assert types["model.layers.1.self_attn.v_proj.weight"] == r["tensor_types"]["attn_v"]
-    assert types["lm_head.weight"] == types["model.embed_tokens.weight"] == "q6_k"
+    assert types["lm_head.weight"] == "q6" and types["model.embed_tokens.weight"] == "q6_k"
     assert types["model.layers.2.mlp.experts.0.down_proj.weight"] == "q8"
     assert "given beside it" not in log  # down is not a class the recipe sets
