@@ -134,13 +134,36 @@ lowbit_qdot_few(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), 
     }
 }
 
+/* Whether a type's codes may be negative (sign-extended when widened) or never are (masked). */
+#define LB_SIGNED_q2_k 0
+#define LB_SIGNED_q4_k 0
+#define LB_SIGNED_q5_k 0
+#define LB_SIGNED_q3_k 1
+#define LB_SIGNED_q6_k 1
+#define LB_SIGNED_iq1_s 1
+#define LB_SIGNED_iq1_m 1
+#define LB_SIGNED_iq2_xxs 1
+#define LB_SIGNED_iq2_xs 1
+#define LB_SIGNED_iq2_s 1
+#define LB_SIGNED_iq3_xxs 1
+#define LB_SIGNED_iq3_s 1
+#define LB_SIGNED_iq4_xs 1
+
+/* The dots of few positions below go one weight row at a time: two interleaved rows overlapped
+ * their chains of dependent operations (1.1x in the caches) but streamed a matrix past the
+ * caches 2.4x slower. With fewer than LOWBIT_PACKED_MIN_ROWS positions in the matmul they read
+ * the pack's even and odd elements (lowbit.h): a code byte's 16-bit lane holds it and its odd
+ * neighbour, widened in place by shifts, so two multiply-adds per activation vector leave four
+ * consecutive elements' sums per 32-bit lane. The same integer sums and float operations as the
+ * portable dot: the same bits. */
 #ifdef LOWBIT_ZMM
 #include "kernels/lowbit_decode_zmm.h"
 
+typedef void (*LowbitZcodesFn)(const unsigned char *, __m512i *);
+
 /* The sixteen parts' sums of a block from z[h], the multiply-adds of activation block h against
  * its 32 codes (lanes 0-7: part 2h's pairs, 8-15: part 2h + 1's): even parts in *even's lanes,
- * odd in *odd's, as hsum8_pairs leaves them. A transposing tree of unpacks and adds, no
- * horizontal adds. */
+ * odd in *odd's, as hsum8_pairs leaves them. A transposing tree of unpacks and adds. */
 LB static inline void part_sums16(const __m512i *z, __m256i *even, __m256i *odd) {
     __m512i w[4];
 #pragma GCC unroll 4
@@ -158,12 +181,8 @@ LB static inline void part_sums16(const __m512i *z, __m256i *even, __m256i *odd)
     *odd = _mm512_extracti64x4_epi64(P, 1);
 }
 
-/* lowbit_qdot_few with 512-bit multiply-adds: one per activation block and position, the codes
- * widened once per 32, the parts' sums by part_sums16. zcodes: the type's decoder into registers
- * (lowbit_decode_zmm.h), or NULL for codes through a LowbitBlock. The same integer sums and float
- * operations: the same bits. */
-/* The sixteen parts' sums from z[v], the sums of four consecutive elements of each 64 (lanes 4j..4j+3
- * hold part 4v + j's), as part_sums16 leaves them. */
+/* The same from z[v], the sums of four consecutive elements of each 64 (lanes 4j..4j+3 hold
+ * part 4v + j's). */
 LB static inline void part_sums4(const __m512i *z, __m256i *even, __m256i *odd) {
     const __m512i s1 = _mm512_add_epi32(_mm512_unpacklo_epi32(z[0], z[1]), _mm512_unpackhi_epi32(z[0], z[1]));
     const __m512i s2 = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2], z[3]), _mm512_unpackhi_epi32(z[2], z[3]));
@@ -174,235 +193,133 @@ LB static inline void part_sums4(const __m512i *z, __m256i *even, __m256i *odd) 
     *odd = _mm512_extracti64x4_epi64(P, 1);
 }
 
-/* few_zmm_rows for the types with a register decoder, against the pack's even and odd elements:
- * a code byte's 16-bit lane holds it and its odd neighbour, widened in place by shifts (no
- * shuffles), and each 64 elements' two multiply-adds leave four elements' sums per lane.
- * SIGNED: the codes may be negative (sign-extend) or are not (mask). */
-LB static inline __attribute__((always_inline)) void
-few_split_rows(void (*zcodes)(const unsigned char *, __m512i *), Scales8 (*scales)(const unsigned char *), int bytes, int has_min,
-               int SIGNED, int NT, int R, const unsigned char *w, size_t row_bytes, const QAct *a, int t0, float *y, size_t ldy) {
+/* One weight row against the pack's even and odd elements. */
+LB static inline __attribute__((always_inline)) void few_split_row(LowbitZcodesFn zcodes,
+                                                                   Scales8 (*scales)(const unsigned char *), int bytes,
+                                                                   int has_min, int SIGNED, int NT, const unsigned char *row,
+                                                                   const QAct *a, int t0, float *y, size_t ldy) {
     const int nk = a->nb / 8;
     const __m512i low = _mm512_set1_epi16(0xFF);
-    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int k = 0; k < nk; k++) {
-        Scales8 s[2];
-        __m512i ev[2][4], od[2][4];
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            const unsigned char *bb = w + (size_t)r * row_bytes + (size_t)k * bytes;
-            s[r] = scales(bb);
-            __m512i c[4];
-            zcodes(bb, c);
+        const unsigned char *bb = row + (size_t)k * bytes;
+        const Scales8 s = scales(bb);
+        __m512i c[4], ev[4], od[4];
+        zcodes(bb, c);
 #pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) {
-                ev[r][v] = SIGNED ? _mm512_srai_epi16(_mm512_slli_epi16(c[v], 8), 8) : _mm512_and_si512(c[v], low);
-                od[r][v] = SIGNED ? _mm512_srai_epi16(c[v], 8) : _mm512_srli_epi16(c[v], 8);
-            }
+        for (int v = 0; v < 4; v++) {
+            ev[v] = SIGNED ? _mm512_srai_epi16(_mm512_slli_epi16(c[v], 8), 8) : _mm512_and_si512(c[v], low);
+            od[v] = SIGNED ? _mm512_srai_epi16(c[v], 8) : _mm512_srli_epi16(c[v], 8);
         }
 #pragma GCC unroll 2
         for (int i = 0; i < NT; i++) {
             const unsigned char *p = a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES;
             const __m512i *x = (const __m512i *)(const void *)p;
             const float *f = (const float *)(const void *)(p + 512);
-            __m512i z[2][4];
-            __m256i se[2], so[2];
+            __m512i z[4];
+            __m256i se, so;
 #pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) {
-                const __m512i xe = _mm512_loadu_si512(x + 2 * v), xo = _mm512_loadu_si512(x + 2 * v + 1);
-#pragma GCC unroll 2
-                for (int r = 0; r < R; r++) z[r][v] = DPW512(_mm512_madd_epi16(ev[r][v], xe), od[r][v], xo);
-            }
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++) part_sums4(z[r], &se[r], &so[r]);
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++)
-                acc[r][i] = _mm256_add_ps(acc[r][i], block_lanes(&s[r], has_min, se[r], so[r], _mm256_loadu_ps(f + 8),
-                                                                 _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
+            for (int v = 0; v < 4; v++)
+                z[v] = DPW512(_mm512_madd_epi16(ev[v], _mm512_loadu_si512(x + 2 * v)), od[v], _mm512_loadu_si512(x + 2 * v + 1));
+            part_sums4(z, &se, &so);
+            acc[i] = _mm256_add_ps(
+                acc[i], block_lanes(&s, has_min, se, so, _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[r][i]);
+    for (int i = 0; i < NT; i++) y[i * ldy] = lanes_sum(acc[i]);
 }
 
-LB static inline __attribute__((always_inline)) void lowbit_qdot_split(void (*zcodes)(const unsigned char *, __m512i *),
-                                                                       Scales8 (*scales)(const unsigned char *), int bytes,
-                                                                       int has_min, int SIGNED, int NT, QDOT_ARGS) {
-    (void)nt;
-    for (int r = 0; r < nr; r++)
-        few_split_rows(zcodes, scales, bytes, has_min, SIGNED, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
-}
-
-LB static inline __attribute__((always_inline)) void few_zmm_rows(LowbitDecodeFn codes,
-                                                                  void (*zcodes)(const unsigned char *, __m512i *),
-                                                                  Scales8 (*scales)(const unsigned char *), int bytes,
-                                                                  int has_min, int NT, int R, const unsigned char *w,
-                                                                  size_t row_bytes, const QAct *a, int t0, float *y, size_t ldy) {
+/* One weight row against the activation blocks as they are (the last positions of a larger
+ * matmul, whose pack holds lowbit_pack_act's other layout): the codes sign-extended, one
+ * multiply-add per activation block, the parts' sums by part_sums16. */
+LB static inline __attribute__((always_inline)) void few_zmm_row(LowbitZcodesFn zcodes, Scales8 (*scales)(const unsigned char *),
+                                                                 int bytes, int has_min, int NT, const unsigned char *row,
+                                                                 const QAct *a, int t0, float *y, size_t ldy) {
     const int nk = a->nb / 8;
-    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int k = 0; k < nk; k++) {
-        Scales8 s[2];
-        __m512i wq[2][8];
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            const unsigned char *bb = w + (size_t)r * row_bytes + (size_t)k * bytes;
-            s[r] = scales(bb);
-            if (zcodes) {
-                __m512i c[4];
-                zcodes(bb, c);
+        const unsigned char *bb = row + (size_t)k * bytes;
+        const Scales8 s = scales(bb);
+        __m512i c[4], wq[8];
+        zcodes(bb, c);
 #pragma GCC unroll 4
-                for (int v = 0; v < 4; v++) {
-                    wq[r][2 * v] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(c[v]));
-                    wq[r][2 * v + 1] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(c[v], 1));
-                }
-            } else {
-                LowbitBlock blk;
-                codes(bb, &blk);
-#pragma GCC unroll 8
-                for (int h = 0; h < 8; h++)
-                    wq[r][h] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(blk.q + 32 * h)));
-            }
+        for (int v = 0; v < 4; v++) {
+            wq[2 * v] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(c[v]));
+            wq[2 * v + 1] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(c[v], 1));
         }
 #pragma GCC unroll 2
         for (int i = 0; i < NT; i++) {
             const __m512i *x = (const __m512i *)(const void *)(a->q + ((size_t)(t0 + i) * a->nb + (size_t)k * 8) * QBLOCK);
             const float *f = (const float *)(const void *)(a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES + 512);
-            __m512i z[2][8];
-            __m256i se[2], so[2];
+            __m512i z[8];
+            __m256i se, so;
 #pragma GCC unroll 8
-            for (int h = 0; h < 8; h++) {
-                const __m512i xv = _mm512_loadu_si512(x + h);
-#pragma GCC unroll 2
-                for (int r = 0; r < R; r++) z[r][h] = _mm512_madd_epi16(wq[r][h], xv);
-            }
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++) part_sums16(z[r], &se[r], &so[r]);
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++)
-                acc[r][i] = _mm256_add_ps(acc[r][i], block_lanes(&s[r], has_min, se[r], so[r], _mm256_loadu_ps(f + 8),
-                                                                 _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
+            for (int h = 0; h < 8; h++) z[h] = _mm512_madd_epi16(wq[h], _mm512_loadu_si512(x + h));
+            part_sums16(z, &se, &so);
+            acc[i] = _mm256_add_ps(
+                acc[i], block_lanes(&s, has_min, se, so, _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[r][i]);
+    for (int i = 0; i < NT; i++) y[i * ldy] = lanes_sum(acc[i]);
 }
 
-/* lowbit_qdot_few with 512-bit multiply-adds: one per activation block, row and position, the
- * codes widened once per 32, the parts' sums by part_sums16, one row at a time (R rows: two
- * interleaved rows overlapped their chains of dependent operations, 1.1x in the caches, but
- * streamed a matrix past them 2.4x slower). zcodes: the type's decoder into registers
- * (lowbit_decode_zmm.h), or NULL for codes through a LowbitBlock. The same integer sums and float
- * operations: the same bits. */
-LB static inline __attribute__((always_inline)) void lowbit_qdot_few_zmm(LowbitDecodeFn codes,
-                                                                         void (*zcodes)(const unsigned char *, __m512i *),
-                                                                         Scales8 (*scales)(const unsigned char *), int bytes,
-                                                                         int has_min, int NT, QDOT_ARGS) {
-    (void)nt;
-    for (int r = 0; r < nr; r++)
-        few_zmm_rows(codes, zcodes, scales, bytes, has_min, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
-}
-/* The types with a register decoder (SIGNED: codes that may be negative) read the pack's even and
- * odd elements where the pack holds them (fewer than LOWBIT_PACKED_MIN_ROWS rows); the remaining
- * positions of a larger batch, and the other types, widen their codes against the activation
- * blocks as they are. */
-#define FEW_ZMM(S, ZC, HAS_MIN, NT) \
-    lowbit_qdot_few_zmm(q_##S, ZC, s8_##S, bytes, HAS_MIN, NT, w, row_bytes, nr, a, t0, NT, y, ldy)
-#define FEW_SPLIT(S, SIGNED, HAS_MIN, NT)                                                                      \
-    do {                                                                                                       \
-        if (a->rows < LOWBIT_PACKED_MIN_ROWS)                                                                  \
-            lowbit_qdot_split(z_##S, s8_##S, bytes, HAS_MIN, SIGNED, NT, w, row_bytes, nr, a, t0, NT, y, ldy); \
-        else FEW_ZMM(S, z_##S, HAS_MIN, NT);                                                                   \
+#define LOWBIT_FEW_CALL(S, HAS_MIN, NT)                                                                  \
+    do {                                                                                                 \
+        for (int r = 0; r < nr; r++) {                                                                   \
+            const unsigned char *row = w + (size_t)r * row_bytes;                                        \
+            if (a->rows < LOWBIT_PACKED_MIN_ROWS)                                                        \
+                few_split_row(z_##S, s8_##S, bytes, HAS_MIN, LB_SIGNED_##S, NT, row, a, t0, y + r, ldy); \
+            else few_zmm_row(z_##S, s8_##S, bytes, HAS_MIN, NT, row, a, t0, y + r, ldy);                 \
+        }                                                                                                \
     } while (0)
-#define FEW_q2_k(NT) FEW_SPLIT(q2_k, 0, 1, NT)
-#define FEW_q3_k(NT) FEW_SPLIT(q3_k, 1, 0, NT)
-#define FEW_q4_k(NT) FEW_SPLIT(q4_k, 0, 1, NT)
-#define FEW_q5_k(NT) FEW_SPLIT(q5_k, 0, 1, NT)
-#define FEW_q6_k(NT) FEW_SPLIT(q6_k, 1, 0, NT)
-#define FEW_iq4_xs(NT) FEW_SPLIT(iq4_xs, 1, 0, NT)
-#define FEW_iq1_s(NT) FEW_SPLIT(iq1_s, 1, 0, NT)
-#define FEW_iq1_m(NT) FEW_SPLIT(iq1_m, 1, 0, NT)
-#define FEW_iq2_xxs(NT) FEW_SPLIT(iq2_xxs, 1, 0, NT)
-#define FEW_iq2_xs(NT) FEW_SPLIT(iq2_xs, 1, 0, NT)
-#define FEW_iq2_s(NT) FEW_SPLIT(iq2_s, 1, 0, NT)
-#define FEW_iq3_xxs(NT) FEW_SPLIT(iq3_xxs, 1, 0, NT)
-#define FEW_iq3_s(NT) FEW_SPLIT(iq3_s, 1, 0, NT)
-#define LOWBIT_FEW_CALL(S, HAS_MIN, NT) FEW_##S(NT)
 #else
-/* The AVX2 build's dots of few positions against the pack's even and odd elements (fewer than
- * LOWBIT_PACKED_MIN_ROWS rows), a row at a time (as few_zmm_rows): each 32 codes of the decoder's block widened in
- * place by shifts (SIGNED: codes that may be negative), two multiply-adds leave four elements'
- * sums per lane (lanes 0-3 part 2h, 4-7 part 2h + 1), two levels of horizontal adds the parts'. */
-LB static inline __attribute__((always_inline)) void
-few_split_rows8(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), int bytes, int has_min, int SIGNED, int NT, int R,
-                const unsigned char *w, size_t row_bytes, const QAct *a, int t0, float *y, size_t ldy) {
+/* The AVX2 build's: each 32 codes of the decoder's block widened in place, two multiply-adds
+ * per 32 elements leave four elements' sums per lane (lanes 0-3 part 2h, 4-7 part 2h + 1), two
+ * levels of horizontal adds the parts'. */
+LB static inline __attribute__((always_inline)) void few_split_row8(LowbitDecodeFn codes,
+                                                                    Scales8 (*scales)(const unsigned char *), int bytes,
+                                                                    int has_min, int SIGNED, int NT, const unsigned char *row,
+                                                                    const QAct *a, int t0, float *y, size_t ldy) {
     const int nk = a->nb / 8;
     const __m256i low = _mm256_set1_epi16(0xFF);
-    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int k = 0; k < nk; k++) {
-        Scales8 s[2];
-        LowbitBlock blk[2];
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            const unsigned char *bb = w + (size_t)r * row_bytes + (size_t)k * bytes;
-            s[r] = scales(bb);
-            codes(bb, &blk[r]);
-        }
+        const unsigned char *bb = row + (size_t)k * bytes;
+        const Scales8 s = scales(bb);
+        LowbitBlock blk;
+        codes(bb, &blk);
 #pragma GCC unroll 2
         for (int i = 0; i < NT; i++) {
             const unsigned char *p = a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES;
             const int16_t *x = (const int16_t *)(const void *)p;
             const float *f = (const float *)(const void *)(p + 512);
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++) {
-                __m256i z[8];
+            __m256i z[8];
 #pragma GCC unroll 8
-                for (int h = 0; h < 8; h++) {
-                    const __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(blk[r].q + 32 * h));
-                    const __m256i ev = SIGNED ? _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8) : _mm256_and_si256(c, low);
-                    const __m256i od = SIGNED ? _mm256_srai_epi16(c, 8) : _mm256_srli_epi16(c, 8);
-                    const int16_t *xe = x + 64 * (h / 2) + 16 * (h % 2);
-                    z[h] = _mm256_add_epi32(_mm256_madd_epi16(ev, _mm256_loadu_si256((const __m256i *)(const void *)xe)),
-                                            _mm256_madd_epi16(od, _mm256_loadu_si256((const __m256i *)(const void *)(xe + 32))));
-                }
-                /* 128-bit lanes: even parts 0-6 | odd 1-7, and even 8-14 | odd 9-15 */
-                const __m256i e1 = _mm256_hadd_epi32(_mm256_hadd_epi32(z[0], z[1]), _mm256_hadd_epi32(z[2], z[3]));
-                const __m256i e2 = _mm256_hadd_epi32(_mm256_hadd_epi32(z[4], z[5]), _mm256_hadd_epi32(z[6], z[7]));
-                acc[r][i] = _mm256_add_ps(acc[r][i], block_lanes(&s[r], has_min, _mm256_permute2x128_si256(e1, e2, 0x20),
-                                                                 _mm256_permute2x128_si256(e1, e2, 0x31), _mm256_loadu_ps(f + 8),
-                                                                 _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
+            for (int h = 0; h < 8; h++) {
+                const __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(blk.q + 32 * h));
+                const __m256i ev = SIGNED ? _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8) : _mm256_and_si256(c, low);
+                const __m256i od = SIGNED ? _mm256_srai_epi16(c, 8) : _mm256_srli_epi16(c, 8);
+                const int16_t *xe = x + 64 * (h / 2) + 16 * (h % 2);
+                z[h] = _mm256_add_epi32(_mm256_madd_epi16(ev, _mm256_loadu_si256((const __m256i *)(const void *)xe)),
+                                        _mm256_madd_epi16(od, _mm256_loadu_si256((const __m256i *)(const void *)(xe + 32))));
             }
+            /* 128-bit lanes: even parts 0-6 | odd 1-7, and even 8-14 | odd 9-15 */
+            const __m256i e1 = _mm256_hadd_epi32(_mm256_hadd_epi32(z[0], z[1]), _mm256_hadd_epi32(z[2], z[3]));
+            const __m256i e2 = _mm256_hadd_epi32(_mm256_hadd_epi32(z[4], z[5]), _mm256_hadd_epi32(z[6], z[7]));
+            acc[i] = _mm256_add_ps(acc[i], block_lanes(&s, has_min, _mm256_permute2x128_si256(e1, e2, 0x20),
+                                                       _mm256_permute2x128_si256(e1, e2, 0x31), _mm256_loadu_ps(f + 8),
+                                                       _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[r][i]);
+    for (int i = 0; i < NT; i++) y[i * ldy] = lanes_sum(acc[i]);
 }
 
-LB static inline __attribute__((always_inline)) void lowbit_qdot_split8(LowbitDecodeFn codes,
-                                                                        Scales8 (*scales)(const unsigned char *), int bytes,
-                                                                        int has_min, int SIGNED, int NT, QDOT_ARGS) {
-    (void)nt;
-    for (int r = 0; r < nr; r++)
-        few_split_rows8(codes, scales, bytes, has_min, SIGNED, NT, 1, w + (size_t)r * row_bytes, row_bytes, a, t0, y + r, ldy);
-}
-/* Whether a type's codes may be negative (sign-extended) or never are (masked). */
-#define LB_SIGNED_q2_k 0
-#define LB_SIGNED_q4_k 0
-#define LB_SIGNED_q5_k 0
-#define LB_SIGNED_q3_k 1
-#define LB_SIGNED_q6_k 1
-#define LB_SIGNED_iq1_s 1
-#define LB_SIGNED_iq1_m 1
-#define LB_SIGNED_iq2_xxs 1
-#define LB_SIGNED_iq2_xs 1
-#define LB_SIGNED_iq2_s 1
-#define LB_SIGNED_iq3_xxs 1
-#define LB_SIGNED_iq3_s 1
-#define LB_SIGNED_iq4_xs 1
-#define LB_SIGNED(S) LB_SIGNED_##S
-#define LOWBIT_FEW_CALL(S, HAS_MIN, NT)                                                                               \
-    do {                                                                                                              \
-        if (a->rows < LOWBIT_PACKED_MIN_ROWS)                                                                         \
-            lowbit_qdot_split8(q_##S, s8_##S, bytes, HAS_MIN, LB_SIGNED(S), NT, w, row_bytes, nr, a, t0, NT, y, ldy); \
-        else lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, NT, w, row_bytes, nr, a, t0, NT, y, ldy);                 \
+#define LOWBIT_FEW_CALL(S, HAS_MIN, NT)                                                                                         \
+    do {                                                                                                                        \
+        if (a->rows < LOWBIT_PACKED_MIN_ROWS)                                                                                   \
+            for (int r = 0; r < nr; r++)                                                                                        \
+                few_split_row8(q_##S, s8_##S, bytes, HAS_MIN, LB_SIGNED_##S, NT, w + (size_t)r * row_bytes, a, t0, y + r, ldy); \
+        else lowbit_qdot_few(q_##S, s8_##S, bytes, HAS_MIN, NT, w, row_bytes, nr, a, t0, NT, y, ldy);                           \
     } while (0)
 #endif
 
