@@ -58,9 +58,9 @@ float lowbit_lanes_sum(const float *acc);
  * codes widened in place (a byte's low and high half of each 16-bit lane) meet their activations.
  * Only for rows of whole 256-element blocks (nb % 8 == 0). */
 #define LOWBIT_PACK_BYTES (256 * 2 + 24 * 4)
-/* The dots take the pack's x from this many positions on (matmul makes the pack at every count,
- * the dots of fewer positions read its d and sums of x): below, decoding a block's codes into
- * lanes costs more than the horizontal sums it saves. */
+/* The dots take the pack's rearranged x from this many positions on (matmul makes the pack at
+ * every count; the dots of fewer positions read its d, its sums of x and the even and odd copy):
+ * below, decoding a block's codes into lanes costs more than the horizontal sums it saves. */
 #define LOWBIT_PACKED_MIN_ROWS 3
 size_t lowbit_pack_bytes(int T, int nb);
 void lowbit_pack_act(const QAct *a, unsigned char *dst);

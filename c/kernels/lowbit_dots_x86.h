@@ -1,10 +1,11 @@
 /* The x86 dots of the low-bit types, compiled once per kernel set that includes this file with its
- * LOWBIT_TARGET and LOWBIT_SET (lowbit_avx2.c; lowbit_avx512.c and lowbit_vnni.c, whose targets give the same code
- * 32 vector registers, so the prefill dots keep a position's sixteen activation vectors in them).
- * A block's codes come from the decoders of lowbit_decode_x86.h, equal to lowbit.c's byte for
- * byte. The 16-element integer sums are madd_epi16 over the int16 activations, and a block's
- * float combination is lowbit_block_add's, evaluated in 8 lanes: exact integer sums and the same
- * float operations in the same order, so the result is the portable dot's, bit for bit
+ * LOWBIT_TARGET and LOWBIT_SET (lowbit_avx2.c; lowbit_avx512.c and lowbit_vnni.c, whose targets
+ * give the same code 32 vector registers, so the prefill dots keep a position's sixteen
+ * activation vectors in them, and define LOWBIT_ZMM for 512-bit dots of few positions). A block's
+ * codes come from the decoders of lowbit_decode_x86.h (lowbit_decode_zmm.h), equal to lowbit.c's
+ * byte for byte. The 16-element integer sums are madd_epi16 over the int16 activations, and a
+ * block's float combination is lowbit_block_add's, evaluated in 8 lanes: exact integer sums and
+ * the same float operations in the same order, so the result is the portable dot's, bit for bit
  * (tests/test_gguf_quants.py checks both the dot and, through it, the decoders). */
 #ifndef COLI_LOWBIT_DOTS_X86_H
 #define COLI_LOWBIT_DOTS_X86_H
