@@ -83,58 +83,6 @@ LB static inline __m256 block_sum8(const LowbitBlock *blk, int has_min, const __
     return block_lanes(&s, has_min, hsum8(pw_even), hsum8(pw_odd), xse, xso, d);
 }
 
-/* The eight lanes of hsum8's result from its first level of pairs (hadd of v[2j], v[2j+1]). */
-LB static inline __m256i hsum8_pairs(const __m256i *p) {
-    const __m256i e = _mm256_hadd_epi32(p[0], p[1]), f = _mm256_hadd_epi32(p[2], p[3]);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
-}
-
-/* The dots of fewer positions than LOWBIT_PACKED_MIN_ROWS, one weight row at a time: the block's
- * scales straight into lanes (s8_*), its codes widened in their own order, and per position
- * sixteen multiply-adds against the activation blocks as they are, two horizontal sums for the
- * parts' integer sums, the pack's d and xs (so Q2_K's sums of x are not redone per row).
- * Instantiated per type so the decoders inline. Same sums, same float operations in the same
- * order: the portable dot's bits. */
-LB static inline __attribute__((always_inline)) void
-lowbit_qdot_few(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), int bytes, int has_min, int NT, QDOT_ARGS) {
-    (void)nt; /* the positions are NT, a constant per instance */
-    const int nk = a->nb / 8;
-    for (int r = 0; r < nr; r++) {
-        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        const unsigned char *row = w + (size_t)r * row_bytes;
-        for (int k = 0; k < nk; k++) {
-            const unsigned char *bb = row + (size_t)k * bytes;
-            LowbitBlock blk;
-            const Scales8 s = scales(bb);
-            codes(bb, &blk);
-            __m256i pe[2][4], po[2][4]; /* per position, the first level of hsum8's pairs */
-#pragma GCC unroll 4
-            for (int h = 0; h < 8; h += 2) {
-                __m256i wq[4];
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++)
-                    wq[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk.q + 32 * h + 16 * j)));
-#pragma GCC unroll 2
-                for (int i = 0; i < NT; i++) {
-                    const __m256i *x =
-                        (const __m256i *)(const void *)(a->q + ((size_t)(t0 + i) * a->nb + (size_t)k * 8 + h) * QBLOCK);
-                    pe[i][h / 2] = _mm256_hadd_epi32(_mm256_madd_epi16(wq[0], _mm256_loadu_si256(x)),
-                                                     _mm256_madd_epi16(wq[2], _mm256_loadu_si256(x + 2)));
-                    po[i][h / 2] = _mm256_hadd_epi32(_mm256_madd_epi16(wq[1], _mm256_loadu_si256(x + 1)),
-                                                     _mm256_madd_epi16(wq[3], _mm256_loadu_si256(x + 3)));
-                }
-            }
-#pragma GCC unroll 2
-            for (int i = 0; i < NT; i++) {
-                const float *f = (const float *)(const void *)(a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES + 512);
-                acc[i] = _mm256_add_ps(acc[i], block_lanes(&s, has_min, hsum8_pairs(pe[i]), hsum8_pairs(po[i]),
-                                                           _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
-            }
-        }
-        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[i]);
-    }
-}
-
 /* Whether a type's codes may be negative (sign-extended when widened) or never are (masked). */
 #define LB_SIGNED_q2_k 0
 #define LB_SIGNED_q4_k 0
@@ -164,7 +112,7 @@ typedef void (*LowbitZcodesFn)(const unsigned char *, __m512i *);
 
 /* The sixteen parts' sums of a block from z[h], the multiply-adds of activation block h against
  * its 32 codes (lanes 0-7: part 2h's pairs, 8-15: part 2h + 1's): even parts in *even's lanes,
- * odd in *odd's, as hsum8_pairs leaves them. A transposing tree of unpacks and adds. */
+ * odd in *odd's, the lanes block_lanes reads. A transposing tree of unpacks and adds. */
 LB static inline void part_sums16(const __m512i *z, __m256i *even, __m256i *odd) {
     __m512i w[4];
 #pragma GCC unroll 4
@@ -274,7 +222,60 @@ LB static inline __attribute__((always_inline)) void few_zmm_row(LowbitZcodesFn 
         }                                                                                                \
     } while (0)
 #else
-/* The AVX2 build's: each 32 codes of the decoder's block widened in place, two multiply-adds
+/* The eight lanes of hsum8's result from its first level of pairs (hadd of v[2j], v[2j+1]). */
+LB static inline __m256i hsum8_pairs(const __m256i *p) {
+    const __m256i e = _mm256_hadd_epi32(p[0], p[1]), f = _mm256_hadd_epi32(p[2], p[3]);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+/* The AVX2 build's dots of the last one or two positions of a larger matmul (whose pack holds
+ * the rearranged layout), one weight row at a time: the block's scales straight into lanes
+ * (s8_*), its codes widened in their own order, and per position
+ * sixteen multiply-adds against the activation blocks as they are, two horizontal sums for the
+ * parts' integer sums, the pack's d and xs (so Q2_K's sums of x are not redone per row).
+ * Instantiated per type so the decoders inline. Same sums, same float operations in the same
+ * order: the portable dot's bits. */
+LB static inline __attribute__((always_inline)) void
+lowbit_qdot_few(LowbitDecodeFn codes, Scales8 (*scales)(const unsigned char *), int bytes, int has_min, int NT, QDOT_ARGS) {
+    (void)nt; /* the positions are NT, a constant per instance */
+    const int nk = a->nb / 8;
+    for (int r = 0; r < nr; r++) {
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        for (int k = 0; k < nk; k++) {
+            const unsigned char *bb = row + (size_t)k * bytes;
+            LowbitBlock blk;
+            const Scales8 s = scales(bb);
+            codes(bb, &blk);
+            __m256i pe[2][4], po[2][4]; /* per position, the first level of hsum8's pairs */
+#pragma GCC unroll 4
+            for (int h = 0; h < 8; h += 2) {
+                __m256i wq[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    wq[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk.q + 32 * h + 16 * j)));
+#pragma GCC unroll 2
+                for (int i = 0; i < NT; i++) {
+                    const __m256i *x =
+                        (const __m256i *)(const void *)(a->q + ((size_t)(t0 + i) * a->nb + (size_t)k * 8 + h) * QBLOCK);
+                    pe[i][h / 2] = _mm256_hadd_epi32(_mm256_madd_epi16(wq[0], _mm256_loadu_si256(x)),
+                                                     _mm256_madd_epi16(wq[2], _mm256_loadu_si256(x + 2)));
+                    po[i][h / 2] = _mm256_hadd_epi32(_mm256_madd_epi16(wq[1], _mm256_loadu_si256(x + 1)),
+                                                     _mm256_madd_epi16(wq[3], _mm256_loadu_si256(x + 3)));
+                }
+            }
+#pragma GCC unroll 2
+            for (int i = 0; i < NT; i++) {
+                const float *f = (const float *)(const void *)(a->lp + ((size_t)(t0 + i) * nk + k) * LOWBIT_PACK_BYTES + 512);
+                acc[i] = _mm256_add_ps(acc[i], block_lanes(&s, has_min, hsum8_pairs(pe[i]), hsum8_pairs(po[i]),
+                                                           _mm256_loadu_ps(f + 8), _mm256_loadu_ps(f + 16), _mm256_loadu_ps(f)));
+            }
+        }
+        for (int i = 0; i < NT; i++) y[i * ldy + r] = lanes_sum(acc[i]);
+    }
+}
+
+/* The AVX2 build's against the even and odd copy: each 32 codes of the decoder's block widened in place, two multiply-adds
  * per 32 elements leave four elements' sums per lane (lanes 0-3 part 2h, 4-7 part 2h + 1), two
  * levels of horizontal adds the parts'. */
 LB static inline __attribute__((always_inline)) void few_split_row8(LowbitDecodeFn codes,
