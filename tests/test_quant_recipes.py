@@ -27,7 +27,7 @@ def stored_types(out):
     return types
 
 
-@pytest.mark.parametrize("name", ["q2-mix", "q5-mix"])
+@pytest.mark.parametrize("name", ["q2-mix", "q5-mix"])  # a q4_k head and a q6 one
 def test_container_holds_the_recipe(tmp_path, name):
     hf = tiny_qwen3moe(tmp_path, 481)
     out = tmp_path / name
@@ -37,6 +37,6 @@ def test_container_holds_the_recipe(tmp_path, name):
     assert types["model.layers.0.mlp.experts.1.gate_proj.weight"] == r["experts"]
     assert types["model.layers.1.self_attn.q_proj.weight"] == r["dense"]
     assert types["model.layers.1.self_attn.v_proj.weight"] == r["tensor_types"]["attn_v"]
-    assert types["lm_head.weight"] == "q6" and types["model.embed_tokens.weight"] == "q6_k"
+    assert types["lm_head.weight"] == r["tensor_types"]["lm_head"] and types["model.embed_tokens.weight"] == "q6_k"
     assert types["model.layers.2.mlp.experts.0.down_proj.weight"] == "q8"
     assert "given beside it" not in log  # down is not a class the recipe sets

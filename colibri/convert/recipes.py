@@ -8,23 +8,32 @@ model it is most of the KL a 4-bit embedding adds. Calibration (--calibrate TEXT
 SmolLM2's real weights it cut the low-bit KL 2.6-5.4x.
 
 The output head, which every decoded token reads whole (most of its bytes on the table's model),
-is colibri's q6 (32-element blocks, 6.5 bits) in the recipes below q6-mix: fewer bytes than
-q6_k's 6.56 at about the same KL, and its dot streamed at the memory rate when q6_k's was bound
-by its decode. q6-mix keeps q6_k's head: the q6 head raised its KL 16 % (4.1e-5, at Q6_K's 4.2e-5)."""
+sets each recipe's place. The -mix recipes from q4 up keep a 6-bit head, the lowest KL at the
+point: colibri's q6 (32-element blocks, 6.5 bits: fewer bytes than q6_k's 6.56 at about the
+same KL), and q6-mix q6_k's, as the q6 head raised its KL 16 %, to Q6_K's. The -fast recipes,
+q2-mix and q3-mix take a 4-bit (q4_k) or 5-bit (q5_k) head: 1.2-1.4x fewer head bytes and a
+faster decode, for a KL that stays below the point's on the table's model (4-9x below at q2-mix
+and q3-mix, 7-16 % below at q4-fast and q5-fast; docs/kl_pareto.md)."""
 
 HEAD6 = {"lm_head": "q6", "embed": "q6_k"}
+HEAD4 = {"lm_head": "q4_k", "embed": "q6_k"}
+HEAD5 = {"lm_head": "q5_k", "embed": "q6_k"}
 
 RECIPES = {
-    "q2-mix": dict(experts="q2_k", dense="q2_k", tensor_types={"attn_v": "q4_k", **HEAD6},
-                   about="2.6-bit K-quants, 4-bit value projections, 6-bit embedding, q6 head (the Q2_K point)"),
-    "q3-mix": dict(experts="q3_k", dense="q3_k", tensor_types={"attn_v": "q5_k", **HEAD6},
-                   about="3.4-bit K-quants, 5-bit value projections, 6-bit embedding, q6 head (the Q3_K_M point)"),
+    "q2-mix": dict(experts="q2_k", dense="q2_k", tensor_types={"attn_v": "q4_k", **HEAD4},
+                   about="2.6-bit K-quants, 4-bit value projections and head, 6-bit embedding (the Q2_K, IQ2_XXS and IQ3_XXS points)"),
+    "q3-mix": dict(experts="q3_k", dense="q3_k", tensor_types={"attn_v": "q5_k", **HEAD4},
+                   about="3.4-bit K-quants, 5-bit value projections, 4-bit head, 6-bit embedding (the Q3_K_M point)"),
     "iq4-mix": dict(experts="iq4_xs", dense="iq4_xs", tensor_types=dict(HEAD6),
                     about="4.25-bit IQ4_XS, 6-bit embedding, q6 head (the IQ4_XS point)"),
     "q4-mix": dict(experts="q4_k", dense="q4_k", tensor_types={"attn_v": "q6_k", **HEAD6},
-                   about="4.5-bit Q4_K, 6-bit value projections and embedding, q6 head (the Q4_K_M point)"),
+                   about="4.5-bit Q4_K, 6-bit value projections and embedding, q6 head (the Q4_K_M point, 5x lower KL)"),
+    "q4-fast": dict(experts="q4_k", dense="q4_k", tensor_types={"attn_v": "q6_k", **HEAD4},
+                    about="q4-mix with a 4-bit head: 0.78x Q4_K_M's bytes a token at a lower KL (also the Q4_0 and IQ4_XS points)"),
     "q5-mix": dict(experts="q5_k", dense="q5_k", tensor_types={"attn_v": "q6_k", **HEAD6},
-                   about="5.5-bit Q5_K, 6-bit value projections and embedding, q6 head (the Q5_K_M point)"),
+                   about="5.5-bit Q5_K, 6-bit value projections and embedding, q6 head (the Q5_K_M point, 2x lower KL)"),
+    "q5-fast": dict(experts="q5_k", dense="q5_k", tensor_types={"attn_v": "q6_k", **HEAD5},
+                    about="q5-mix with a 5-bit head: 0.89x Q5_K_M's bytes a token at a lower KL"),
     "q6-mix": dict(experts="q6_k", dense="q6_k", tensor_types={},
                    about="6.6-bit Q6_K everywhere (the Q6_K point)"),
 }
