@@ -27,7 +27,7 @@ def stored_types(out):
     return types
 
 
-@pytest.mark.parametrize("name", ["q2-mix", "q5-mix"])  # a q4_k head and a q6 one
+@pytest.mark.parametrize("name", ["q2-mix", "q4-fast", "q5-mix"])  # K-quants, q4 blocks; q4_k and q6 heads
 def test_container_holds_the_recipe(tmp_path, name):
     hf = tiny_qwen3moe(tmp_path, 481)
     out = tmp_path / name

@@ -13,7 +13,13 @@ point: colibri's q6 (32-element blocks, 6.5 bits: fewer bytes than q6_k's 6.56 a
 same KL), and q6-mix q6_k's, as the q6 head raised its KL 16 %, to Q6_K's. The -fast recipes,
 q2-mix and q3-mix take a 4-bit (q4_k) or 5-bit (q5_k) head: 1.2-1.4x fewer head bytes and a
 faster decode, for a KL that stays below the point's on the table's model (4-9x below at q2-mix
-and q3-mix, 7-16 % below at q4-fast and q5-fast; docs/kl_pareto.md)."""
+and q3-mix, 5-16 % below at q4-fast and q5-fast; docs/kl_pareto.md).
+
+q4-fast stores the rest in colibri's q4 and q6 blocks, not the K-quants: their one- and
+few-position dots multiply int8 pairs (VNNI where the CPU has it) and stream at the memory rate,
+where the K-quant dots multiply the int16 activations and are bound by their arithmetic (the
+q2_k experts of q2-mix read half q4's bytes in more time). Those writers are round-to-nearest:
+calibration weighs only its q4_k head."""
 
 HEAD6 = {"lm_head": "q6", "embed": "q6_k"}
 HEAD4 = {"lm_head": "q4_k", "embed": "q6_k"}
@@ -28,8 +34,9 @@ RECIPES = {
                     about="4.25-bit IQ4_XS, 6-bit embedding, q6 head (the IQ4_XS point)"),
     "q4-mix": dict(experts="q4_k", dense="q4_k", tensor_types={"attn_v": "q6_k", **HEAD6},
                    about="4.5-bit Q4_K, 6-bit value projections and embedding, q6 head (the Q4_K_M point, 5x lower KL)"),
-    "q4-fast": dict(experts="q4_k", dense="q4_k", tensor_types={"attn_v": "q6_k", **HEAD4},
-                    about="q4-mix with a 4-bit head: 0.78x Q4_K_M's bytes a token at a lower KL (also the Q4_0 and IQ4_XS points)"),
+    "q4-fast": dict(experts="q4", dense="q4", tensor_types={"attn_v": "q6", **HEAD4},
+                    about="colibri's own 5-bit q4 blocks (the int8 multiply-add kernels), 6-bit value projections and "
+                          "embedding, 4-bit head: the fastest decode and prefill from the Q2_K to the Q4_K_M point"),
     "q5-mix": dict(experts="q5_k", dense="q5_k", tensor_types={"attn_v": "q6_k", **HEAD6},
                    about="5.5-bit Q5_K, 6-bit value projections and embedding, q6 head (the Q5_K_M point, 2x lower KL)"),
     "q5-fast": dict(experts="q5_k", dense="q5_k", tensor_types={"attn_v": "q6_k", **HEAD5},
