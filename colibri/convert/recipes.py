@@ -1,5 +1,5 @@
 """--quant NAME: named storage settings, chosen from the KL table of docs/kl_pareto.md (colibri's
-own writers at each llama.cpp point, Q2_K to Q6_K: no more bytes per decoded token, no more KL).
+own writers at each llama.cpp point, IQ2_XXS to Q6_K: no more bytes per decoded token, no more KL).
 
 Each recipe fills --experts, --dense and --tensor-type; a flag given beside it wins for its part.
 The token embedding is kept at 6 bits in every low-bit recipe: a decoded token reads one row of it,
@@ -13,13 +13,13 @@ point: colibri's q6 (32-element blocks, 6.5 bits: fewer bytes than q6_k's 6.56 a
 same KL), and q6-mix q6_k's, as the q6 head raised its KL 16 %, to Q6_K's. The -fast recipes,
 q2-mix and q3-mix take a 4-bit (q4_k) or 5-bit (q5_k) head: 1.2-1.4x fewer head bytes and a
 faster decode, for a KL that stays below the point's on the table's model (4-9x below at q2-mix
-and q3-mix, 5-16 % below at q4-fast and q5-fast; docs/kl_pareto.md).
+and q3-mix, 5-18 % below at q4-fast and q5-fast; docs/kl_pareto.md).
 
-q4-fast stores the rest in colibri's q4 and q6 blocks, not the K-quants: their one- and
+q4-fast and q5-fast store the rest in colibri's q4 and q6 blocks, not the K-quants: their one- and
 few-position dots multiply int8 pairs (VNNI where the CPU has it) and stream at the memory rate,
 where the K-quant dots multiply the int16 activations and are bound by their arithmetic (the
 q2_k experts of q2-mix read half q4's bytes in more time). Those writers are round-to-nearest:
-calibration weighs only its q4_k head."""
+calibration weighs only their K-quant heads."""
 
 HEAD6 = {"lm_head": "q6", "embed": "q6_k"}
 HEAD4 = {"lm_head": "q4_k", "embed": "q6_k"}
@@ -39,8 +39,9 @@ RECIPES = {
                           "embedding, 4-bit head: the fastest decode and prefill from the Q2_K to the Q4_K_M point"),
     "q5-mix": dict(experts="q5_k", dense="q5_k", tensor_types={"attn_v": "q6_k", **HEAD6},
                    about="5.5-bit Q5_K, 6-bit value projections and embedding, q6 head (the Q5_K_M point, 2x lower KL)"),
-    "q5-fast": dict(experts="q5_k", dense="q5_k", tensor_types={"attn_v": "q6_k", **HEAD5},
-                    about="q5-mix with a 5-bit head: 0.89x Q5_K_M's bytes a token at a lower KL"),
+    "q5-fast": dict(experts="q4", dense="q6", tensor_types=dict(HEAD5),
+                    about="colibri's q4 experts and q6 trunk, 6-bit embedding, 5-bit head: 0.89x Q5_K_M's "
+                          "bytes a token at a lower KL, its fastest decode"),
     "q6-mix": dict(experts="q6_k", dense="q6_k", tensor_types={},
                    about="6.6-bit Q6_K everywhere (the Q6_K point)"),
 }
