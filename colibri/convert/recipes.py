@@ -15,10 +15,11 @@ q2-mix and q3-mix take a 4-bit (q4_k) or 5-bit (q5_k) head: 1.2-1.4x fewer head 
 faster decode, for a KL that stays below the point's on the table's model (4-9x below at q2-mix
 and q3-mix, 5-18 % below at q4-fast and q5-fast; docs/kl_pareto.md).
 
-q4-fast and q5-fast store the rest in colibri's q4 and q6 blocks, not the K-quants: their one- and
-few-position dots multiply int8 pairs (VNNI where the CPU has it) and stream at the memory rate,
-where the K-quant dots multiply the int16 activations and are bound by their arithmetic (the
-q2_k experts of q2-mix read half q4's bytes in more time). Those writers are round-to-nearest:
+q4-fast and q5-fast store the rest in colibri's q4 and q6 blocks, not the K-quants: on CPUs with
+VNNI their dots of few positions multiply int8 pairs and streamed at 85-96 % of the memory rate
+on the table's Zen 4, where the K-quant dots multiply the int16 activations and are bound by
+their arithmetic (the q2_k experts of q2-mix read half q4's bytes in more time). On AVX2 alone
+both multiply int16 pairs; the table was not measured there. Those writers are round-to-nearest:
 calibration weighs only their K-quant heads."""
 
 HEAD6 = {"lm_head": "q6", "embed": "q6_k"}
